@@ -1,0 +1,102 @@
+//! Prometheus metrics (SPEC §5). Names live here only; other modules call
+//! these functions, so a metric cannot be misspelt at a call site.
+
+use metrics::{counter, gauge, histogram};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use std::time::Duration;
+
+pub const ACCEPTED: &str = "courier_events_accepted_total";
+pub const ATTEMPTS: &str = "courier_delivery_attempts_total";
+pub const DELIVERED: &str = "courier_events_delivered_total";
+pub const DEAD_LETTERED: &str = "courier_events_dead_lettered_total";
+pub const DROPPED: &str = "courier_events_dropped_total";
+pub const PENDING: &str = "courier_events_pending";
+pub const DURATION: &str = "courier_delivery_duration_seconds";
+pub const REJECTED: &str = "courier_ingress_rejected_total";
+pub const JOURNAL_BYTES: &str = "courier_journal_bytes";
+pub const SYNC: &str = "courier_journal_sync_duration_seconds";
+pub const PROBATION: &str = "courier_destination_probation";
+pub const CORRUPT: &str = "courier_journal_corrupt_records_total";
+
+const BUCKETS: [f64; 14] = [
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+/// Installs the global recorder; its handle renders `/metrics`.
+pub fn install() -> Result<PrometheusHandle, String> {
+    let handle = PrometheusBuilder::new()
+        .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), &BUCKETS)
+        .and_then(|b| b.install_recorder())
+        .map_err(|e| format!("cannot install the metrics recorder: {e}"))?;
+    metrics::describe_counter!(
+        ACCEPTED,
+        "Events stored in the journal and acknowledged to the app."
+    );
+    metrics::describe_counter!(ATTEMPTS, "Delivery attempts by outcome.");
+    metrics::describe_counter!(DELIVERED, "Events delivered to their endpoint.");
+    metrics::describe_counter!(
+        DEAD_LETTERED,
+        "Events written to a dead-letter sink, by reason."
+    );
+    metrics::describe_counter!(
+        DROPPED,
+        "Events given up without a dead-letter sink, by reason."
+    );
+    metrics::describe_gauge!(PENDING, "Events waiting in the journal.");
+    metrics::describe_histogram!(DURATION, "Duration of one delivery attempt.");
+    metrics::describe_counter!(REJECTED, "Requests refused at ingress, by reason.");
+    metrics::describe_gauge!(JOURNAL_BYTES, "Bytes of pending events in the journal.");
+    metrics::describe_histogram!(SYNC, "Duration of one group commit, fdatasync included.");
+    metrics::describe_gauge!(PROBATION, "1 while the destination is on probation.");
+    metrics::describe_counter!(
+        CORRUPT,
+        "Journal records that failed their checksum and were quarantined."
+    );
+    Ok(handle)
+}
+
+pub fn accepted(destination: &str, n: u64) {
+    counter!(ACCEPTED, "destination" => destination.to_string()).increment(n);
+}
+
+pub fn attempt(destination: &str, outcome: &'static str, took: Duration, events: u64) {
+    counter!(ATTEMPTS, "destination" => destination.to_string(), "outcome" => outcome)
+        .increment(events);
+    histogram!(DURATION, "destination" => destination.to_string()).record(took.as_secs_f64());
+}
+
+pub fn delivered(destination: &str, n: u64) {
+    counter!(DELIVERED, "destination" => destination.to_string()).increment(n);
+}
+
+pub fn dead_lettered(destination: &str, reason: &'static str) {
+    counter!(DEAD_LETTERED, "destination" => destination.to_string(), "reason" => reason)
+        .increment(1);
+}
+
+pub fn dropped(destination: &str, reason: &'static str) {
+    counter!(DROPPED, "destination" => destination.to_string(), "reason" => reason).increment(1);
+}
+
+pub fn rejected(destination: &str, reason: &'static str) {
+    counter!(REJECTED, "destination" => destination.to_string(), "reason" => reason).increment(1);
+}
+
+pub fn journal_sync(took: Duration) {
+    histogram!(SYNC).record(took.as_secs_f64());
+}
+
+pub fn corrupt(destination: &str) {
+    counter!(CORRUPT, "destination" => destination.to_string()).increment(1);
+}
+
+/// Gauges read from the journal's counters just before a scrape.
+pub fn pending(destination: &str, events: u64, bytes: u64, probation: bool) {
+    gauge!(PENDING, "destination" => destination.to_string()).set(events as f64);
+    gauge!(JOURNAL_BYTES, "destination" => destination.to_string()).set(bytes as f64);
+    gauge!(PROBATION, "destination" => destination.to_string()).set(if probation {
+        1.0
+    } else {
+        0.0
+    });
+}

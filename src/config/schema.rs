@@ -1,0 +1,310 @@
+//! The config file as written: serde structs with `deny_unknown_fields` and
+//! defaults filled in, so that the parsed value is also the effective config
+//! that `courier check` prints. Range checks live in `validate`.
+
+use super::units::{Dur, Size};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// A key that SPEC.md defines but this build does not implement yet: it is
+/// parsed (so its position is known) and rejected by validation, never ignored.
+pub type Unsupported = Option<serde_norway::Value>;
+
+fn secs(s: u64) -> Dur {
+    Dur(Duration::from_secs(s))
+}
+
+#[derive(Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawConfig {
+    #[serde(default = "default_listen")]
+    pub listen: String,
+    #[serde(default = "default_admin_listen")]
+    pub admin_listen: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub admin_token_env: Unsupported,
+    #[serde(default = "default_shutdown_grace")]
+    pub shutdown_grace: Dur,
+    #[serde(default)]
+    pub log: Log,
+    #[serde(default)]
+    pub journal: Journal,
+    #[serde(default)]
+    pub ingress: Ingress,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dead_letter: Option<DeadLetterDir>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topics: Unsupported,
+    #[serde(default)]
+    pub destinations: BTreeMap<String, Destination>,
+}
+
+fn default_listen() -> String {
+    "127.0.0.1:8080".into()
+}
+fn default_admin_listen() -> String {
+    "127.0.0.1:9090".into()
+}
+fn default_shutdown_grace() -> Dur {
+    secs(20)
+}
+
+#[derive(Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Log {
+    #[serde(default)]
+    pub format: LogFormat,
+    #[serde(default = "default_level")]
+    pub level: String,
+    #[serde(default)]
+    pub bodies: bool,
+}
+
+impl Default for Log {
+    fn default() -> Self {
+        Log {
+            format: LogFormat::Text,
+            level: default_level(),
+            bodies: false,
+        }
+    }
+}
+
+fn default_level() -> String {
+    "info".into()
+}
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+#[derive(Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Journal {
+    #[serde(default = "default_journal_dir")]
+    pub dir: String,
+    #[serde(default = "default_max_bytes")]
+    pub max_bytes: Size,
+    #[serde(default)]
+    pub sync: SyncMode,
+}
+
+impl Default for Journal {
+    fn default() -> Self {
+        Journal {
+            dir: default_journal_dir(),
+            max_bytes: default_max_bytes(),
+            sync: SyncMode::Always,
+        }
+    }
+}
+
+fn default_journal_dir() -> String {
+    "./data/journal".into()
+}
+fn default_max_bytes() -> Size {
+    Size(1 << 30)
+}
+
+/// `always`: answer only after fdatasync; `os`: leave flushing to the page cache.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SyncMode {
+    #[default]
+    Always,
+    Os,
+}
+
+#[derive(Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Ingress {
+    #[serde(default = "default_max_body")]
+    pub max_body_bytes: Size,
+    #[serde(default)]
+    pub credits_per_second: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dedupe_window: Unsupported,
+}
+
+impl Default for Ingress {
+    fn default() -> Self {
+        Ingress {
+            max_body_bytes: default_max_body(),
+            credits_per_second: 0,
+            dedupe_window: None,
+        }
+    }
+}
+
+fn default_max_body() -> Size {
+    Size(1 << 20)
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeadLetterDir {
+    pub dir: String,
+}
+
+/// A destination's sink: its own directory, or `none` (drop and count).
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(untagged)]
+pub enum DeadLetterChoice {
+    Dir(DeadLetterDir),
+    Keyword(String),
+}
+
+#[derive(Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Destination {
+    pub url: String,
+    #[serde(default)]
+    pub mode: Mode,
+    #[serde(default)]
+    pub schema: Schema,
+    #[serde(default = "default_timeout")]
+    pub timeout: Dur,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub passthrough_deadline: Unsupported,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub late_answer_window: Unsupported,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Unsupported,
+    #[serde(default = "default_concurrency")]
+    pub concurrency: u32,
+    #[serde(default)]
+    pub retry: Retry,
+    #[serde(default)]
+    pub status: Status,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch: Unsupported,
+    #[serde(default)]
+    pub headers: BTreeMap<String, HeaderSpec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signing: Unsupported,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_limit: Unsupported,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dead_letter: Option<DeadLetterChoice>,
+}
+
+fn default_timeout() -> Dur {
+    secs(30)
+}
+fn default_concurrency() -> u32 {
+    16
+}
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    #[default]
+    Durable,
+    Passthrough,
+}
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Schema {
+    #[default]
+    Custom,
+    Eventgrid,
+    Cloudevents,
+}
+
+impl Schema {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Schema::Custom => "custom",
+            Schema::Eventgrid => "eventgrid",
+            Schema::Cloudevents => "cloudevents",
+        }
+    }
+}
+
+#[derive(Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Retry {
+    /// `eventgrid`, a list of delays, or a keyed form (`exponential:`,
+    /// `sns:`); interpreted by `validate` so errors can name list items.
+    #[serde(default = "default_schedule")]
+    pub schedule: serde_norway::Value,
+    #[serde(default = "default_max_attempts")]
+    pub max_attempts: u32,
+    #[serde(default = "default_ttl")]
+    pub event_ttl: Dur,
+    #[serde(default = "default_jitter")]
+    pub jitter: f64,
+}
+
+impl Default for Retry {
+    fn default() -> Self {
+        Retry {
+            schedule: default_schedule(),
+            max_attempts: default_max_attempts(),
+            event_ttl: default_ttl(),
+            jitter: default_jitter(),
+        }
+    }
+}
+
+fn default_max_attempts() -> u32 {
+    30
+}
+fn default_ttl() -> Dur {
+    secs(1440 * 60)
+}
+fn default_jitter() -> f64 {
+    0.1
+}
+
+fn default_schedule() -> serde_norway::Value {
+    serde_norway::Value::String("eventgrid".into())
+}
+
+#[derive(Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Status {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub success: Vec<StatusKey>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub no_retry: Vec<StatusKey>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub min_delay: BTreeMap<StatusKey, Dur>,
+}
+
+/// A status code as written: `404`, `"5xx"` or `"500-599"`; parsed in `validate`.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Deserialize, Serialize)]
+#[serde(untagged)]
+pub enum StatusKey {
+    Code(i64),
+    Text(String),
+}
+
+impl std::fmt::Display for StatusKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        match self {
+            StatusKey::Code(c) => write!(f, "{c}"),
+            StatusKey::Text(t) => f.write_str(t),
+        }
+    }
+}
+
+/// One custom header: exactly one of `value`, `from_env`, `from_event`.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct HeaderSpec {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_env: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_event: Option<String>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub secret: bool,
+}

@@ -1,0 +1,125 @@
+//! Checked settings: what the rest of courier runs on. Built once from the
+//! raw config by `validate`; every value here is known to be in range.
+
+use super::schema::{LogFormat, Schema, SyncMode};
+use crate::policy::{Limits, Schedule, StatusPolicy};
+use http::{HeaderName, HeaderValue};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+#[derive(Debug)]
+pub struct Settings {
+    pub listen: SocketAddr,
+    pub admin_listen: SocketAddr,
+    pub shutdown_grace: Duration,
+    pub log: LogSettings,
+    pub journal: JournalSettings,
+    pub ingress: IngressSettings,
+    pub destinations: Vec<Arc<DestinationSettings>>,
+}
+
+impl Settings {
+    pub fn destination(&self, name: &str) -> Option<&Arc<DestinationSettings>> {
+        self.destinations.iter().find(|d| d.name == name)
+    }
+}
+
+#[derive(Debug)]
+pub struct LogSettings {
+    pub format: LogFormat,
+    pub level: String,
+    pub bodies: bool,
+}
+
+#[derive(Debug)]
+pub struct JournalSettings {
+    pub dir: PathBuf,
+    pub max_bytes: u64,
+    pub sync: SyncMode,
+}
+
+#[derive(Debug)]
+pub struct IngressSettings {
+    pub max_body_bytes: u64,
+}
+
+#[derive(Debug)]
+pub struct DestinationSettings {
+    pub name: String,
+    pub target: Target,
+    pub schema: Schema,
+    pub timeout: Duration,
+    pub concurrency: usize,
+    pub schedule: Schedule,
+    pub limits: Limits,
+    pub jitter: f64,
+    pub status: StatusPolicy,
+    pub headers: Vec<CustomHeader>,
+    /// Root of the dead-letter directory sink; `None` drops and counts.
+    pub dead_letter: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone)]
+pub struct CustomHeader {
+    pub name: HeaderName,
+    pub value: HeaderValue,
+}
+
+/// The destination url split so that `/rest?query` from the app can be appended.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Target {
+    /// `scheme://authority`
+    pub origin: String,
+    /// Path without a trailing slash (empty for the root).
+    pub path: String,
+    pub query: Option<String>,
+}
+
+impl Target {
+    /// The url of one attempt: the configured path plus the app's `rest`, and
+    /// both queries joined with `&`.
+    pub fn url(&self, rest: &str, query: Option<&str>) -> String {
+        let mut url = format!("{}{}{}", self.origin, self.path, rest);
+        if self.path.is_empty() && rest.is_empty() {
+            url.push('/');
+        }
+        let queries: Vec<&str> = [self.query.as_deref(), query]
+            .into_iter()
+            .flatten()
+            .filter(|q| !q.is_empty())
+            .collect();
+        if !queries.is_empty() {
+            url.push('?');
+            url.push_str(&queries.join("&"));
+        }
+        url
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rest_and_query_are_appended() {
+        let t = Target {
+            origin: "https://h.example".into(),
+            path: "/hooks".into(),
+            query: Some("code=k".into()),
+        };
+        assert_eq!(t.url("", None), "https://h.example/hooks?code=k");
+        assert_eq!(
+            t.url("/a/b", Some("x=1")),
+            "https://h.example/hooks/a/b?code=k&x=1"
+        );
+        let root = Target {
+            origin: "http://127.0.0.1:9".into(),
+            path: String::new(),
+            query: None,
+        };
+        assert_eq!(root.url("", None), "http://127.0.0.1:9/");
+        assert_eq!(root.url("/x", Some("")), "http://127.0.0.1:9/x");
+    }
+}

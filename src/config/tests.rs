@@ -1,0 +1,243 @@
+use super::*;
+use std::collections::HashMap;
+
+struct FakeEnv(HashMap<&'static str, &'static str>);
+impl Env for FakeEnv {
+    fn get(&self, name: &str) -> Option<String> {
+        self.0.get(name).map(|v| v.to_string())
+    }
+}
+
+fn env() -> FakeEnv {
+    FakeEnv(HashMap::from([("API_KEY", "s3cret")]))
+}
+
+const GOOD: &str = "\
+listen: 127.0.0.1:8080
+destinations:
+  orders:
+    url: https://hooks.example.com/orders?code=abc
+    timeout: 5s
+    retry:
+      schedule: [50ms, 100ms]
+      max_attempts: 3
+    status:
+      no_retry: [400, 5xx]
+      min_delay: { 408: 2m, \"500-599\": 1s }
+    headers:
+      X-Api-Key: { from_env: API_KEY, secret: true }
+      X-Tenant: { value: acme }
+";
+
+fn errors(text: &str) -> Vec<String> {
+    match parse("c.yaml", text, ".".into(), Purpose::Run, &env()) {
+        Ok(_) => panic!("config was accepted:\n{text}"),
+        Err(e) => e.lines,
+    }
+}
+
+fn one_error(text: &str) -> String {
+    let e = errors(text);
+    assert_eq!(e.len(), 1, "{e:#?}");
+    e[0].clone()
+}
+
+#[test]
+fn a_good_config_fills_defaults_and_masks_nothing_it_need_not() {
+    let loaded = parse("c.yaml", GOOD, "/etc/courier".into(), Purpose::Run, &env()).expect("valid");
+    let s = &loaded.settings;
+    assert_eq!(s.admin_listen.to_string(), "127.0.0.1:9090");
+    assert_eq!(
+        s.journal.dir,
+        std::path::Path::new("/etc/courier/./data/journal")
+    );
+    let d = &s.destinations[0];
+    assert_eq!(d.concurrency, 16);
+    assert_eq!(d.limits.ttl.as_secs(), 86_400);
+    assert_eq!(
+        d.target.url("/x", Some("y=1")),
+        "https://hooks.example.com/orders/x?code=abc&y=1"
+    );
+    assert_eq!(d.headers.len(), 2);
+    assert!(
+        d.headers
+            .iter()
+            .any(|h| h.name == "x-api-key" && h.value == "s3cret" && h.value.is_sensitive())
+    );
+    assert!(
+        loaded.effective.contains("event_ttl: 24h"),
+        "{}",
+        loaded.effective
+    );
+    assert!(!loaded.effective.contains("s3cret"));
+}
+
+#[test]
+fn secret_literal_values_are_masked_in_the_effective_config() {
+    let text = GOOD.replace("{ value: acme }", "{ value: hunter2, secret: true }");
+    let loaded = parse("c.yaml", &text, ".".into(), Purpose::Run, &env()).expect("valid");
+    assert!(!loaded.effective.contains("hunter2"));
+    assert!(loaded.effective.contains("********"));
+}
+
+#[test]
+fn unknown_key_names_path_line_and_column() {
+    let e = one_error(&GOOD.replace("    timeout: 5s", "    timeout: 5s\n    timout: 5s"));
+    assert!(
+        e.starts_with("c.yaml:6:5: destinations.orders: unknown field `timout`"),
+        "{e}"
+    );
+}
+
+#[test]
+fn max_attempts_out_of_range() {
+    let e = one_error(&GOOD.replace("max_attempts: 3", "max_attempts: 31"));
+    assert_eq!(
+        e,
+        "c.yaml:8:21: destinations.orders.retry.max_attempts: 31 is out of range: allowed 1..=30"
+    );
+}
+
+#[test]
+fn ttl_out_of_range() {
+    let e = one_error(&GOOD.replace("max_attempts: 3", "max_attempts: 3\n      event_ttl: 30s"));
+    assert_eq!(
+        e,
+        "c.yaml:9:18: destinations.orders.retry.event_ttl: 30s is out of range: allowed 1m..=24h"
+    );
+}
+
+#[test]
+fn jitter_out_of_range() {
+    let e = one_error(&GOOD.replace("max_attempts: 3", "max_attempts: 3\n      jitter: 0.9"));
+    assert_eq!(
+        e,
+        "c.yaml:9:15: destinations.orders.retry.jitter: 0.9 is out of range: allowed 0..=0.5"
+    );
+}
+
+#[test]
+fn bad_duration_in_a_list_names_the_item() {
+    let e = one_error(&GOOD.replace("[50ms, 100ms]", "[50ms, soon]"));
+    assert!(
+        e.starts_with(
+            "c.yaml:7:24: destinations.orders.retry.schedule[1]: invalid duration `soon`"
+        ),
+        "{e}"
+    );
+}
+
+#[test]
+fn bad_url_and_scheme() {
+    let e = one_error(&GOOD.replace("https://hooks.example.com/orders?code=abc", "ftp://x/y"));
+    assert_eq!(
+        e,
+        "c.yaml:4:10: destinations.orders.url: `ftp://x/y` has scheme `ftp`: allowed http, https"
+    );
+    let e = one_error(&GOOD.replace("https://hooks.example.com/orders?code=abc", "not a url"));
+    assert!(
+        e.starts_with("c.yaml:4:10: destinations.orders.url: `not a url` is not"),
+        "{e}"
+    );
+}
+
+#[test]
+fn bad_status_code_and_listen_address() {
+    let e = one_error(&GOOD.replace("[400, 5xx]", "[400, 700]"));
+    assert!(
+        e.starts_with(
+            "c.yaml:10:23: destinations.orders.status.no_retry[1]: `700` is not a status"
+        ),
+        "{e}"
+    );
+    let e = one_error(&GOOD.replace("127.0.0.1:8080", "localhost"));
+    assert!(
+        e.starts_with("c.yaml:1:9: listen: `localhost` is not an address"),
+        "{e}"
+    );
+}
+
+#[test]
+fn missing_secret_env_is_an_error_for_run_and_a_warning_for_check() {
+    let text = GOOD.replace("API_KEY", "MISSING_KEY");
+    let e = one_error(&text);
+    assert_eq!(
+        e,
+        "c.yaml:13:30: destinations.orders.headers.X-Api-Key.from_env: environment variable MISSING_KEY is not set"
+    );
+    let loaded = parse("c.yaml", &text, ".".into(), Purpose::Check, &env()).expect("check passes");
+    assert_eq!(loaded.warnings.len(), 1);
+}
+
+#[test]
+fn reserved_and_too_many_headers() {
+    let e = one_error(&GOOD.replace("X-Tenant: { value: acme }", "webhook-id: { value: x }"));
+    assert!(
+        e.contains("destinations.orders.headers.webhook-id: `webhook-id` is set by courier"),
+        "{e}"
+    );
+    let many: String = (0..11)
+        .map(|i| format!("      H{i}: {{ value: v }}\n"))
+        .collect();
+    let text = GOOD.replace(
+        "      X-Api-Key: { from_env: API_KEY, secret: true }\n      X-Tenant: { value: acme }\n",
+        &many,
+    );
+    let e = one_error(&text);
+    assert!(
+        e.contains("destinations.orders.headers: 11 headers: at most 10 are allowed"),
+        "{e}"
+    );
+    let long = "v".repeat(4097);
+    let e = one_error(&GOOD.replace("{ value: acme }", &format!("{{ value: {long} }}")));
+    assert!(
+        e.contains("value is 4097 bytes: at most 4096 are allowed"),
+        "{e}"
+    );
+}
+
+#[test]
+fn every_problem_is_reported_not_just_the_first() {
+    let text = GOOD
+        .replace("max_attempts: 3", "max_attempts: 0\n      jitter: -1")
+        .replace("timeout: 5s", "timeout: 0s");
+    let e = errors(&text);
+    assert_eq!(e.len(), 3, "{e:#?}");
+    assert!(
+        e.iter()
+            .any(|l| l.contains("destinations.orders.timeout: 0s is out of range"))
+    );
+    assert!(
+        e.iter()
+            .any(|l| l.contains("max_attempts: 0 is out of range"))
+    );
+    assert!(e.iter().any(|l| l.contains("jitter: -1 is out of range")));
+}
+
+#[test]
+fn keys_not_built_yet_are_rejected_not_ignored() {
+    let e = one_error(&GOOD.replace(
+        "    timeout: 5s",
+        "    timeout: 5s\n    batch: { max_events: 10 }",
+    ));
+    assert!(
+        e.starts_with("c.yaml:6:12: destinations.orders.batch: not supported yet"),
+        "{e}"
+    );
+    let e = one_error(&GOOD.replace("    timeout: 5s", "    timeout: 5s\n    schema: eventgrid"));
+    assert!(
+        e.contains("destinations.orders.schema: eventgrid is not supported yet"),
+        "{e}"
+    );
+}
+
+#[test]
+fn yaml_syntax_and_type_errors_have_positions() {
+    let e = one_error("listen: [unclosed\n");
+    assert!(e.starts_with("c.yaml:"), "{e}");
+    let e = one_error(&GOOD.replace("max_attempts: 3", "max_attempts: many"));
+    assert!(
+        e.starts_with("c.yaml:8:21: destinations.orders.retry.max_attempts: invalid type"),
+        "{e}"
+    );
+}

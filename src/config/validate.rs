@@ -1,0 +1,597 @@
+//! Range and cross-field checks on the parsed config. Every problem is
+//! collected (not just the first), each with its key path, the bad value and
+//! what is allowed; `mod.rs` adds the file position.
+
+use super::schema::{
+    DeadLetterChoice, Destination, HeaderSpec, Mode, RawConfig, Schema, StatusKey,
+};
+use super::settings::*;
+use super::units::{Dur, parse_duration};
+use crate::policy::classify::Codes;
+use crate::policy::{Limits, Schedule, StatusPolicy};
+use http::{HeaderName, HeaderValue};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// One problem at one key path.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Problem {
+    pub path: String,
+    pub message: String,
+}
+
+/// Where secrets from the environment come from, and whether a missing one
+/// is an error (`run`) or a warning (`check`, which may run without them).
+pub trait Env {
+    fn get(&self, name: &str) -> Option<String>;
+}
+
+pub struct ProcessEnv;
+impl Env for ProcessEnv {
+    fn get(&self, name: &str) -> Option<String> {
+        std::env::var(name).ok()
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Purpose {
+    Run,
+    Check,
+}
+
+pub struct Checked {
+    pub settings: Settings,
+    pub warnings: Vec<Problem>,
+}
+
+const MAX_HEADERS: usize = 10;
+const MAX_HEADER_VALUE: usize = 4096;
+const RESERVED_HEADERS: [&str; 7] = [
+    "host",
+    "content-length",
+    "transfer-encoding",
+    "connection",
+    "webhook-id",
+    "webhook-timestamp",
+    "webhook-signature",
+];
+
+struct Checker<'a> {
+    problems: Vec<Problem>,
+    warnings: Vec<Problem>,
+    base_dir: &'a Path,
+    env: &'a dyn Env,
+    purpose: Purpose,
+}
+
+impl Checker<'_> {
+    fn err(&mut self, path: impl Into<String>, message: impl Into<String>) {
+        self.problems.push(Problem {
+            path: path.into(),
+            message: message.into(),
+        });
+    }
+
+    fn unsupported(&mut self, path: &str, value: &Option<serde_norway::Value>, issue: &str) {
+        if value.is_some() {
+            self.err(
+                path,
+                format!("not supported yet (planned in {issue}); remove the key"),
+            );
+        }
+    }
+
+    fn range_dur(&mut self, path: &str, d: Dur, min: Duration, max: Duration) -> Duration {
+        if d.0 < min || d.0 > max {
+            self.err(
+                path,
+                format!("{d} is out of range: allowed {}..={}", Dur(min), Dur(max)),
+            );
+        }
+        d.0
+    }
+
+    fn range_u64(&mut self, path: &str, v: u64, min: u64, max: u64) -> u64 {
+        if v < min || v > max {
+            self.err(path, format!("{v} is out of range: allowed {min}..={max}"));
+        }
+        v
+    }
+
+    fn addr(&mut self, path: &str, s: &str) -> SocketAddr {
+        s.parse().unwrap_or_else(|_| {
+            self.err(
+                path,
+                format!("`{s}` is not an address: expected ip:port, like 127.0.0.1:8080"),
+            );
+            SocketAddr::from(([127, 0, 0, 1], 0))
+        })
+    }
+
+    fn dir(&self, p: &str) -> PathBuf {
+        let p = Path::new(p);
+        if p.is_absolute() {
+            p.to_path_buf()
+        } else {
+            self.base_dir.join(p)
+        }
+    }
+}
+
+/// Checks `raw`; relative paths are taken from `base_dir` (the config file's folder).
+pub fn check(
+    raw: &RawConfig,
+    base_dir: &Path,
+    env: &dyn Env,
+    purpose: Purpose,
+) -> Result<Checked, Vec<Problem>> {
+    let mut c = Checker {
+        problems: Vec::new(),
+        warnings: Vec::new(),
+        base_dir,
+        env,
+        purpose,
+    };
+    let listen = c.addr("listen", &raw.listen);
+    let admin_listen = c.addr("admin_listen", &raw.admin_listen);
+    if listen == admin_listen && listen.port() != 0 {
+        c.err(
+            "admin_listen",
+            format!("`{admin_listen}` is also `listen`: use two different ports"),
+        );
+    }
+    c.unsupported("admin_token_env", &raw.admin_token_env, "a later issue");
+    let shutdown_grace = c.range_dur(
+        "shutdown_grace",
+        raw.shutdown_grace,
+        Duration::ZERO,
+        Duration::from_secs(3600),
+    );
+    let level = raw.log.level.to_ascii_lowercase();
+    if !["trace", "debug", "info", "warn", "error"].contains(&level.as_str()) {
+        c.err(
+            "log.level",
+            format!(
+                "`{}` is not a level: allowed trace, debug, info, warn, error",
+                raw.log.level
+            ),
+        );
+    }
+    let max_bytes = c.range_u64(
+        "journal.max_bytes",
+        raw.journal.max_bytes.0,
+        1 << 10,
+        1 << 50,
+    );
+    if raw.journal.dir.trim().is_empty() {
+        c.err("journal.dir", "must not be empty");
+    }
+    let max_body_bytes = c.range_u64(
+        "ingress.max_body_bytes",
+        raw.ingress.max_body_bytes.0,
+        1,
+        256 << 20,
+    );
+    if raw.ingress.credits_per_second != 0 {
+        c.err(
+            "ingress.credits_per_second",
+            "not supported yet (planned in a later issue); use 0 or remove the key",
+        );
+    }
+    c.unsupported(
+        "ingress.dedupe_window",
+        &raw.ingress.dedupe_window,
+        "issue 4",
+    );
+    c.unsupported("topics", &raw.topics, "issue 4");
+    if raw.destinations.is_empty() {
+        c.err("destinations", "at least one destination is needed");
+    }
+    let default_sink = raw.dead_letter.as_ref().map(|d| c.dir(&d.dir));
+    let destinations = raw
+        .destinations
+        .iter()
+        .map(|(name, d)| Arc::new(destination(&mut c, name, d, default_sink.as_ref())))
+        .collect();
+    if !c.problems.is_empty() {
+        return Err(c.problems);
+    }
+    let settings = Settings {
+        listen,
+        admin_listen,
+        shutdown_grace,
+        log: LogSettings {
+            format: raw.log.format,
+            level,
+            bodies: raw.log.bodies,
+        },
+        journal: JournalSettings {
+            dir: c.dir(&raw.journal.dir),
+            max_bytes,
+            sync: raw.journal.sync,
+        },
+        ingress: IngressSettings { max_body_bytes },
+        destinations,
+    };
+    Ok(Checked {
+        settings,
+        warnings: c.warnings,
+    })
+}
+
+fn destination(
+    c: &mut Checker,
+    name: &str,
+    d: &Destination,
+    default_sink: Option<&PathBuf>,
+) -> DestinationSettings {
+    let p = format!("destinations.{name}");
+    if name.is_empty()
+        || !name
+            .chars()
+            .all(|ch| ch.is_ascii_alphanumeric() || "-_.~".contains(ch))
+    {
+        c.err(&p, format!("name `{name}` must be letters, digits, `-`, `_`, `.` or `~` (it is a url path segment)"));
+    }
+    let target = target(c, &format!("{p}.url"), &d.url);
+    if d.mode == Mode::Passthrough {
+        c.err(
+            format!("{p}.mode"),
+            "passthrough is not supported yet (planned in a later issue); use durable",
+        );
+    }
+    if d.schema != Schema::Custom {
+        c.err(
+            format!("{p}.schema"),
+            format!(
+                "{} is not supported yet (planned in issue 4); use custom",
+                d.schema.as_str()
+            ),
+        );
+    }
+    let timeout = c.range_dur(
+        &format!("{p}.timeout"),
+        d.timeout,
+        Duration::from_millis(10),
+        Duration::from_secs(600),
+    );
+    for (key, v) in [
+        ("passthrough_deadline", &d.passthrough_deadline),
+        ("late_answer_window", &d.late_answer_window),
+        ("tls", &d.tls),
+        ("batch", &d.batch),
+        ("signing", &d.signing),
+        ("rate_limit", &d.rate_limit),
+    ] {
+        let issue = match key {
+            "batch" | "signing" => "issue 4",
+            "late_answer_window" | "rate_limit" => "issue 3",
+            _ => "a later issue",
+        };
+        c.unsupported(&format!("{p}.{key}"), v, issue);
+    }
+    let concurrency =
+        c.range_u64(&format!("{p}.concurrency"), d.concurrency.into(), 1, 1024) as usize;
+    let schedule = schedule(c, &format!("{p}.retry.schedule"), &d.retry.schedule);
+    let max_attempts = c.range_u64(
+        &format!("{p}.retry.max_attempts"),
+        d.retry.max_attempts.into(),
+        1,
+        30,
+    ) as u32;
+    let ttl = c.range_dur(
+        &format!("{p}.retry.event_ttl"),
+        d.retry.event_ttl,
+        Duration::from_secs(60),
+        Duration::from_secs(1440 * 60),
+    );
+    let jitter = d.retry.jitter;
+    if !(0.0..=0.5).contains(&jitter) {
+        c.err(
+            format!("{p}.retry.jitter"),
+            format!("{jitter} is out of range: allowed 0..=0.5"),
+        );
+    }
+    let status = status(c, &format!("{p}.status"), d);
+    let headers = headers(c, &format!("{p}.headers"), &d.headers);
+    let dead_letter = match &d.dead_letter {
+        None => default_sink.cloned(),
+        Some(DeadLetterChoice::Dir(dl)) => Some(c.dir(&dl.dir)),
+        Some(DeadLetterChoice::Keyword(k)) if k == "none" => None,
+        Some(DeadLetterChoice::Keyword(k)) => {
+            c.err(
+                format!("{p}.dead_letter"),
+                format!("`{k}` is not a sink: write `{{ dir: PATH }}` or `none`"),
+            );
+            None
+        }
+    };
+    DestinationSettings {
+        name: name.to_string(),
+        target,
+        schema: d.schema,
+        timeout,
+        concurrency,
+        schedule,
+        limits: Limits { max_attempts, ttl },
+        jitter,
+        status,
+        headers,
+        dead_letter,
+    }
+}
+
+fn target(c: &mut Checker, path: &str, url: &str) -> Target {
+    let fallback = Target {
+        origin: String::new(),
+        path: String::new(),
+        query: None,
+    };
+    let uri: http::Uri = match url.parse() {
+        Ok(u) => u,
+        Err(_) => {
+            c.err(
+                path,
+                format!("`{url}` is not a url: expected https://host[:port]/path"),
+            );
+            return fallback;
+        }
+    };
+    let (Some(scheme), Some(authority)) = (uri.scheme_str(), uri.authority()) else {
+        c.err(
+            path,
+            format!("`{url}` is not an absolute url: expected https://host[:port]/path"),
+        );
+        return fallback;
+    };
+    if scheme != "http" && scheme != "https" {
+        c.err(
+            path,
+            format!("`{url}` has scheme `{scheme}`: allowed http, https"),
+        );
+    }
+    if authority.as_str().contains('@') {
+        c.err(path, "credentials in the url are not allowed: use a header with `from_env` and `secret: true`");
+    }
+    Target {
+        origin: format!("{scheme}://{authority}"),
+        path: uri.path().trim_end_matches('/').to_string(),
+        query: uri.query().map(str::to_string),
+    }
+}
+
+fn schedule(c: &mut Checker, path: &str, v: &serde_norway::Value) -> Schedule {
+    use serde_norway::Value;
+    match v {
+        Value::String(s) if s == "eventgrid" => Schedule::EventGrid,
+        Value::String(s) => {
+            c.err(path, format!("`{s}` is not a schedule: allowed eventgrid, a list of delays like [5s, 5m], exponential:, sns:"));
+            Schedule::EventGrid
+        }
+        Value::Sequence(items) if items.is_empty() => {
+            c.err(path, "a list schedule needs at least one delay");
+            Schedule::EventGrid
+        }
+        Value::Sequence(items) => {
+            let mut delays = Vec::new();
+            for (i, item) in items.iter().enumerate() {
+                let p = format!("{path}[{i}]");
+                match item.as_str().map(parse_duration) {
+                    Some(Ok(d)) => delays.push(c.range_dur(
+                        &p,
+                        Dur(d),
+                        Duration::ZERO,
+                        Duration::from_secs(1440 * 60),
+                    )),
+                    Some(Err(e)) => c.err(p, e),
+                    None => c.err(p, "expected a duration with a unit, like 5s or 5m"),
+                }
+            }
+            Schedule::List(delays)
+        }
+        Value::Mapping(m) => {
+            let key = m.keys().next().and_then(|k| k.as_str()).unwrap_or("");
+            match key {
+                "exponential" | "sns" => c.err(format!("{path}.{key}"), "not supported yet (planned in issue 3)"),
+                other => c.err(path, format!("`{other}` is not a schedule: allowed eventgrid, a list of delays, exponential:, sns:")),
+            }
+            Schedule::EventGrid
+        }
+        _ => {
+            c.err(
+                path,
+                "expected eventgrid, a list of delays, exponential: or sns:",
+            );
+            Schedule::EventGrid
+        }
+    }
+}
+
+/// `404`, `"5xx"` or `"500-599"`.
+pub fn parse_codes(key: &StatusKey) -> Result<Codes, String> {
+    let bad = || {
+        format!(
+            "`{key}` is not a status: write a code (404), a class (5xx) or a range (500-599) within 200..=599"
+        )
+    };
+    let (lo, hi) = match key {
+        StatusKey::Code(n) => (
+            u16::try_from(*n).map_err(|_| bad())?,
+            u16::try_from(*n).map_err(|_| bad())?,
+        ),
+        StatusKey::Text(t) => {
+            let t = t.trim();
+            if let Some(class) = t.strip_suffix("xx").or_else(|| t.strip_suffix("XX")) {
+                let d: u16 = class.parse().map_err(|_| bad())?;
+                (d * 100, d * 100 + 99)
+            } else if let Some((a, b)) = t.split_once('-') {
+                (
+                    a.trim().parse().map_err(|_| bad())?,
+                    b.trim().parse().map_err(|_| bad())?,
+                )
+            } else {
+                let n: u16 = t.parse().map_err(|_| bad())?;
+                (n, n)
+            }
+        }
+    };
+    if lo > hi || lo < 200 || hi > 599 {
+        return Err(bad());
+    }
+    Ok(lo..=hi)
+}
+
+fn status(c: &mut Checker, path: &str, d: &Destination) -> StatusPolicy {
+    let list = |c: &mut Checker, key: &str, keys: &[StatusKey]| -> Vec<Codes> {
+        keys.iter()
+            .enumerate()
+            .filter_map(|(i, k)| {
+                parse_codes(k)
+                    .map_err(|e| c.err(format!("{path}.{key}[{i}]"), e))
+                    .ok()
+            })
+            .collect()
+    };
+    let success = list(c, "success", &d.status.success);
+    let no_retry = if d.status.no_retry.is_empty() {
+        StatusPolicy::default().no_retry
+    } else {
+        list(c, "no_retry", &d.status.no_retry)
+    };
+    for s in &success {
+        if no_retry
+            .iter()
+            .any(|n| n.start() <= s.end() && s.start() <= n.end())
+        {
+            c.err(
+                format!("{path}.success"),
+                format!(
+                    "{}-{} is also in no_retry: a status is either success or not",
+                    s.start(),
+                    s.end()
+                ),
+            );
+        }
+    }
+    let mut min_delay = Vec::new();
+    for (k, v) in &d.status.min_delay {
+        let p = format!("{path}.min_delay.{k}");
+        match parse_codes(k) {
+            Ok(codes) => min_delay.push((
+                codes,
+                c.range_dur(&p, *v, Duration::ZERO, Duration::from_secs(1440 * 60)),
+            )),
+            Err(e) => c.err(p, e),
+        }
+    }
+    // Single codes before ranges, so `503: 1s` wins over `5xx: 10s`.
+    min_delay.sort_by_key(|(codes, _)| codes.end() - codes.start());
+    StatusPolicy {
+        success,
+        no_retry,
+        min_delay,
+    }
+}
+
+fn headers(
+    c: &mut Checker,
+    path: &str,
+    specs: &std::collections::BTreeMap<String, HeaderSpec>,
+) -> Vec<CustomHeader> {
+    if specs.len() > MAX_HEADERS {
+        c.err(
+            path,
+            format!("{} headers: at most {MAX_HEADERS} are allowed", specs.len()),
+        );
+    }
+    let mut out = Vec::new();
+    for (name, spec) in specs {
+        let p = format!("{path}.{name}");
+        let Ok(header) = HeaderName::from_bytes(name.as_bytes()) else {
+            c.err(&p, format!("`{name}` is not a valid header name"));
+            continue;
+        };
+        let lower = header.as_str();
+        if RESERVED_HEADERS.contains(&lower) || lower.starts_with("courier-") {
+            c.err(
+                &p,
+                format!("`{name}` is set by courier and cannot be overridden"),
+            );
+            continue;
+        }
+        let sources = [
+            spec.value.is_some(),
+            spec.from_env.is_some(),
+            spec.from_event.is_some(),
+        ];
+        if sources.iter().filter(|s| **s).count() != 1 {
+            c.err(&p, "needs exactly one of value, from_env, from_event");
+            continue;
+        }
+        let value = if let Some(v) = &spec.value {
+            v.clone()
+        } else if let Some(var) = &spec.from_env {
+            match c.env.get(var) {
+                Some(v) => v,
+                None => {
+                    let problem = Problem {
+                        path: format!("{p}.from_env"),
+                        message: format!("environment variable {var} is not set"),
+                    };
+                    match c.purpose {
+                        Purpose::Run => c.problems.push(problem),
+                        Purpose::Check => c.warnings.push(problem),
+                    }
+                    continue;
+                }
+            }
+        } else {
+            c.err(
+                format!("{p}.from_event"),
+                "not supported yet (planned in issue 4)",
+            );
+            continue;
+        };
+        if value.len() > MAX_HEADER_VALUE {
+            c.err(
+                &p,
+                format!(
+                    "value is {} bytes: at most {MAX_HEADER_VALUE} are allowed",
+                    value.len()
+                ),
+            );
+            continue;
+        }
+        let Ok(mut value) = HeaderValue::from_str(&value) else {
+            c.err(&p, "value has characters that are not allowed in a header");
+            continue;
+        };
+        value.set_sensitive(spec.secret);
+        out.push(CustomHeader {
+            name: header,
+            value,
+        });
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_keys_parse_codes_classes_and_ranges() {
+        assert_eq!(parse_codes(&StatusKey::Code(404)), Ok(404..=404));
+        assert_eq!(parse_codes(&StatusKey::Text("5xx".into())), Ok(500..=599));
+        assert_eq!(
+            parse_codes(&StatusKey::Text("500-504".into())),
+            Ok(500..=504)
+        );
+        assert!(parse_codes(&StatusKey::Text("6xx".into())).is_err());
+        assert!(parse_codes(&StatusKey::Text("504-500".into())).is_err());
+        assert!(parse_codes(&StatusKey::Code(99)).is_err());
+        assert!(parse_codes(&StatusKey::Code(-1)).is_err());
+    }
+}

@@ -1,0 +1,173 @@
+//! One event's turn: attempt it (or expire it), then record the verdict —
+//! delete when delivered, reschedule with the next due time, or write the
+//! dead letter and only then delete.
+
+use super::request;
+use super::stack::{AttemptService, Attempted};
+use crate::admin::metrics;
+use crate::clock;
+use crate::config::DestinationSettings;
+use crate::deadletter::{DeadLetterSink, Facts, custom_record};
+use crate::journal::{Change, Journal, StoredEvent};
+use crate::policy::schedule::jittered;
+use crate::policy::{Next, Outcome, Reason, Verdict};
+use std::sync::Arc;
+use std::time::Duration;
+use tower::ServiceExt;
+
+/// How long a dead letter that could not be written waits before the next try.
+const SINK_RETRY: Duration = Duration::from_secs(30);
+
+pub struct Ctx {
+    pub dest: Arc<DestinationSettings>,
+    pub journal: Journal,
+    pub sink: Option<Arc<dyn DeadLetterSink>>,
+    pub stack: AttemptService,
+}
+
+/// `false` when the journal refused the change: the event must stay out of
+/// this process's dispatch (it is retried after a restart).
+pub async fn run(ctx: &Ctx, ev: StoredEvent) -> bool {
+    let now = clock::now_ms();
+    if ctx.dest.limits.expired(ev.event.accepted_ms, now) {
+        let outcome = ev.last_outcome.clone().unwrap_or_else(|| "None".into());
+        let facts = Facts {
+            reason: Reason::TimeToLiveExceeded,
+            attempts: ev.attempts,
+            last_outcome: &outcome,
+            last_status: ev.last_status,
+            last_attempt_ms: ev.last_attempt_ms,
+        };
+        return dead_letter(ctx, &ev, &facts).await;
+    }
+    let request = match request::build(&ctx.dest, &ev) {
+        Ok(r) => r,
+        Err(e) => {
+            // Only a row edited by hand gets here: ingress stores valid requests.
+            tracing::error!(destination = %ctx.dest.name, id = %ev.event.id, error = %e, "stored request cannot be rebuilt; quarantining it");
+            return apply(ctx, vec![Change::Quarantine { seq: ev.seq }]).await;
+        }
+    };
+    let Ok(attempted) = ctx.stack.clone().oneshot(request).await;
+    settle(ctx, ev, attempted).await
+}
+
+async fn settle(ctx: &Ctx, ev: StoredEvent, a: Attempted) -> bool {
+    let dest = &ctx.dest;
+    let attempts = ev.attempts + 1;
+    let outcome = a.classified.outcome.as_str();
+    let now = clock::now_ms();
+    metrics::attempt(&dest.name, outcome, a.took, 1);
+    tracing::debug!(destination = %dest.name, id = %ev.event.id, attempt = attempts, outcome, status = ?a.status, error = ?a.error, "attempt");
+    let retry_at = |min_delay: Duration| {
+        let base = dest.schedule.delay_before(attempts + 1).max(min_delay);
+        let delay = jittered(base, dest.jitter, &mut rand::rng()).max(min_delay);
+        now + delay.as_millis() as u64
+    };
+    let next = match a.classified.verdict {
+        Verdict::Delivered => {
+            metrics::delivered(&dest.name, 1);
+            return apply(ctx, vec![delete(&ev)]).await;
+        }
+        Verdict::DeadLetter => Next::DeadLetter(Reason::NonRetriableStatus),
+        // Pausing the destination on 410 is not built yet: until it is, a
+        // 410 is retried on the schedule like any other failure.
+        Verdict::Pause => dest.limits.after_failure(
+            attempts,
+            ev.event.accepted_ms,
+            retry_at(Duration::from_secs(10)),
+        ),
+        Verdict::Retry { min_delay } => {
+            dest.limits
+                .after_failure(attempts, ev.event.accepted_ms, retry_at(min_delay))
+        }
+    };
+    match next {
+        Next::RetryAt(due) | Next::ExpireAt(due) => {
+            apply(
+                ctx,
+                vec![Change::Reschedule {
+                    seq: ev.seq,
+                    attempts,
+                    next_due_ms: due,
+                    outcome,
+                    status: a.status,
+                    attempt_ms: now,
+                }],
+            )
+            .await
+        }
+        Next::DeadLetter(reason) => {
+            let facts = Facts {
+                reason,
+                attempts,
+                last_outcome: outcome,
+                last_status: a.status,
+                last_attempt_ms: Some(now),
+            };
+            dead_letter(ctx, &ev, &facts).await
+        }
+    }
+}
+
+fn delete(ev: &StoredEvent) -> Change {
+    Change::Delete {
+        seq: ev.seq,
+        destination: ev.event.destination.clone(),
+        size: ev.event.size(),
+    }
+}
+
+async fn apply(ctx: &Ctx, changes: Vec<Change>) -> bool {
+    match ctx.journal.apply(changes).await {
+        Ok(()) => true,
+        Err(e) => {
+            tracing::error!(destination = %ctx.dest.name, error = %e, "journal refused a delivery update; the event stays pending");
+            false
+        }
+    }
+}
+
+/// Writes the dead letter durably, then deletes the event. Without a sink
+/// the event is dropped and counted.
+async fn dead_letter(ctx: &Ctx, ev: &StoredEvent, facts: &Facts<'_>) -> bool {
+    let dest = &ctx.dest.name;
+    let reason = facts.reason.as_str();
+    match &ctx.sink {
+        None => {
+            tracing::warn!(destination = %dest, id = %ev.event.id, reason, "no dead-letter sink: event dropped");
+            metrics::dropped(dest, reason);
+        }
+        Some(sink) => {
+            let line = custom_record(&ev.event, facts);
+            let day = clock::rfc3339(clock::now_ms())[..10].to_string();
+            let (sink, name) = (sink.clone(), dest.clone());
+            let written =
+                tokio::task::spawn_blocking(move || sink.write(&name, &day, &[line])).await;
+            match written {
+                Ok(Ok(())) => {
+                    tracing::info!(destination = %dest, id = %ev.event.id, reason, attempts = facts.attempts, "dead-lettered");
+                    metrics::dead_lettered(dest, reason);
+                }
+                failed => {
+                    let error = match failed {
+                        Ok(Err(e)) => e.to_string(),
+                        _ => "writer task failed".into(),
+                    };
+                    tracing::error!(destination = %dest, id = %ev.event.id, error, "cannot write the dead letter; the event stays pending and is tried again");
+                    let change = Change::Reschedule {
+                        seq: ev.seq,
+                        attempts: ev.attempts,
+                        next_due_ms: clock::now_ms() + SINK_RETRY.as_millis() as u64,
+                        outcome: Outcome::parse(facts.last_outcome)
+                            .map_or("Failed", Outcome::as_str),
+                        status: facts.last_status,
+                        attempt_ms: facts.last_attempt_ms.unwrap_or_else(clock::now_ms),
+                    };
+                    return apply(ctx, vec![change]).await;
+                }
+            }
+        }
+    }
+    apply(ctx, vec![delete(ev)]).await
+}

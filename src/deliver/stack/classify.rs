@@ -1,0 +1,240 @@
+//! Turns whatever the inner stack returned (a response, a timeout, a
+//! transport error) into a classified `Attempted`. Classification itself is
+//! the pure `policy::classify`; this layer only extracts status,
+//! Retry-After and the kind of transport failure.
+
+use crate::policy::classify::parse_retry_after;
+use crate::policy::{Classified, StatusPolicy, Transport};
+use bytes::Bytes;
+use http::Response;
+use std::convert::Infallible;
+use std::error::Error as StdError;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, SystemTime};
+use tokio::time::Instant;
+use tower::{Layer, Service};
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Attempted {
+    pub classified: Classified,
+    pub status: Option<u16>,
+    pub took: Duration,
+    /// A short description of a transport failure, for logs.
+    pub error: Option<String>,
+}
+
+#[derive(Clone)]
+pub struct ClassifyLayer {
+    policy: Arc<StatusPolicy>,
+}
+
+impl ClassifyLayer {
+    pub fn new(policy: StatusPolicy) -> Self {
+        ClassifyLayer {
+            policy: Arc::new(policy),
+        }
+    }
+}
+
+impl<S> Layer<S> for ClassifyLayer {
+    type Service = Classify<S>;
+    fn layer(&self, inner: S) -> Classify<S> {
+        Classify {
+            inner,
+            policy: self.policy.clone(),
+            not_ready: None,
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct Classify<S> {
+    inner: S,
+    policy: Arc<StatusPolicy>,
+    /// The inner service failed `poll_ready`: the next call reports it as
+    /// this attempt's transport failure instead of calling it.
+    not_ready: Option<(Transport, String)>,
+}
+
+type BoxError = Box<dyn StdError + Send + Sync>;
+
+impl<S, Req> Service<Req> for Classify<S>
+where
+    S: Service<Req, Response = Response<Bytes>>,
+    S::Error: Into<BoxError>,
+    S::Future: Send + 'static,
+{
+    type Response = Attempted;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Attempted, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        match self.inner.poll_ready(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(Ok(())) => Poll::Ready(Ok(())),
+            Poll::Ready(Err(e)) => {
+                let e: BoxError = e.into();
+                self.not_ready = Some((transport_kind(e.as_ref()), chain(e.as_ref())));
+                Poll::Ready(Ok(()))
+            }
+        }
+    }
+
+    fn call(&mut self, req: Req) -> Self::Future {
+        if let Some((kind, error)) = self.not_ready.take() {
+            let classified = self.policy.classify_transport(kind);
+            return Box::pin(async move {
+                Ok(Attempted {
+                    classified,
+                    status: None,
+                    took: Duration::ZERO,
+                    error: Some(error),
+                })
+            });
+        }
+        let started = Instant::now();
+        let fut = self.inner.call(req);
+        let policy = self.policy.clone();
+        Box::pin(async move {
+            let result = fut.await;
+            let took = started.elapsed();
+            Ok(match result {
+                Ok(resp) => {
+                    let status = resp.status().as_u16();
+                    let retry_after = resp
+                        .headers()
+                        .get(http::header::RETRY_AFTER)
+                        .and_then(|v| v.to_str().ok())
+                        .and_then(|v| parse_retry_after(v, SystemTime::now()));
+                    Attempted {
+                        classified: policy.classify_status(status, retry_after),
+                        status: Some(status),
+                        took,
+                        error: None,
+                    }
+                }
+                Err(e) => {
+                    let e: BoxError = e.into();
+                    let kind = transport_kind(e.as_ref());
+                    Attempted {
+                        classified: policy.classify_transport(kind),
+                        status: None,
+                        took,
+                        error: Some(chain(e.as_ref())),
+                    }
+                }
+            })
+        })
+    }
+}
+
+/// Walks the error chain: a timeout, a TLS failure, a DNS failure, or else
+/// a socket-level failure.
+pub fn transport_kind(err: &(dyn StdError + 'static)) -> Transport {
+    let mut cur = Some(err);
+    while let Some(e) = cur {
+        if e.is::<tower::timeout::error::Elapsed>() {
+            return Transport::TimedOut;
+        }
+        if e.is::<rustls::Error>() {
+            return Transport::Tls;
+        }
+        if let Some(io) = e.downcast_ref::<std::io::Error>()
+            && io
+                .get_ref()
+                .is_some_and(|inner| inner.is::<rustls::Error>())
+        {
+            return Transport::Tls;
+        }
+        if e.to_string() == "dns error" {
+            return Transport::Resolution;
+        }
+        cur = e.source();
+    }
+    Transport::Socket
+}
+
+fn chain(err: &(dyn StdError + 'static)) -> String {
+    let mut parts = vec![err.to_string()];
+    let mut cur = err.source();
+    while let Some(e) = cur {
+        parts.push(e.to_string());
+        cur = e.source();
+    }
+    parts.join(": ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::{Outcome, Verdict};
+    use tower::ServiceExt;
+
+    #[derive(Debug)]
+    struct Wrapped(Box<dyn StdError + Send + Sync>);
+    impl std::fmt::Display for Wrapped {
+        fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("client error (Connect)")
+        }
+    }
+    impl StdError for Wrapped {
+        fn source(&self) -> Option<&(dyn StdError + 'static)> {
+            Some(self.0.as_ref())
+        }
+    }
+
+    #[test]
+    fn error_chains_map_to_transport_kinds() {
+        let elapsed: BoxError = tower::timeout::error::Elapsed::new().into();
+        assert_eq!(transport_kind(elapsed.as_ref()), Transport::TimedOut);
+        let tls = Wrapped(Box::new(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            rustls::Error::DecryptError,
+        )));
+        assert_eq!(transport_kind(&tls), Transport::Tls);
+        let refused = Wrapped(Box::new(std::io::Error::from(
+            std::io::ErrorKind::ConnectionRefused,
+        )));
+        assert_eq!(transport_kind(&refused), Transport::Socket);
+        #[derive(Debug)]
+        struct Dns;
+        impl std::fmt::Display for Dns {
+            fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("dns error")
+            }
+        }
+        impl StdError for Dns {}
+        assert_eq!(
+            transport_kind(&Wrapped(Box::new(Dns))),
+            Transport::Resolution
+        );
+    }
+
+    #[tokio::test]
+    async fn responses_are_classified_with_retry_after() {
+        let inner = tower::service_fn(|_: ()| async {
+            let resp = Response::builder()
+                .status(429)
+                .header("retry-after", "7")
+                .body(Bytes::new())
+                .expect("response");
+            Ok::<_, BoxError>(resp)
+        });
+        let out = ClassifyLayer::new(StatusPolicy::default())
+            .layer(inner)
+            .oneshot(())
+            .await
+            .expect("infallible");
+        assert_eq!(out.status, Some(429));
+        assert_eq!(out.classified.outcome, Outcome::Busy);
+        assert_eq!(
+            out.classified.verdict,
+            Verdict::Retry {
+                min_delay: Duration::from_secs(7)
+            }
+        );
+    }
+}

@@ -1,0 +1,52 @@
+//! The innermost service: send the request, read a bounded part of the
+//! answer so the connection can be reused.
+
+use crate::deliver::HttpsClient;
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body_util::{BodyExt, Full, Limited};
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+/// Response bodies beyond this are not read; the status decides anyway.
+const MAX_RESPONSE_BODY: usize = 64 * 1024;
+
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+#[derive(Clone)]
+pub struct HttpService {
+    client: HttpsClient,
+}
+
+impl HttpService {
+    pub fn new(client: HttpsClient) -> Self {
+        HttpService { client }
+    }
+}
+
+impl tower::Service<Request<Full<Bytes>>> for HttpService {
+    type Response = Response<Bytes>;
+    type Error = BoxError;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<Bytes>, BoxError>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<Full<Bytes>>) -> Self::Future {
+        let client = self.client.clone();
+        Box::pin(async move {
+            let resp = client.request(req).await?;
+            let (parts, body) = resp.into_parts();
+            // A body that fails or runs long after the status line does not
+            // change the verdict: the receiver has already answered.
+            let body = Limited::new(body, MAX_RESPONSE_BODY)
+                .collect()
+                .await
+                .map(|b| b.to_bytes())
+                .unwrap_or_default();
+            Ok(Response::from_parts(parts, body))
+        })
+    }
+}

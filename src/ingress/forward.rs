@@ -1,0 +1,123 @@
+//! Which of the app's headers travel with the event, and which id it gets.
+
+use crate::journal::Header;
+use http::HeaderMap;
+
+/// Hop-by-hop headers (RFC 9110 §7.6.1) and those courier sets itself.
+const DROPPED: [&str; 14] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "expect",
+    "host",
+    "content-length",
+    "webhook-timestamp",
+    "webhook-signature",
+];
+
+/// The headers forwarded to the endpoint, in the order received.
+pub fn forwarded(headers: &HeaderMap) -> Vec<Header> {
+    let listed: Vec<String> = headers
+        .get_all(http::header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(',').map(|s| s.trim().to_ascii_lowercase()))
+        .collect();
+    headers
+        .iter()
+        .filter(|(name, _)| {
+            let n = name.as_str();
+            !DROPPED.contains(&n)
+                && n != "webhook-id"
+                && !n.starts_with("courier-")
+                && !listed.iter().any(|l| l == n)
+        })
+        .map(|(name, value)| (name.as_str().to_string(), value.as_bytes().to_vec()))
+        .collect()
+}
+
+/// Longest event id accepted from the app.
+pub const MAX_ID: usize = 256;
+
+/// `custom` schema: the app's `Idempotency-Key`, else `webhook-id`, else a
+/// new UUIDv7. `Err` carries the header whose value is unusable.
+pub fn event_id(headers: &HeaderMap) -> Result<String, &'static str> {
+    for name in ["idempotency-key", "webhook-id"] {
+        if let Some(v) = headers.get(name) {
+            let id = v.to_str().map_err(|_| name)?.trim();
+            if id.is_empty() || id.len() > MAX_ID {
+                return Err(name);
+            }
+            return Ok(id.to_string());
+        }
+    }
+    Ok(uuid::Uuid::now_v7().to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn map(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(
+                http::HeaderName::from_bytes(k.as_bytes()).expect("name"),
+                v.parse().expect("value"),
+            );
+        }
+        h
+    }
+
+    #[test]
+    fn hop_by_hop_host_length_and_courier_headers_are_not_forwarded() {
+        let h = map(&[
+            ("host", "x"),
+            ("content-length", "3"),
+            ("connection", "keep-alive, x-hop"),
+            ("x-hop", "1"),
+            ("courier-delivery-attempt", "9"),
+            ("webhook-id", "w"),
+            ("content-type", "application/json"),
+            ("x-trace", "a"),
+            ("x-trace", "b"),
+        ]);
+        let names: Vec<(String, Vec<u8>)> = forwarded(&h);
+        assert_eq!(
+            names,
+            vec![
+                ("content-type".into(), b"application/json".to_vec()),
+                ("x-trace".into(), b"a".to_vec()),
+                ("x-trace".into(), b"b".to_vec())
+            ]
+        );
+    }
+
+    #[test]
+    fn id_comes_from_idempotency_key_then_webhook_id_then_uuid7() {
+        assert_eq!(
+            event_id(&map(&[("idempotency-key", "k1"), ("webhook-id", "w1")])),
+            Ok("k1".into())
+        );
+        assert_eq!(event_id(&map(&[("webhook-id", "w1")])), Ok("w1".into()));
+        let generated = event_id(&HeaderMap::new()).expect("uuid");
+        assert_eq!(
+            uuid::Uuid::parse_str(&generated).map(|u| u.get_version_num()),
+            Ok(7)
+        );
+        assert_eq!(
+            event_id(&map(&[("idempotency-key", " ")])),
+            Err("idempotency-key")
+        );
+        assert_eq!(
+            event_id(&map(&[("webhook-id", &"x".repeat(300))])),
+            Err("webhook-id")
+        );
+    }
+}

@@ -1,0 +1,9 @@
+//! Ingress: the app's side (SPEC §3). It only parses, validates and admits;
+//! in durable mode it never talks to the endpoint. The answer is sent only
+//! after the journal has committed the event.
+
+mod admit;
+mod forward;
+mod reply;
+
+pub use admit::Ingress;

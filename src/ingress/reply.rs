@@ -1,0 +1,60 @@
+//! Every answer ingress gives, as JSON (SPEC §3).
+
+use crate::admin::metrics;
+use crate::journal::JournalError;
+use crate::server::{Body, json};
+use http::{HeaderValue, Response, StatusCode};
+use serde_json::json;
+
+pub fn accepted(ids: &[String]) -> Response<Body> {
+    json(
+        StatusCode::ACCEPTED,
+        &json!({ "accepted": ids.len(), "ids": ids }),
+    )
+}
+
+/// A refusal: counted by `reason`, with `Retry-After` when waiting helps.
+pub fn reject(
+    destination: &str,
+    status: StatusCode,
+    reason: &'static str,
+    message: String,
+    retry_after: Option<u32>,
+) -> Response<Body> {
+    metrics::rejected(destination, reason);
+    let mut resp = json(status, &json!({ "error": message, "reason": reason }));
+    if let Some(secs) = retry_after {
+        resp.headers_mut()
+            .insert(http::header::RETRY_AFTER, HeaderValue::from(secs));
+    }
+    resp
+}
+
+pub fn journal_error(destination: &str, e: &JournalError) -> Response<Body> {
+    let (status, reason, retry) = match e {
+        JournalError::Full { .. } => (StatusCode::SERVICE_UNAVAILABLE, "journal_full", Some(5)),
+        JournalError::Busy => (StatusCode::SERVICE_UNAVAILABLE, "journal_busy", Some(1)),
+        JournalError::Closed => (StatusCode::SERVICE_UNAVAILABLE, "shutting_down", Some(5)),
+        JournalError::Failed(_) => (StatusCode::SERVICE_UNAVAILABLE, "journal_failed", Some(30)),
+        JournalError::DiskFull => (StatusCode::INSUFFICIENT_STORAGE, "disk_full", Some(30)),
+    };
+    reject(
+        destination,
+        status,
+        reason,
+        format!("not accepted: {e}"),
+        retry,
+    )
+}
+
+pub fn unknown_destination(name: &str, known: &[String]) -> Response<Body> {
+    metrics::rejected("", "unknown_destination");
+    json(
+        StatusCode::NOT_FOUND,
+        &json!({
+            "error": format!("unknown destination `{name}`: post to /<destination> with one of the configured names"),
+            "reason": "unknown_destination",
+            "destinations": known,
+        }),
+    )
+}

@@ -1,0 +1,349 @@
+//! The journal: the single source of truth for pending work. Every state
+//! change of an event is a journal write; the 202 to the app waits for it.
+//!
+//! SQLite in WAL mode behind one writer thread that commits whatever is
+//! queued as one transaction (group commit: one fdatasync for many writers,
+//! and the group grows with load, so there is no linger timer). Retries
+//! scheduled hours ahead are rows with an index on (destination, next due):
+//! no tombstones or compaction to write. Reads go through their own
+//! connections, which WAL lets run beside the writer.
+
+pub mod record;
+mod store;
+mod writer;
+
+pub use record::{Header, NewEvent, StoredEvent};
+pub use store::{DestinationSummary, FILE, StoreError};
+
+use rusqlite::Connection;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use tokio::sync::{Notify, mpsc, oneshot};
+
+/// Why a write was refused; each maps to one ingress status.
+#[derive(Debug, Clone, thiserror::Error, PartialEq)]
+pub enum JournalError {
+    #[error(
+        "the journal holds {pending} bytes of pending events; its limit (journal.max_bytes) is {limit}"
+    )]
+    Full { pending: u64, limit: u64 },
+    #[error("the disk holding the journal is full")]
+    DiskFull,
+    #[error(
+        "the journal refused writes after a failed commit ({0}); fix the disk and restart courier"
+    )]
+    Failed(String),
+    #[error("the journal's queue is full")]
+    Busy,
+    #[error("courier is shutting down")]
+    Closed,
+}
+
+/// Errors that stop courier from starting.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    #[error("cannot create the journal directory {0}: {1}")]
+    Dir(PathBuf, std::io::Error),
+    #[error("the journal {0} is in use by another courier process (lock held on {1})")]
+    Locked(PathBuf, PathBuf),
+    #[error(
+        "cannot open the journal {0}: {1}. If the file is damaged, stop courier, move it aside, and inspect it with `courier journal inspect --dir DIR`"
+    )]
+    Open(PathBuf, rusqlite::Error),
+    #[error(
+        "the journal {0} failed its integrity check ({1}). Courier will not start and discard pending events: restore the file from a backup, or move it aside to start empty and inspect it with `courier journal inspect --dir DIR`"
+    )]
+    Integrity(PathBuf, String),
+}
+
+/// A change to an event after an attempt (or a TTL expiry).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Change {
+    /// Delivered or dead-lettered: the event leaves the journal.
+    Delete {
+        seq: i64,
+        destination: String,
+        size: u64,
+    },
+    Reschedule {
+        seq: i64,
+        attempts: u32,
+        next_due_ms: u64,
+        outcome: &'static str,
+        status: Option<u16>,
+        attempt_ms: u64,
+    },
+    /// A row whose checksum failed: kept, never due again.
+    Quarantine { seq: i64 },
+}
+
+/// Counters of one destination's pending events, kept in memory so that
+/// admission and metrics never query the file.
+#[derive(Default)]
+pub struct DestinationState {
+    pub pending: AtomicU64,
+    pub bytes: AtomicU64,
+    /// Woken after a commit that added events for this destination.
+    pub notify: Notify,
+}
+
+pub(crate) struct Shared {
+    path: PathBuf,
+    max_bytes: u64,
+    pending_bytes: AtomicU64,
+    failed: Mutex<Option<String>>,
+    closed: AtomicBool,
+    destinations: HashMap<String, Arc<DestinationState>>,
+}
+
+impl Shared {
+    fn destination(&self, name: &str) -> Option<&Arc<DestinationState>> {
+        self.destinations.get(name)
+    }
+}
+
+pub(crate) enum Command {
+    Append {
+        events: Vec<NewEvent>,
+        reply: oneshot::Sender<Result<(), JournalError>>,
+    },
+    Apply {
+        changes: Vec<Change>,
+        reply: oneshot::Sender<Result<(), JournalError>>,
+    },
+    Close {
+        reply: oneshot::Sender<()>,
+    },
+}
+
+/// A handle to the journal; cheap to clone.
+#[derive(Clone)]
+pub struct Journal {
+    tx: mpsc::Sender<Command>,
+    shared: Arc<Shared>,
+}
+
+/// Commands queued beyond this are refused with 503 rather than held.
+const QUEUE: usize = 16_384;
+
+impl Journal {
+    /// Opens the journal in `dir`, checks it, and recovers the counters of
+    /// every pending event. `destinations` are the configured names; rows of
+    /// other destinations are kept and reported, never dropped.
+    pub fn open(
+        dir: &Path,
+        full_sync: bool,
+        max_bytes: u64,
+        destinations: &[String],
+    ) -> Result<(Journal, Vec<DestinationSummary>), OpenError> {
+        std::fs::create_dir_all(dir).map_err(|e| OpenError::Dir(dir.to_path_buf(), e))?;
+        let path = dir.join(FILE);
+        lock(dir).map_err(|lock_path| OpenError::Locked(path.clone(), lock_path))?;
+        let conn =
+            store::open_writer(&path, full_sync).map_err(|e| OpenError::Open(path.clone(), e))?;
+        if let Some(problem) =
+            store::integrity_problem(&conn).map_err(|e| OpenError::Open(path.clone(), e))?
+        {
+            return Err(OpenError::Integrity(path, problem));
+        }
+        let summary = store::summary(&conn).map_err(|e| OpenError::Open(path.clone(), e))?;
+        let mut states: HashMap<String, Arc<DestinationState>> = destinations
+            .iter()
+            .map(|d| (d.clone(), Arc::default()))
+            .collect();
+        let mut total = 0;
+        for s in &summary {
+            let state = states.entry(s.destination.clone()).or_default();
+            state.pending.store(s.pending, Ordering::Relaxed);
+            state.bytes.store(s.bytes, Ordering::Relaxed);
+            total += s.bytes;
+        }
+        let shared = Arc::new(Shared {
+            path,
+            max_bytes,
+            pending_bytes: AtomicU64::new(total),
+            failed: Mutex::new(None),
+            closed: AtomicBool::new(false),
+            destinations: states,
+        });
+        let (tx, rx) = mpsc::channel(QUEUE);
+        writer::spawn(conn, rx, shared.clone())
+            .map_err(|e| OpenError::Dir(dir.to_path_buf(), e))?;
+        writer::spawn_checkpointer(shared.clone())
+            .map_err(|e| OpenError::Dir(dir.to_path_buf(), e))?;
+        Ok((Journal { tx, shared }, summary))
+    }
+
+    /// Stores `events` durably (per `journal.sync`); returns once committed.
+    pub async fn append(&self, events: Vec<NewEvent>) -> Result<(), JournalError> {
+        self.writable()?;
+        let size: u64 = events.iter().map(NewEvent::size).sum();
+        let pending = self.shared.pending_bytes.load(Ordering::Relaxed);
+        if pending + size > self.shared.max_bytes {
+            return Err(JournalError::Full {
+                pending,
+                limit: self.shared.max_bytes,
+            });
+        }
+        let (reply, rx) = oneshot::channel();
+        self.send(Command::Append { events, reply })?;
+        rx.await.map_err(|_| JournalError::Closed)?
+    }
+
+    /// Applies changes after attempts; returns once committed.
+    pub async fn apply(&self, changes: Vec<Change>) -> Result<(), JournalError> {
+        self.writable()?;
+        let (reply, rx) = oneshot::channel();
+        self.send(Command::Apply { changes, reply })?;
+        rx.await.map_err(|_| JournalError::Closed)?
+    }
+
+    fn writable(&self) -> Result<(), JournalError> {
+        if let Some(reason) = self
+            .shared
+            .failed
+            .lock()
+            .map_err(|_| JournalError::Closed)?
+            .as_ref()
+        {
+            return Err(JournalError::Failed(reason.clone()));
+        }
+        if self.shared.closed.load(Ordering::Acquire) {
+            return Err(JournalError::Closed);
+        }
+        Ok(())
+    }
+
+    fn send(&self, cmd: Command) -> Result<(), JournalError> {
+        self.tx.try_send(cmd).map_err(|e| match e {
+            mpsc::error::TrySendError::Full(_) => JournalError::Busy,
+            mpsc::error::TrySendError::Closed(_) => JournalError::Closed,
+        })
+    }
+
+    /// Commits what is queued, then stops the writer: later writes get `Closed`.
+    pub async fn close(&self) {
+        self.shared.closed.store(true, Ordering::Release);
+        let (reply, rx) = oneshot::channel();
+        if self.tx.send(Command::Close { reply }).await.is_ok() {
+            let _ = rx.await;
+        }
+    }
+
+    pub fn destination(&self, name: &str) -> Option<Arc<DestinationState>> {
+        self.shared.destination(name).cloned()
+    }
+
+    pub fn pending_bytes(&self) -> u64 {
+        self.shared.pending_bytes.load(Ordering::Relaxed)
+    }
+
+    /// A read connection for one dispatcher.
+    pub fn reader(&self) -> Result<Reader, rusqlite::Error> {
+        Ok(Reader {
+            conn: Arc::new(Mutex::new(store::open_reader(&self.shared.path)?)),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.shared.path
+    }
+}
+
+/// Holds an exclusive `flock` on `dir/courier.lock` for the life of the
+/// process: two couriers on one journal would deliver everything twice.
+fn lock(dir: &Path) -> Result<(), PathBuf> {
+    use std::os::fd::IntoRawFd;
+    let lock_path = dir.join("courier.lock");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .map_err(|_| lock_path.clone())?;
+    let fd = file.into_raw_fd();
+    // SAFETY: `fd` is a valid descriptor we own and deliberately leak, so the
+    // lock lives until the process exits.
+    let rc = unsafe { libc::flock(fd, libc::LOCK_EX | libc::LOCK_NB) };
+    if rc != 0 { Err(lock_path) } else { Ok(()) }
+}
+
+/// One dispatcher's read connection. Queries run on the blocking pool.
+#[derive(Clone)]
+pub struct Reader {
+    conn: Arc<Mutex<Connection>>,
+}
+
+impl Reader {
+    async fn with<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Connection) -> Result<T, rusqlite::Error> + Send + 'static,
+    ) -> Result<T, rusqlite::Error> {
+        let conn = self.conn.clone();
+        tokio::task::spawn_blocking(move || {
+            let guard = conn.lock().map_err(|_| rusqlite::Error::InvalidQuery)?;
+            f(&guard)
+        })
+        .await
+        .map_err(|_| rusqlite::Error::InvalidQuery)?
+    }
+
+    pub async fn due(
+        &self,
+        destination: &str,
+        now_ms: u64,
+        limit: usize,
+    ) -> Result<Vec<Result<StoredEvent, StoreError>>, rusqlite::Error> {
+        let d = destination.to_string();
+        self.with(move |c| store::due(c, &d, now_ms, limit)).await
+    }
+
+    pub async fn next_due_after(
+        &self,
+        destination: &str,
+        now_ms: u64,
+    ) -> Result<Option<u64>, rusqlite::Error> {
+        let d = destination.to_string();
+        self.with(move |c| store::next_due_after(c, &d, now_ms))
+            .await
+    }
+}
+
+/// `courier journal inspect`: reads a stopped courier's journal.
+pub fn inspect(dir: &Path) -> Result<Inspection, OpenError> {
+    let path = dir.join(FILE);
+    if !path.exists() {
+        return Err(OpenError::Open(
+            path,
+            rusqlite::Error::InvalidPath(dir.join(FILE)),
+        ));
+    }
+    let conn = Connection::open_with_flags(&path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+        .map_err(|e| OpenError::Open(path.clone(), e))?;
+    let integrity =
+        store::integrity_problem(&conn).map_err(|e| OpenError::Open(path.clone(), e))?;
+    let summary = store::summary(&conn).map_err(|e| OpenError::Open(path.clone(), e))?;
+    let corrupt = store::corrupt_rows(&conn).map_err(|e| OpenError::Open(path.clone(), e))?;
+    let file_bytes = ["", "-wal"]
+        .iter()
+        .filter_map(|s| std::fs::metadata(format!("{}{s}", path.display())).ok())
+        .map(|m| m.len())
+        .sum();
+    Ok(Inspection {
+        path,
+        integrity,
+        summary,
+        corrupt: corrupt.iter().map(ToString::to_string).collect(),
+        file_bytes,
+    })
+}
+
+pub struct Inspection {
+    pub path: PathBuf,
+    pub integrity: Option<String>,
+    pub summary: Vec<DestinationSummary>,
+    pub corrupt: Vec<String>,
+    pub file_bytes: u64,
+}

@@ -1,0 +1,171 @@
+//! What one journal row holds, and the codec for its forwarded headers.
+//! Each row carries a CRC32C over its immutable fields: SQLite detects a
+//! broken page structure, but not a flipped bit inside a body, and courier
+//! must never deliver a corrupted event as if it were the app's.
+
+use bytes::Bytes;
+
+/// A header as forwarded: the name (lowercase) and the raw value bytes.
+pub type Header = (String, Vec<u8>);
+
+/// An event as ingress hands it to the journal.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NewEvent {
+    pub id: String,
+    pub destination: String,
+    pub method: String,
+    /// The app's `/rest?query` after the destination name.
+    pub path: String,
+    pub headers: Vec<Header>,
+    pub body: Bytes,
+    pub accepted_ms: u64,
+}
+
+impl NewEvent {
+    /// What this event counts against `journal.max_bytes`.
+    pub fn size(&self) -> u64 {
+        let headers: usize = self
+            .headers
+            .iter()
+            .map(|(n, v)| n.len() + v.len() + 6)
+            .sum();
+        (self.body.len() + headers + self.path.len() + self.id.len()) as u64
+    }
+
+    pub fn crc(&self) -> u32 {
+        crc(
+            &self.id,
+            &self.destination,
+            &self.method,
+            &self.path,
+            &encode_headers(&self.headers),
+            &self.body,
+        )
+    }
+}
+
+/// A pending event as the dispatcher reads it back.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StoredEvent {
+    pub seq: i64,
+    pub event: NewEvent,
+    pub attempts: u32,
+    pub next_due_ms: u64,
+    pub last_outcome: Option<String>,
+    pub last_status: Option<u16>,
+    pub last_attempt_ms: Option<u64>,
+}
+
+pub fn crc(
+    id: &str,
+    destination: &str,
+    method: &str,
+    path: &str,
+    headers: &[u8],
+    body: &[u8],
+) -> u32 {
+    let mut c = 0;
+    for part in [
+        id.as_bytes(),
+        destination.as_bytes(),
+        method.as_bytes(),
+        path.as_bytes(),
+        headers,
+        body,
+    ] {
+        c = crc32c::crc32c_append(c, &(part.len() as u32).to_le_bytes());
+        c = crc32c::crc32c_append(c, part);
+    }
+    c
+}
+
+/// `[u16 name len][name][u32 value len][value]...`, little endian.
+pub fn encode_headers(headers: &[Header]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(headers.iter().map(|(n, v)| n.len() + v.len() + 6).sum());
+    for (name, value) in headers {
+        out.extend_from_slice(&(name.len() as u16).to_le_bytes());
+        out.extend_from_slice(name.as_bytes());
+        out.extend_from_slice(&(value.len() as u32).to_le_bytes());
+        out.extend_from_slice(value);
+    }
+    out
+}
+
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+#[error("header block is truncated or malformed at byte {0}")]
+pub struct DecodeError(pub usize);
+
+pub fn decode_headers(mut b: &[u8]) -> Result<Vec<Header>, DecodeError> {
+    let total = b.len();
+    let mut out = Vec::new();
+    let take = |b: &mut &[u8], n: usize| -> Result<Vec<u8>, DecodeError> {
+        if b.len() < n {
+            return Err(DecodeError(total - b.len()));
+        }
+        let (head, rest) = b.split_at(n);
+        *b = rest;
+        Ok(head.to_vec())
+    };
+    while !b.is_empty() {
+        let n = take(&mut b, 2)?;
+        let name = take(&mut b, u16::from_le_bytes([n[0], n[1]]) as usize)?;
+        let name = String::from_utf8(name).map_err(|_| DecodeError(total - b.len()))?;
+        let v = take(&mut b, 4)?;
+        let value = take(
+            &mut b,
+            u32::from_le_bytes([v[0], v[1], v[2], v[3]]) as usize,
+        )?;
+        out.push((name, value));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn headers_round_trip_including_binary_values() {
+        let h = vec![
+            ("x-a".to_string(), b"1".to_vec()),
+            ("x-bin".into(), vec![0, 255, 10]),
+            ("x-empty".into(), vec![]),
+        ];
+        assert_eq!(decode_headers(&encode_headers(&h)), Ok(h));
+        assert_eq!(decode_headers(&[]), Ok(vec![]));
+    }
+
+    #[test]
+    fn truncated_headers_are_an_error_not_a_panic() {
+        let enc = encode_headers(&[("x-a".to_string(), b"value".to_vec())]);
+        for cut in 1..enc.len() {
+            assert!(decode_headers(&enc[..cut]).is_err(), "cut at {cut}");
+        }
+        assert!(decode_headers(&[5, 0, 0xff, 0xfe, 0xfd, 0xfc, 0xfb, 0, 0, 0, 0]).is_err());
+    }
+
+    #[test]
+    fn crc_covers_every_immutable_field() {
+        let e = NewEvent {
+            id: "1".into(),
+            destination: "d".into(),
+            method: "POST".into(),
+            path: "/x".into(),
+            headers: vec![("a".into(), b"b".to_vec())],
+            body: Bytes::from_static(b"{}"),
+            accepted_ms: 5,
+        };
+        let base = e.crc();
+        let mut other = e.clone();
+        other.body = Bytes::from_static(b"{ }");
+        assert_ne!(other.crc(), base);
+        let mut other = e.clone();
+        other.path = "/y".into();
+        assert_ne!(other.crc(), base);
+        // field boundaries matter: ("ab","") differs from ("a","b")
+        assert_ne!(
+            crc("ab", "", "", "", &[], &[]),
+            crc("a", "b", "", "", &[], &[])
+        );
+    }
+}

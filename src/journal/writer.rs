@@ -1,0 +1,239 @@
+//! The writer thread: drains every queued command into one transaction,
+//! commits (one fdatasync for the group), then answers every waiter.
+//! After a failed commit it refuses all writes: once fsync has failed, the
+//! page cache can no longer be trusted to match the disk.
+
+use super::store::QUARANTINED;
+use super::{Change, Command, JournalError, Shared};
+use crate::admin::metrics;
+use rusqlite::{Connection, ErrorCode, params};
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc;
+
+/// Upper bound of commands in one group, so one commit cannot grow without end.
+const MAX_GROUP: usize = 4096;
+
+pub(super) fn spawn(
+    conn: Connection,
+    rx: mpsc::Receiver<Command>,
+    shared: Arc<Shared>,
+) -> std::io::Result<()> {
+    std::thread::Builder::new()
+        .name("journal-writer".into())
+        .spawn(move || run(conn, rx, shared))
+        .map(|_| ())
+}
+
+fn run(conn: Connection, mut rx: mpsc::Receiver<Command>, shared: Arc<Shared>) {
+    let mut group = Vec::with_capacity(MAX_GROUP);
+    while let Some(first) = rx.blocking_recv() {
+        group.push(first);
+        while group.len() < MAX_GROUP {
+            match rx.try_recv() {
+                Ok(cmd) => group.push(cmd),
+                Err(_) => break,
+            }
+        }
+        let close = group
+            .iter()
+            .position(|c| matches!(c, Command::Close { .. }));
+        let rest = close.map(|i| group.split_off(i));
+        commit_group(&conn, &mut group, &shared);
+        if let Some(rest) = rest {
+            for cmd in rest {
+                match cmd {
+                    Command::Close { reply } => {
+                        let _ = reply.send(());
+                    }
+                    Command::Append { reply, .. } | Command::Apply { reply, .. } => {
+                        let _ = reply.send(Err(JournalError::Closed));
+                    }
+                }
+            }
+            rx.close();
+            let _ = conn.execute_batch("PRAGMA wal_checkpoint(PASSIVE)");
+            return;
+        }
+    }
+}
+
+fn commit_group(conn: &Connection, group: &mut Vec<Command>, shared: &Shared) {
+    if group.is_empty() {
+        return;
+    }
+    let failed = shared.failed.lock().ok().and_then(|f| f.clone());
+    let started = Instant::now();
+    let result = match failed {
+        Some(reason) => Err(JournalError::Failed(reason)),
+        None => write(conn, group).map_err(|e| {
+            let _ = conn.execute_batch("ROLLBACK");
+            if matches!(e.sqlite_error_code(), Some(ErrorCode::DiskFull)) {
+                JournalError::DiskFull
+            } else {
+                let reason = e.to_string();
+                tracing::error!(error = %reason, path = %shared.path.display(), "journal commit failed; refusing writes until restart");
+                if let Ok(mut f) = shared.failed.lock() {
+                    *f = Some(reason.clone());
+                }
+                JournalError::Failed(reason)
+            }
+        }),
+    };
+    metrics::journal_sync(started.elapsed());
+    if result.is_ok() {
+        account(group, shared);
+    }
+    for cmd in group.drain(..) {
+        match cmd {
+            Command::Append { reply, .. } | Command::Apply { reply, .. } => {
+                let _ = reply.send(result.clone());
+            }
+            Command::Close { .. } => {}
+        }
+    }
+}
+
+fn write(conn: &Connection, group: &[Command]) -> Result<(), rusqlite::Error> {
+    conn.execute_batch("BEGIN IMMEDIATE")?;
+    {
+        let mut insert = conn.prepare_cached(
+            "INSERT INTO events (id, destination, method, path, headers, body, accepted_ms, crc, attempts, next_due_ms)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, 0, ?7)",
+        )?;
+        let mut delete = conn.prepare_cached("DELETE FROM events WHERE seq = ?1")?;
+        let mut reschedule = conn.prepare_cached(
+            "UPDATE events SET attempts = ?2, next_due_ms = ?3, last_outcome = ?4, last_status = ?5, last_attempt_ms = ?6 WHERE seq = ?1",
+        )?;
+        let mut quarantine =
+            conn.prepare_cached("UPDATE events SET next_due_ms = ?2 WHERE seq = ?1")?;
+        for cmd in group {
+            match cmd {
+                Command::Append { events, .. } => {
+                    for e in events {
+                        let headers = super::record::encode_headers(&e.headers);
+                        let crc = super::record::crc(
+                            &e.id,
+                            &e.destination,
+                            &e.method,
+                            &e.path,
+                            &headers,
+                            &e.body,
+                        );
+                        insert.execute(params![
+                            e.id,
+                            e.destination,
+                            e.method,
+                            e.path,
+                            headers,
+                            &e.body[..],
+                            e.accepted_ms as i64,
+                            crc
+                        ])?;
+                    }
+                }
+                Command::Apply { changes, .. } => {
+                    for c in changes {
+                        match c {
+                            Change::Delete { seq, .. } => {
+                                delete.execute([seq])?;
+                            }
+                            Change::Reschedule {
+                                seq,
+                                attempts,
+                                next_due_ms,
+                                outcome,
+                                status,
+                                attempt_ms,
+                            } => {
+                                reschedule.execute(params![
+                                    seq,
+                                    attempts,
+                                    *next_due_ms as i64,
+                                    outcome,
+                                    status,
+                                    *attempt_ms as i64
+                                ])?;
+                            }
+                            Change::Quarantine { seq } => {
+                                quarantine.execute(params![seq, QUARANTINED])?;
+                            }
+                        }
+                    }
+                }
+                Command::Close { .. } => {}
+            }
+        }
+    }
+    conn.execute_batch("COMMIT")
+}
+
+/// Updates the in-memory counters after a commit and wakes the dispatchers.
+fn account(group: &[Command], shared: &Shared) {
+    let mut woken = HashSet::new();
+    for cmd in group {
+        match cmd {
+            Command::Append { events, .. } => {
+                for e in events {
+                    let size = e.size();
+                    shared.pending_bytes.fetch_add(size, Ordering::Relaxed);
+                    if let Some(d) = shared.destination(&e.destination) {
+                        d.pending.fetch_add(1, Ordering::Relaxed);
+                        d.bytes.fetch_add(size, Ordering::Relaxed);
+                        if woken.insert(e.destination.as_str()) {
+                            d.notify.notify_one();
+                        }
+                    }
+                }
+            }
+            Command::Apply { changes, .. } => {
+                for c in changes {
+                    if let Change::Delete {
+                        destination, size, ..
+                    } = c
+                    {
+                        let _ = shared.pending_bytes.fetch_update(
+                            Ordering::Relaxed,
+                            Ordering::Relaxed,
+                            |v| Some(v.saturating_sub(*size)),
+                        );
+                        if let Some(d) = shared.destination(destination) {
+                            let _ =
+                                d.pending
+                                    .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+                                        Some(v.saturating_sub(1))
+                                    });
+                            let _ =
+                                d.bytes
+                                    .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+                                        Some(v.saturating_sub(*size))
+                                    });
+                        }
+                    }
+                }
+            }
+            Command::Close { .. } => {}
+        }
+    }
+}
+
+/// PASSIVE checkpoints on their own connection, so the writer never stalls
+/// on one; WAL frames are copied to the main file while commits go on.
+pub(super) fn spawn_checkpointer(shared: Arc<Shared>) -> std::io::Result<()> {
+    std::thread::Builder::new()
+        .name("journal-checkpoint".into())
+        .spawn(move || {
+            let Ok(conn) = Connection::open(&shared.path) else {
+                return;
+            };
+            while !shared.closed.load(Ordering::Acquire) {
+                std::thread::sleep(Duration::from_millis(250));
+                if let Err(e) = conn.execute_batch("PRAGMA wal_checkpoint(PASSIVE)") {
+                    tracing::warn!(error = %e, "journal checkpoint failed; will retry");
+                }
+            }
+        })
+        .map(|_| ())
+}

@@ -1,0 +1,232 @@
+//! The `courier` command line (SPEC §1). Errors become one sentence on
+//! stderr and an exit code: 1 for bad config or arguments, 2 at run time.
+
+use clap::{Parser, Subcommand};
+use courier::config::{self, LogFormat, ProcessEnv, Purpose};
+use courier::policy::Plan;
+use courier::policy::limits::PlannedAttempt;
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(
+    name = "courier",
+    version,
+    about = "Reliable outbound webhooks: accept durably, deliver with Event Grid semantics"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the sidecar.
+    Run {
+        #[arg(short, long, env = "COURIER_CONFIG", default_value = "./courier.yaml")]
+        config: PathBuf,
+    },
+    /// Validate the config and print the effective config.
+    Check {
+        #[arg(short, long, env = "COURIER_CONFIG", default_value = "./courier.yaml")]
+        config: PathBuf,
+    },
+    /// Print a destination's retry plan, without jitter.
+    Schedule {
+        #[arg(short, long, env = "COURIER_CONFIG", default_value = "./courier.yaml")]
+        config: PathBuf,
+        destination: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Work on a stopped courier's journal.
+    Journal {
+        #[command(subcommand)]
+        command: JournalCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum JournalCommand {
+    /// Pending events per destination, oldest, size on disk, integrity.
+    Inspect {
+        #[arg(long)]
+        dir: PathBuf,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let code = if e.use_stderr() { 1 } else { 0 };
+            let _ = e.print();
+            return ExitCode::from(code);
+        }
+    };
+    match cli.command {
+        Command::Run { config } => run(&config),
+        Command::Check { config } => check(&config),
+        Command::Schedule {
+            config,
+            destination,
+            json,
+        } => schedule(&config, &destination, json),
+        Command::Journal {
+            command: JournalCommand::Inspect { dir },
+        } => inspect(&dir),
+    }
+}
+
+fn load(path: &Path, purpose: Purpose) -> Result<config::Loaded, ExitCode> {
+    config::load(path, purpose, &ProcessEnv).map_err(|e| {
+        eprintln!("{e}");
+        ExitCode::from(1)
+    })
+}
+
+fn check(path: &Path) -> ExitCode {
+    let loaded = match load(path, Purpose::Check) {
+        Ok(l) => l,
+        Err(code) => return code,
+    };
+    for w in &loaded.warnings {
+        eprintln!("warning: {w}");
+    }
+    print!("{}", loaded.effective);
+    ExitCode::SUCCESS
+}
+
+fn run(path: &Path) -> ExitCode {
+    let loaded = match load(path, Purpose::Run) {
+        Ok(l) => l,
+        Err(code) => return code,
+    };
+    init_logging(&loaded.settings.log);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("courier: cannot start the runtime: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match runtime.block_on(courier::run(loaded.settings)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e}");
+            eprintln!("courier: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn init_logging(log: &config::settings::LogSettings) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("COURIER_LOG").unwrap_or_else(|_| {
+        tracing_subscriber::EnvFilter::new(format!("warn,courier={}", log.level))
+    });
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match log.format {
+        LogFormat::Json => builder.json().init(),
+        LogFormat::Text => builder.with_ansi(std::io::stderr().is_terminal()).init(),
+    }
+}
+
+fn schedule(path: &Path, name: &str, json: bool) -> ExitCode {
+    let loaded = match load(path, Purpose::Check) {
+        Ok(l) => l,
+        Err(code) => return code,
+    };
+    let Some(dest) = loaded.settings.destination(name) else {
+        let names: Vec<&str> = loaded
+            .settings
+            .destinations
+            .iter()
+            .map(|d| d.name.as_str())
+            .collect();
+        eprintln!(
+            "courier: no destination `{name}` in {}; configured: {}",
+            path.display(),
+            names.join(", ")
+        );
+        return ExitCode::from(1);
+    };
+    let plan = Plan::compute(&dest.schedule, &dest.limits);
+    if json {
+        let row = |a: &PlannedAttempt| serde_json::json!({ "attempt": a.attempt, "delay_s": a.delay.as_secs_f64(), "at_s": a.at.as_secs_f64(), "phase": a.phase.as_str() });
+        let out = serde_json::json!({
+            "attempts": plan.attempts.iter().map(row).collect::<Vec<_>>(),
+            "ends": { "after_attempt": plan.ends_after, "at_s": plan.ends_at.as_secs_f64(), "reason": plan.reason.as_str() },
+        });
+        println!("{out:#}");
+    } else {
+        let f = |d: std::time::Duration| config::units::format_duration(d);
+        println!("{:>7}  {:>8}  {:>10}  phase", "attempt", "delay", "at");
+        for a in &plan.attempts {
+            println!(
+                "{:>7}  {:>8}  {:>10}  {}",
+                a.attempt,
+                f(a.delay),
+                f(a.at),
+                a.phase.as_str()
+            );
+        }
+        println!(
+            "ends after attempt {} at {}: {} (jitter of ±{}% applies to each delay at run time)",
+            plan.ends_after,
+            f(plan.ends_at),
+            plan.reason.as_str(),
+            dest.jitter * 100.0
+        );
+    }
+    ExitCode::SUCCESS
+}
+
+fn inspect(dir: &Path) -> ExitCode {
+    let report = match courier::journal::inspect(dir) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("courier: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    println!(
+        "journal {} ({} bytes on disk)",
+        report.path.display(),
+        report.file_bytes
+    );
+    println!(
+        "{:<24} {:>10} {:>14} {:>12}  oldest",
+        "destination", "pending", "bytes", "quarantined"
+    );
+    for s in &report.summary {
+        let oldest = s
+            .oldest_accepted_ms
+            .map(courier::clock::rfc3339)
+            .unwrap_or_default();
+        println!(
+            "{:<24} {:>10} {:>14} {:>12}  {oldest}",
+            s.destination, s.pending, s.bytes, s.quarantined
+        );
+    }
+    let mut sound = true;
+    if let Some(problem) = &report.integrity {
+        println!("integrity: FAILED: {problem}");
+        sound = false;
+    }
+    for c in &report.corrupt {
+        println!("corrupt record: {c}");
+        sound = false;
+    }
+    if sound {
+        println!("integrity: ok");
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(2)
+    }
+}

@@ -1,0 +1,355 @@
+//! Classification of every attempt result (SPEC §4.2, after Event Grid's
+//! webhook table): an outcome name for metrics and dead letters, and a verdict
+//! with the minimum delay before the next attempt. Retry timing itself is
+//! `schedule`'s job; this only says "not before".
+
+use std::ops::RangeInclusive;
+use std::time::{Duration, SystemTime};
+
+/// Event Grid's `lastDeliveryOutcome` names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Outcome {
+    Delivered,
+    BadRequest,
+    Unauthorized,
+    Forbidden,
+    NotFound,
+    Gone,
+    PayloadTooLarge,
+    TimedOut,
+    Busy,
+    Failed,
+    SocketError,
+    ResolutionError,
+    TlsError,
+    Probation,
+}
+
+impl Outcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Delivered => "Delivered",
+            Outcome::BadRequest => "BadRequest",
+            Outcome::Unauthorized => "Unauthorized",
+            Outcome::Forbidden => "Forbidden",
+            Outcome::NotFound => "NotFound",
+            Outcome::Gone => "Gone",
+            Outcome::PayloadTooLarge => "PayloadTooLarge",
+            Outcome::TimedOut => "TimedOut",
+            Outcome::Busy => "Busy",
+            Outcome::Failed => "Failed",
+            Outcome::SocketError => "SocketError",
+            Outcome::ResolutionError => "ResolutionError",
+            Outcome::TlsError => "TlsError",
+            Outcome::Probation => "Probation",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Outcome> {
+        ALL.iter().copied().find(|o| o.as_str() == s)
+    }
+
+    /// The name of an HTTP status, whatever the verdict on it.
+    pub fn of_status(status: u16) -> Outcome {
+        match status {
+            200..=204 => Outcome::Delivered,
+            400 => Outcome::BadRequest,
+            401 => Outcome::Unauthorized,
+            403 => Outcome::Forbidden,
+            404 => Outcome::NotFound,
+            408 => Outcome::TimedOut,
+            410 => Outcome::Gone,
+            413 => Outcome::PayloadTooLarge,
+            429 | 503 => Outcome::Busy,
+            _ => Outcome::Failed,
+        }
+    }
+}
+
+const ALL: [Outcome; 14] = [
+    Outcome::Delivered,
+    Outcome::BadRequest,
+    Outcome::Unauthorized,
+    Outcome::Forbidden,
+    Outcome::NotFound,
+    Outcome::Gone,
+    Outcome::PayloadTooLarge,
+    Outcome::TimedOut,
+    Outcome::Busy,
+    Outcome::Failed,
+    Outcome::SocketError,
+    Outcome::ResolutionError,
+    Outcome::TlsError,
+    Outcome::Probation,
+];
+
+/// A failure below HTTP: no status to classify.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Transport {
+    /// No answer within the per-attempt timeout.
+    TimedOut,
+    /// Connection refused, reset, or closed before a full answer.
+    Socket,
+    /// The host name did not resolve.
+    Resolution,
+    /// The TLS handshake or certificate check failed.
+    Tls,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    Delivered,
+    /// Try again, not sooner than `min_delay`.
+    Retry {
+        min_delay: Duration,
+    },
+    /// Never retried: dead-letter now.
+    DeadLetter,
+    /// The receiver asked to be disabled (410): pause the destination.
+    Pause,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Classified {
+    pub outcome: Outcome,
+    pub verdict: Verdict,
+}
+
+/// Codes as configured: a single code or an inclusive range (`5xx`, `500-599`).
+pub type Codes = RangeInclusive<u16>;
+
+/// The per-destination status table: SPEC §4.2's defaults with the
+/// `status.*` overrides applied.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StatusPolicy {
+    /// Extra success codes; 200–204 always succeed.
+    pub success: Vec<Codes>,
+    /// Codes dead-lettered at once; replaces the default set when configured.
+    pub no_retry: Vec<Codes>,
+    /// Minimum delays by code; these take precedence over the defaults.
+    pub min_delay: Vec<(Codes, Duration)>,
+}
+
+pub const DEFAULT_NO_RETRY: [u16; 5] = [400, 401, 403, 404, 413];
+/// Minimum delay after a timeout, a generic failure, or a 429 without Retry-After.
+pub const DEFAULT_MIN_DELAY: Duration = Duration::from_secs(10);
+/// Server hints beyond this are treated as this: a broken clock or a typo in
+/// a Retry-After header must not park events for weeks.
+pub const RETRY_AFTER_CAP: Duration = Duration::from_secs(24 * 3600);
+
+impl Default for StatusPolicy {
+    fn default() -> Self {
+        StatusPolicy {
+            success: Vec::new(),
+            no_retry: DEFAULT_NO_RETRY.iter().map(|&c| c..=c).collect(),
+            min_delay: Vec::new(),
+        }
+    }
+}
+
+impl StatusPolicy {
+    pub fn classify_status(&self, status: u16, retry_after: Option<Duration>) -> Classified {
+        let outcome = Outcome::of_status(status);
+        let verdict = if (200..=204).contains(&status) || matches(&self.success, status) {
+            return Classified {
+                outcome: Outcome::Delivered,
+                verdict: Verdict::Delivered,
+            };
+        } else if matches(&self.no_retry, status) {
+            Verdict::DeadLetter
+        } else if status == 410 {
+            Verdict::Pause
+        } else {
+            Verdict::Retry {
+                min_delay: self.min_delay_for(status, retry_after),
+            }
+        };
+        Classified { outcome, verdict }
+    }
+
+    fn min_delay_for(&self, status: u16, retry_after: Option<Duration>) -> Duration {
+        let configured = self
+            .min_delay
+            .iter()
+            .find(|(codes, _)| codes.contains(&status))
+            .map(|(_, d)| *d);
+        let base = configured.unwrap_or(match status {
+            408 => Duration::from_secs(120),
+            503 => Duration::from_secs(30),
+            // 429 without a hint waits 10s; with one, the hint alone decides.
+            429 if retry_after.is_some() => Duration::ZERO,
+            _ => DEFAULT_MIN_DELAY,
+        });
+        base.max(retry_after.unwrap_or_default())
+    }
+
+    pub fn classify_transport(&self, error: Transport) -> Classified {
+        let (outcome, min_delay) = match error {
+            Transport::TimedOut => (Outcome::TimedOut, DEFAULT_MIN_DELAY),
+            Transport::Socket => (Outcome::SocketError, Duration::ZERO),
+            Transport::Resolution => (Outcome::ResolutionError, Duration::ZERO),
+            Transport::Tls => (Outcome::TlsError, Duration::ZERO),
+        };
+        Classified {
+            outcome,
+            verdict: Verdict::Retry { min_delay },
+        }
+    }
+}
+
+fn matches(set: &[Codes], status: u16) -> bool {
+    set.iter().any(|c| c.contains(&status))
+}
+
+/// `Retry-After` as delay-seconds or an HTTP date (RFC 9110 §10.2.3), capped
+/// at [`RETRY_AFTER_CAP`]. Garbage and dates in the past give `None`/zero.
+pub fn parse_retry_after(value: &str, now: SystemTime) -> Option<Duration> {
+    let v = value.trim();
+    let d = if let Ok(secs) = v.parse::<u64>() {
+        Duration::from_secs(secs)
+    } else {
+        let at = httpdate::parse_http_date(v).ok()?;
+        at.duration_since(now).unwrap_or(Duration::ZERO)
+    };
+    Some(d.min(RETRY_AFTER_CAP))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn retry(secs: u64) -> Verdict {
+        Verdict::Retry {
+            min_delay: Duration::from_secs(secs),
+        }
+    }
+
+    #[test]
+    fn every_row_of_the_default_table() {
+        let p = StatusPolicy::default();
+        let rows: [(u16, Outcome, Verdict); 17] = [
+            (200, Outcome::Delivered, Verdict::Delivered),
+            (201, Outcome::Delivered, Verdict::Delivered),
+            (202, Outcome::Delivered, Verdict::Delivered),
+            (203, Outcome::Delivered, Verdict::Delivered),
+            (204, Outcome::Delivered, Verdict::Delivered),
+            (205, Outcome::Failed, retry(10)),
+            (400, Outcome::BadRequest, Verdict::DeadLetter),
+            (401, Outcome::Unauthorized, Verdict::DeadLetter),
+            (403, Outcome::Forbidden, Verdict::DeadLetter),
+            (404, Outcome::NotFound, Verdict::DeadLetter),
+            (410, Outcome::Gone, Verdict::Pause),
+            (413, Outcome::PayloadTooLarge, Verdict::DeadLetter),
+            (408, Outcome::TimedOut, retry(120)),
+            (429, Outcome::Busy, retry(10)),
+            (503, Outcome::Busy, retry(30)),
+            (500, Outcome::Failed, retry(10)),
+            (302, Outcome::Failed, retry(10)),
+        ];
+        for (status, outcome, verdict) in rows {
+            assert_eq!(
+                p.classify_status(status, None),
+                Classified { outcome, verdict },
+                "{status}"
+            );
+        }
+    }
+
+    #[test]
+    fn transport_errors_retry() {
+        let p = StatusPolicy::default();
+        assert_eq!(
+            p.classify_transport(Transport::TimedOut),
+            Classified {
+                outcome: Outcome::TimedOut,
+                verdict: retry(10)
+            }
+        );
+        assert_eq!(
+            p.classify_transport(Transport::Socket).outcome,
+            Outcome::SocketError
+        );
+        assert_eq!(
+            p.classify_transport(Transport::Resolution).outcome,
+            Outcome::ResolutionError
+        );
+        assert_eq!(
+            p.classify_transport(Transport::Tls).outcome,
+            Outcome::TlsError
+        );
+        assert_eq!(p.classify_transport(Transport::Tls).verdict, retry(0));
+    }
+
+    #[test]
+    fn retry_after_raises_the_minimum() {
+        let p = StatusPolicy::default();
+        let s = Duration::from_secs;
+        assert_eq!(p.classify_status(429, Some(s(1))).verdict, retry(1));
+        assert_eq!(p.classify_status(429, Some(s(90))).verdict, retry(90));
+        assert_eq!(p.classify_status(503, Some(s(5))).verdict, retry(30));
+        assert_eq!(p.classify_status(503, Some(s(45))).verdict, retry(45));
+        assert_eq!(p.classify_status(500, Some(s(20))).verdict, retry(20));
+    }
+
+    #[test]
+    fn overrides_apply_to_codes_and_ranges() {
+        let p = StatusPolicy {
+            success: vec![409..=409],
+            no_retry: vec![400..=400, 500..=599],
+            min_delay: vec![
+                (503..=503, Duration::from_millis(50)),
+                (400..=499, Duration::from_secs(1)),
+            ],
+        };
+        assert_eq!(p.classify_status(409, None).verdict, Verdict::Delivered);
+        assert_eq!(
+            p.classify_status(404, None),
+            Classified {
+                outcome: Outcome::NotFound,
+                verdict: retry(1)
+            }
+        );
+        assert_eq!(p.classify_status(502, None).verdict, Verdict::DeadLetter);
+        assert_eq!(p.classify_status(400, None).verdict, Verdict::DeadLetter);
+        let p = StatusPolicy {
+            no_retry: vec![],
+            min_delay: vec![(503..=503, Duration::from_millis(50))],
+            ..p
+        };
+        assert_eq!(
+            p.classify_status(503, None).verdict,
+            Verdict::Retry {
+                min_delay: Duration::from_millis(50)
+            }
+        );
+    }
+
+    #[test]
+    fn retry_after_parses_seconds_dates_and_rejects_garbage() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        assert_eq!(
+            parse_retry_after("120", now),
+            Some(Duration::from_secs(120))
+        );
+        assert_eq!(parse_retry_after(" 3 ", now), Some(Duration::from_secs(3)));
+        let later = httpdate::fmt_http_date(now + Duration::from_secs(30));
+        assert_eq!(
+            parse_retry_after(&later, now),
+            Some(Duration::from_secs(30))
+        );
+        let past = httpdate::fmt_http_date(now - Duration::from_secs(30));
+        assert_eq!(parse_retry_after(&past, now), Some(Duration::ZERO));
+        assert_eq!(parse_retry_after("soon", now), None);
+        assert_eq!(parse_retry_after("-5", now), None);
+        assert_eq!(parse_retry_after("99999999999", now), Some(RETRY_AFTER_CAP));
+        let far = httpdate::fmt_http_date(now + Duration::from_secs(400 * 86_400));
+        assert_eq!(parse_retry_after(&far, now), Some(RETRY_AFTER_CAP));
+    }
+
+    #[test]
+    fn outcome_names_round_trip() {
+        for o in ALL {
+            assert_eq!(Outcome::parse(o.as_str()), Some(o));
+        }
+    }
+}

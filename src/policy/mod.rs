@@ -1,0 +1,11 @@
+//! Pure delivery policy: what an answer means, when to try again, when to
+//! stop. No I/O and no clocks here; callers pass times in, so every rule is
+//! unit tested exhaustively.
+
+pub mod classify;
+pub mod limits;
+pub mod schedule;
+
+pub use classify::{Classified, Outcome, StatusPolicy, Transport, Verdict};
+pub use limits::{Limits, Next, Plan, Reason};
+pub use schedule::{Phase, Schedule};

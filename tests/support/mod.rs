@@ -1,0 +1,29 @@
+#![allow(dead_code, unused_imports)]
+//! Test support for courier: a webhook `Receiver`, the `Courier` child
+//! process harness, HTTP `client` helpers and a `load` generator.
+//!
+//! Used by the integration tests (`mod support;`) and by
+//! `benches/courier_bench.rs` (`#[path = "../tests/support/mod.rs"] mod support;`).
+
+pub mod client;
+pub mod courier;
+pub mod load;
+pub mod receiver;
+
+pub use client::{Resp, get, json, metric, metric_sum, post};
+pub use courier::{CliOutput, Courier, courier_bin, run_cli};
+pub use load::{LoadReport, LoadSpec};
+pub use receiver::{Behavior, Received, Receiver, Reply, behavior};
+
+/// A JSON object of exactly `size` bytes (at least 32), e.g. for 1 KiB
+/// benchmark events: `{"kind":"bench","seq":SEQ,"pad":"xxxx…"}`.
+pub fn json_body(size: usize, seq: u64) -> bytes::Bytes {
+    let head = format!(r#"{{"kind":"bench","seq":{seq},"pad":""#);
+    let tail = r#""}"#;
+    let pad = size.saturating_sub(head.len() + tail.len());
+    let mut body = String::with_capacity(size);
+    body.push_str(&head);
+    body.extend(std::iter::repeat_n('x', pad));
+    body.push_str(tail);
+    bytes::Bytes::from(body)
+}

@@ -1,0 +1,404 @@
+//! `Receiver`: a real HTTP/1.1 server on 127.0.0.1 standing in for the
+//! webhook endpoint courier delivers to.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use tokio::net::{TcpListener, TcpSocket};
+use tokio::sync::{Notify, watch};
+use tokio::task::{JoinHandle, JoinSet};
+
+/// One request the receiver got.
+#[derive(Clone, Debug)]
+pub struct Received {
+    /// When the whole request (head and body) had arrived.
+    pub at: Instant,
+    pub method: Method,
+    pub path_and_query: String,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+impl Received {
+    /// The value of header `name` as a string, if present and valid UTF-8.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+
+    /// The body parsed as JSON (panics with the body if it is not JSON).
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body).unwrap_or_else(|e| {
+            panic!(
+                "request body is not JSON ({e}): {}",
+                String::from_utf8_lossy(&self.body)
+            )
+        })
+    }
+
+    /// The body as (lossy) UTF-8 text.
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+}
+
+/// What the receiver answers to one request.
+#[derive(Clone, Debug)]
+pub struct Reply {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: Bytes,
+    delay: Duration,
+    hang: bool,
+}
+
+impl Reply {
+    /// Answer with this status, no body.
+    pub fn status(status: u16) -> Reply {
+        Reply {
+            status,
+            headers: Vec::new(),
+            body: Bytes::new(),
+            delay: Duration::ZERO,
+            hang: false,
+        }
+    }
+
+    /// Never answer: hold the connection open until the client gives up (or
+    /// the receiver is stopped).
+    pub fn hang() -> Reply {
+        Reply {
+            hang: true,
+            ..Reply::status(200)
+        }
+    }
+
+    pub fn header(mut self, name: &str, value: &str) -> Reply {
+        self.headers.push((name.to_owned(), value.to_owned()));
+        self
+    }
+
+    pub fn body(mut self, body: impl Into<Bytes>) -> Reply {
+        self.body = body.into();
+        self
+    }
+
+    /// A JSON body with `content-type: application/json`.
+    pub fn json(self, value: &serde_json::Value) -> Reply {
+        self.header("content-type", "application/json")
+            .body(value.to_string())
+    }
+
+    /// Answer only after this delay.
+    pub fn delay(mut self, delay: Duration) -> Reply {
+        self.delay = delay;
+        self
+    }
+}
+
+/// Decides the reply from the request and its 0-based index among all
+/// requests this receiver got.
+pub type Behavior = Arc<dyn Fn(&Received, usize) -> Reply + Send + Sync>;
+
+/// Wraps a closure as a [`Behavior`] (helps closure type inference):
+/// `Receiver::start(behavior(|req, n| Reply::status(if n < 2 { 503 } else { 200 })))`.
+pub fn behavior(f: impl Fn(&Received, usize) -> Reply + Send + Sync + 'static) -> Behavior {
+    Arc::new(f)
+}
+
+struct State {
+    /// Number of requests seen (also the source of the request index).
+    seen: AtomicUsize,
+    recording: AtomicBool,
+    records: Mutex<Vec<Received>>,
+    last_at: Mutex<Option<Instant>>,
+    arrived: Notify,
+    behavior: Behavior,
+}
+
+impl State {
+    fn records(&self) -> MutexGuard<'_, Vec<Received>> {
+        self.records.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// A real HTTP/1.1 server on 127.0.0.1 (keep-alive, TCP_NODELAY) that records
+/// every request and answers according to its [`Behavior`].
+pub struct Receiver {
+    addr: SocketAddr,
+    state: Arc<State>,
+    shutdown: watch::Sender<bool>,
+    server: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Receiver {
+    /// Starts on 127.0.0.1 with an OS-chosen port.
+    pub async fn start(behavior: Behavior) -> Receiver {
+        Receiver::start_on(SocketAddr::from(([127, 0, 0, 1], 0)), behavior).await
+    }
+
+    /// Starts on `addr` (e.g. the address of a stopped receiver, to come back
+    /// on the same port). Only loopback addresses are allowed.
+    pub async fn start_on(addr: SocketAddr, behavior: Behavior) -> Receiver {
+        assert!(
+            addr.ip().is_loopback(),
+            "receiver must listen on loopback, not {addr}"
+        );
+        let listener = bind(addr).await;
+        let addr = listener.local_addr().expect("listener has a local address");
+        let state = Arc::new(State {
+            seen: AtomicUsize::new(0),
+            recording: AtomicBool::new(true),
+            records: Mutex::new(Vec::new()),
+            last_at: Mutex::new(None),
+            arrived: Notify::new(),
+            behavior,
+        });
+        let (shutdown, shutdown_rx) = watch::channel(false);
+        let server = tokio::spawn(serve(listener, state.clone(), shutdown_rx));
+        Receiver {
+            addr,
+            state,
+            shutdown,
+            server: Mutex::new(Some(server)),
+        }
+    }
+
+    /// Always answers 200 with no body.
+    pub async fn ok() -> Receiver {
+        Receiver::start(behavior(|_, _| Reply::status(200))).await
+    }
+
+    /// Answers the n-th request with the n-th reply; repeats the last one.
+    pub async fn sequence(replies: Vec<Reply>) -> Receiver {
+        assert!(
+            !replies.is_empty(),
+            "Receiver::sequence needs at least one reply"
+        );
+        Receiver::start(behavior(move |_, n| {
+            replies[n.min(replies.len() - 1)].clone()
+        }))
+        .await
+    }
+
+    /// `http://127.0.0.1:PORT`
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Turn recording of requests on or off (default on). Off keeps only the
+    /// count and the arrival time of the last request: use it under load so
+    /// memory does not grow with every body. `received()` and `wait_for()`
+    /// return only what was recorded.
+    pub fn set_recording(&self, on: bool) {
+        self.state.recording.store(on, Ordering::SeqCst);
+    }
+
+    /// Every recorded request so far, in arrival order.
+    pub fn received(&self) -> Vec<Received> {
+        self.state.records().clone()
+    }
+
+    /// Number of requests that arrived (recorded or not).
+    pub fn count(&self) -> usize {
+        self.state.seen.load(Ordering::SeqCst)
+    }
+
+    /// Arrival time of the latest request.
+    pub fn last_at(&self) -> Option<Instant> {
+        *self.state.last_at.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Waits until at least `n` requests arrived and returns all recorded
+    /// requests (possibly more than `n`). Panics after `timeout` with how many
+    /// arrived.
+    pub async fn wait_for(&self, n: usize, timeout: Duration) -> Vec<Received> {
+        match self.try_wait_for(n, timeout).await {
+            Some(got) => got,
+            None => {
+                let got = self.received();
+                let summary: Vec<String> = got
+                    .iter()
+                    .take(20)
+                    .map(|r| format!("{} {}", r.method, r.path_and_query))
+                    .collect();
+                panic!(
+                    "receiver {}: waited {timeout:?} for {n} requests but only {} arrived (first ones: {summary:?})",
+                    self.addr,
+                    self.count(),
+                )
+            }
+        }
+    }
+
+    /// Like [`wait_for`](Self::wait_for) but returns `None` on timeout.
+    pub async fn try_wait_for(&self, n: usize, timeout: Duration) -> Option<Vec<Received>> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        // Bounded by the deadline: each turn waits for a new arrival or times out.
+        loop {
+            let notified = self.state.arrived.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.count() >= n {
+                return Some(self.received());
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return (self.count() >= n).then(|| self.received());
+            }
+        }
+    }
+
+    /// Asserts that no further request arrives within `window` (beyond the
+    /// `expected` total), e.g. to check that courier stopped retrying.
+    pub async fn assert_quiet(&self, expected: usize, window: Duration) {
+        if let Some(got) = self.try_wait_for(expected + 1, window).await {
+            panic!(
+                "receiver {}: expected {expected} requests in total, got {}",
+                self.addr,
+                got.len().max(self.count())
+            );
+        }
+        assert_eq!(
+            self.count(),
+            expected,
+            "receiver {}: request count",
+            self.addr
+        );
+    }
+
+    /// Stops listening and closes every connection (requests in progress get
+    /// no answer). Afterwards connections to the port are refused.
+    pub async fn stop(&self) {
+        let _ = self.shutdown.send(true);
+        let server = self.server.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(server) = server {
+            let _ = server.await;
+        }
+    }
+}
+
+impl Drop for Receiver {
+    fn drop(&mut self) {
+        let _ = self.shutdown.send(true);
+    }
+}
+
+async fn bind(addr: SocketAddr) -> TcpListener {
+    let socket = match addr {
+        SocketAddr::V4(_) => TcpSocket::new_v4(),
+        SocketAddr::V6(_) => TcpSocket::new_v6(),
+    }
+    .expect("create socket");
+    // So a receiver can come back on the port of a stopped one.
+    socket.set_reuseaddr(true).expect("set SO_REUSEADDR");
+    socket
+        .bind(addr)
+        .unwrap_or_else(|e| panic!("receiver cannot bind {addr}: {e}"));
+    socket
+        .listen(1024)
+        .unwrap_or_else(|e| panic!("receiver cannot listen on {addr}: {e}"))
+}
+
+async fn serve(listener: TcpListener, state: Arc<State>, mut shutdown: watch::Receiver<bool>) {
+    let mut conns = JoinSet::new();
+    // Runs until shutdown (or the Receiver is dropped).
+    loop {
+        tokio::select! {
+            _ = shutdown.changed() => break,
+            Some(_) = conns.join_next(), if !conns.is_empty() => {}
+            accepted = listener.accept() => {
+                let Ok((stream, _)) = accepted else {
+                    // e.g. EMFILE: back off briefly rather than spin.
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    continue;
+                };
+                let _ = stream.set_nodelay(true);
+                let state = state.clone();
+                let mut shutdown = shutdown.clone();
+                conns.spawn(async move {
+                    let service = service_fn(move |req| handle(state.clone(), req));
+                    let conn = hyper::server::conn::http1::Builder::new()
+                        .keep_alive(true)
+                        .serve_connection(TokioIo::new(stream), service);
+                    tokio::select! {
+                        _ = conn => {}
+                        _ = shutdown.changed() => {}
+                    }
+                });
+            }
+        }
+    }
+    drop(listener);
+    // Aborts every connection task, which closes its socket.
+    conns.shutdown().await;
+}
+
+async fn handle(
+    state: Arc<State>,
+    req: Request<Incoming>,
+) -> Result<Response<Full<Bytes>>, hyper::Error> {
+    let (parts, body) = req.into_parts();
+    let body = body.collect().await?.to_bytes();
+    let received = Received {
+        at: Instant::now(),
+        method: parts.method,
+        path_and_query: parts
+            .uri
+            .path_and_query()
+            .map(|p| p.as_str().to_owned())
+            .unwrap_or_else(|| "/".to_owned()),
+        headers: parts.headers,
+        body,
+    };
+    let index = if state.recording.load(Ordering::SeqCst) {
+        let mut records = state.records();
+        let index = state.seen.fetch_add(1, Ordering::SeqCst);
+        records.push(received.clone());
+        index
+    } else {
+        state.seen.fetch_add(1, Ordering::SeqCst)
+    };
+    {
+        let mut last = state.last_at.lock().unwrap_or_else(|p| p.into_inner());
+        if last.is_none_or(|t| t < received.at) {
+            *last = Some(received.at);
+        }
+    }
+    state.arrived.notify_waiters();
+
+    let reply = (state.behavior)(&received, index);
+    if reply.hang {
+        // Never answer; the connection task is dropped when the client closes
+        // the connection or the receiver stops.
+        std::future::pending::<()>().await;
+    }
+    if !reply.delay.is_zero() {
+        tokio::time::sleep(reply.delay).await;
+    }
+    Ok(build_response(reply))
+}
+
+fn build_response(reply: Reply) -> Response<Full<Bytes>> {
+    let mut resp = Response::new(Full::new(reply.body));
+    *resp.status_mut() = StatusCode::from_u16(reply.status)
+        .unwrap_or_else(|_| panic!("Reply::status: invalid status code {}", reply.status));
+    for (name, value) in reply.headers {
+        let name = HeaderName::from_bytes(name.as_bytes())
+            .unwrap_or_else(|_| panic!("Reply::header: invalid header name {name:?}"));
+        let value = HeaderValue::from_str(&value)
+            .unwrap_or_else(|_| panic!("Reply::header: invalid header value {value:?}"));
+        resp.headers_mut().append(name, value);
+    }
+    resp
+}
