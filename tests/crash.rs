@@ -30,7 +30,9 @@ destinations:
 fn ids(receiver: &Receiver) -> HashMap<String, usize> {
     let mut seen = HashMap::new();
     for r in receiver.received() {
-        *seen.entry(r.header("webhook-id").unwrap_or("").to_string()).or_default() += 1;
+        *seen
+            .entry(r.header("webhook-id").unwrap_or("").to_string())
+            .or_default() += 1;
     }
     seen
 }
@@ -41,7 +43,11 @@ async fn every_acknowledged_event_survives_sigkill_mid_stream() {
     let slow = Arc::new(AtomicBool::new(true));
     let s = slow.clone();
     let receiver = Receiver::start(behavior(move |_, _| {
-        if s.load(Ordering::Relaxed) { Reply::status(200).delay(Duration::from_millis(50)) } else { Reply::status(200) }
+        if s.load(Ordering::Relaxed) {
+            Reply::status(200).delay(Duration::from_millis(50))
+        } else {
+            Reply::status(200)
+        }
     }))
     .await;
     let tmp = tempfile::tempdir().expect("tempdir");
@@ -58,7 +64,16 @@ async fn every_acknowledged_event_survives_sigkill_mid_stream() {
             for i in 0..EVENTS / 50 {
                 let id = format!("evt-{worker}-{i}");
                 let body = format!("{{\"n\":\"{id}\"}}");
-                match client::try_post(&url, body, &[("idempotency-key", &id), ("content-type", "application/json")]).await {
+                match client::try_post(
+                    &url,
+                    body,
+                    &[
+                        ("idempotency-key", &id),
+                        ("content-type", "application/json"),
+                    ],
+                )
+                .await
+                {
                     Ok(r) if r.status == 202 => {
                         acked.lock().expect("lock").push(id);
                         count.fetch_add(1, Ordering::Relaxed);
@@ -79,8 +94,15 @@ async fn every_acknowledged_event_survives_sigkill_mid_stream() {
     while posts.join_next().await.is_some() {}
     let acked: HashSet<String> = acked.lock().expect("lock").iter().cloned().collect();
     let before_restart = ids(&receiver).len();
-    assert!(acked.len() >= 300, "only {} events were acknowledged before the kill", acked.len());
-    assert!(before_restart < acked.len(), "everything was delivered before the kill; the test proves nothing");
+    assert!(
+        acked.len() >= 300,
+        "only {} events were acknowledged before the kill",
+        acked.len()
+    );
+    assert!(
+        before_restart < acked.len(),
+        "everything was delivered before the kill; the test proves nothing"
+    );
 
     slow.store(false, Ordering::Relaxed);
     courier.restart().await;
@@ -99,33 +121,56 @@ async fn every_acknowledged_event_survives_sigkill_mid_stream() {
         "acknowledged {}, delivered before the kill {before_restart}, duplicates after restart {duplicates}",
         acked.len()
     );
-    assert_eq!(missing, 0, "acknowledged events lost after SIGKILL\n{}", courier.logs());
+    assert_eq!(
+        missing,
+        0,
+        "acknowledged events lost after SIGKILL\n{}",
+        courier.logs()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_exits_zero_and_attempt_counts_resume_after_restart() {
     let failing = Arc::new(AtomicBool::new(true));
     let f = failing.clone();
-    let receiver =
-        Receiver::start(behavior(move |_, _| if f.load(Ordering::Relaxed) { Reply::status(503) } else { Reply::status(200) }))
-            .await;
+    let receiver = Receiver::start(behavior(move |_, _| {
+        if f.load(Ordering::Relaxed) {
+            Reply::status(503)
+        } else {
+            Reply::status(200)
+        }
+    }))
+    .await;
     let tmp = tempfile::tempdir().expect("tempdir");
     let mut courier = Courier::start(tmp.path(), &config(&receiver.url(), "")).await;
     for i in 0..5 {
-        let r = client::post(&courier.url("orders"), format!("{{\"i\":{i}}}"), &[("idempotency-key", &format!("t-{i}"))]).await;
+        let r = client::post(
+            &courier.url("orders"),
+            format!("{{\"i\":{i}}}"),
+            &[("idempotency-key", &format!("t-{i}"))],
+        )
+        .await;
         assert_eq!(r.status, 202);
     }
     // Every event has failed at least twice.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     while ids(&receiver).values().filter(|n| **n >= 2).count() < 5 {
-        assert!(tokio::time::Instant::now() < deadline, "events were not retried\n{}", courier.logs());
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "events were not retried\n{}",
+            courier.logs()
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     courier.terminate();
     let started = std::time::Instant::now();
     let status = courier.wait_exit(Duration::from_secs(10)).await;
     assert_eq!(status.code(), Some(0), "{}", courier.logs());
-    assert!(started.elapsed() < Duration::from_secs(4), "shutdown took {:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "shutdown took {:?}",
+        started.elapsed()
+    );
     let attempts_before: HashMap<String, u32> = max_attempt_by_id(&receiver);
 
     failing.store(false, Ordering::Relaxed);
@@ -133,21 +178,38 @@ async fn sigterm_exits_zero_and_attempt_counts_resume_after_restart() {
     courier.restart().await;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
-        let after: Vec<_> = receiver.received().into_iter().skip(delivered_before).collect();
-        let done: HashSet<String> =
-            after.iter().filter_map(|r| r.header("webhook-id").map(str::to_string)).collect();
+        let after: Vec<_> = receiver
+            .received()
+            .into_iter()
+            .skip(delivered_before)
+            .collect();
+        let done: HashSet<String> = after
+            .iter()
+            .filter_map(|r| r.header("webhook-id").map(str::to_string))
+            .collect();
         if done.len() == 5 {
             break;
         }
-        assert!(tokio::time::Instant::now() < deadline, "pending events not delivered after restart\n{}", courier.logs());
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "pending events not delivered after restart\n{}",
+            courier.logs()
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     // The attempt count went on from where it was: attempt N+1 (or later, if
     // an attempt was in flight at SIGTERM), never 1 again.
     for r in receiver.received().into_iter().skip(delivered_before) {
         let id = r.header("webhook-id").expect("id").to_string();
-        let attempt: u32 = r.header("courier-delivery-attempt").and_then(|a| a.parse().ok()).expect("attempt");
-        assert!(attempt > attempts_before[&id], "{id}: attempt {attempt} after {} before restart", attempts_before[&id]);
+        let attempt: u32 = r
+            .header("courier-delivery-attempt")
+            .and_then(|a| a.parse().ok())
+            .expect("attempt");
+        assert!(
+            attempt > attempts_before[&id],
+            "{id}: attempt {attempt} after {} before restart",
+            attempts_before[&id]
+        );
     }
 }
 
@@ -155,7 +217,10 @@ fn max_attempt_by_id(receiver: &Receiver) -> HashMap<String, u32> {
     let mut max = HashMap::new();
     for r in receiver.received() {
         let id = r.header("webhook-id").unwrap_or("").to_string();
-        let n: u32 = r.header("courier-delivery-attempt").and_then(|a| a.parse().ok()).unwrap_or(0);
+        let n: u32 = r
+            .header("courier-delivery-attempt")
+            .and_then(|a| a.parse().ok())
+            .unwrap_or(0);
         let e = max.entry(id).or_insert(0);
         *e = (*e).max(n);
     }
@@ -172,16 +237,29 @@ async fn a_corrupt_record_is_quarantined_not_delivered_and_the_rest_goes_on() {
     // First run: the endpoint is down, so both events stay pending.
     let mut courier = Courier::start(tmp.path(), &config(&down_url, "")).await;
     for id in ["good", "bad"] {
-        let r = client::post(&courier.url("orders"), format!("{{\"id\":\"{id}\"}}"), &[("idempotency-key", id)]).await;
+        let r = client::post(
+            &courier.url("orders"),
+            format!("{{\"id\":\"{id}\"}}"),
+            &[("idempotency-key", id)],
+        )
+        .await;
         assert_eq!(r.status, 202);
     }
     courier.terminate();
-    assert_eq!(courier.wait_exit(Duration::from_secs(10)).await.code(), Some(0));
+    assert_eq!(
+        courier.wait_exit(Duration::from_secs(10)).await.code(),
+        Some(0)
+    );
 
     // Flip the stored body of one event behind courier's back.
     let db = tmp.path().join("journal/journal.db");
     let conn = rusqlite::Connection::open(&db).expect("open journal");
-    let changed = conn.execute("UPDATE events SET body = CAST('{\"id\":\"evil\"}' AS BLOB) WHERE id = 'bad'", []).expect("update");
+    let changed = conn
+        .execute(
+            "UPDATE events SET body = CAST('{\"id\":\"evil\"}' AS BLOB) WHERE id = 'bad'",
+            [],
+        )
+        .expect("update");
     assert_eq!(changed, 1);
     drop(conn);
 
@@ -190,15 +268,40 @@ async fn a_corrupt_record_is_quarantined_not_delivered_and_the_rest_goes_on() {
     let got = receiver.wait_for(1, Duration::from_secs(10)).await;
     receiver.assert_quiet(1, Duration::from_millis(500)).await;
     assert_eq!(got[0].header("webhook-id"), Some("good"));
-    let corrupt = metric(&courier.admin_url(), r#"courier_journal_corrupt_records_total{destination="orders"}"#).await;
+    let corrupt = metric(
+        &courier.admin_url(),
+        r#"courier_journal_corrupt_records_total{destination="orders"}"#,
+    )
+    .await;
     assert_eq!(corrupt, Some(1.0), "{}", courier.logs());
-    assert!(courier.logs().contains("journal record is corrupt"), "{}", courier.logs());
+    assert!(
+        courier.logs().contains("journal record is corrupt"),
+        "{}",
+        courier.logs()
+    );
     courier.terminate();
-    assert_eq!(courier.wait_exit(Duration::from_secs(10)).await.code(), Some(0));
+    assert_eq!(
+        courier.wait_exit(Duration::from_secs(10)).await.code(),
+        Some(0)
+    );
 
     // The record is kept for an operator, and inspect reports it.
-    let out = support::run_cli(None, &["journal", "inspect", "--dir", &tmp.path().join("journal").display().to_string()], &[]).await;
+    let out = support::run_cli(
+        None,
+        &[
+            "journal",
+            "inspect",
+            "--dir",
+            &tmp.path().join("journal").display().to_string(),
+        ],
+        &[],
+    )
+    .await;
     assert_eq!(out.code, 2, "{}{}", out.stdout, out.stderr);
-    assert!(out.stdout.contains("corrupt record: record seq"), "{}", out.stdout);
+    assert!(
+        out.stdout.contains("corrupt record: record seq"),
+        "{}",
+        out.stdout
+    );
     assert!(out.stdout.contains("checksum mismatch"), "{}", out.stdout);
 }

@@ -237,3 +237,96 @@ pub(super) fn spawn_checkpointer(shared: Arc<Shared>) -> std::io::Result<()> {
         })
         .map(|_| ())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::journal::NewEvent;
+    use std::path::PathBuf;
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicBool, AtomicU64};
+    use tokio::sync::oneshot;
+
+    fn shared(path: PathBuf) -> Shared {
+        Shared {
+            path,
+            max_bytes: 1 << 30,
+            pending_bytes: AtomicU64::new(0),
+            failed: Mutex::new(None),
+            closed: AtomicBool::new(false),
+            destinations: [("d".to_string(), Arc::default())].into_iter().collect(),
+        }
+    }
+
+    fn append(id: &str) -> (Command, oneshot::Receiver<Result<(), JournalError>>) {
+        let event = NewEvent {
+            id: id.into(),
+            destination: "d".into(),
+            method: "POST".into(),
+            path: String::new(),
+            headers: vec![],
+            body: bytes::Bytes::from_static(b"{}"),
+            accepted_ms: 1,
+        };
+        let (reply, rx) = oneshot::channel();
+        (
+            Command::Append {
+                events: vec![event],
+                reply,
+            },
+            rx,
+        )
+    }
+
+    #[test]
+    fn a_group_shares_one_commit_and_every_waiter_hears_the_result() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let path = tmp.path().join("j.db");
+        let conn = crate::journal::store::open_writer(&path, true).expect("open");
+        let shared = shared(path);
+        let (a, mut ra) = append("a");
+        let (b, mut rb) = append("b");
+        commit_group(&conn, &mut vec![a, b], &shared);
+        assert_eq!(ra.try_recv().expect("answered"), Ok(()));
+        assert_eq!(rb.try_recv().expect("answered"), Ok(()));
+        let n: i64 = conn
+            .query_row("SELECT COUNT(*) FROM events", [], |r| r.get(0))
+            .expect("count");
+        assert_eq!(n, 2);
+        assert_eq!(
+            shared
+                .destination("d")
+                .map(|d| d.pending.load(Ordering::Relaxed)),
+            Some(2)
+        );
+    }
+
+    #[test]
+    fn after_a_failed_commit_every_write_is_refused_and_nothing_is_counted() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let path = tmp.path().join("j.db");
+        let conn = crate::journal::store::open_writer(&path, true).expect("open");
+        let shared = shared(path);
+        // A real SQLite error on the write path (not a disk-full one).
+        conn.pragma_update(None, "query_only", 1).expect("pragma");
+        let (a, mut ra) = append("a");
+        commit_group(&conn, &mut vec![a], &shared);
+        assert!(matches!(
+            ra.try_recv().expect("answered"),
+            Err(JournalError::Failed(_))
+        ));
+        // Even once the cause is gone, the journal stays refused until restart.
+        conn.pragma_update(None, "query_only", 0).expect("pragma");
+        let (b, mut rb) = append("b");
+        commit_group(&conn, &mut vec![b], &shared);
+        assert!(matches!(
+            rb.try_recv().expect("answered"),
+            Err(JournalError::Failed(_))
+        ));
+        let n: i64 = conn
+            .query_row("SELECT COUNT(*) FROM events", [], |r| r.get(0))
+            .expect("count");
+        assert_eq!(n, 0);
+        assert_eq!(shared.pending_bytes.load(Ordering::Relaxed), 0);
+    }
+}
