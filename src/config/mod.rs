@@ -2,6 +2,7 @@
 //! problem with `file:line:column`, the key path, the value and what is allowed.
 
 mod position;
+mod retry;
 pub mod schema;
 pub mod settings;
 pub mod units;

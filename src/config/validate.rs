@@ -6,9 +6,9 @@ use super::schema::{
     DeadLetterChoice, Destination, HeaderSpec, Mode, RawConfig, Schema, StatusKey,
 };
 use super::settings::*;
-use super::units::{Dur, parse_duration};
+use super::units::Dur;
 use crate::policy::classify::Codes;
-use crate::policy::{Limits, Schedule, StatusPolicy};
+use crate::policy::{Limits, StatusPolicy};
 use http::{HeaderName, HeaderValue};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -58,7 +58,7 @@ const RESERVED_HEADERS: [&str; 7] = [
     "webhook-signature",
 ];
 
-struct Checker<'a> {
+pub(super) struct Checker<'a> {
     problems: Vec<Problem>,
     warnings: Vec<Problem>,
     base_dir: &'a Path,
@@ -67,7 +67,7 @@ struct Checker<'a> {
 }
 
 impl Checker<'_> {
-    fn err(&mut self, path: impl Into<String>, message: impl Into<String>) {
+    pub(super) fn err(&mut self, path: impl Into<String>, message: impl Into<String>) {
         self.problems.push(Problem {
             path: path.into(),
             message: message.into(),
@@ -83,7 +83,13 @@ impl Checker<'_> {
         }
     }
 
-    fn range_dur(&mut self, path: &str, d: Dur, min: Duration, max: Duration) -> Duration {
+    pub(super) fn range_dur(
+        &mut self,
+        path: &str,
+        d: Dur,
+        min: Duration,
+        max: Duration,
+    ) -> Duration {
         if d.0 < min || d.0 > max {
             self.err(
                 path,
@@ -93,7 +99,7 @@ impl Checker<'_> {
         d.0
     }
 
-    fn range_u64(&mut self, path: &str, v: u64, min: u64, max: u64) -> u64 {
+    pub(super) fn range_u64(&mut self, path: &str, v: u64, min: u64, max: u64) -> u64 {
         if v < min || v > max {
             self.err(path, format!("{v} is out of range: allowed {min}..={max}"));
         }
@@ -274,7 +280,7 @@ fn destination(
     }
     let concurrency =
         c.range_u64(&format!("{p}.concurrency"), d.concurrency.into(), 1, 1024) as usize;
-    let schedule = schedule(c, &format!("{p}.retry.schedule"), &d.retry.schedule);
+    let schedule = super::retry::schedule(c, &format!("{p}.retry.schedule"), &d.retry.schedule);
     let max_attempts = c.range_u64(
         &format!("{p}.retry.max_attempts"),
         d.retry.max_attempts.into(),
@@ -359,53 +365,6 @@ fn target(c: &mut Checker, path: &str, url: &str) -> Target {
         origin: format!("{scheme}://{authority}"),
         path: uri.path().trim_end_matches('/').to_string(),
         query: uri.query().map(str::to_string),
-    }
-}
-
-fn schedule(c: &mut Checker, path: &str, v: &serde_norway::Value) -> Schedule {
-    use serde_norway::Value;
-    match v {
-        Value::String(s) if s == "eventgrid" => Schedule::EventGrid,
-        Value::String(s) => {
-            c.err(path, format!("`{s}` is not a schedule: allowed eventgrid, a list of delays like [5s, 5m], exponential:, sns:"));
-            Schedule::EventGrid
-        }
-        Value::Sequence(items) if items.is_empty() => {
-            c.err(path, "a list schedule needs at least one delay");
-            Schedule::EventGrid
-        }
-        Value::Sequence(items) => {
-            let mut delays = Vec::new();
-            for (i, item) in items.iter().enumerate() {
-                let p = format!("{path}[{i}]");
-                match item.as_str().map(parse_duration) {
-                    Some(Ok(d)) => delays.push(c.range_dur(
-                        &p,
-                        Dur(d),
-                        Duration::ZERO,
-                        Duration::from_secs(1440 * 60),
-                    )),
-                    Some(Err(e)) => c.err(p, e),
-                    None => c.err(p, "expected a duration with a unit, like 5s or 5m"),
-                }
-            }
-            Schedule::List(delays)
-        }
-        Value::Mapping(m) => {
-            let key = m.keys().next().and_then(|k| k.as_str()).unwrap_or("");
-            match key {
-                "exponential" | "sns" => c.err(format!("{path}.{key}"), "not supported yet (planned in issue 3)"),
-                other => c.err(path, format!("`{other}` is not a schedule: allowed eventgrid, a list of delays, exponential:, sns:")),
-            }
-            Schedule::EventGrid
-        }
-        _ => {
-            c.err(
-                path,
-                "expected eventgrid, a list of delays, exponential: or sns:",
-            );
-            Schedule::EventGrid
-        }
     }
 }
 

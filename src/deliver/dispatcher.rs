@@ -54,9 +54,10 @@ impl Dispatcher {
             let mut wake_at = None;
             if ready.len() < concurrency && !stop.is_cancelled() {
                 let now = clock::now_ms();
-                match self.reader.due(&name, now, held.len() + window).await {
+                let want = window - ready.len();
+                match self.reader.due(&name, now, want, &held).await {
                     Ok(rows) => {
-                        let more = rows.len() == held.len() + window;
+                        let more = rows.len() == want;
                         for row in rows {
                             match row {
                                 Ok(ev) if held.insert(ev.seq) => ready.push_back(ev),

@@ -290,14 +290,29 @@ impl Reader {
         .map_err(|_| rusqlite::Error::InvalidQuery)?
     }
 
+    /// Up to `limit` due events of `destination`, skipping those in `held`
+    /// without reading their rows.
     pub async fn due(
         &self,
         destination: &str,
         now_ms: u64,
         limit: usize,
+        held: &std::collections::HashSet<i64>,
     ) -> Result<Vec<Result<StoredEvent, StoreError>>, rusqlite::Error> {
         let d = destination.to_string();
-        self.with(move |c| store::due(c, &d, now_ms, limit)).await
+        let scan = limit + held.len();
+        let seqs = self
+            .with(move |c| store::due_seqs(c, &d, now_ms, scan))
+            .await?;
+        let fresh: Vec<i64> = seqs
+            .into_iter()
+            .filter(|s| !held.contains(s))
+            .take(limit)
+            .collect();
+        if fresh.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.with(move |c| store::load(c, &fresh)).await
     }
 
     pub async fn next_due_after(

@@ -122,19 +122,37 @@ fn row(r: &Row) -> Result<Result<StoredEvent, StoreError>, rusqlite::Error> {
     }))
 }
 
-/// Events of `destination` due at `now_ms`, oldest due first. A row that
-/// fails its checksum comes back as `Err` so the caller can quarantine it.
-pub fn due(
+/// Seqs of `destination`'s events due at `now_ms`, oldest due first. Reads
+/// only the (destination, next_due_ms) index, never a body.
+pub fn due_seqs(
     conn: &Connection,
     destination: &str,
     now_ms: u64,
     limit: usize,
-) -> Result<Vec<Result<StoredEvent, StoreError>>, rusqlite::Error> {
-    let mut stmt = conn.prepare_cached(&format!(
-        "SELECT {COLUMNS} FROM events WHERE destination = ?1 AND next_due_ms <= ?2 ORDER BY next_due_ms, seq LIMIT ?3"
-    ))?;
-    let rows = stmt.query_map(params![destination, now_ms as i64, limit as i64], row)?;
+) -> Result<Vec<i64>, rusqlite::Error> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT seq FROM events WHERE destination = ?1 AND next_due_ms <= ?2 ORDER BY next_due_ms, seq LIMIT ?3",
+    )?;
+    let rows = stmt.query_map(params![destination, now_ms as i64, limit as i64], |r| {
+        r.get(0)
+    })?;
     rows.collect()
+}
+
+/// The rows of `seqs` still present. A row that fails its checksum comes
+/// back as `Err` so the caller can quarantine it.
+pub fn load(
+    conn: &Connection,
+    seqs: &[i64],
+) -> Result<Vec<Result<StoredEvent, StoreError>>, rusqlite::Error> {
+    let mut stmt = conn.prepare_cached(&format!("SELECT {COLUMNS} FROM events WHERE seq = ?1"))?;
+    let mut out = Vec::with_capacity(seqs.len());
+    for seq in seqs {
+        if let Some(row) = stmt.query_row([seq], row).optional()? {
+            out.push(row);
+        }
+    }
+    Ok(out)
 }
 
 /// The earliest due time after `now_ms`, for the dispatcher's timer.
