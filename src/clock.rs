@@ -17,3 +17,12 @@ pub fn to_system(ms: u64) -> SystemTime {
 pub fn rfc3339(ms: u64) -> String {
     humantime::format_rfc3339_micros(to_system(ms)).to_string()
 }
+
+/// Microseconds on a monotonic clock, for spacing attempts.
+pub fn mono_us() -> u64 {
+    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    START
+        .get_or_init(std::time::Instant::now)
+        .elapsed()
+        .as_micros() as u64
+}

@@ -66,6 +66,7 @@ pub async fn run(settings: Settings) -> Result<(), RunError> {
 
     let mut sinks: HashMap<PathBuf, Arc<dyn DeadLetterSink>> = HashMap::new();
     let mut dispatchers = tokio::task::JoinSet::new();
+    let mut healths = HashMap::new();
     for dest in &settings.destinations {
         let sink = dest.dead_letter.as_ref().map(|root| {
             sinks
@@ -79,7 +80,12 @@ pub async fn run(settings: Settings) -> Result<(), RunError> {
         let state = journal
             .destination(&dest.name)
             .ok_or_else(|| RunError::Setup(format!("no journal state for {}", dest.name)))?;
-        let ctx = deliver::settle_ctx(dest.clone(), journal.clone(), sink, client.clone());
+        let health = Arc::new(deliver::health::Health::new(
+            policy::probation::DEFAULT_THRESHOLD,
+            dest.rate_limit_per_second,
+        ));
+        healths.insert(dest.name.clone(), health.clone());
+        let ctx = deliver::settle_ctx(dest.clone(), journal.clone(), sink, client.clone(), health);
         dispatchers.spawn(deliver::Dispatcher::new(ctx, reader, state, lifecycle.clone()).run());
     }
 
@@ -93,6 +99,10 @@ pub async fn run(settings: Settings) -> Result<(), RunError> {
         journal: journal.clone(),
         lifecycle: lifecycle.clone(),
         prometheus,
+        healths,
+        reader: journal
+            .reader()
+            .map_err(|e| RunError::Setup(format!("cannot open a journal reader: {e}")))?,
     });
     let ingress_addr = ingress_listener
         .local_addr()

@@ -5,7 +5,8 @@ use clap::{Parser, Subcommand};
 use courier::config::{self, LogFormat, ProcessEnv, Purpose};
 use courier::policy::Plan;
 use courier::policy::limits::PlannedAttempt;
-use std::io::IsTerminal;
+use std::fmt::Write as _;
+use std::io::{IsTerminal, Write as _};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -94,7 +95,7 @@ fn check(path: &Path) -> ExitCode {
     for w in &loaded.warnings {
         eprintln!("warning: {w}");
     }
-    print!("{}", loaded.effective);
+    emit(&loaded.effective);
     ExitCode::SUCCESS
 }
 
@@ -117,7 +118,6 @@ fn run(path: &Path) -> ExitCode {
     match runtime.block_on(courier::run(loaded.settings)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            tracing::error!("{e}");
             eprintln!("courier: {e}");
             ExitCode::from(2)
         }
@@ -138,6 +138,7 @@ fn init_logging(log: &config::settings::LogSettings) {
 }
 
 fn schedule(path: &Path, name: &str, json: bool) -> ExitCode {
+    let mut o = String::new();
     let loaded = match load(path, Purpose::Check) {
         Ok(l) => l,
         Err(code) => return code,
@@ -158,17 +159,18 @@ fn schedule(path: &Path, name: &str, json: bool) -> ExitCode {
     };
     let plan = Plan::compute(&dest.schedule, &dest.limits);
     if json {
-        let row = |a: &PlannedAttempt| serde_json::json!({ "attempt": a.attempt, "delay_s": a.delay.as_secs_f64(), "at_s": a.at.as_secs_f64(), "phase": a.phase.as_str() });
+        let row = |a: &PlannedAttempt| serde_json::json!({ "attempt": a.attempt, "delay_s": seconds(a.delay), "at_s": seconds(a.at), "phase": a.phase.as_str() });
         let out = serde_json::json!({
             "attempts": plan.attempts.iter().map(row).collect::<Vec<_>>(),
-            "ends": { "after_attempt": plan.ends_after, "at_s": plan.ends_at.as_secs_f64(), "reason": plan.reason.as_str() },
+            "ends": { "after_attempt": plan.ends_after, "at_s": seconds(plan.ends_at), "reason": plan.reason.as_str() },
         });
-        println!("{out:#}");
+        let _ = writeln!(o, "{out:#}");
     } else {
         let f = |d: std::time::Duration| config::units::format_duration(d);
-        println!("{:>7}  {:>8}  {:>10}  phase", "attempt", "delay", "at");
+        let _ = writeln!(o, "{:>7}  {:>8}  {:>10}  phase", "attempt", "delay", "at");
         for a in &plan.attempts {
-            println!(
+            let _ = writeln!(
+                o,
                 "{:>7}  {:>8}  {:>10}  {}",
                 a.attempt,
                 f(a.delay),
@@ -176,7 +178,8 @@ fn schedule(path: &Path, name: &str, json: bool) -> ExitCode {
                 a.phase.as_str()
             );
         }
-        println!(
+        let _ = writeln!(
+            o,
             "ends after attempt {} at {}: {} (jitter of ±{}% applies to each delay at run time)",
             plan.ends_after,
             f(plan.ends_at),
@@ -184,10 +187,12 @@ fn schedule(path: &Path, name: &str, json: bool) -> ExitCode {
             dest.jitter * 100.0
         );
     }
+    emit(&o);
     ExitCode::SUCCESS
 }
 
 fn inspect(dir: &Path) -> ExitCode {
+    let mut o = String::new();
     let report = match courier::journal::inspect(dir) {
         Ok(r) => r,
         Err(e) => {
@@ -195,12 +200,14 @@ fn inspect(dir: &Path) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    println!(
+    let _ = writeln!(
+        o,
         "journal {} ({} bytes on disk)",
         report.path.display(),
         report.file_bytes
     );
-    println!(
+    let _ = writeln!(
+        o,
         "{:<24} {:>10} {:>14} {:>12}  oldest",
         "destination", "pending", "bytes", "quarantined"
     );
@@ -209,24 +216,42 @@ fn inspect(dir: &Path) -> ExitCode {
             .oldest_accepted_ms
             .map(courier::clock::rfc3339)
             .unwrap_or_default();
-        println!(
+        let _ = writeln!(
+            o,
             "{:<24} {:>10} {:>14} {:>12}  {oldest}",
             s.destination, s.pending, s.bytes, s.quarantined
         );
     }
     let mut sound = true;
     if let Some(problem) = &report.integrity {
-        println!("integrity: FAILED: {problem}");
+        let _ = writeln!(o, "integrity: FAILED: {problem}");
         sound = false;
     }
     for c in &report.corrupt {
-        println!("corrupt record: {c}");
+        let _ = writeln!(o, "corrupt record: {c}");
         sound = false;
     }
     if sound {
-        println!("integrity: ok");
+        let _ = writeln!(o, "integrity: ok");
+    }
+    emit(&o);
+    if sound {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(2)
+    }
+}
+
+/// Writes command output; a closed pipe (`| head`) is not an error worth a panic.
+fn emit(text: &str) {
+    let _ = std::io::stdout().lock().write_all(text.as_bytes());
+}
+
+/// Whole seconds print as integers (`0`, not `0.0`).
+fn seconds(d: std::time::Duration) -> serde_json::Value {
+    if d.subsec_nanos() == 0 {
+        d.as_secs().into()
+    } else {
+        d.as_secs_f64().into()
     }
 }

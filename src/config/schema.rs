@@ -188,7 +188,7 @@ pub struct Destination {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub signing: Unsupported,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rate_limit: Unsupported,
+    pub rate_limit: Option<RateLimitSpec>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dead_letter: Option<DeadLetterChoice>,
 }
@@ -307,4 +307,11 @@ pub struct HeaderSpec {
     pub from_event: Option<String>,
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub secret: bool,
+}
+
+/// `rate_limit: { per_second: N }`, SNS's `maxReceivesPerSecond`.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RateLimitSpec {
+    pub per_second: u64,
 }

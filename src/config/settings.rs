@@ -59,6 +59,8 @@ pub struct DestinationSettings {
     pub headers: Vec<CustomHeader>,
     /// Root of the dead-letter directory sink; `None` drops and counts.
     pub dead_letter: Option<PathBuf>,
+    /// `rate_limit.per_second` or SNS `maxReceivesPerSecond`.
+    pub rate_limit_per_second: Option<u32>,
 }
 
 #[derive(Debug, Clone)]

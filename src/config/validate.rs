@@ -74,6 +74,13 @@ impl Checker<'_> {
         });
     }
 
+    pub(super) fn warn(&mut self, path: impl Into<String>, message: impl Into<String>) {
+        self.warnings.push(Problem {
+            path: path.into(),
+            message: message.into(),
+        });
+    }
+
     fn unsupported(&mut self, path: &str, value: &Option<serde_norway::Value>, issue: &str) {
         if value.is_some() {
             self.err(
@@ -118,11 +125,13 @@ impl Checker<'_> {
 
     fn dir(&self, p: &str) -> PathBuf {
         let p = Path::new(p);
-        if p.is_absolute() {
+        let joined = if p.is_absolute() {
             p.to_path_buf()
         } else {
             self.base_dir.join(p)
-        }
+        };
+        // `././journal` reads badly in messages; components() drops inner `.`.
+        joined.components().collect()
     }
 }
 
@@ -269,24 +278,37 @@ fn destination(
         ("tls", &d.tls),
         ("batch", &d.batch),
         ("signing", &d.signing),
-        ("rate_limit", &d.rate_limit),
     ] {
         let issue = match key {
             "batch" | "signing" => "issue 4",
-            "late_answer_window" | "rate_limit" => "issue 3",
+            "late_answer_window" => "issue 3",
             _ => "a later issue",
         };
         c.unsupported(&format!("{p}.{key}"), v, issue);
     }
     let concurrency =
         c.range_u64(&format!("{p}.concurrency"), d.concurrency.into(), 1, 1024) as usize;
-    let schedule = super::retry::schedule(c, &format!("{p}.retry.schedule"), &d.retry.schedule);
-    let max_attempts = c.range_u64(
-        &format!("{p}.retry.max_attempts"),
-        d.retry.max_attempts.into(),
-        1,
-        30,
-    ) as u32;
+    let super::retry::RetryPlan {
+        schedule,
+        max_attempts,
+        rate_limit_per_second,
+    } = super::retry::retry(c, &format!("{p}.retry"), &d.retry);
+    let rate_limit_per_second = match (&d.rate_limit, rate_limit_per_second) {
+        (Some(_), Some(_)) => {
+            c.err(
+                format!("{p}.rate_limit"),
+                "set either rate_limit or the sns throttlePolicy, not both",
+            );
+            None
+        }
+        (Some(r), None) => Some(c.range_u64(
+            &format!("{p}.rate_limit.per_second"),
+            r.per_second,
+            1,
+            100_000,
+        ) as u32),
+        (None, sns) => sns,
+    };
     let ttl = c.range_dur(
         &format!("{p}.retry.event_ttl"),
         d.retry.event_ttl,
@@ -326,6 +348,7 @@ fn destination(
         status,
         headers,
         dead_letter,
+        rate_limit_per_second,
     }
 }
 

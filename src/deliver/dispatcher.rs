@@ -1,17 +1,22 @@
 //! One dispatcher per destination. It pulls due events from the journal
-//! (a bounded window, never the whole backlog), keeps at most `concurrency`
-//! attempts in flight, and sleeps until the next due time, a new event, or
-//! a finished attempt.
+//! (a bounded window, never the whole backlog), asks the destination's
+//! `Health` before every attempt (pause, Retry-After hold, probation, rate
+//! limit), keeps at most `concurrency` attempts in flight, and sleeps until
+//! the next due time, a new event, a finished attempt, or a resume. While
+//! attempts are held back, events whose TTL runs out are still
+//! dead-lettered on time: waiting is not an attempt.
 
 use super::settle::{self, Ctx};
 use crate::admin::metrics;
 use crate::clock;
-use crate::journal::{Change, DestinationState, Reader, StoredEvent};
+use crate::journal::{Change, DestinationState, Reader, StoreError, StoredEvent};
 use crate::lifecycle::Lifecycle;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::task::JoinSet;
+
+use super::health::Gate;
 
 /// After a failed journal read, wait this long before the next.
 const READ_RETRY: Duration = Duration::from_secs(1);
@@ -21,6 +26,14 @@ pub struct Dispatcher {
     reader: Reader,
     state: Arc<DestinationState>,
     lifecycle: Arc<Lifecycle>,
+}
+
+/// Events read from the journal and not yet settled: queued or in flight.
+#[derive(Default)]
+struct Held {
+    seqs: HashSet<i64>,
+    ready: VecDeque<StoredEvent>,
+    running: HashMap<tokio::task::Id, i64>,
 }
 
 impl Dispatcher {
@@ -41,52 +54,50 @@ impl Dispatcher {
     /// Runs until shutdown begins, then waits for attempts in flight (the
     /// caller bounds that wait by `shutdown_grace`).
     pub async fn run(self) {
-        let name = self.ctx.dest.name.clone();
         let concurrency = self.ctx.dest.concurrency;
         let window = concurrency * 4;
         let stop = self.lifecycle.stop_dispatch.clone();
-        // Events read from the journal and not yet settled: queued or in flight.
-        let mut held: HashSet<i64> = HashSet::new();
-        let mut ready: VecDeque<StoredEvent> = VecDeque::new();
+        let mut held = Held::default();
         let mut tasks = JoinSet::new();
-        let mut running: HashMap<tokio::task::Id, i64> = HashMap::new();
         loop {
             let mut wake_at = None;
-            if ready.len() < concurrency && !stop.is_cancelled() {
-                let now = clock::now_ms();
-                let want = window - ready.len();
-                match self.reader.due(&name, now, want, &held).await {
-                    Ok(rows) => {
-                        let more = rows.len() == want;
-                        for row in rows {
-                            match row {
-                                Ok(ev) if held.insert(ev.seq) => ready.push_back(ev),
-                                Ok(_) => {}
-                                Err(e) => self.quarantine(&e).await,
-                            }
-                        }
-                        if !more {
-                            wake_at = match self.reader.next_due_after(&name, now).await {
-                                Ok(t) => t,
-                                Err(e) => {
-                                    tracing::error!(destination = %name, error = %e, "cannot read the journal");
-                                    Some(now + READ_RETRY.as_millis() as u64)
-                                }
-                            };
-                        }
-                    }
-                    Err(e) => {
-                        tracing::error!(destination = %name, error = %e, "cannot read the journal");
-                        wake_at = Some(now + READ_RETRY.as_millis() as u64);
-                    }
-                }
+            if held.ready.len() < concurrency && !stop.is_cancelled() {
+                wake_at = self.refill(&mut held, window).await;
             }
+            let mut gated = None;
             while tasks.len() < concurrency && !stop.is_cancelled() {
-                let Some(ev) = ready.pop_front() else { break };
+                let Some(front) = held.ready.front() else {
+                    break;
+                };
+                let expired = self
+                    .ctx
+                    .dest
+                    .limits
+                    .expired(front.event.accepted_ms, clock::now_ms());
+                let gate = if expired {
+                    Gate::Go { probe: false }
+                } else {
+                    self.ctx.health.gate()
+                };
+                let Gate::Go { .. } = gate else {
+                    gated = Some(gate);
+                    break;
+                };
+                let Some(ev) = held.ready.pop_front() else {
+                    break;
+                };
                 let seq = ev.seq;
                 let ctx = self.ctx.clone();
                 let handle = tasks.spawn(async move { settle::run(&ctx, ev).await });
-                running.insert(handle.id(), seq);
+                held.running.insert(handle.id(), seq);
+            }
+            if let Some(gate) = gated {
+                let deadline = self.expire_held_back(&mut held, &mut tasks).await;
+                let until = match gate {
+                    Gate::WaitUntil(t) => Some(t),
+                    _ => None,
+                };
+                wake_at = [wake_at, until, deadline].into_iter().flatten().min();
             }
             if stop.is_cancelled() && tasks.is_empty() {
                 return;
@@ -96,18 +107,19 @@ impl Dispatcher {
             }));
             tokio::select! {
                 _ = self.state.notify.notified(), if !stop.is_cancelled() => {}
+                _ = self.ctx.health.wake.notified(), if !stop.is_cancelled() => {}
                 Some(done) = tasks.join_next_with_id(), if !tasks.is_empty() => {
                     let (id, release) = match done {
                         Ok((id, release)) => (id, release),
                         Err(e) => {
-                            tracing::error!(destination = %name, error = %e, "an attempt task failed");
+                            tracing::error!(destination = %self.ctx.dest.name, error = %e, "an attempt task failed");
                             (e.id(), true)
                         }
                     };
-                    if let Some(seq) = running.remove(&id)
+                    if let Some(seq) = held.running.remove(&id)
                         && release
                     {
-                        held.remove(&seq);
+                        held.seqs.remove(&seq);
                     }
                 }
                 _ = sleep, if wake_at.is_some() => {}
@@ -116,9 +128,80 @@ impl Dispatcher {
         }
     }
 
-    async fn quarantine(&self, e: &crate::journal::StoreError) {
+    /// Reads due events into the ready queue; returns when to look again if
+    /// nothing more is due now.
+    async fn refill(&self, held: &mut Held, window: usize) -> Option<u64> {
         let name = &self.ctx.dest.name;
-        let crate::journal::StoreError::Corrupt { seq, .. } = e else {
+        let now = clock::now_ms();
+        let want = window.saturating_sub(held.ready.len());
+        match self.reader.due(name, now, want, &held.seqs).await {
+            Ok(rows) => {
+                let more = rows.len() == want;
+                self.take(held, rows).await;
+                if more {
+                    return None;
+                }
+                match self.reader.next_due_after(name, now).await {
+                    Ok(t) => t,
+                    Err(e) => self.read_failed(&e, now),
+                }
+            }
+            Err(e) => self.read_failed(&e, now),
+        }
+    }
+
+    async fn take(&self, held: &mut Held, rows: Vec<Result<StoredEvent, StoreError>>) {
+        for row in rows {
+            match row {
+                Ok(ev) if held.seqs.insert(ev.seq) => held.ready.push_back(ev),
+                Ok(_) => {}
+                Err(e) => self.quarantine(&e).await,
+            }
+        }
+    }
+
+    fn read_failed(&self, e: &rusqlite::Error, now: u64) -> Option<u64> {
+        tracing::error!(destination = %self.ctx.dest.name, error = %e, "cannot read the journal");
+        Some(now + READ_RETRY.as_millis() as u64)
+    }
+
+    /// While attempts are held back, dead-letters every event whose TTL has
+    /// run out (queued or still in the journal); returns the next deadline.
+    async fn expire_held_back(&self, held: &mut Held, tasks: &mut JoinSet<bool>) -> Option<u64> {
+        let dest = &self.ctx.dest;
+        let now = clock::now_ms();
+        let ttl = dest.limits.ttl.as_millis() as u64;
+        match self
+            .reader
+            .accepted_before(&dest.name, now.saturating_sub(ttl), 256, &held.seqs)
+            .await
+        {
+            Ok(rows) => self.take(held, rows).await,
+            Err(e) => return self.read_failed(&e, now),
+        }
+        let (expired, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut held.ready)
+            .into_iter()
+            .partition(|ev| dest.limits.expired(ev.event.accepted_ms, now));
+        held.ready = waiting.into();
+        for ev in expired {
+            let seq = ev.seq;
+            let ctx = self.ctx.clone();
+            let handle = tasks.spawn(async move { settle::expire(&ctx, ev).await });
+            held.running.insert(handle.id(), seq);
+        }
+        match self.reader.oldest_accepted(&dest.name).await {
+            // An expired event still in flight would make a deadline in the
+            // past: look again a second later rather than spin.
+            Ok(oldest) => oldest
+                .map(|t| dest.limits.deadline(t))
+                .map(|d| if d <= now { now + 1000 } else { d }),
+            Err(e) => self.read_failed(&e, now),
+        }
+    }
+
+    async fn quarantine(&self, e: &StoreError) {
+        let name = &self.ctx.dest.name;
+        let StoreError::Corrupt { seq, .. } = e else {
             return;
         };
         tracing::error!(destination = %name, journal = %self.ctx.journal.path().display(), error = %e,

@@ -3,6 +3,7 @@
 
 mod client;
 mod dispatcher;
+pub mod health;
 mod request;
 mod settle;
 pub mod stack;
@@ -21,6 +22,7 @@ pub fn settle_ctx(
     journal: Journal,
     sink: Option<Arc<dyn DeadLetterSink>>,
     client: HttpsClient,
+    health: Arc<health::Health>,
 ) -> settle::Ctx {
     let stack = stack::build(&dest, client);
     settle::Ctx {
@@ -28,5 +30,6 @@ pub fn settle_ctx(
         journal,
         sink,
         stack,
+        health,
     }
 }

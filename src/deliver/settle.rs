@@ -2,6 +2,7 @@
 //! delete when delivered, reschedule with the next due time, or write the
 //! dead letter and only then delete.
 
+use super::health::{Health, PauseReason};
 use super::request;
 use super::stack::{AttemptService, Attempted};
 use crate::admin::metrics;
@@ -12,6 +13,7 @@ use crate::journal::{Change, Journal, StoredEvent};
 use crate::policy::schedule::jittered;
 use crate::policy::{Next, Outcome, Reason, Verdict};
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 use tower::ServiceExt;
 
@@ -23,22 +25,18 @@ pub struct Ctx {
     pub journal: Journal,
     pub sink: Option<Arc<dyn DeadLetterSink>>,
     pub stack: AttemptService,
+    pub health: Arc<Health>,
 }
 
 /// `false` when the journal refused the change: the event must stay out of
 /// this process's dispatch (it is retried after a restart).
 pub async fn run(ctx: &Ctx, ev: StoredEvent) -> bool {
-    let now = clock::now_ms();
-    if ctx.dest.limits.expired(ev.event.accepted_ms, now) {
-        let outcome = ev.last_outcome.clone().unwrap_or_else(|| "None".into());
-        let facts = Facts {
-            reason: Reason::TimeToLiveExceeded,
-            attempts: ev.attempts,
-            last_outcome: &outcome,
-            last_status: ev.last_status,
-            last_attempt_ms: ev.last_attempt_ms,
-        };
-        return dead_letter(ctx, &ev, &facts).await;
+    if ctx
+        .dest
+        .limits
+        .expired(ev.event.accepted_ms, clock::now_ms())
+    {
+        return expire(ctx, ev).await;
     }
     let request = match request::build(&ctx.dest, &ev) {
         Ok(r) => r,
@@ -48,8 +46,28 @@ pub async fn run(ctx: &Ctx, ev: StoredEvent) -> bool {
             return apply(ctx, vec![Change::Quarantine { seq: ev.seq }]).await;
         }
     };
+    ctx.health.in_flight.fetch_add(1, Ordering::Relaxed);
     let Ok(attempted) = ctx.stack.clone().oneshot(request).await;
+    ctx.health.in_flight.fetch_sub(1, Ordering::Relaxed);
     settle(ctx, ev, attempted).await
+}
+
+/// Dead-letters an event whose TTL ran out before its next attempt. One
+/// held back by probation says so in `lastDeliveryOutcome`, as in Event Grid.
+pub async fn expire(ctx: &Ctx, ev: StoredEvent) -> bool {
+    let outcome = if ctx.health.on_probation() {
+        Outcome::Probation.as_str().to_string()
+    } else {
+        ev.last_outcome.clone().unwrap_or_else(|| "None".into())
+    };
+    let facts = Facts {
+        reason: Reason::TimeToLiveExceeded,
+        attempts: ev.attempts,
+        last_outcome: &outcome,
+        last_status: ev.last_status,
+        last_attempt_ms: ev.last_attempt_ms,
+    };
+    dead_letter(ctx, &ev, &facts).await
 }
 
 async fn settle(ctx: &Ctx, ev: StoredEvent, a: Attempted) -> bool {
@@ -58,6 +76,13 @@ async fn settle(ctx: &Ctx, ev: StoredEvent, a: Attempted) -> bool {
     let outcome = a.classified.outcome.as_str();
     let now = clock::now_ms();
     metrics::attempt(&dest.name, outcome, a.took, 1);
+    // A Retry-After on 429 or 503 holds the whole destination, not just this event.
+    let hold = a
+        .retry_after
+        .filter(|_| matches!(a.status, Some(429 | 503)));
+    if let Some(until) = ctx.health.record(a.classified.outcome, hold) {
+        tracing::warn!(destination = %dest.name, outcome, until = %clock::rfc3339(until), "endpoint on probation: no attempts until then, then one probe");
+    }
     tracing::debug!(destination = %dest.name, id = %ev.event.id, attempt = attempts, outcome, status = ?a.status, error = ?a.error, "attempt");
     let retry_at = |min_delay: Duration| {
         let base = dest.schedule.delay_before(attempts + 1).max(min_delay);
@@ -70,13 +95,18 @@ async fn settle(ctx: &Ctx, ev: StoredEvent, a: Attempted) -> bool {
             return apply(ctx, vec![delete(&ev)]).await;
         }
         Verdict::DeadLetter => Next::DeadLetter(Reason::NonRetriableStatus),
-        // Pausing the destination on 410 is not built yet: until it is, a
-        // 410 is retried on the schedule like any other failure.
-        Verdict::Pause => dest.limits.after_failure(
-            attempts,
-            ev.event.accepted_ms,
-            retry_at(Duration::from_secs(10)),
-        ),
+        // The receiver asks to be disabled: pause the destination; its
+        // events wait (this one due again at once) and expire only at TTL.
+        Verdict::Pause => {
+            tracing::warn!(destination = %dest.name, "endpoint answered 410 Gone: destination paused until resumed");
+            ctx.health.pause(PauseReason::Gone);
+            let deadline = dest.limits.deadline(ev.event.accepted_ms);
+            if now >= deadline {
+                Next::ExpireAt(deadline)
+            } else {
+                Next::RetryAt(now)
+            }
+        }
         Verdict::Retry { min_delay } => {
             dest.limits
                 .after_failure(attempts, ev.event.accepted_ms, retry_at(min_delay))

@@ -3,8 +3,10 @@
 use crate::journal::Header;
 use http::HeaderMap;
 
-/// Hop-by-hop headers (RFC 9110 §7.6.1) and those courier sets itself.
-const DROPPED: [&str; 14] = [
+/// Hop-by-hop headers (RFC 9110 §7.6.1) and those the request itself
+/// frames. `courier-*` and `webhook-*` (Standard Webhooks) are courier's own
+/// and dropped too.
+const DROPPED: [&str; 12] = [
     "connection",
     "keep-alive",
     "proxy-connection",
@@ -17,8 +19,6 @@ const DROPPED: [&str; 14] = [
     "expect",
     "host",
     "content-length",
-    "webhook-timestamp",
-    "webhook-signature",
 ];
 
 /// The headers forwarded to the endpoint, in the order received.
@@ -34,7 +34,7 @@ pub fn forwarded(headers: &HeaderMap) -> Vec<Header> {
         .filter(|(name, _)| {
             let n = name.as_str();
             !DROPPED.contains(&n)
-                && n != "webhook-id"
+                && !n.starts_with("webhook-")
                 && !n.starts_with("courier-")
                 && !listed.iter().any(|l| l == n)
         })
@@ -84,6 +84,7 @@ mod tests {
             ("x-hop", "1"),
             ("courier-delivery-attempt", "9"),
             ("webhook-id", "w"),
+            ("webhook-foo", "f"),
             ("content-type", "application/json"),
             ("x-trace", "a"),
             ("x-trace", "b"),

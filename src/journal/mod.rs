@@ -16,7 +16,7 @@ pub use record::{Header, NewEvent, StoredEvent};
 pub use store::{DestinationSummary, FILE, StoreError};
 
 use rusqlite::Connection;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -48,6 +48,8 @@ pub enum OpenError {
     Dir(PathBuf, std::io::Error),
     #[error("the journal {0} is in use by another courier process (lock held on {1})")]
     Locked(PathBuf, PathBuf),
+    #[error("no journal at {0}: courier has not run with this journal.dir, or the path is wrong")]
+    Missing(PathBuf),
     #[error(
         "cannot open the journal {0}: {1}. If the file is damaged, stop courier, move it aside, and inspect it with `courier journal inspect --dir DIR`"
     )]
@@ -180,16 +182,24 @@ impl Journal {
     pub async fn append(&self, events: Vec<NewEvent>) -> Result<(), JournalError> {
         self.writable()?;
         let size: u64 = events.iter().map(NewEvent::size).sum();
-        let pending = self.shared.pending_bytes.load(Ordering::Relaxed);
-        if pending + size > self.shared.max_bytes {
-            return Err(JournalError::Full {
-                pending,
-                limit: self.shared.max_bytes,
-            });
-        }
+        // Reserve the bytes before queueing, so that concurrent requests
+        // cannot all pass the check; released if the write does not happen.
+        let limit = self.shared.max_bytes;
+        self.shared
+            .pending_bytes
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |p| {
+                (p + size <= limit).then_some(p + size)
+            })
+            .map_err(|pending| JournalError::Full { pending, limit })?;
         let (reply, rx) = oneshot::channel();
-        self.send(Command::Append { events, reply })?;
-        rx.await.map_err(|_| JournalError::Closed)?
+        let result = match self.send(Command::Append { events, reply }) {
+            Ok(()) => rx.await.unwrap_or(Err(JournalError::Closed)),
+            Err(e) => Err(e),
+        };
+        if result.is_err() {
+            self.shared.pending_bytes.fetch_sub(size, Ordering::AcqRel);
+        }
+        result
     }
 
     /// Applies changes after attempts; returns once committed.
@@ -234,10 +244,6 @@ impl Journal {
 
     pub fn destination(&self, name: &str) -> Option<Arc<DestinationState>> {
         self.shared.destination(name).cloned()
-    }
-
-    pub fn pending_bytes(&self) -> u64 {
-        self.shared.pending_bytes.load(Ordering::Relaxed)
     }
 
     /// A read connection for one dispatcher.
@@ -297,13 +303,39 @@ impl Reader {
         destination: &str,
         now_ms: u64,
         limit: usize,
-        held: &std::collections::HashSet<i64>,
+        held: &HashSet<i64>,
     ) -> Result<Vec<Result<StoredEvent, StoreError>>, rusqlite::Error> {
         let d = destination.to_string();
         let scan = limit + held.len();
         let seqs = self
             .with(move |c| store::due_seqs(c, &d, now_ms, scan))
             .await?;
+        self.load_unheld(seqs, held, limit).await
+    }
+
+    /// Up to `limit` events of `destination` accepted at or before
+    /// `cutoff_ms`, skipping those in `held`.
+    pub async fn accepted_before(
+        &self,
+        destination: &str,
+        cutoff_ms: u64,
+        limit: usize,
+        held: &HashSet<i64>,
+    ) -> Result<Vec<Result<StoredEvent, StoreError>>, rusqlite::Error> {
+        let d = destination.to_string();
+        let scan = limit + held.len();
+        let seqs = self
+            .with(move |c| store::accepted_before(c, &d, cutoff_ms, scan))
+            .await?;
+        self.load_unheld(seqs, held, limit).await
+    }
+
+    async fn load_unheld(
+        &self,
+        seqs: Vec<i64>,
+        held: &HashSet<i64>,
+        limit: usize,
+    ) -> Result<Vec<Result<StoredEvent, StoreError>>, rusqlite::Error> {
         let fresh: Vec<i64> = seqs
             .into_iter()
             .filter(|s| !held.contains(s))
@@ -313,6 +345,11 @@ impl Reader {
             return Ok(Vec::new());
         }
         self.with(move |c| store::load(c, &fresh)).await
+    }
+
+    pub async fn oldest_accepted(&self, destination: &str) -> Result<Option<u64>, rusqlite::Error> {
+        let d = destination.to_string();
+        self.with(move |c| store::oldest_accepted(c, &d)).await
     }
 
     pub async fn next_due_after(
@@ -330,10 +367,7 @@ impl Reader {
 pub fn inspect(dir: &Path) -> Result<Inspection, OpenError> {
     let path = dir.join(FILE);
     if !path.exists() {
-        return Err(OpenError::Open(
-            path,
-            rusqlite::Error::InvalidPath(dir.join(FILE)),
-        ));
+        return Err(OpenError::Missing(path));
     }
     let conn = Connection::open_with_flags(&path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
         .map_err(|e| OpenError::Open(path.clone(), e))?;

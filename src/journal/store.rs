@@ -25,6 +25,7 @@ CREATE TABLE IF NOT EXISTS events (
     last_attempt_ms INTEGER
 );
 CREATE INDEX IF NOT EXISTS events_due ON events(destination, next_due_ms);
+CREATE INDEX IF NOT EXISTS events_age ON events(destination, accepted_ms);
 ";
 
 /// A corrupt row is parked here: never due, kept for an operator.
@@ -153,6 +154,38 @@ pub fn load(
         }
     }
     Ok(out)
+}
+
+/// Seqs of `destination`'s events accepted at or before `cutoff_ms`
+/// (expired, when the cutoff is now minus the TTL), quarantined rows aside.
+pub fn accepted_before(
+    conn: &Connection,
+    destination: &str,
+    cutoff_ms: u64,
+    limit: usize,
+) -> Result<Vec<i64>, rusqlite::Error> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT seq FROM events WHERE destination = ?1 AND accepted_ms <= ?2 AND next_due_ms < ?3 ORDER BY accepted_ms LIMIT ?4",
+    )?;
+    let rows = stmt.query_map(
+        params![destination, cutoff_ms as i64, QUARANTINED, limit as i64],
+        |r| r.get(0),
+    )?;
+    rows.collect()
+}
+
+/// The oldest accept time of `destination`'s pending events.
+pub fn oldest_accepted(
+    conn: &Connection,
+    destination: &str,
+) -> Result<Option<u64>, rusqlite::Error> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT accepted_ms FROM events WHERE destination = ?1 AND next_due_ms < ?2 ORDER BY accepted_ms LIMIT 1",
+    )?;
+    let v: Option<i64> = stmt
+        .query_row(params![destination, QUARANTINED], |r| r.get(0))
+        .optional()?;
+    Ok(v.map(|v| v as u64))
 }
 
 /// The earliest due time after `now_ms`, for the dispatcher's timer.

@@ -54,7 +54,9 @@ fn run(conn: Connection, mut rx: mpsc::Receiver<Command>, shared: Arc<Shared>) {
                 }
             }
             rx.close();
-            let _ = conn.execute_batch("PRAGMA wal_checkpoint(PASSIVE)");
+            // Fold the WAL into the main file on a clean stop, so that a copy
+            // of journal.db alone is a complete backup.
+            let _ = conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)");
             return;
         }
     }
@@ -178,7 +180,6 @@ fn account(group: &[Command], shared: &Shared) {
             Command::Append { events, .. } => {
                 for e in events {
                     let size = e.size();
-                    shared.pending_bytes.fetch_add(size, Ordering::Relaxed);
                     if let Some(d) = shared.destination(&e.destination) {
                         d.pending.fetch_add(1, Ordering::Relaxed);
                         d.bytes.fetch_add(size, Ordering::Relaxed);

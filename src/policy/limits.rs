@@ -188,6 +188,108 @@ mod tests {
         assert_eq!(plan.reason, EndReason::EventTtl);
     }
 
+    /// What `courier schedule --json` prints for the SNS documentation's
+    /// example policy: one row per attempt with its phase.
+    #[test]
+    fn sns_reference_policy_plan_shows_the_four_phases() {
+        use crate::policy::sns::{Backoff, SnsPolicy};
+        let policy = SnsPolicy {
+            min_delay_target: 1,
+            max_delay_target: 60,
+            num_retries: 50,
+            num_no_delay_retries: 3,
+            num_min_delay_retries: 2,
+            num_max_delay_retries: 35,
+            backoff_function: Backoff::Exponential,
+        };
+        let limits = Limits {
+            max_attempts: policy.max_attempts(),
+            ttl: Duration::from_secs(86_400),
+        };
+        let plan = Plan::compute(&Schedule::Sns(policy), &limits);
+        assert_eq!(plan.attempts.len(), 51);
+        let rows: Vec<(u32, u64, u64, &str)> = plan
+            .attempts
+            .iter()
+            .map(|a| {
+                (
+                    a.attempt,
+                    a.delay.as_secs(),
+                    a.at.as_secs(),
+                    a.phase.as_str(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            rows[..17],
+            [
+                (1, 0, 0, "no-delay"),
+                (2, 0, 0, "no-delay"),
+                (3, 0, 0, "no-delay"),
+                (4, 0, 0, "no-delay"),
+                (5, 1, 1, "pre-backoff"),
+                (6, 1, 2, "pre-backoff"),
+                (7, 1, 3, "backoff"),
+                (8, 1, 4, "backoff"),
+                (9, 1, 5, "backoff"),
+                (10, 1, 6, "backoff"),
+                (11, 2, 8, "backoff"),
+                (12, 2, 10, "backoff"),
+                (13, 5, 15, "backoff"),
+                (14, 10, 25, "backoff"),
+                (15, 24, 49, "backoff"),
+                (16, 60, 109, "backoff"),
+                (17, 60, 169, "post-backoff"),
+            ]
+        );
+        assert!(
+            rows[16..]
+                .iter()
+                .all(|r| r.1 == 60 && r.3 == "post-backoff")
+        );
+        assert_eq!(rows[50], (51, 60, 2209, "post-backoff"));
+        assert_eq!(
+            (plan.ends_after, plan.ends_at.as_secs(), plan.reason),
+            (51, 2209, EndReason::MaxAttempts)
+        );
+    }
+
+    #[test]
+    fn sns_plan_stops_at_a_short_ttl_and_exponential_plans_too() {
+        use crate::policy::sns::SnsPolicy;
+        let sns = Plan::compute(
+            &Schedule::Sns(SnsPolicy::default()),
+            &Limits {
+                max_attempts: 4,
+                ttl: Duration::from_secs(60),
+            },
+        );
+        let at: Vec<u64> = sns.attempts.iter().map(|a| a.at.as_secs()).collect();
+        assert_eq!(at, [0, 20, 40]);
+        assert_eq!((sns.ends_after, sns.reason), (3, EndReason::EventTtl));
+        let exp = Plan::compute(
+            &Schedule::Exponential {
+                initial: Duration::from_secs(1),
+                max: Duration::from_secs(600),
+                multiplier: 2.0,
+            },
+            &Limits {
+                max_attempts: 30,
+                ttl: Duration::from_secs(3600),
+            },
+        );
+        // 0, 1, 3, 7, ..., 1023 (attempt 11), 1623, 2223, 2823, 3423, then 4023 > 1h.
+        let at: Vec<u64> = exp.attempts.iter().map(|a| a.at.as_secs()).collect();
+        assert_eq!(at[10], 1023);
+        assert_eq!(at.last(), Some(&3423));
+        assert_eq!((exp.ends_after, exp.reason), (15, EndReason::EventTtl));
+        assert!(
+            exp.attempts
+                .iter()
+                .all(|a| a.phase.as_str() == "exponential")
+        );
+    }
+
     #[test]
     fn after_failure_applies_whichever_limit_comes_first() {
         let l = Limits {

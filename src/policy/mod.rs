@@ -4,7 +4,10 @@
 
 pub mod classify;
 pub mod limits;
+pub mod probation;
+pub mod rate;
 pub mod schedule;
+pub mod sns;
 
 pub use classify::{Classified, Outcome, StatusPolicy, Transport, Verdict};
 pub use limits::{Limits, Next, Plan, Reason};

@@ -1,7 +1,13 @@
 //! Retry schedules as data: the delay before each attempt, without jitter,
 //! plus the jitter applied at run time. `courier schedule` prints exactly
 //! what this computes.
+//!
+//! Attempts are 1-based; the first attempt is immediate and "retry k" is
+//! attempt k + 1. Every schedule answers two pure questions, the delay
+//! before an attempt and the phase that produced it, which is all that
+//! [`Plan::compute`](super::limits::Plan::compute) and the dispatcher need.
 
+use super::sns::SnsPolicy;
 use rand::Rng;
 use std::time::Duration;
 
@@ -24,6 +30,16 @@ pub enum Schedule {
     EventGrid,
     /// Delays before attempts 2, 3, ...; the last one repeats.
     List(Vec<Duration>),
+    /// The delay before retry k is `min(initial × multiplier^(k-1), max)`:
+    /// 1s, 2s, 4s, ... capped at `max`. Config keeps `initial` in
+    /// 1ms..=24h, `max` in initial..=24h and `multiplier` in 1..=10.
+    Exponential {
+        initial: Duration,
+        max: Duration,
+        multiplier: f64,
+    },
+    /// Amazon SNS's HTTP/S `healthyRetryPolicy`; see [`super::sns`].
+    Sns(SnsPolicy),
 }
 
 /// Which part of a schedule produced a delay (SPEC §1, `courier schedule`).
@@ -31,6 +47,15 @@ pub enum Schedule {
 pub enum Phase {
     EventGrid,
     List,
+    Exponential,
+    /// SNS: immediate retries (and the first attempt, which has no delay either).
+    NoDelay,
+    /// SNS: retries at `minDelayTarget` before the backoff.
+    PreBackoff,
+    /// SNS: retries whose delay climbs from min to max by `backoffFunction`.
+    Backoff,
+    /// SNS: the last retries, at `maxDelayTarget`.
+    PostBackoff,
 }
 
 impl Phase {
@@ -38,6 +63,11 @@ impl Phase {
         match self {
             Phase::EventGrid => "eventgrid",
             Phase::List => "list",
+            Phase::Exponential => "exponential",
+            Phase::NoDelay => "no-delay",
+            Phase::PreBackoff => "pre-backoff",
+            Phase::Backoff => "backoff",
+            Phase::PostBackoff => "post-backoff",
         }
     }
 }
@@ -54,15 +84,41 @@ impl Schedule {
                 Some(d) => *d,
                 None => Duration::ZERO,
             },
+            Schedule::Exponential {
+                initial,
+                max,
+                multiplier,
+            } => exponential_delay(*initial, *max, *multiplier, retry),
+            Schedule::Sns(p) => Duration::from_secs(p.retry(attempt - 1).1),
         }
     }
 
-    pub fn phase(&self, _attempt: u32) -> Phase {
+    /// Which phase attempt `attempt` belongs to. SNS's first attempt is
+    /// labelled `no-delay`: it is sent at once, before any retry phase.
+    pub fn phase(&self, attempt: u32) -> Phase {
         match self {
             Schedule::EventGrid => Phase::EventGrid,
             Schedule::List(_) => Phase::List,
+            Schedule::Exponential { .. } => Phase::Exponential,
+            Schedule::Sns(p) => match attempt.checked_sub(1) {
+                Some(retry) if retry > 0 => p.retry(retry).0,
+                _ => Phase::NoDelay,
+            },
         }
     }
+}
+
+/// `min(initial × multiplier^n, max)` where `n` retries came before, to the
+/// millisecond (so 1.5^n stays readable in `courier schedule`). Computed in
+/// f64 and compared before converting, so a huge `n` saturates at `max`
+/// instead of overflowing a `Duration`.
+fn exponential_delay(initial: Duration, max: Duration, multiplier: f64, n: usize) -> Duration {
+    let exp = i32::try_from(n).unwrap_or(i32::MAX);
+    let ms = initial.as_secs_f64() * 1000.0 * multiplier.powi(exp);
+    if !ms.is_finite() || ms >= max.as_secs_f64() * 1000.0 {
+        return max;
+    }
+    Duration::from_millis(ms.round() as u64).min(max)
 }
 
 /// `d` times a uniform factor in `[1 - jitter, 1 + jitter]`.
@@ -101,6 +157,77 @@ mod tests {
         let got: Vec<u64> = (1..=6).map(|a| l.delay_before(a).as_secs()).collect();
         assert_eq!(got, [0, 5, 300, 1800, 1800, 1800]);
         assert_eq!(l.phase(2).as_str(), "list");
+    }
+
+    #[test]
+    fn exponential_doubles_from_initial_up_to_max() {
+        let e = Schedule::Exponential {
+            initial: s(1),
+            max: s(600),
+            multiplier: 2.0,
+        };
+        let got: Vec<u64> = (1..=13).map(|a| e.delay_before(a).as_secs()).collect();
+        assert_eq!(got, [0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 600, 600]);
+        assert_eq!(e.delay_before(u32::MAX), s(600));
+        assert_eq!(e.phase(1).as_str(), "exponential");
+        assert_eq!(e.phase(7).as_str(), "exponential");
+    }
+
+    #[test]
+    fn exponential_with_fractional_multiplier_and_multiplier_one() {
+        let e = Schedule::Exponential {
+            initial: Duration::from_millis(100),
+            max: s(1),
+            multiplier: 1.5,
+        };
+        let got: Vec<u128> = (2..=9).map(|a| e.delay_before(a).as_millis()).collect();
+        assert_eq!(got, [100, 150, 225, 338, 506, 759, 1000, 1000]);
+        let flat = Schedule::Exponential {
+            initial: s(5),
+            max: s(60),
+            multiplier: 1.0,
+        };
+        assert_eq!(flat.delay_before(30), s(5));
+    }
+
+    #[test]
+    fn sns_reference_policy_delays_and_phases_per_attempt() {
+        use super::super::sns::Backoff;
+        let p = Schedule::Sns(SnsPolicy {
+            min_delay_target: 1,
+            max_delay_target: 60,
+            num_retries: 50,
+            num_no_delay_retries: 3,
+            num_min_delay_retries: 2,
+            num_max_delay_retries: 35,
+            backoff_function: Backoff::Exponential,
+        });
+        assert_eq!((p.delay_before(1), p.phase(1)), (s(0), Phase::NoDelay));
+        // Attempt a is retry a - 1.
+        for a in 2..=4 {
+            assert_eq!((p.delay_before(a), p.phase(a)), (s(0), Phase::NoDelay));
+        }
+        for a in 5..=6 {
+            assert_eq!((p.delay_before(a), p.phase(a)), (s(1), Phase::PreBackoff));
+        }
+        assert_eq!((p.delay_before(7), p.phase(7)), (s(1), Phase::Backoff));
+        assert_eq!((p.delay_before(16), p.phase(16)), (s(60), Phase::Backoff));
+        for a in 17..=51 {
+            assert_eq!((p.delay_before(a), p.phase(a)), (s(60), Phase::PostBackoff));
+        }
+        let names: Vec<&str> = [1, 5, 7, 17].iter().map(|&a| p.phase(a).as_str()).collect();
+        assert_eq!(
+            names,
+            ["no-delay", "pre-backoff", "backoff", "post-backoff"]
+        );
+    }
+
+    #[test]
+    fn sns_defaults_are_twenty_seconds_apart() {
+        let p = Schedule::Sns(SnsPolicy::default());
+        let got: Vec<u64> = (1..=4).map(|a| p.delay_before(a).as_secs()).collect();
+        assert_eq!(got, [0, 20, 20, 20]);
+        assert_eq!(p.phase(2), Phase::Backoff);
     }
 
     #[test]

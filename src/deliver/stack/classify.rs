@@ -22,6 +22,8 @@ pub struct Attempted {
     pub classified: Classified,
     pub status: Option<u16>,
     pub took: Duration,
+    /// The answer's Retry-After, if any.
+    pub retry_after: Option<Duration>,
     /// A short description of a transport failure, for logs.
     pub error: Option<String>,
 }
@@ -91,6 +93,7 @@ where
                     classified,
                     status: None,
                     took: Duration::ZERO,
+                    retry_after: None,
                     error: Some(error),
                 })
             });
@@ -113,6 +116,7 @@ where
                         classified: policy.classify_status(status, retry_after),
                         status: Some(status),
                         took,
+                        retry_after,
                         error: None,
                     }
                 }
@@ -123,6 +127,7 @@ where
                         classified: policy.classify_transport(kind),
                         status: None,
                         took,
+                        retry_after: None,
                         error: Some(chain(e.as_ref())),
                     }
                 }

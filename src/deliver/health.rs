@@ -1,0 +1,180 @@
+//! What the dispatcher and the admin API share about one destination: pause
+//! (by an operator or a 410), a server-requested hold (429/503 with
+//! Retry-After), probation, and the rate limit. The dispatcher asks `gate`
+//! before every attempt; every result goes through `record`.
+
+use crate::clock;
+use crate::policy::Outcome;
+use crate::policy::probation::{Admit, Probation};
+use crate::policy::rate::RateLimit;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+use tokio::sync::Notify;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PauseReason {
+    /// `POST /v1/destinations/{name}/pause`.
+    Operator,
+    /// The endpoint answered 410 Gone: it asks to be disabled.
+    Gone,
+}
+
+impl PauseReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PauseReason::Operator => "operator",
+            PauseReason::Gone => "gone",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Gate {
+    /// Start the attempt (`probe`: it is the one probe after a probation).
+    Go { probe: bool },
+    /// Nothing may start before this time (ms since the epoch).
+    WaitUntil(u64),
+    /// Paused, or a probe is out: wait to be woken.
+    Wait,
+}
+
+/// A snapshot for `/v1/destinations`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct View {
+    pub state: &'static str,
+    pub until_ms: Option<u64>,
+    pub paused: Option<PauseReason>,
+    pub consecutive_failures: u32,
+    pub last_outcome: Option<Outcome>,
+    pub last_attempt_ms: Option<u64>,
+    pub in_flight: usize,
+}
+
+struct Inner {
+    probation: Probation,
+    paused: Option<PauseReason>,
+    hold_until_ms: Option<u64>,
+    rate: Option<RateLimit>,
+    last_outcome: Option<Outcome>,
+    last_attempt_ms: Option<u64>,
+}
+
+pub struct Health {
+    inner: Mutex<Inner>,
+    /// Woken on resume and when a probe settles.
+    pub wake: Notify,
+    pub in_flight: AtomicUsize,
+}
+
+impl Health {
+    pub fn new(threshold: u32, rate_per_second: Option<u32>) -> Self {
+        Health {
+            inner: Mutex::new(Inner {
+                probation: Probation::new(threshold),
+                paused: None,
+                hold_until_ms: None,
+                rate: rate_per_second.map(RateLimit::per_second),
+                last_outcome: None,
+                last_attempt_ms: None,
+            }),
+            wake: Notify::new(),
+            in_flight: AtomicUsize::new(0),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        // The state is plain data: a panic elsewhere cannot leave it torn.
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// May one more attempt start now? Takes a rate slot and marks the probe
+    /// as sent when the answer is `Go`.
+    pub fn gate(&self) -> Gate {
+        let now = clock::now_ms();
+        let mut s = self.lock();
+        if s.paused.is_some() {
+            return Gate::Wait;
+        }
+        if let Some(until) = s.hold_until_ms {
+            if now < until {
+                return Gate::WaitUntil(until);
+            }
+            s.hold_until_ms = None;
+        }
+        let probe = match s.probation.admit(now) {
+            Admit::Go => false,
+            Admit::Probe => true,
+            Admit::WaitUntil(u64::MAX) => return Gate::Wait,
+            Admit::WaitUntil(t) => return Gate::WaitUntil(t),
+        };
+        if let Some(rate) = s.rate.as_mut()
+            && let Err(wait) = rate.try_take(clock::mono_us())
+        {
+            return Gate::WaitUntil(now + wait.as_millis() as u64 + 1);
+        }
+        if probe {
+            s.probation.probe_started();
+        }
+        Gate::Go { probe }
+    }
+
+    /// Records an attempt's outcome; `hold` is a Retry-After that pauses the
+    /// whole destination. Returns the probation end if one starts now.
+    pub fn record(&self, outcome: Outcome, hold: Option<Duration>) -> Option<u64> {
+        let now = clock::now_ms();
+        let mut s = self.lock();
+        s.last_outcome = Some(outcome);
+        s.last_attempt_ms = Some(now);
+        if let Some(h) = hold {
+            let until = now + h.as_millis() as u64;
+            s.hold_until_ms = Some(s.hold_until_ms.map_or(until, |u| u.max(until)));
+        }
+        let started = s.probation.record(outcome, now);
+        drop(s);
+        self.wake.notify_one();
+        started
+    }
+
+    pub fn pause(&self, reason: PauseReason) {
+        let mut s = self.lock();
+        if s.paused.is_none() || reason == PauseReason::Operator {
+            s.paused = Some(reason);
+        }
+    }
+
+    /// Lifts a pause; returns whether one was in force.
+    pub fn resume(&self) -> bool {
+        let was = self.lock().paused.take().is_some();
+        self.wake.notify_one();
+        was
+    }
+
+    pub fn on_probation(&self) -> bool {
+        self.lock().probation.on_probation(clock::now_ms())
+    }
+
+    pub fn view(&self) -> View {
+        let now = clock::now_ms();
+        let s = self.lock();
+        let in_flight = self.in_flight.load(Ordering::Relaxed);
+        let (state, until_ms) = if s.paused.is_some() {
+            ("paused", None)
+        } else if s.probation.on_probation(now) {
+            ("probation", s.probation.until_ms())
+        } else if let Some(until) = s.hold_until_ms.filter(|u| *u > now) {
+            ("paused", Some(until))
+        } else {
+            ("healthy", None)
+        };
+        View {
+            state,
+            until_ms,
+            paused: s.paused,
+            consecutive_failures: s.probation.consecutive_failures(),
+            last_outcome: s.last_outcome,
+            last_attempt_ms: s.last_attempt_ms,
+            in_flight,
+        }
+    }
+}

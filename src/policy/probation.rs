@@ -1,0 +1,189 @@
+//! Delayed delivery for sick endpoints (SPEC §4.5, Event Grid's probation):
+//! after `threshold` consecutive failures no attempt goes out, new or
+//! retry, for a time that depends on the last outcome; then one probe goes
+//! first, and full rate resumes only when it succeeds. Each probation that
+//! follows a failed probe doubles, capped at an hour. Waiting is not an
+//! attempt, so a dead endpoint costs one attempt per probation period.
+
+use super::classify::Outcome;
+use std::time::Duration;
+
+/// Consecutive failures that put an endpoint on probation.
+pub const DEFAULT_THRESHOLD: u32 = 10;
+pub const MAX_PROBATION: Duration = Duration::from_secs(3600);
+
+/// Event Grid's probation table.
+pub fn base_duration(outcome: Outcome) -> Duration {
+    let secs = match outcome {
+        Outcome::Busy | Outcome::TimedOut => 10,
+        Outcome::SocketError | Outcome::Failed => 30,
+        Outcome::NotFound
+        | Outcome::ResolutionError
+        | Outcome::Unauthorized
+        | Outcome::Forbidden
+        | Outcome::TlsError
+        | Outcome::Gone
+        | Outcome::PayloadTooLarge
+        | Outcome::BadRequest => 300,
+        Outcome::Delivered | Outcome::Probation => 10,
+    };
+    Duration::from_secs(secs)
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Admit {
+    /// Attempts may go out.
+    Go,
+    /// Only one attempt, the probe, may go out now.
+    Probe,
+    /// No attempt until then (ms since the epoch).
+    WaitUntil(u64),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Probation {
+    threshold: u32,
+    consecutive: u32,
+    /// How many probations in a row (each one after a failed probe doubles).
+    strikes: u32,
+    until_ms: Option<u64>,
+    probing: bool,
+}
+
+impl Probation {
+    pub fn new(threshold: u32) -> Self {
+        Probation {
+            threshold,
+            consecutive: 0,
+            strikes: 0,
+            until_ms: None,
+            probing: false,
+        }
+    }
+
+    /// May an attempt start at `now_ms`?
+    pub fn admit(&self, now_ms: u64) -> Admit {
+        match self.until_ms {
+            Some(until) if now_ms < until => Admit::WaitUntil(until),
+            Some(_) if self.probing => Admit::WaitUntil(u64::MAX),
+            Some(_) => Admit::Probe,
+            None => Admit::Go,
+        }
+    }
+
+    /// The probe was sent; no other attempt until its result.
+    pub fn probe_started(&mut self) {
+        self.probing = true;
+    }
+
+    /// Records an attempt's result. Returns the probation end when this
+    /// result starts a probation.
+    pub fn record(&mut self, outcome: Outcome, now_ms: u64) -> Option<u64> {
+        let was_probing = std::mem::take(&mut self.probing);
+        if outcome == Outcome::Delivered {
+            *self = Probation::new(self.threshold);
+            return None;
+        }
+        self.consecutive = self.consecutive.saturating_add(1);
+        let on_probation = self.until_ms.is_some();
+        if was_probing || (!on_probation && self.consecutive >= self.threshold) {
+            let length = base_duration(outcome)
+                .saturating_mul(1 << self.strikes.min(20))
+                .min(MAX_PROBATION);
+            self.strikes = self.strikes.saturating_add(1);
+            let until = now_ms + length.as_millis() as u64;
+            self.until_ms = Some(until);
+            return Some(until);
+        }
+        None
+    }
+
+    pub fn on_probation(&self, now_ms: u64) -> bool {
+        self.until_ms.is_some_and(|u| now_ms < u) || self.probing
+    }
+
+    pub fn until_ms(&self) -> Option<u64> {
+        self.until_ms
+    }
+
+    pub fn consecutive_failures(&self) -> u32 {
+        self.consecutive
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ten_failures_start_probation_by_the_last_outcome() {
+        let mut p = Probation::new(10);
+        for i in 0..9 {
+            assert_eq!(p.record(Outcome::Failed, 1000 + i), None);
+            assert_eq!(p.admit(1000 + i), Admit::Go);
+        }
+        assert_eq!(p.record(Outcome::Busy, 2000), Some(12_000));
+        assert_eq!(p.admit(11_999), Admit::WaitUntil(12_000));
+        assert!(p.on_probation(5000));
+        assert_eq!(p.admit(12_000), Admit::Probe);
+    }
+
+    #[test]
+    fn one_probe_then_full_rate_on_success() {
+        let mut p = Probation::new(2);
+        p.record(Outcome::SocketError, 0);
+        assert_eq!(p.record(Outcome::SocketError, 0), Some(30_000));
+        assert_eq!(p.admit(30_000), Admit::Probe);
+        p.probe_started();
+        assert_eq!(
+            p.admit(30_001),
+            Admit::WaitUntil(u64::MAX),
+            "no second attempt while the probe is out"
+        );
+        assert_eq!(p.record(Outcome::Delivered, 30_100), None);
+        assert_eq!(p.admit(30_100), Admit::Go);
+        assert_eq!(p.consecutive_failures(), 0);
+    }
+
+    #[test]
+    fn failed_probes_double_the_probation_up_to_an_hour() {
+        let mut p = Probation::new(1);
+        let mut now = 0;
+        let mut lengths = Vec::new();
+        let mut until = p.record(Outcome::Failed, now).expect("probation");
+        for _ in 0..10 {
+            lengths.push((until - now) / 1000);
+            now = until;
+            assert_eq!(p.admit(now), Admit::Probe);
+            p.probe_started();
+            until = p.record(Outcome::Failed, now).expect("probation again");
+        }
+        assert_eq!(
+            lengths,
+            [30, 60, 120, 240, 480, 960, 1920, 3600, 3600, 3600]
+        );
+    }
+
+    #[test]
+    fn probation_lengths_follow_event_grids_table() {
+        let s = |o| base_duration(o).as_secs();
+        assert_eq!(
+            (
+                s(Outcome::Busy),
+                s(Outcome::TimedOut),
+                s(Outcome::SocketError),
+                s(Outcome::Failed)
+            ),
+            (10, 10, 30, 30)
+        );
+        for o in [
+            Outcome::NotFound,
+            Outcome::ResolutionError,
+            Outcome::Unauthorized,
+            Outcome::Forbidden,
+            Outcome::TlsError,
+        ] {
+            assert_eq!(s(o), 300, "{o:?}");
+        }
+    }
+}

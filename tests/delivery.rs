@@ -1,0 +1,868 @@
+//! Delivery end to end (SPEC §3, §4.1–§4.3, §4.6): the real binary accepts
+//! an event, delivers it to a loopback `Receiver` with Event Grid retry
+//! semantics, and dead-letters (or drops) what it cannot deliver.
+//!
+//! Every delay comes from the config (schedules of milliseconds, `min_delay`
+//! overrides, a short `timeout`), so each test finishes in a few seconds, and
+//! every wait is bounded. A failing check prints courier's logs.
+
+mod support;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde_json::{Value, json};
+use support::{
+    Courier, Received, Receiver, Reply, behavior, courier_bin, metric, metric_sum, post,
+};
+
+const SECOND: Duration = Duration::from_secs(1);
+/// How long a test waits for something that should happen at once.
+const PROMPT: Duration = Duration::from_secs(5);
+/// How long a test watches for something that must not happen.
+const QUIET: Duration = Duration::from_millis(400);
+const POLL: Duration = Duration::from_millis(10);
+
+/// `panic!` with courier's logs appended.
+macro_rules! fail {
+    ($c:expr, $($arg:tt)+) => {
+        panic!("{}\n--- courier logs ---\n{}", format!($($arg)+), $c.logs())
+    };
+}
+
+/// `assert!` that shows courier's logs when it fails.
+macro_rules! check {
+    ($c:expr, $cond:expr) => {
+        check!($c, $cond, "{}", stringify!($cond))
+    };
+    ($c:expr, $cond:expr, $($arg:tt)+) => {
+        if !$cond {
+            fail!($c, "check failed: {}: {}", stringify!($cond), format!($($arg)+));
+        }
+    };
+}
+
+/// `assert_eq!` that shows courier's logs when it fails.
+macro_rules! check_eq {
+    ($c:expr, $left:expr, $right:expr) => {
+        check_eq!($c, $left, $right, "{}", stringify!($left))
+    };
+    ($c:expr, $left:expr, $right:expr, $($arg:tt)+) => {{
+        let (left, right) = (&$left, &$right);
+        if left != right {
+            fail!(
+                $c,
+                "{}\n  left: {:?}\n right: {:?}",
+                format!($($arg)+),
+                left,
+                right
+            );
+        }
+    }};
+}
+
+/// A config with one destination `name` at `url`; `extra` is the rest of the
+/// destination's keys, one per line, without indentation.
+fn config(name: &str, url: &str, extra: &str) -> String {
+    let mut yaml = format!(
+        "listen: 127.0.0.1:0\n\
+         admin_listen: 127.0.0.1:0\n\
+         log: {{ level: debug }}\n\
+         journal: {{ dir: ./journal }}\n\
+         dead_letter: {{ dir: ./dl }}\n\
+         destinations:\n  \
+           {name}:\n    \
+             url: {url}\n"
+    );
+    for line in extra.lines().map(str::trim).filter(|l| !l.is_empty()) {
+        yaml.push_str("    ");
+        yaml.push_str(line);
+        yaml.push('\n');
+    }
+    yaml
+}
+
+async fn start(dir: &Path, yaml: &str) -> Courier {
+    Courier::start(dir, yaml).await
+}
+
+/// Posts an event and checks it was accepted; returns the 202 body.
+async fn accept(c: &Courier, path: &str, body: &[u8], headers: &[(&str, &str)]) -> Value {
+    let resp = post(&c.url(path), bytes::Bytes::copy_from_slice(body), headers).await;
+    check_eq!(c, resp.status, 202, "POST /{path}: {}", resp.text());
+    serde_json::from_slice(&resp.body)
+        .unwrap_or_else(|e| fail!(c, "202 body is not JSON ({e}): {}", resp.text()))
+}
+
+/// Waits (bounded) until the receiver got at least `n` requests.
+async fn requests(c: &Courier, rx: &Receiver, n: usize, timeout: Duration) -> Vec<Received> {
+    match rx.try_wait_for(n, timeout).await {
+        Some(got) => got,
+        None => fail!(
+            c,
+            "receiver: waited {timeout:?} for {n} requests, got {}",
+            rx.count()
+        ),
+    }
+}
+
+/// Checks that the receiver gets no request beyond `expected` within `window`.
+async fn quiet(c: &Courier, rx: &Receiver, expected: usize, window: Duration) {
+    if rx.try_wait_for(expected + 1, window).await.is_some() {
+        fail!(
+            c,
+            "receiver: expected {expected} requests in total, got {}",
+            rx.count()
+        );
+    }
+    check_eq!(c, rx.count(), expected, "receiver request count");
+}
+
+/// Waits (bounded) until the series has exactly the value `want`.
+async fn wait_metric(c: &Courier, series: &str, want: f64, timeout: Duration) {
+    let deadline = Instant::now() + timeout;
+    let mut last;
+    // Bounded by the deadline.
+    loop {
+        last = metric(&c.admin_url(), series).await;
+        if last == Some(want) || Instant::now() >= deadline {
+            break;
+        }
+        tokio::time::sleep(POLL).await;
+    }
+    check_eq!(c, last, Some(want), "metric {series} after {timeout:?}");
+}
+
+fn dl_dir(c: &Courier, destination: &str) -> PathBuf {
+    c.dir().join("dl").join(destination)
+}
+
+/// `yyyy-mm-dd` of the UTC day of `t`.
+fn utc_day(t: SystemTime) -> String {
+    humantime::format_rfc3339(t).to_string()[..10].to_owned()
+}
+
+/// Every complete line of every `*.jsonl` file in `dir`, parsed, with the
+/// file names.
+fn read_dead_letters(c: &Courier, dir: &Path) -> (Vec<String>, Vec<Value>) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return (Vec::new(), Vec::new());
+    };
+    let mut files: Vec<PathBuf> = entries.filter_map(|e| Some(e.ok()?.path())).collect();
+    files.sort();
+    let mut names = Vec::new();
+    let mut records = Vec::new();
+    for file in files {
+        let name = file
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let text = std::fs::read_to_string(&file)
+            .unwrap_or_else(|e| fail!(c, "read {}: {e}", file.display()));
+        // A line still being appended has no newline yet: leave it for later.
+        let complete = &text[..text.rfind('\n').map_or(0, |i| i + 1)];
+        for line in complete.lines() {
+            let v = serde_json::from_str(line).unwrap_or_else(|e| {
+                fail!(c, "{}: a line is not JSON ({e}): {line:?}", file.display())
+            });
+            records.push(v);
+        }
+        names.push(name);
+    }
+    (names, records)
+}
+
+/// Waits (bounded) for at least `n` dead-letter records of `destination`
+/// under `dl/<destination>/`, checks the file is `<UTC day>.jsonl`, and
+/// returns the records.
+async fn dead_letters(c: &Courier, destination: &str, n: usize, timeout: Duration) -> Vec<Value> {
+    let dir = dl_dir(c, destination);
+    let day_before = utc_day(SystemTime::now());
+    let deadline = Instant::now() + timeout;
+    // Bounded by the deadline.
+    let (names, records) = loop {
+        let (names, records) = read_dead_letters(c, &dir);
+        if records.len() >= n {
+            break (names, records);
+        }
+        if Instant::now() >= deadline {
+            fail!(
+                c,
+                "waited {timeout:?} for {n} dead letters in {}, found {} in {names:?}",
+                dir.display(),
+                records.len()
+            );
+        }
+        tokio::time::sleep(POLL).await;
+    };
+    let day_after = utc_day(SystemTime::now());
+    for name in &names {
+        check!(
+            c,
+            *name == format!("{day_before}.jsonl") || *name == format!("{day_after}.jsonl"),
+            "dead-letter file {name} in {} is not named after the UTC day ({day_after})",
+            dir.display()
+        );
+    }
+    records
+}
+
+/// Every file under `dir`, recursively.
+fn files_under(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                stack.push(path);
+            } else {
+                out.push(path);
+            }
+        }
+    }
+    out
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("clock after 1970")
+        .as_millis() as i64
+}
+
+/// The journal row of one event: (accepted_ms, next_due_ms, attempts,
+/// last_outcome, last_status).
+type Row = (i64, i64, i64, Option<String>, Option<i64>);
+
+fn journal_row(db: &Path, id: &str) -> rusqlite::Result<Option<Row>> {
+    let conn =
+        rusqlite::Connection::open_with_flags(db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)?;
+    conn.busy_timeout(SECOND)?;
+    let mut stmt = conn.prepare(
+        "SELECT accepted_ms, next_due_ms, attempts, last_outcome, last_status FROM events WHERE id = ?1",
+    )?;
+    let mut rows = stmt.query_map([id], |r| {
+        Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+    })?;
+    rows.next().transpose()
+}
+
+/// A loopback port that refuses connections: bound but never listening, so
+/// that while the returned socket lives, no other test (a `Receiver` on port
+/// 0, in parallel) can be given the same port, as it could after a plain
+/// bind-and-drop.
+fn refusing_port() -> (tokio::net::TcpSocket, u16) {
+    let socket = tokio::net::TcpSocket::new_v4().expect("create socket");
+    socket
+        .bind(SocketAddr::from(([127, 0, 0, 1], 0)))
+        .expect("bind a free port");
+    let port = socket.local_addr().expect("local addr").port();
+    (socket, port)
+}
+
+// 1 ------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delivered_with_path_query_body_and_headers() {
+    const KEY: &str = "s3cret-key-value-7f3a";
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let rx = Receiver::ok().await;
+    let yaml = config(
+        "orders",
+        &format!("{}/hooks", rx.url()),
+        "retry: { schedule: [50ms], jitter: 0 }
+         headers: { X-Tenant: { value: acme }, X-Key: { from_env: TEST_KEY, secret: true } }",
+    );
+    let c = Courier::start_with_env(courier_bin(), tmp.path(), &yaml, &[("TEST_KEY", KEY)]).await;
+
+    let body: &[u8] = br#"{"order":42,"items":[1,2],"note":"a b"}"#;
+    let resp = post(
+        &c.url("orders/a/b?x=1"),
+        body,
+        &[
+            ("Idempotency-Key", "evt-1"),
+            ("X-Trace", "t1"),
+            ("content-type", "application/json"),
+        ],
+    )
+    .await;
+    check_eq!(c, resp.status, 202, "POST: {}", resp.text());
+    check_eq!(
+        c,
+        resp.text(),
+        r#"{"accepted":1,"ids":["evt-1"]}"#,
+        "202 body"
+    );
+
+    let got = requests(&c, &rx, 1, PROMPT).await;
+    let r = &got[0];
+    check_eq!(c, r.method, http::Method::POST);
+    check_eq!(c, r.path_and_query, "/hooks/a/b?x=1");
+    check_eq!(c, r.body.as_ref(), body, "delivered body");
+    for (name, want) in [
+        ("x-trace", "t1"),
+        ("content-type", "application/json"),
+        ("x-tenant", "acme"),
+        ("x-key", KEY),
+        ("webhook-id", "evt-1"),
+        ("courier-delivery-attempt", "1"),
+        ("courier-destination", "orders"),
+    ] {
+        check_eq!(c, r.header(name), Some(want), "header {name}");
+    }
+
+    wait_metric(
+        &c,
+        r#"courier_events_delivered_total{destination="orders"}"#,
+        1.0,
+        PROMPT,
+    )
+    .await;
+    wait_metric(
+        &c,
+        r#"courier_events_pending{destination="orders"}"#,
+        0.0,
+        PROMPT,
+    )
+    .await;
+    quiet(&c, &rx, 1, QUIET).await;
+    check!(
+        c,
+        !c.logs().contains(KEY),
+        "the secret header value appears in the logs"
+    );
+    check!(
+        c,
+        files_under(&tmp.path().join("dl")).is_empty(),
+        "dead letters written"
+    );
+}
+
+// 2 ------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_request_is_dead_lettered_after_one_attempt() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let rx = Receiver::start(behavior(|_, _| Reply::status(400))).await;
+    let yaml = config(
+        "orders",
+        &format!("{}/hooks", rx.url()),
+        "retry: { schedule: [50ms], max_attempts: 5, jitter: 0 }
+         status: { min_delay: { 5xx: 0s } }",
+    );
+    let c = start(tmp.path(), &yaml).await;
+
+    let posted = json!({ "order": 7, "lines": [{ "sku": "A-1", "qty": 2 }], "ok": true });
+    let accepted = accept(
+        &c,
+        "orders/created?v=2",
+        posted.to_string().as_bytes(),
+        &[
+            ("Idempotency-Key", "evt-400"),
+            ("content-type", "application/json"),
+        ],
+    )
+    .await;
+    check_eq!(c, accepted, json!({ "accepted": 1, "ids": ["evt-400"] }));
+
+    let dead = dead_letters(&c, "orders", 1, PROMPT).await;
+    check_eq!(c, dead.len(), 1, "dead letters: {dead:?}");
+    let d = &dead[0];
+    check_eq!(c, d["id"], "evt-400");
+    check_eq!(c, d["subject"], "orders");
+    check_eq!(c, d["eventType"], "Courier.Custom");
+    check_eq!(c, d["deadLetterReason"], "NonRetriableStatus");
+    check_eq!(c, d["lastDeliveryOutcome"], "BadRequest");
+    check_eq!(c, d["lastHttpStatusCode"], 400);
+    check_eq!(c, d["deliveryAttempts"], 1);
+    check_eq!(c, d["data"], posted, "data");
+    check!(c, d.get("data_base64").is_none(), "record: {d}");
+    check_eq!(c, d["method"], "POST");
+    check_eq!(c, d["path"], "/created?v=2");
+    check_eq!(c, d["headers"]["content-type"], "application/json");
+    for key in ["eventTime", "publishTime", "lastDeliveryAttemptTime"] {
+        check!(c, d[key].is_string(), "{key} missing in {d}");
+    }
+
+    quiet(&c, &rx, 1, QUIET).await;
+    wait_metric(
+        &c,
+        r#"courier_events_dead_lettered_total{destination="orders",reason="NonRetriableStatus"}"#,
+        1.0,
+        PROMPT,
+    )
+    .await;
+    wait_metric(
+        &c,
+        r#"courier_events_pending{destination="orders"}"#,
+        0.0,
+        PROMPT,
+    )
+    .await;
+}
+
+// 3 ------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn busy_then_ok_is_delivered_on_attempt_three_after_min_delay() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let rx = Receiver::sequence(vec![
+        Reply::status(503),
+        Reply::status(503),
+        Reply::status(200),
+    ])
+    .await;
+    let yaml = config(
+        "orders",
+        &format!("{}/hooks", rx.url()),
+        "retry: { schedule: [50ms], max_attempts: 5, jitter: 0 }
+         status: { min_delay: { 503: 300ms } }",
+    );
+    let c = start(tmp.path(), &yaml).await;
+
+    accept(
+        &c,
+        "orders",
+        br#"{"n":3}"#,
+        &[("Idempotency-Key", "evt-503")],
+    )
+    .await;
+    let got = requests(&c, &rx, 3, PROMPT).await;
+    for (i, r) in got.iter().enumerate() {
+        let attempt = (i + 1).to_string();
+        check_eq!(
+            c,
+            r.header("courier-delivery-attempt"),
+            Some(attempt.as_str()),
+            "request {i}"
+        );
+        check_eq!(c, r.header("webhook-id"), Some("evt-503"), "request {i}");
+        check_eq!(c, r.body.as_ref(), br#"{"n":3}"#.as_slice(), "request {i}");
+    }
+    for pair in got.windows(2) {
+        let gap = pair[1].at.duration_since(pair[0].at);
+        check!(
+            c,
+            gap >= Duration::from_millis(300) && gap < 3 * SECOND,
+            "gap between attempts {gap:?}, want 300ms..3s"
+        );
+    }
+    wait_metric(
+        &c,
+        r#"courier_events_delivered_total{destination="orders"}"#,
+        1.0,
+        PROMPT,
+    )
+    .await;
+    quiet(&c, &rx, 3, QUIET).await;
+    let dead = metric_sum(
+        &c.admin_url(),
+        r#"courier_events_dead_lettered_total{destination="orders"}"#,
+    )
+    .await;
+    check_eq!(c, dead, 0.0, "dead-lettered");
+    check!(
+        c,
+        files_under(&tmp.path().join("dl")).is_empty(),
+        "dead letters written"
+    );
+    check_eq!(
+        c,
+        metric(
+            &c.admin_url(),
+            r#"courier_delivery_attempts_total{destination="orders",outcome="Busy"}"#
+        )
+        .await,
+        Some(2.0)
+    );
+}
+
+// 4 ------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn too_many_requests_waits_for_retry_after() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let rx = Receiver::sequence(vec![
+        Reply::status(429).header("Retry-After", "1"),
+        Reply::status(200),
+    ])
+    .await;
+    let yaml = config(
+        "orders",
+        &format!("{}/hooks", rx.url()),
+        "retry: { schedule: [50ms], max_attempts: 5, jitter: 0 }",
+    );
+    let c = start(tmp.path(), &yaml).await;
+
+    accept(&c, "orders", b"{}", &[("Idempotency-Key", "evt-429")]).await;
+    let got = requests(&c, &rx, 2, PROMPT).await;
+    let gap = got[1].at.duration_since(got[0].at);
+    check!(
+        c,
+        gap >= SECOND && gap < 4 * SECOND,
+        "gap after 429 + Retry-After: 1 was {gap:?}, want 1s..4s"
+    );
+    check_eq!(c, got[1].header("courier-delivery-attempt"), Some("2"));
+    wait_metric(
+        &c,
+        r#"courier_events_delivered_total{destination="orders"}"#,
+        1.0,
+        PROMPT,
+    )
+    .await;
+    quiet(&c, &rx, 2, QUIET).await;
+}
+
+// 5 ------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_attempts_then_dead_letter() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let rx = Receiver::start(behavior(|_, _| Reply::status(500))).await;
+    let yaml = config(
+        "orders",
+        &format!("{}/hooks", rx.url()),
+        "retry: { schedule: [50ms], max_attempts: 3, jitter: 0 }
+         status: { min_delay: { 5xx: 0s } }",
+    );
+    let c = start(tmp.path(), &yaml).await;
+
+    accept(
+        &c,
+        "orders",
+        br#"{"n":5}"#,
+        &[("Idempotency-Key", "evt-500")],
+    )
+    .await;
+    let dead = dead_letters(&c, "orders", 1, PROMPT).await;
+    let d = &dead[0];
+    check_eq!(c, d["id"], "evt-500");
+    check_eq!(c, d["deadLetterReason"], "MaxDeliveryAttemptsExceeded");
+    check_eq!(c, d["deliveryAttempts"], 3);
+    check_eq!(c, d["lastDeliveryOutcome"], "Failed");
+    check_eq!(c, d["lastHttpStatusCode"], 500);
+    check_eq!(c, d["data"], json!({ "n": 5 }));
+
+    quiet(&c, &rx, 3, QUIET).await;
+    let got = rx.received();
+    let attempts: Vec<Option<&str>> = got
+        .iter()
+        .map(|r| r.header("courier-delivery-attempt"))
+        .collect();
+    check_eq!(c, attempts, vec![Some("1"), Some("2"), Some("3")]);
+    check_eq!(
+        c,
+        dead_letters(&c, "orders", 1, PROMPT).await.len(),
+        1,
+        "dead letters"
+    );
+    wait_metric(
+        &c,
+        r#"courier_events_dead_lettered_total{destination="orders",reason="MaxDeliveryAttemptsExceeded"}"#,
+        1.0,
+        PROMPT,
+    )
+    .await;
+    wait_metric(
+        &c,
+        r#"courier_delivery_attempts_total{destination="orders",outcome="Failed"}"#,
+        3.0,
+        PROMPT,
+    )
+    .await;
+    wait_metric(
+        &c,
+        r#"courier_events_pending{destination="orders"}"#,
+        0.0,
+        PROMPT,
+    )
+    .await;
+}
+
+// 6 ------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ttl_expires_at_its_deadline_and_survives_a_restart() {
+    const TTL_MS: i64 = 60_000;
+    const SHIFT_MS: i64 = 59_500;
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let rx = Receiver::start(behavior(|_, _| Reply::status(500))).await;
+    let yaml = config(
+        "orders",
+        &format!("{}/hooks", rx.url()),
+        "retry: { schedule: [1h], max_attempts: 30, event_ttl: 1m, jitter: 0 }
+         status: { min_delay: { 5xx: 0s } }",
+    );
+    let mut c = start(tmp.path(), &yaml).await;
+    let db = tmp.path().join("journal").join("journal.db");
+
+    let before = now_ms();
+    accept(
+        &c,
+        "orders",
+        br#"{"n":6}"#,
+        &[("Idempotency-Key", "evt-ttl")],
+    )
+    .await;
+    let after = now_ms();
+    requests(&c, &rx, 1, PROMPT).await;
+
+    // Wait (bounded) for the failed attempt to be committed.
+    let deadline = Instant::now() + PROMPT;
+    let row = loop {
+        match journal_row(&db, "evt-ttl") {
+            Ok(Some(row)) if row.2 == 1 => break row,
+            Ok(_) | Err(_) if Instant::now() < deadline => tokio::time::sleep(POLL).await,
+            other => fail!(
+                c,
+                "journal row of evt-ttl after the first attempt: {other:?}"
+            ),
+        }
+    };
+    let (accepted_ms, next_due_ms, attempts, outcome, status) = row;
+    check!(
+        c,
+        (before..=after).contains(&accepted_ms),
+        "accepted_ms {accepted_ms} not within {before}..={after}"
+    );
+    check_eq!(
+        c,
+        next_due_ms,
+        accepted_ms + TTL_MS,
+        "the next attempt (1h) is beyond the TTL: the event must be due at its TTL deadline"
+    );
+    check_eq!(c, attempts, 1);
+    check_eq!(c, outcome.as_deref(), Some("Failed"));
+    check_eq!(c, status, Some(500));
+
+    // Crash, then make the event 59.5 s older: its TTL deadline is now at
+    // most 0.5 s away.
+    c.kill();
+    {
+        let conn = rusqlite::Connection::open(&db)
+            .unwrap_or_else(|e| fail!(c, "open {}: {e}", db.display()));
+        let changed = conn
+            .execute(
+                "UPDATE events SET accepted_ms = accepted_ms - ?1, next_due_ms = next_due_ms - ?1 WHERE id = ?2",
+                rusqlite::params![SHIFT_MS, "evt-ttl"],
+            )
+            .unwrap_or_else(|e| fail!(c, "update the journal: {e}"));
+        check_eq!(c, changed, 1, "rows moved back in time");
+    }
+    let restarted = Instant::now();
+    c.restart().await;
+
+    let dead = dead_letters(&c, "orders", 1, PROMPT).await;
+    let took = restarted.elapsed();
+    let d = &dead[0];
+    check_eq!(c, d["id"], "evt-ttl");
+    check_eq!(c, d["deadLetterReason"], "TimeToLiveExceeded");
+    check_eq!(c, d["deliveryAttempts"], 1);
+    check_eq!(c, d["lastDeliveryOutcome"], "Failed");
+    check_eq!(c, d["lastHttpStatusCode"], 500);
+    check_eq!(c, d["data"], json!({ "n": 6 }));
+    check!(
+        c,
+        took < 4 * SECOND,
+        "dead letter took {took:?} after restart"
+    );
+
+    quiet(&c, &rx, 1, QUIET).await;
+    wait_metric(
+        &c,
+        r#"courier_events_dead_lettered_total{destination="orders",reason="TimeToLiveExceeded"}"#,
+        1.0,
+        PROMPT,
+    )
+    .await;
+    wait_metric(
+        &c,
+        r#"courier_events_pending{destination="orders"}"#,
+        0.0,
+        PROMPT,
+    )
+    .await;
+}
+
+// 7 ------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_receiver_is_a_socket_error() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let (_reserved, port) = refusing_port();
+    let refused = tokio::net::TcpStream::connect(("127.0.0.1", port)).await;
+    assert_eq!(
+        refused.map(|_| ()).map_err(|e| e.kind()),
+        Err(std::io::ErrorKind::ConnectionRefused),
+        "port {port} must refuse connections"
+    );
+    let yaml = config(
+        "orders",
+        &format!("http://127.0.0.1:{port}/hooks"),
+        "retry: { schedule: [50ms], max_attempts: 2, jitter: 0 }",
+    );
+    let c = start(tmp.path(), &yaml).await;
+
+    accept(
+        &c,
+        "orders",
+        br#"{"n":7}"#,
+        &[("Idempotency-Key", "evt-refused")],
+    )
+    .await;
+    let dead = dead_letters(&c, "orders", 1, PROMPT).await;
+    let d = &dead[0];
+    check_eq!(c, d["id"], "evt-refused");
+    check_eq!(c, d["deadLetterReason"], "MaxDeliveryAttemptsExceeded");
+    check_eq!(c, d["deliveryAttempts"], 2);
+    check_eq!(c, d["lastDeliveryOutcome"], "SocketError");
+    check!(
+        c,
+        d.get("lastHttpStatusCode") == Some(&Value::Null),
+        "lastHttpStatusCode must be present and null: {d}"
+    );
+    wait_metric(
+        &c,
+        r#"courier_delivery_attempts_total{destination="orders",outcome="SocketError"}"#,
+        2.0,
+        PROMPT,
+    )
+    .await;
+}
+
+// 8 ------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hanging_receiver_times_out() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let rx = Receiver::start(behavior(|_, _| Reply::hang())).await;
+    let yaml = config(
+        "orders",
+        &format!("{}/hooks", rx.url()),
+        "timeout: 200ms
+         retry: { schedule: [50ms], max_attempts: 1, jitter: 0 }",
+    );
+    let c = start(tmp.path(), &yaml).await;
+
+    let posted = Instant::now();
+    accept(
+        &c,
+        "orders",
+        br#"{"n":8}"#,
+        &[("Idempotency-Key", "evt-hang")],
+    )
+    .await;
+    let dead = dead_letters(&c, "orders", 1, 3 * SECOND).await;
+    let took = posted.elapsed();
+    check!(
+        c,
+        took >= Duration::from_millis(200) && took < 3 * SECOND,
+        "dead letter written {took:?} after posting, want 200ms..3s"
+    );
+    let d = &dead[0];
+    check_eq!(c, d["deadLetterReason"], "MaxDeliveryAttemptsExceeded");
+    check_eq!(c, d["deliveryAttempts"], 1);
+    check_eq!(c, d["lastDeliveryOutcome"], "TimedOut");
+    check!(
+        c,
+        d.get("lastHttpStatusCode") == Some(&Value::Null),
+        "lastHttpStatusCode must be present and null: {d}"
+    );
+    quiet(&c, &rx, 1, QUIET).await;
+}
+
+// 9 ------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_sink_events_are_dropped_and_counted() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let rx = Receiver::start(behavior(|_, _| Reply::status(400))).await;
+    let yaml = config(
+        "audit",
+        &format!("{}/hooks", rx.url()),
+        "retry: { schedule: [50ms], jitter: 0 }
+         dead_letter: none",
+    );
+    let c = start(tmp.path(), &yaml).await;
+
+    accept(
+        &c,
+        "audit",
+        br#"{"n":9}"#,
+        &[("Idempotency-Key", "evt-drop")],
+    )
+    .await;
+    wait_metric(
+        &c,
+        r#"courier_events_dropped_total{destination="audit",reason="NonRetriableStatus"}"#,
+        1.0,
+        PROMPT,
+    )
+    .await;
+    wait_metric(
+        &c,
+        r#"courier_events_pending{destination="audit"}"#,
+        0.0,
+        PROMPT,
+    )
+    .await;
+    quiet(&c, &rx, 1, QUIET).await;
+    let files = files_under(&tmp.path().join("dl"));
+    check!(
+        c,
+        files.is_empty(),
+        "files in the dead-letter dir: {files:?}"
+    );
+    let dead = metric_sum(
+        &c.admin_url(),
+        r#"courier_events_dead_lettered_total{destination="audit"}"#,
+    )
+    .await;
+    check_eq!(c, dead, 0.0, "dead-lettered");
+}
+
+// 10 -----------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn binary_body_is_dead_lettered_as_base64() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let rx = Receiver::start(behavior(|_, _| Reply::status(400))).await;
+    let yaml = config(
+        "orders",
+        &format!("{}/hooks", rx.url()),
+        "retry: { schedule: [50ms], jitter: 0 }",
+    );
+    let c = start(tmp.path(), &yaml).await;
+
+    accept(
+        &c,
+        "orders/bin",
+        b"hello\x00",
+        &[
+            ("Idempotency-Key", "evt-bin"),
+            ("content-type", "application/octet-stream"),
+        ],
+    )
+    .await;
+    let got = requests(&c, &rx, 1, PROMPT).await;
+    check_eq!(
+        c,
+        got[0].body.as_ref(),
+        b"hello\x00".as_slice(),
+        "delivered body"
+    );
+
+    let dead = dead_letters(&c, "orders", 1, PROMPT).await;
+    let d = &dead[0];
+    check_eq!(c, d["id"], "evt-bin");
+    check_eq!(c, d["data_base64"], "aGVsbG8A");
+    check!(c, d.get("data").is_none(), "record has `data`: {d}");
+    check_eq!(c, d["headers"]["content-type"], "application/octet-stream");
+    check_eq!(c, d["path"], "/bin");
+    check_eq!(c, d["deadLetterReason"], "NonRetriableStatus");
+}
