@@ -81,7 +81,7 @@ pub async fn run(settings: Settings) -> Result<(), RunError> {
             .destination(&dest.name)
             .ok_or_else(|| RunError::Setup(format!("no journal state for {}", dest.name)))?;
         let health = Arc::new(deliver::health::Health::new(
-            policy::probation::DEFAULT_THRESHOLD,
+            dest.probation.clone(),
             dest.rate_limit_per_second,
         ));
         healths.insert(dest.name.clone(), health.clone());

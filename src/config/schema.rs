@@ -171,8 +171,8 @@ pub struct Destination {
     pub timeout: Dur,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub passthrough_deadline: Unsupported,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub late_answer_window: Unsupported,
+    #[serde(default = "default_late_answer_window")]
+    pub late_answer_window: Dur,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls: Unsupported,
     #[serde(default = "default_concurrency")]
@@ -189,12 +189,17 @@ pub struct Destination {
     pub signing: Unsupported,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rate_limit: Option<RateLimitSpec>,
+    #[serde(default)]
+    pub probation: ProbationSpec,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dead_letter: Option<DeadLetterChoice>,
 }
 
 fn default_timeout() -> Dur {
     secs(30)
+}
+fn default_late_answer_window() -> Dur {
+    secs(180)
 }
 fn default_concurrency() -> u32 {
     16
@@ -314,4 +319,34 @@ pub struct HeaderSpec {
 #[serde(deny_unknown_fields)]
 pub struct RateLimitSpec {
     pub per_second: u64,
+}
+
+/// Delayed delivery for sick endpoints: Event Grid's behaviour by default.
+#[derive(Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProbationSpec {
+    #[serde(default = "default_after_failures")]
+    pub after_failures: u32,
+    /// Probation length by last outcome (`Busy: 10s`), over Event Grid's table.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub durations: BTreeMap<String, Dur>,
+    #[serde(default = "default_probation_max")]
+    pub max: Dur,
+}
+
+impl Default for ProbationSpec {
+    fn default() -> Self {
+        ProbationSpec {
+            after_failures: default_after_failures(),
+            durations: BTreeMap::new(),
+            max: default_probation_max(),
+        }
+    }
+}
+
+fn default_after_failures() -> u32 {
+    crate::policy::probation::DEFAULT_THRESHOLD
+}
+fn default_probation_max() -> Dur {
+    Dur(crate::policy::probation::MAX_PROBATION)
 }

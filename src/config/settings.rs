@@ -2,6 +2,7 @@
 //! raw config by `validate`; every value here is known to be in range.
 
 use super::schema::{LogFormat, Schema, SyncMode};
+use crate::policy::probation::ProbationPolicy;
 use crate::policy::{Limits, Schedule, StatusPolicy};
 use http::{HeaderName, HeaderValue};
 use std::net::SocketAddr;
@@ -61,6 +62,9 @@ pub struct DestinationSettings {
     pub dead_letter: Option<PathBuf>,
     /// `rate_limit.per_second` or SNS `maxReceivesPerSecond`.
     pub rate_limit_per_second: Option<u32>,
+    pub probation: ProbationPolicy,
+    /// How long a timed-out attempt's answer is still awaited (0 = not).
+    pub late_answer_window: Duration,
 }
 
 #[derive(Debug, Clone)]

@@ -8,7 +8,8 @@ use super::schema::{
 use super::settings::*;
 use super::units::Dur;
 use crate::policy::classify::Codes;
-use crate::policy::{Limits, StatusPolicy};
+use crate::policy::probation::ProbationPolicy;
+use crate::policy::{Limits, Outcome, StatusPolicy};
 use http::{HeaderName, HeaderValue};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -274,14 +275,12 @@ fn destination(
     );
     for (key, v) in [
         ("passthrough_deadline", &d.passthrough_deadline),
-        ("late_answer_window", &d.late_answer_window),
         ("tls", &d.tls),
         ("batch", &d.batch),
         ("signing", &d.signing),
     ] {
         let issue = match key {
             "batch" | "signing" => "issue 4",
-            "late_answer_window" => "issue 3",
             _ => "a later issue",
         };
         c.unsupported(&format!("{p}.{key}"), v, issue);
@@ -349,6 +348,13 @@ fn destination(
         headers,
         dead_letter,
         rate_limit_per_second,
+        probation: probation(c, &format!("{p}.probation"), &d.probation),
+        late_answer_window: c.range_dur(
+            &format!("{p}.late_answer_window"),
+            d.late_answer_window,
+            Duration::ZERO,
+            Duration::from_secs(3600),
+        ),
     }
 }
 
@@ -388,6 +394,39 @@ fn target(c: &mut Checker, path: &str, url: &str) -> Target {
         origin: format!("{scheme}://{authority}"),
         path: uri.path().trim_end_matches('/').to_string(),
         query: uri.query().map(str::to_string),
+    }
+}
+
+fn probation(c: &mut Checker, path: &str, spec: &super::schema::ProbationSpec) -> ProbationPolicy {
+    let threshold = c.range_u64(
+        &format!("{path}.after_failures"),
+        spec.after_failures.into(),
+        0,
+        1000,
+    ) as u32;
+    let max = c.range_dur(
+        &format!("{path}.max"),
+        spec.max,
+        Duration::from_secs(1),
+        Duration::from_secs(24 * 3600),
+    );
+    let mut overrides = Vec::new();
+    for (name, d) in &spec.durations {
+        let p = format!("{path}.durations.{name}");
+        match Outcome::parse(name).filter(|o| !matches!(o, Outcome::Delivered | Outcome::Probation)) {
+            Some(outcome) => overrides.push((outcome, c.range_dur(&p, *d, Duration::from_millis(10), max))),
+            None => c.err(
+                p,
+                format!(
+                    "`{name}` is not an outcome: allowed BadRequest, Unauthorized, Forbidden, NotFound, Gone, PayloadTooLarge, TimedOut, Busy, Failed, SocketError, ResolutionError, TlsError"
+                ),
+            ),
+        }
+    }
+    ProbationPolicy {
+        threshold,
+        overrides,
+        max,
     }
 }
 

@@ -5,7 +5,7 @@
 
 use crate::clock;
 use crate::policy::Outcome;
-use crate::policy::probation::{Admit, Probation};
+use crate::policy::probation::{Admit, Probation, ProbationPolicy};
 use crate::policy::rate::RateLimit;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -68,10 +68,10 @@ pub struct Health {
 }
 
 impl Health {
-    pub fn new(threshold: u32, rate_per_second: Option<u32>) -> Self {
+    pub fn new(probation: ProbationPolicy, rate_per_second: Option<u32>) -> Self {
         Health {
             inner: Mutex::new(Inner {
-                probation: Probation::new(threshold),
+                probation: Probation::new(probation),
                 paused: None,
                 hold_until_ms: None,
                 rate: rate_per_second.map(RateLimit::per_second),

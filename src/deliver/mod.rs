@@ -31,5 +31,6 @@ pub fn settle_ctx(
         sink,
         stack,
         health,
+        late: settle::LateCompleted::default(),
     }
 }

@@ -4,7 +4,7 @@
 
 use super::health::{Health, PauseReason};
 use super::request;
-use super::stack::{AttemptService, Attempted};
+use super::stack::{AttemptService, Attempted, LateAnswer};
 use crate::admin::metrics;
 use crate::clock;
 use crate::config::DestinationSettings;
@@ -12,8 +12,9 @@ use crate::deadletter::{DeadLetterSink, Facts, custom_record};
 use crate::journal::{Change, Journal, StoredEvent};
 use crate::policy::schedule::jittered;
 use crate::policy::{Next, Outcome, Reason, Verdict};
-use std::sync::Arc;
+use std::collections::HashMap;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tower::ServiceExt;
 
@@ -26,11 +27,15 @@ pub struct Ctx {
     pub sink: Option<Arc<dyn DeadLetterSink>>,
     pub stack: AttemptService,
     pub health: Arc<Health>,
+    pub late: LateCompleted,
 }
 
 /// `false` when the journal refused the change: the event must stay out of
 /// this process's dispatch (it is retried after a restart).
-pub async fn run(ctx: &Ctx, ev: StoredEvent) -> bool {
+pub async fn run(ctx: &Arc<Ctx>, ev: StoredEvent) -> bool {
+    if ctx.late.take(ev.seq) {
+        return true;
+    }
     if ctx
         .dest
         .limits
@@ -70,7 +75,7 @@ pub async fn expire(ctx: &Ctx, ev: StoredEvent) -> bool {
     dead_letter(ctx, &ev, &facts).await
 }
 
-async fn settle(ctx: &Ctx, ev: StoredEvent, a: Attempted) -> bool {
+async fn settle(ctx: &Arc<Ctx>, ev: StoredEvent, mut a: Attempted) -> bool {
     let dest = &ctx.dest;
     let attempts = ev.attempts + 1;
     let outcome = a.classified.outcome.as_str();
@@ -114,18 +119,19 @@ async fn settle(ctx: &Ctx, ev: StoredEvent, a: Attempted) -> bool {
     };
     match next {
         Next::RetryAt(due) | Next::ExpireAt(due) => {
-            apply(
-                ctx,
-                vec![Change::Reschedule {
-                    seq: ev.seq,
-                    attempts,
-                    next_due_ms: due,
-                    outcome,
-                    status: a.status,
-                    attempt_ms: now,
-                }],
-            )
-            .await
+            let change = Change::Reschedule {
+                seq: ev.seq,
+                attempts,
+                next_due_ms: due,
+                outcome,
+                status: a.status,
+                attempt_ms: now,
+            };
+            let kept = apply(ctx, vec![change]).await;
+            if kept && let Some(late) = a.late.take() {
+                watch_late_answer(ctx, ev, attempts, late);
+            }
+            kept
         }
         Next::DeadLetter(reason) => {
             let facts = Facts {
@@ -141,10 +147,58 @@ async fn settle(ctx: &Ctx, ev: StoredEvent, a: Attempted) -> bool {
 }
 
 fn delete(ev: &StoredEvent) -> Change {
+    delete_if(ev, None)
+}
+
+fn delete_if(ev: &StoredEvent, only_if_attempts: Option<u32>) -> Change {
     Change::Delete {
         seq: ev.seq,
         destination: ev.event.destination.clone(),
         size: ev.event.size(),
+        only_if_attempts,
+    }
+}
+
+/// Event Grid's late answers: the attempt timed out and the event was
+/// rescheduled, but a success that still arrives within the window
+/// completes it, and its retry is cancelled if it has not gone out yet.
+fn watch_late_answer(ctx: &Arc<Ctx>, ev: StoredEvent, attempts: u32, late: LateAnswer) {
+    let ctx = ctx.clone();
+    tokio::spawn(async move {
+        let Ok(status) = late.await else { return };
+        if ctx.dest.status.classify_status(status, None).verdict != Verdict::Delivered {
+            return;
+        }
+        ctx.late.mark(ev.seq);
+        let change = delete_if(&ev, Some(attempts));
+        if ctx.journal.apply(vec![change]).await.is_ok() {
+            tracing::info!(destination = %ctx.dest.name, id = %ev.event.id, status, "late answer: delivered after its timeout; retry cancelled");
+            metrics::delivered(&ctx.dest.name, 1);
+        }
+    });
+}
+
+/// Events completed by a late answer, so that a retry already read from
+/// the journal does not go out. Entries are dropped when consumed, or after
+/// an hour (the retry went out before the answer, or never will).
+#[derive(Default)]
+pub struct LateCompleted {
+    seqs: Mutex<HashMap<i64, std::time::Instant>>,
+}
+
+impl LateCompleted {
+    fn mark(&self, seq: i64) {
+        let mut seqs = self.seqs.lock().unwrap_or_else(|p| p.into_inner());
+        seqs.retain(|_, at| at.elapsed() < Duration::from_secs(3600));
+        seqs.insert(seq, std::time::Instant::now());
+    }
+
+    fn take(&self, seq: i64) -> bool {
+        self.seqs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&seq)
+            .is_some()
     }
 }
 

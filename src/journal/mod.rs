@@ -63,11 +63,13 @@ pub enum OpenError {
 /// A change to an event after an attempt (or a TTL expiry).
 #[derive(Debug, Clone, PartialEq)]
 pub enum Change {
-    /// Delivered or dead-lettered: the event leaves the journal.
+    /// Delivered or dead-lettered: the event leaves the journal. With
+    /// `only_if_attempts`, only if no later attempt was recorded since.
     Delete {
         seq: i64,
         destination: String,
         size: u64,
+        only_if_attempts: Option<u32>,
     },
     Reschedule {
         seq: i64,

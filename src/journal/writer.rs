@@ -85,9 +85,7 @@ fn commit_group(conn: &Connection, group: &mut Vec<Command>, shared: &Shared) {
         }),
     };
     metrics::journal_sync(started.elapsed());
-    if result.is_ok() {
-        account(group, shared);
-    }
+    let result = result.map(|deleted| account(group, shared, &deleted));
     for cmd in group.drain(..) {
         match cmd {
             Command::Append { reply, .. } | Command::Apply { reply, .. } => {
@@ -98,14 +96,18 @@ fn commit_group(conn: &Connection, group: &mut Vec<Command>, shared: &Shared) {
     }
 }
 
-fn write(conn: &Connection, group: &[Command]) -> Result<(), rusqlite::Error> {
+/// Returns the seqs that deletes actually removed, for the counters.
+fn write(conn: &Connection, group: &[Command]) -> Result<HashSet<i64>, rusqlite::Error> {
+    let mut deleted = HashSet::new();
     conn.execute_batch("BEGIN IMMEDIATE")?;
     {
         let mut insert = conn.prepare_cached(
             "INSERT INTO events (id, destination, method, path, headers, body, accepted_ms, crc, attempts, next_due_ms)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, 0, ?7)",
         )?;
-        let mut delete = conn.prepare_cached("DELETE FROM events WHERE seq = ?1")?;
+        let mut delete = conn.prepare_cached(
+            "DELETE FROM events WHERE seq = ?1 AND (?2 IS NULL OR attempts = ?2)",
+        )?;
         let mut reschedule = conn.prepare_cached(
             "UPDATE events SET attempts = ?2, next_due_ms = ?3, last_outcome = ?4, last_status = ?5, last_attempt_ms = ?6 WHERE seq = ?1",
         )?;
@@ -139,8 +141,14 @@ fn write(conn: &Connection, group: &[Command]) -> Result<(), rusqlite::Error> {
                 Command::Apply { changes, .. } => {
                     for c in changes {
                         match c {
-                            Change::Delete { seq, .. } => {
-                                delete.execute([seq])?;
+                            Change::Delete {
+                                seq,
+                                only_if_attempts,
+                                ..
+                            } => {
+                                if delete.execute(params![seq, only_if_attempts])? > 0 {
+                                    deleted.insert(*seq);
+                                }
                             }
                             Change::Reschedule {
                                 seq,
@@ -169,11 +177,12 @@ fn write(conn: &Connection, group: &[Command]) -> Result<(), rusqlite::Error> {
             }
         }
     }
-    conn.execute_batch("COMMIT")
+    conn.execute_batch("COMMIT")?;
+    Ok(deleted)
 }
 
 /// Updates the in-memory counters after a commit and wakes the dispatchers.
-fn account(group: &[Command], shared: &Shared) {
+fn account(group: &[Command], shared: &Shared, deleted: &HashSet<i64>) {
     let mut woken = HashSet::new();
     for cmd in group {
         match cmd {
@@ -192,8 +201,12 @@ fn account(group: &[Command], shared: &Shared) {
             Command::Apply { changes, .. } => {
                 for c in changes {
                     if let Change::Delete {
-                        destination, size, ..
+                        seq,
+                        destination,
+                        size,
+                        ..
                     } = c
+                        && deleted.contains(seq)
                     {
                         let _ = shared.pending_bytes.fetch_update(
                             Ordering::Relaxed,

@@ -12,6 +12,39 @@ use std::time::Duration;
 pub const DEFAULT_THRESHOLD: u32 = 10;
 pub const MAX_PROBATION: Duration = Duration::from_secs(3600);
 
+/// The destination's probation settings: Event Grid's table unless overridden.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProbationPolicy {
+    /// Consecutive failures that start a probation; 0 never does.
+    pub threshold: u32,
+    /// Lengths by outcome that replace `base_duration`'s.
+    pub overrides: Vec<(Outcome, Duration)>,
+    /// Cap of a probation's doubling.
+    pub max: Duration,
+}
+
+impl Default for ProbationPolicy {
+    fn default() -> Self {
+        ProbationPolicy {
+            threshold: DEFAULT_THRESHOLD,
+            overrides: Vec::new(),
+            max: MAX_PROBATION,
+        }
+    }
+}
+
+impl ProbationPolicy {
+    /// The length of a probation after `outcome`, the `strikes`-th in a row.
+    pub fn length(&self, outcome: Outcome, strikes: u32) -> Duration {
+        let base = self
+            .overrides
+            .iter()
+            .find(|(o, _)| *o == outcome)
+            .map_or_else(|| base_duration(outcome), |(_, d)| *d);
+        base.saturating_mul(1 << strikes.min(20)).min(self.max)
+    }
+}
+
 /// Event Grid's probation table.
 pub fn base_duration(outcome: Outcome) -> Duration {
     let secs = match outcome {
@@ -42,7 +75,7 @@ pub enum Admit {
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Probation {
-    threshold: u32,
+    policy: ProbationPolicy,
     consecutive: u32,
     /// How many probations in a row (each one after a failed probe doubles).
     strikes: u32,
@@ -51,9 +84,9 @@ pub struct Probation {
 }
 
 impl Probation {
-    pub fn new(threshold: u32) -> Self {
+    pub fn new(policy: ProbationPolicy) -> Self {
         Probation {
-            threshold,
+            policy,
             consecutive: 0,
             strikes: 0,
             until_ms: None,
@@ -81,15 +114,17 @@ impl Probation {
     pub fn record(&mut self, outcome: Outcome, now_ms: u64) -> Option<u64> {
         let was_probing = std::mem::take(&mut self.probing);
         if outcome == Outcome::Delivered {
-            *self = Probation::new(self.threshold);
+            self.consecutive = 0;
+            self.strikes = 0;
+            self.until_ms = None;
             return None;
         }
         self.consecutive = self.consecutive.saturating_add(1);
         let on_probation = self.until_ms.is_some();
-        if was_probing || (!on_probation && self.consecutive >= self.threshold) {
-            let length = base_duration(outcome)
-                .saturating_mul(1 << self.strikes.min(20))
-                .min(MAX_PROBATION);
+        let threshold_reached =
+            self.policy.threshold > 0 && self.consecutive >= self.policy.threshold;
+        if was_probing || (!on_probation && threshold_reached) {
+            let length = self.policy.length(outcome, self.strikes);
             self.strikes = self.strikes.saturating_add(1);
             let until = now_ms + length.as_millis() as u64;
             self.until_ms = Some(until);
@@ -115,9 +150,32 @@ impl Probation {
 mod tests {
     use super::*;
 
+    fn policy(threshold: u32) -> ProbationPolicy {
+        ProbationPolicy {
+            threshold,
+            ..ProbationPolicy::default()
+        }
+    }
+
+    #[test]
+    fn overrides_and_cap_apply_and_zero_threshold_never_starts_one() {
+        let p = ProbationPolicy {
+            threshold: 0,
+            overrides: vec![(Outcome::Failed, Duration::from_millis(500))],
+            max: Duration::from_secs(2),
+        };
+        assert_eq!(p.length(Outcome::Failed, 0), Duration::from_millis(500));
+        assert_eq!(p.length(Outcome::Failed, 3), Duration::from_secs(2));
+        assert_eq!(p.length(Outcome::Busy, 0), Duration::from_secs(2));
+        let mut never = Probation::new(p);
+        for _ in 0..100 {
+            assert_eq!(never.record(Outcome::Failed, 0), None);
+        }
+    }
+
     #[test]
     fn ten_failures_start_probation_by_the_last_outcome() {
-        let mut p = Probation::new(10);
+        let mut p = Probation::new(policy(10));
         for i in 0..9 {
             assert_eq!(p.record(Outcome::Failed, 1000 + i), None);
             assert_eq!(p.admit(1000 + i), Admit::Go);
@@ -130,7 +188,7 @@ mod tests {
 
     #[test]
     fn one_probe_then_full_rate_on_success() {
-        let mut p = Probation::new(2);
+        let mut p = Probation::new(policy(2));
         p.record(Outcome::SocketError, 0);
         assert_eq!(p.record(Outcome::SocketError, 0), Some(30_000));
         assert_eq!(p.admit(30_000), Admit::Probe);
@@ -147,7 +205,7 @@ mod tests {
 
     #[test]
     fn failed_probes_double_the_probation_up_to_an_hour() {
-        let mut p = Probation::new(1);
+        let mut p = Probation::new(policy(1));
         let mut now = 0;
         let mut lengths = Vec::new();
         let mut until = p.record(Outcome::Failed, now).expect("probation");

@@ -3,6 +3,7 @@
 //! the pure `policy::classify`; this layer only extracts status,
 //! Retry-After and the kind of transport failure.
 
+use super::timeout::{LateAnswer, TimedOut};
 use crate::policy::classify::parse_retry_after;
 use crate::policy::{Classified, StatusPolicy, Transport};
 use bytes::Bytes;
@@ -17,13 +18,16 @@ use std::time::{Duration, SystemTime};
 use tokio::time::Instant;
 use tower::{Layer, Service};
 
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Debug)]
 pub struct Attempted {
     pub classified: Classified,
     pub status: Option<u16>,
     pub took: Duration,
     /// The answer's Retry-After, if any.
     pub retry_after: Option<Duration>,
+    /// After a timeout: the answer's status, if it still comes in the
+    /// late-answer window.
+    pub late: Option<LateAnswer>,
     /// A short description of a transport failure, for logs.
     pub error: Option<String>,
 }
@@ -94,6 +98,7 @@ where
                     status: None,
                     took: Duration::ZERO,
                     retry_after: None,
+                    late: None,
                     error: Some(error),
                 })
             });
@@ -117,17 +122,22 @@ where
                         status: Some(status),
                         took,
                         retry_after,
+                        late: None,
                         error: None,
                     }
                 }
                 Err(e) => {
                     let e: BoxError = e.into();
                     let kind = transport_kind(e.as_ref());
+                    let late = e
+                        .downcast_ref::<TimedOut>()
+                        .and_then(|t| t.late.lock().ok()?.take());
                     Attempted {
                         classified: policy.classify_transport(kind),
                         status: None,
                         took,
                         retry_after: None,
+                        late,
                         error: Some(chain(e.as_ref())),
                     }
                 }
@@ -141,7 +151,7 @@ where
 pub fn transport_kind(err: &(dyn StdError + 'static)) -> Transport {
     let mut cur = Some(err);
     while let Some(e) = cur {
-        if e.is::<tower::timeout::error::Elapsed>() {
+        if e.is::<TimedOut>() {
             return Transport::TimedOut;
         }
         if e.is::<rustls::Error>() {
@@ -193,7 +203,10 @@ mod tests {
 
     #[test]
     fn error_chains_map_to_transport_kinds() {
-        let elapsed: BoxError = tower::timeout::error::Elapsed::new().into();
+        let elapsed: BoxError = Box::new(TimedOut {
+            after: Duration::from_secs(1),
+            late: std::sync::Mutex::new(None),
+        });
         assert_eq!(transport_kind(elapsed.as_ref()), Transport::TimedOut);
         let tls = Wrapped(Box::new(std::io::Error::new(
             std::io::ErrorKind::InvalidData,

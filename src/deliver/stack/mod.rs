@@ -1,14 +1,16 @@
-//! The per-attempt stack, outermost first: headers → classify → timeout →
+//! The per-attempt stack, outermost first: headers → classify → timeout (with late answers) →
 //! http. Each layer has one job; the result is an `Attempted`, never an
 //! error, so callers only deal with verdicts.
 
 mod classify;
 mod headers;
 mod http;
+mod timeout;
 
 pub use classify::{Attempted, ClassifyLayer};
 pub use headers::HeadersLayer;
 pub use http::HttpService;
+pub use timeout::{LateAnswer, TimedOut, TimeoutLayer};
 
 use crate::config::DestinationSettings;
 use crate::deliver::HttpsClient;
@@ -32,7 +34,7 @@ pub fn build(dest: &DestinationSettings, client: HttpsClient) -> AttemptService 
     let svc = ServiceBuilder::new()
         .layer(HeadersLayer::new(dest))
         .layer(ClassifyLayer::new(dest.status.clone()))
-        .timeout(dest.timeout)
+        .layer(TimeoutLayer::new(dest.timeout, dest.late_answer_window))
         .service(HttpService::new(client));
     BoxCloneSyncService::new(svc)
 }

@@ -1,0 +1,171 @@
+//! The per-attempt timeout, with Event Grid's late answers: when an attempt
+//! times out, the request is not dropped but kept waiting for
+//! `late_answer_window` in the background; its status, if one comes, is
+//! handed to whoever settles the attempt (SPEC §4.2).
+
+use bytes::Bytes;
+use http::Response;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Mutex;
+use std::task::{Context, Poll};
+use std::time::Duration;
+use tokio::sync::oneshot;
+use tower::{Layer, Service};
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The status of an answer that arrived after the timeout.
+pub type LateAnswer = oneshot::Receiver<u16>;
+
+/// No answer within the timeout; `late` yields the answer's status if it
+/// still arrives within the late-answer window.
+#[derive(Debug)]
+pub struct TimedOut {
+    pub after: Duration,
+    pub late: Mutex<Option<LateAnswer>>,
+}
+
+impl std::fmt::Display for TimedOut {
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        write!(f, "no answer within {:?}", self.after)
+    }
+}
+
+impl std::error::Error for TimedOut {}
+
+#[derive(Clone)]
+pub struct TimeoutLayer {
+    timeout: Duration,
+    late_window: Duration,
+}
+
+impl TimeoutLayer {
+    pub fn new(timeout: Duration, late_window: Duration) -> Self {
+        TimeoutLayer {
+            timeout,
+            late_window,
+        }
+    }
+}
+
+impl<S> Layer<S> for TimeoutLayer {
+    type Service = Timeout<S>;
+    fn layer(&self, inner: S) -> Timeout<S> {
+        Timeout {
+            inner,
+            layer: self.clone(),
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct Timeout<S> {
+    inner: S,
+    layer: TimeoutLayer,
+}
+
+impl<S, Req> Service<Req> for Timeout<S>
+where
+    S: Service<Req, Response = Response<Bytes>>,
+    S::Error: Into<BoxError>,
+    S::Future: Send + 'static,
+{
+    type Response = Response<Bytes>;
+    type Error = BoxError;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<Bytes>, BoxError>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, req: Req) -> Self::Future {
+        let mut fut = Box::pin(self.inner.call(req));
+        let TimeoutLayer {
+            timeout,
+            late_window,
+        } = self.layer;
+        Box::pin(async move {
+            match tokio::time::timeout(timeout, &mut fut).await {
+                Ok(result) => result.map_err(Into::into),
+                Err(_) => {
+                    let late = (!late_window.is_zero()).then(|| {
+                        let (tx, rx) = oneshot::channel();
+                        tokio::spawn(async move {
+                            if let Ok(Ok(resp)) = tokio::time::timeout(late_window, fut).await {
+                                let _ = tx.send(resp.status().as_u16());
+                            }
+                        });
+                        rx
+                    });
+                    Err(Box::new(TimedOut {
+                        after: timeout,
+                        late: Mutex::new(late),
+                    }) as BoxError)
+                }
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tower::ServiceExt;
+
+    fn slow(
+        after: Duration,
+    ) -> impl Service<(), Response = Response<Bytes>, Error = BoxError, Future: Send + 'static> + Clone
+    {
+        tower::service_fn(move |_: ()| async move {
+            tokio::time::sleep(after).await;
+            Ok::<_, BoxError>(
+                Response::builder()
+                    .status(201)
+                    .body(Bytes::new())
+                    .expect("response"),
+            )
+        })
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_late_answer_within_the_window_is_handed_over() {
+        let svc = TimeoutLayer::new(Duration::from_millis(200), Duration::from_secs(3))
+            .layer(slow(Duration::from_millis(500)));
+        let err = svc.oneshot(()).await.expect_err("times out");
+        let timed_out = err.downcast_ref::<TimedOut>().expect("TimedOut");
+        let late = timed_out
+            .late
+            .lock()
+            .expect("lock")
+            .take()
+            .expect("late channel");
+        assert_eq!(late.await, Ok(201));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_answer_after_the_window_is_not_and_zero_disables_waiting() {
+        let svc = TimeoutLayer::new(Duration::from_millis(200), Duration::from_secs(1))
+            .layer(slow(Duration::from_secs(5)));
+        let err = svc.oneshot(()).await.expect_err("times out");
+        let late = err
+            .downcast_ref::<TimedOut>()
+            .and_then(|t| t.late.lock().expect("lock").take())
+            .expect("channel");
+        assert!(late.await.is_err());
+        let svc = TimeoutLayer::new(Duration::from_millis(200), Duration::ZERO)
+            .layer(slow(Duration::from_secs(5)));
+        let err = svc.oneshot(()).await.expect_err("times out");
+        assert!(
+            err.downcast_ref::<TimedOut>()
+                .is_some_and(|t| t.late.lock().expect("lock").is_none())
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn answers_in_time_pass_through() {
+        let svc = TimeoutLayer::new(Duration::from_secs(1), Duration::from_secs(1))
+            .layer(slow(Duration::from_millis(10)));
+        assert_eq!(svc.oneshot(()).await.expect("in time").status(), 201);
+    }
+}

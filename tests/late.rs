@@ -1,0 +1,104 @@
+//! Event Grid's late answers: a success after the attempt's timeout still
+//! completes the event when it comes before the retry.
+
+mod support;
+
+use std::time::Duration;
+use support::{Courier, Receiver, Reply, behavior, metric};
+
+fn config(url: &str, window: &str) -> String {
+    format!(
+        "listen: 127.0.0.1:0
+admin_listen: 127.0.0.1:0
+journal: {{ dir: ./journal }}
+dead_letter: {{ dir: ./dl }}
+destinations:
+  orders:
+    url: {url}
+    timeout: 200ms
+    late_answer_window: {window}
+    retry: {{ schedule: [2s], jitter: 0 }}
+"
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_success_after_the_timeout_completes_the_event_and_cancels_the_retry() {
+    let receiver = Receiver::start(behavior(|_, _| {
+        Reply::status(200).delay(Duration::from_millis(500))
+    }))
+    .await;
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let courier = Courier::start(tmp.path(), &config(&receiver.url(), "3m")).await;
+    let r = support::post(
+        &courier.url("orders"),
+        "{}",
+        &[("idempotency-key", "late-1")],
+    )
+    .await;
+    assert_eq!(r.status, 202);
+    receiver.wait_for(1, Duration::from_secs(5)).await;
+    // The retry would go out 10 s after the timeout (the TimedOut minimum);
+    // the late 200 at 500 ms must cancel it: the event leaves the journal.
+    let admin = courier.admin_url();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let pending = metric(&admin, r#"courier_events_pending{destination="orders"}"#).await;
+        if pending == Some(0.0) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "event still pending after its late answer\n{}",
+            courier.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        metric(
+            &admin,
+            r#"courier_delivery_attempts_total{destination="orders",outcome="TimedOut"}"#
+        )
+        .await,
+        Some(1.0)
+    );
+    assert_eq!(
+        metric(
+            &admin,
+            r#"courier_events_delivered_total{destination="orders"}"#
+        )
+        .await,
+        Some(1.0)
+    );
+    assert!(courier.logs().contains("late answer"), "{}", courier.logs());
+    receiver.assert_quiet(1, Duration::from_millis(300)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_window_off_a_late_success_does_not_count() {
+    let receiver = Receiver::start(behavior(|_, _| {
+        Reply::status(200).delay(Duration::from_millis(500))
+    }))
+    .await;
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let courier = Courier::start(tmp.path(), &config(&receiver.url(), "0s")).await;
+    let r = support::post(&courier.url("orders"), "{}", &[]).await;
+    assert_eq!(r.status, 202);
+    receiver.wait_for(1, Duration::from_secs(5)).await;
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let admin = courier.admin_url();
+    assert_eq!(
+        metric(&admin, r#"courier_events_pending{destination="orders"}"#).await,
+        Some(1.0),
+        "{}",
+        courier.logs()
+    );
+    assert_eq!(
+        metric(
+            &admin,
+            r#"courier_events_delivered_total{destination="orders"}"#
+        )
+        .await,
+        None
+    );
+}
