@@ -1,11 +1,18 @@
-//! Ingress and end-to-end benchmark of courier against a baseline receiver.
+//! Accept-path, drain and mixed benchmark of courier against a baseline
+//! receiver.
 //!
-//! `cargo bench --bench courier_bench [-- --seconds 10 --connections 64 --events 20000 --steps abcd]`
+//! `cargo bench --bench courier_bench [-- --seconds 10 --connections 64 --steps abcde]`
 //!
 //! a. baseline: a bare receiver answering 202, loaded directly;
-//! b. courier ingress with `journal.sync: always` (202 only after fdatasync);
-//! c. courier ingress with `journal.sync: os`;
-//! d. end to end: post `--events` events, time until the receiver got them all.
+//! b. accept only, `journal.sync: always` (202 only after fdatasync): the
+//!    destination is paused through the admin API first, so courier does not
+//!    deliver while it is loaded and the events stay in the journal;
+//! c. the same with `journal.sync: os` (fresh courier and journal);
+//! d. drain: step b's courier (kept alive, still paused) is resumed and timed
+//!    until the receiver has every event accepted in b (or the destination's
+//!    `courier_events_pending` is 0): delivered events per second;
+//! e. mixed: a fresh courier (`sync: always`, not paused) loaded like b while
+//!    it delivers to the receiver.
 //!
 //! The load generator, the receiver and courier share this machine's CPUs,
 //! so compare ratios, not absolute numbers across machines.
@@ -17,30 +24,44 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
+use support::client::{find_metric, try_get, try_post};
 use support::load::{self, LoadReport, LoadSpec};
 use support::{Courier, Receiver, Reply, behavior, json_body};
 
 const BODY_BYTES: usize = 1024;
-const E2E_DEADLINE: Duration = Duration::from_secs(120);
+const DESTINATION: &str = "bench";
+const PENDING: &str = r#"courier_events_pending{destination="bench"}"#;
+const ACCEPTED: &str = r#"courier_events_accepted_total{destination="bench"}"#;
+const DELIVERED: &str = r#"courier_events_delivered_total{destination="bench"}"#;
+/// Step d gives up when the backlog is not delivered within this.
+const DRAIN_DEADLINE: Duration = Duration::from_secs(180);
+/// How often step d reads the pending metric while it waits.
+const DRAIN_POLL: Duration = Duration::from_millis(250);
+/// After a load run, time for the requests it abandoned at the deadline to
+/// finish inside courier before the journal is counted.
+const SETTLE: Duration = Duration::from_secs(1);
+/// Fixed addresses in the printed config for reproduction by hand.
+const MANUAL_INGRESS: &str = "127.0.0.1:8080";
+const MANUAL_ADMIN: &str = "127.0.0.1:9090";
+const STEPS: &str = "abcde";
 
 struct Args {
     seconds: u64,
     connections: usize,
-    events: u64,
     steps: String,
     /// False when run without `--bench` (e.g. by `cargo test --benches`):
     /// then only a 1-second step a runs, as a check that the bench works.
     bench: bool,
 }
 
-const USAGE: &str = "usage: cargo bench --bench courier_bench [-- --seconds N --connections N --events N --steps abcd]";
+const USAGE: &str =
+    "usage: cargo bench --bench courier_bench [-- --seconds N --connections N --steps abcde]";
 
 fn parse_args() -> Result<Args, String> {
     let mut args = Args {
         seconds: 10,
         connections: 64,
-        events: 20_000,
-        steps: "abcd".into(),
+        steps: STEPS.into(),
         bench: false,
     };
     let mut it = std::env::args().skip(1);
@@ -53,11 +74,10 @@ fn parse_args() -> Result<Args, String> {
             "--connections" => {
                 args.connections = number(&value("--connections")?, "--connections")?
             }
-            "--events" => args.events = number(&value("--events")?, "--events")?,
             "--steps" => {
                 let steps = value("--steps")?;
-                if steps.is_empty() || !steps.chars().all(|c| "abcd".contains(c)) {
-                    return Err(format!("--steps takes letters from abcd, not {steps:?}"));
+                if steps.is_empty() || !steps.chars().all(|c| STEPS.contains(c)) {
+                    return Err(format!("--steps takes letters from {STEPS}, not {steps:?}"));
                 }
                 args.steps = steps;
             }
@@ -65,8 +85,8 @@ fn parse_args() -> Result<Args, String> {
             other => eprintln!("courier_bench: ignoring argument {other:?}"),
         }
     }
-    if args.seconds == 0 || args.connections == 0 || args.events == 0 {
-        return Err("--seconds, --connections and --events must be > 0".into());
+    if args.seconds == 0 || args.connections == 0 {
+        return Err("--seconds and --connections must be > 0".into());
     }
     Ok(args)
 }
@@ -100,7 +120,7 @@ admin_listen: 127.0.0.1:0
 log: {{ format: text, level: info }}
 journal: {{ dir: ./journal, sync: {sync}, max_bytes: 4GiB }}
 destinations:
-  bench:
+  {DESTINATION}:
     url: {receiver_url}
     concurrency: 64
 "
@@ -128,6 +148,18 @@ fn ratio(value: f64, base: Option<f64>) -> String {
     }
 }
 
+fn per_second(count: u64, elapsed: Duration) -> f64 {
+    if elapsed.is_zero() {
+        0.0
+    } else {
+        count as f64 / elapsed.as_secs_f64()
+    }
+}
+
+fn opt(v: Option<f64>) -> String {
+    v.map_or("?".into(), |v| format!("{v:.0}"))
+}
+
 #[derive(Default)]
 struct Baseline {
     rate: Option<f64>,
@@ -137,13 +169,15 @@ struct Baseline {
 
 fn header() {
     println!(
-        "{:<38} {:>12} {:>9} {:>9} {:>8} {:>7} {:>8} {:>8} {:>8}",
-        "step", "rate/s", "p50 ms", "p99 ms", "non-2xx", "errors", "x rate", "x p50", "x p99"
+        "{:<40} {:>10} {:>9} {:>9} {:>8} {:>7} {:>7} {:>7} {:>7}",
+        "step", "rate/s", "p50 ms", "p99 ms", "non-202", "errors", "x rate", "x p50", "x p99"
     );
-    println!("{}", "-".repeat(38 + 12 + 9 * 2 + 8 + 7 + 8 * 3 + 8));
+    println!("{}", "-".repeat(40 + 10 + 9 * 2 + 8 + 7 * 4 + 8));
 }
 
-fn row(name: &str, rate: f64, report: Option<&LoadReport>, non_ok: u64, base: &Baseline) {
+/// One table row; `report` gives latencies and errors, `non_202` the
+/// answers other than 202 (both absent for step d).
+fn row(name: &str, rate: f64, report: Option<&LoadReport>, non_202: Option<u64>, base: &Baseline) {
     let (p50, p99, errors) = match report {
         Some(r) => (
             ms(r.percentile(50.0)),
@@ -158,10 +192,17 @@ fn row(name: &str, rate: f64, report: Option<&LoadReport>, non_ok: u64, base: &B
     let p99_ratio = report.map_or("-".into(), |r| {
         ratio(r.percentile(99.0).as_secs_f64(), base.p99)
     });
+    let non_202 = non_202.map_or("-".into(), |n| n.to_string());
     println!(
-        "{name:<38} {rate:>12.0} {p50:>9} {p99:>9} {non_ok:>8} {errors:>7} {:>8} {p50_ratio:>8} {p99_ratio:>8}",
+        "{name:<40} {rate:>10.0} {p50:>9} {p99:>9} {non_202:>8} {errors:>7} {:>7} {p50_ratio:>7} {p99_ratio:>7}",
         ratio(rate, base.rate),
     );
+}
+
+/// Answers other than 202 to the load generator (answered, not transport
+/// errors).
+fn non_202(report: &LoadReport) -> u64 {
+    report.ok + report.non_2xx - report.status_count(202)
 }
 
 /// Prints status counts and the first transport error when a run had any.
@@ -180,124 +221,246 @@ fn notes(report: &LoadReport, expected: u16) {
     }
 }
 
+/// One series from courier's `/metrics`; `None` if unreachable or absent.
+async fn metric(courier: &Courier, series: &str) -> Option<f64> {
+    let resp = try_get(&format!("{}/metrics", courier.admin_url()))
+        .await
+        .ok()?;
+    find_metric(&resp.text(), series)
+}
+
+/// `POST {admin}/v1/destinations/bench/{action}`; `Err` unless it answers
+/// 200 with a JSON body.
+async fn admin_action(courier: &Courier, action: &str) -> Result<serde_json::Value, String> {
+    let url = format!(
+        "{}/v1/destinations/{DESTINATION}/{action}",
+        courier.admin_url()
+    );
+    let resp = try_post(&url, "", &[]).await?;
+    if resp.status != 200 {
+        return Err(format!(
+            "POST {url}: expected 200, got {}: {}",
+            resp.status,
+            resp.text()
+        ));
+    }
+    serde_json::from_slice(&resp.body)
+        .map_err(|e| format!("POST {url}: answer is not JSON ({e}): {}", resp.text()))
+}
+
+/// The `bench` entry of `GET {admin}/v1/destinations`.
+async fn destination_state(courier: &Courier) -> Result<serde_json::Value, String> {
+    let url = format!("{}/v1/destinations", courier.admin_url());
+    let resp = try_get(&url).await?;
+    if resp.status != 200 {
+        return Err(format!("GET {url}: {}: {}", resp.status, resp.text()));
+    }
+    let body: serde_json::Value = serde_json::from_slice(&resp.body)
+        .map_err(|e| format!("GET {url}: answer is not JSON ({e}): {}", resp.text()))?;
+    body["destinations"]
+        .as_array()
+        .and_then(|all| all.iter().find(|d| d["name"] == DESTINATION))
+        .cloned()
+        .ok_or_else(|| format!("GET {url}: no destination {DESTINATION:?} in {body}"))
+}
+
 async fn step_baseline(args: &Args, duration: Duration, base: &mut Baseline) {
     let rx = Receiver::start(behavior(|_, _| Reply::status(202))).await;
     rx.set_recording(false);
     let report = load::run(spec(rx.url(), args.connections, duration)).await;
     rx.stop().await;
-    base.rate = Some(report.rate());
+    base.rate = Some(report.status_rate(202));
     base.p50 = Some(report.percentile(50.0).as_secs_f64());
     base.p99 = Some(report.percentile(99.0).as_secs_f64());
     row(
         "a. baseline receiver (202)",
-        report.rate(),
+        report.status_rate(202),
         Some(&report),
-        report.non_2xx,
+        Some(non_202(&report)),
         base,
     );
     notes(&report, 202);
 }
 
-async fn step_ingress(bin: &Path, sync: &str, args: &Args, duration: Duration, base: &Baseline) {
-    let dir = tempfile::tempdir().expect("create a tempdir for courier");
+/// A courier whose destination is paused, with the backlog of an accept-only
+/// step in its journal. Fields drop in order: courier before its tempdir.
+struct Backlog {
+    rx: Receiver,
+    courier: Courier,
+    _dir: tempfile::TempDir,
+    /// When the pause took effect.
+    paused_at: Instant,
+}
+
+/// Steps b and c: pause the destination, then load the ingress.
+async fn step_accept(
+    bin: &Path,
+    name: &str,
+    sync: &str,
+    args: &Args,
+    duration: Duration,
+    base: &Baseline,
+) -> Result<Backlog, String> {
+    let dir = tempfile::tempdir().map_err(|e| format!("create a tempdir for courier: {e}"))?;
     let rx = Receiver::ok().await;
     rx.set_recording(false);
     let courier = Courier::start_with(bin, dir.path(), &config(&rx.url(), sync)).await;
-    let report = load::run(spec(courier.url("bench"), args.connections, duration)).await;
-    let accepted = report.status_count(202);
-    let answered = report.ok + report.non_2xx;
-    let metric = support::client::try_get(&format!("{}/metrics", courier.admin_url()))
-        .await
-        .ok()
-        .and_then(|r| {
-            support::client::find_metric(
-                &r.text(),
-                r#"courier_events_accepted_total{destination="bench"}"#,
-            )
-        });
-    drop(courier);
-    drop(dir);
-    let name = format!(
-        "{}. courier ingress, sync: {sync}",
-        if sync == "always" { 'b' } else { 'c' }
-    );
+    let paused = admin_action(&courier, "pause").await?;
+    let paused_at = Instant::now();
+    if paused["state"] != "paused" {
+        return Err(format!("pause answered {paused}, not state paused"));
+    }
+    let state = destination_state(&courier).await?;
+    if state["state"] != "paused" || state["paused_by"] != "operator" {
+        return Err(format!("after pause, /v1/destinations shows {state}"));
+    }
+
+    let report = load::run(spec(courier.url(DESTINATION), args.connections, duration)).await;
+    tokio::time::sleep(SETTLE).await;
+    let accepted_total = metric(&courier, ACCEPTED).await;
+    let pending = metric(&courier, PENDING).await;
     row(
-        &name,
+        name,
         report.status_rate(202),
         Some(&report),
-        answered - accepted,
+        Some(non_202(&report)),
         base,
     );
     notes(&report, 202);
     println!(
-        "    202 accepted: {accepted} in {:.1} s; delivered meanwhile: {}{}",
+        "    202 accepted: {} in {:.1} s; delivered meanwhile: {} (paused); courier_events_accepted_total: {}, courier_events_pending: {}",
+        report.status_count(202),
         report.elapsed.as_secs_f64(),
         rx.count(),
-        metric.map_or(String::new(), |m| format!(
-            "; courier_events_accepted_total: {m}"
-        )),
+        opt(accepted_total),
+        opt(pending),
     );
+    Ok(Backlog {
+        rx,
+        courier,
+        _dir: dir,
+        paused_at,
+    })
 }
 
-/// Returns false if not every accepted event arrived before the deadline.
-async fn step_end_to_end(bin: &Path, args: &Args, base: &Baseline) -> bool {
+/// Step d: resume step b's courier and time the delivery of its backlog
+/// (`Err` also when it is not delivered before the deadline).
+async fn step_drain(b: Backlog, base: &Baseline) -> Result<(), String> {
+    let before = b.rx.count();
+    let pending = metric(&b.courier, PENDING)
+        .await
+        .ok_or("courier_events_pending is missing from /metrics")?;
+    // The events accepted in b, all still in the journal.
+    let backlog = pending as u64;
+    let target = before + usize::try_from(backlog).expect("event count fits usize");
+
+    let start = Instant::now();
+    let resumed = admin_action(&b.courier, "resume").await?;
+    if resumed["was_paused"] != true {
+        return Err(format!(
+            "resume answered {resumed}, expected was_paused: true"
+        ));
+    }
+    let deadline = start + DRAIN_DEADLINE;
+    // Bounded by the deadline.
+    let by = loop {
+        if b.rx.try_wait_for(target, DRAIN_POLL).await.is_some() {
+            break "receiver count";
+        }
+        if metric(&b.courier, PENDING).await == Some(0.0) {
+            break "courier_events_pending = 0";
+        }
+        if Instant::now() >= deadline {
+            return Err(format!(
+                "TIMEOUT: the receiver got {} of {backlog} events within {} s after resume; courier_events_pending: {}",
+                b.rx.count() - before,
+                DRAIN_DEADLINE.as_secs(),
+                opt(metric(&b.courier, PENDING).await),
+            ));
+        }
+    };
+    let drain =
+        b.rx.last_at()
+            .map_or(Duration::ZERO, |last| last.saturating_duration_since(start));
+    let received = b.rx.count() - before;
+    let delivered = metric(&b.courier, DELIVERED).await;
+    row(
+        &format!("d. drain {backlog} events (delivered/s)"),
+        per_second(backlog, drain),
+        None,
+        None,
+        base,
+    );
+    println!(
+        "    {backlog} events pending at resume (paused {:.1} s); all delivered {:.2} s after resume (done by {by}); requests received: {received}; courier_events_delivered_total: {}",
+        start.saturating_duration_since(b.paused_at).as_secs_f64(),
+        drain.as_secs_f64(),
+        opt(delivered),
+    );
+    Ok(())
+}
+
+/// Step e: load a courier that delivers at the same time.
+async fn step_mixed(bin: &Path, args: &Args, duration: Duration, base: &Baseline) {
     let dir = tempfile::tempdir().expect("create a tempdir for courier");
     let rx = Receiver::ok().await;
     rx.set_recording(false);
     let courier = Courier::start_with(bin, dir.path(), &config(&rx.url(), "always")).await;
-    let start = Instant::now();
-    let report = load::run_n(
-        spec(courier.url("bench"), args.connections, E2E_DEADLINE),
-        args.events,
-    )
-    .await;
-    let posted = start.elapsed();
-    let accepted = report.status_count(202);
-    let all = usize::try_from(accepted).expect("event count fits usize");
-    let done = rx.try_wait_for(all, E2E_DEADLINE).await.is_some();
-    let received = rx.count();
+    let report = load::run(spec(courier.url(DESTINATION), args.connections, duration)).await;
+    let delivered = rx.count();
+    let pending = metric(&courier, PENDING).await;
     drop(courier);
     drop(dir);
-    if !done {
-        println!(
-            "d. end-to-end: TIMEOUT: only {received} of {accepted} accepted events delivered within {} s after posting",
-            E2E_DEADLINE.as_secs()
-        );
-        notes(&report, 202);
-        return false;
-    }
-    let last = rx.last_at().unwrap_or(start);
-    let total = last.saturating_duration_since(start);
-    let rate = if total.is_zero() {
-        0.0
-    } else {
-        accepted as f64 / total.as_secs_f64()
-    };
-    let name = format!("d. end-to-end {accepted} events (delivered/s)");
     row(
-        &name,
-        rate,
-        None,
-        report.ok + report.non_2xx - accepted,
+        "e. mixed: accept + deliver, sync: always",
+        report.status_rate(202),
+        Some(&report),
+        Some(non_202(&report)),
         base,
     );
     notes(&report, 202);
     println!(
-        "    posted in {:.2} s ({:.0} accepted/s, p50 {} ms, p99 {} ms); all delivered {:.2} s after the first post ({:.2} s after the last); requests received: {received}",
-        posted.as_secs_f64(),
-        report.status_rate(202),
-        ms(report.percentile(50.0)),
-        ms(report.percentile(99.0)),
-        total.as_secs_f64(),
-        total.saturating_sub(posted).as_secs_f64(),
+        "    202 accepted: {} in {:.1} s; delivered meanwhile: {delivered} ({:.0}/s); courier_events_pending at the end: {}",
+        report.status_count(202),
+        report.elapsed.as_secs_f64(),
+        per_second(delivered as u64, report.elapsed),
+        opt(pending),
     );
-    true
+}
+
+fn print_manual(args: &Args) {
+    let admin = format!("http://{MANUAL_ADMIN}/v1/destinations");
+    println!(
+        "Reproduce step b by hand: save the config below as courier.yaml (a receiver at RECEIVER_URL; journal.sync: os for c), then"
+    );
+    println!("  courier run -c courier.yaml");
+    println!("  curl -fsS -X POST {admin}/{DESTINATION}/pause");
+    println!(
+        "  wrk -t2 -c{} -d{}s -s {}/benches/post.lua http://{MANUAL_INGRESS}/{DESTINATION}",
+        args.connections,
+        args.seconds,
+        env!("CARGO_MANIFEST_DIR")
+    );
+    println!("  curl -fsS {admin}    # state and pending");
+    println!("  curl -fsS -X POST {admin}/{DESTINATION}/resume    # step d: drain");
+    print!(
+        "{}",
+        config("RECEIVER_URL", "always")
+            .replace(
+                "listen: 127.0.0.1:0\nadmin",
+                &format!("listen: {MANUAL_INGRESS}\nadmin")
+            )
+            .replace(
+                "admin_listen: 127.0.0.1:0",
+                &format!("admin_listen: {MANUAL_ADMIN}")
+            )
+    );
 }
 
 async fn run(args: Args) -> ExitCode {
     let duration = Duration::from_secs(args.seconds);
     let mut base = Baseline::default();
-    let wants_courier = args.steps.chars().any(|c| "bcd".contains(c));
+    let wants_courier = args.steps.chars().any(|c| "bcde".contains(c));
     let bin = if wants_courier {
         match courier_release_bin() {
             Ok(bin) => Some(bin),
@@ -310,10 +473,9 @@ async fn run(args: Args) -> ExitCode {
         None
     };
     println!(
-        "courier_bench: {} s per step, {} connections, {BODY_BYTES}-byte JSON bodies, {} end-to-end events, {} CPUs{}",
+        "courier_bench: {} s per step, {} connections, {BODY_BYTES}-byte JSON bodies, {} CPUs{}",
         args.seconds,
         args.connections,
-        args.events,
         std::thread::available_parallelism().map_or(0, |n| n.get()),
         bin.as_ref()
             .map_or(String::new(), |b| format!(", binary {}", b.display())),
@@ -321,33 +483,58 @@ async fn run(args: Args) -> ExitCode {
     println!();
     header();
     let mut ok = true;
-    for step in args.steps.chars() {
-        match (step, bin.as_deref()) {
-            ('a', _) => step_baseline(&args, duration, &mut base).await,
-            ('b', Some(bin)) => step_ingress(bin, "always", &args, duration, &base).await,
-            ('c', Some(bin)) => step_ingress(bin, "os", &args, duration, &base).await,
-            ('d', Some(bin)) => ok &= step_end_to_end(bin, &args, &base).await,
+    let mut fail = |step: char, e: String| {
+        println!("{step}. FAILED: {e}");
+        ok = false;
+    };
+    // Step b's courier, kept (paused, idle) for a later step d.
+    let mut backlog: Option<Backlog> = None;
+    let b_name = "b. accept only (paused), sync: always";
+    for (i, step) in args.steps.char_indices() {
+        let Some(bin) = bin.as_deref() else {
+            if step == 'a' {
+                step_baseline(&args, duration, &mut base).await;
+            }
+            continue;
+        };
+        match step {
+            'a' => step_baseline(&args, duration, &mut base).await,
+            'b' => match step_accept(bin, b_name, "always", &args, duration, &base).await {
+                Ok(b) if args.steps[i..].contains('d') => backlog = Some(b),
+                Ok(_) => {}
+                Err(e) => fail('b', e),
+            },
+            'c' => {
+                let name = "c. accept only (paused), sync: os";
+                if let Err(e) = step_accept(bin, name, "os", &args, duration, &base).await {
+                    fail('c', e);
+                }
+            }
+            'd' => {
+                let b = match backlog.take() {
+                    Some(b) => Ok(b),
+                    None => {
+                        println!("    (step d drains step b's backlog: running b for it)");
+                        step_accept(bin, b_name, "always", &args, duration, &base).await
+                    }
+                };
+                if let Err(e) = match b {
+                    Ok(b) => step_drain(b, &base).await,
+                    Err(e) => Err(format!("step b for d: {e}")),
+                } {
+                    fail('d', e);
+                }
+            }
+            'e' => step_mixed(bin, &args, duration, &base).await,
             _ => {}
         }
     }
+    drop(backlog);
     println!();
-    println!("x rate / x p50 / x p99: ratio to step a (baseline receiver).");
     println!(
-        "Reproduce by hand with wrk: run `courier run -c courier.yaml` with the config below (listen: 127.0.0.1:8080) and a receiver at RECEIVER_URL, then:"
+        "x rate / x p50 / x p99: ratio to step a (baseline receiver). b, c, e: 202 answers/s; d: delivered events/s."
     );
-    println!(
-        "  wrk -t2 -c{} -d{}s -s {}/benches/post.lua http://127.0.0.1:8080/bench",
-        args.connections,
-        args.seconds,
-        env!("CARGO_MANIFEST_DIR")
-    );
-    print!(
-        "{}",
-        config("RECEIVER_URL", "always").replace(
-            "listen: 127.0.0.1:0\nadmin",
-            "listen: 127.0.0.1:8080\nadmin"
-        )
-    );
+    print_manual(&args);
     if ok {
         ExitCode::SUCCESS
     } else {

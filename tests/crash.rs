@@ -22,6 +22,7 @@ destinations:
     concurrency: 4
     retry: {{ schedule: [100ms], max_attempts: 30, jitter: 0 }}
     status: {{ min_delay: {{ 5xx: 0s }} }}
+    probation: {{ after_failures: 0 }}
 {extra}"
     )
 }

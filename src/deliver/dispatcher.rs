@@ -59,6 +59,10 @@ impl Dispatcher {
         let stop = self.lifecycle.stop_dispatch.clone();
         let mut held = Held::default();
         let mut tasks = JoinSet::new();
+        // The earliest TTL deadline of any pending event. An event whose
+        // next attempt lies beyond it (a retry hours ahead, a TTL lowered
+        // since, a pause) must still be dead-lettered at the deadline.
+        let mut expiry_at = Some(0);
         loop {
             let mut wake_at = None;
             if held.ready.len() < concurrency && !stop.is_cancelled() {
@@ -91,14 +95,15 @@ impl Dispatcher {
                 let handle = tasks.spawn(async move { settle::run(&ctx, ev).await });
                 held.running.insert(handle.id(), seq);
             }
-            if let Some(gate) = gated {
-                let deadline = self.expire_held_back(&mut held, &mut tasks).await;
-                let until = match gate {
-                    Gate::WaitUntil(t) => Some(t),
-                    _ => None,
-                };
-                wake_at = [wake_at, until, deadline].into_iter().flatten().min();
+            let overdue = expiry_at.is_some_and(|t| clock::now_ms() >= t);
+            if (gated.is_some() || overdue) && !stop.is_cancelled() {
+                expiry_at = self.expire_overdue(&mut held, &mut tasks).await;
             }
+            let until = match gated {
+                Some(Gate::WaitUntil(t)) => Some(t),
+                _ => None,
+            };
+            wake_at = [wake_at, until, expiry_at].into_iter().flatten().min();
             if stop.is_cancelled() && tasks.is_empty() {
                 return;
             }
@@ -165,9 +170,9 @@ impl Dispatcher {
         Some(now + READ_RETRY.as_millis() as u64)
     }
 
-    /// While attempts are held back, dead-letters every event whose TTL has
-    /// run out (queued or still in the journal); returns the next deadline.
-    async fn expire_held_back(&self, held: &mut Held, tasks: &mut JoinSet<bool>) -> Option<u64> {
+    /// Dead-letters every event whose TTL has run out, queued or still in
+    /// the journal, whatever its next due time; returns the next deadline.
+    async fn expire_overdue(&self, held: &mut Held, tasks: &mut JoinSet<bool>) -> Option<u64> {
         let dest = &self.ctx.dest;
         let now = clock::now_ms();
         let ttl = dest.limits.ttl.as_millis() as u64;

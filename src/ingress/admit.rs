@@ -2,7 +2,6 @@
 //! wait for the journal's commit.
 
 use super::{forward, reply};
-use crate::admin::metrics;
 use crate::config::Settings;
 use crate::journal::{Journal, NewEvent};
 use crate::lifecycle::Lifecycle;
@@ -130,10 +129,7 @@ impl Ingress {
             accepted_ms: crate::clock::now_ms(),
         };
         match self.journal.append(vec![event]).await {
-            Ok(()) => {
-                metrics::accepted(name, 1);
-                reply::accepted(&[id])
-            }
+            Ok(()) => reply::accepted(&[id]),
             Err(e) => reply::journal_error(name, &e),
         }
     }

@@ -7,7 +7,7 @@ use super::store::QUARANTINED;
 use super::{Change, Command, JournalError, Shared};
 use crate::admin::metrics;
 use rusqlite::{Connection, ErrorCode, params};
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -15,6 +15,8 @@ use tokio::sync::mpsc;
 
 /// Upper bound of commands in one group, so one commit cannot grow without end.
 const MAX_GROUP: usize = 4096;
+/// How often the writer itself checkpoints, which lets the WAL restart.
+const WRITER_CHECKPOINT: Duration = Duration::from_secs(1);
 
 pub(super) fn spawn(
     conn: Connection,
@@ -29,6 +31,7 @@ pub(super) fn spawn(
 
 fn run(conn: Connection, mut rx: mpsc::Receiver<Command>, shared: Arc<Shared>) {
     let mut group = Vec::with_capacity(MAX_GROUP);
+    let mut last_checkpoint = Instant::now();
     while let Some(first) = rx.blocking_recv() {
         group.push(first);
         while group.len() < MAX_GROUP {
@@ -42,6 +45,17 @@ fn run(conn: Connection, mut rx: mpsc::Receiver<Command>, shared: Arc<Shared>) {
             .position(|c| matches!(c, Command::Close { .. }));
         let rest = close.map(|i| group.split_off(i));
         commit_group(&conn, &mut group, &shared);
+        if last_checkpoint.elapsed() >= WRITER_CHECKPOINT {
+            // Under sustained load the background checkpointer never catches
+            // up with the writer, so the WAL could never restart and would
+            // grow without bound; from the writer no frame can arrive during
+            // the checkpoint. The background one has copied most pages, so
+            // this stall is short.
+            if let Err(e) = conn.execute_batch("PRAGMA wal_checkpoint(PASSIVE)") {
+                tracing::warn!(error = %e, "journal checkpoint failed; will retry");
+            }
+            last_checkpoint = Instant::now();
+        }
         if let Some(rest) = rest {
             for cmd in rest {
                 match cmd {
@@ -183,7 +197,7 @@ fn write(conn: &Connection, group: &[Command]) -> Result<HashSet<i64>, rusqlite:
 
 /// Updates the in-memory counters after a commit and wakes the dispatchers.
 fn account(group: &[Command], shared: &Shared, deleted: &HashSet<i64>) {
-    let mut woken = HashSet::new();
+    let mut accepted: HashMap<&str, u64> = HashMap::new();
     for cmd in group {
         match cmd {
             Command::Append { events, .. } => {
@@ -192,10 +206,10 @@ fn account(group: &[Command], shared: &Shared, deleted: &HashSet<i64>) {
                     if let Some(d) = shared.destination(&e.destination) {
                         d.pending.fetch_add(1, Ordering::Relaxed);
                         d.bytes.fetch_add(size, Ordering::Relaxed);
-                        if woken.insert(e.destination.as_str()) {
-                            d.notify.notify_one();
-                        }
                     }
+                    // Counted here, not at the 202: an app that hung up
+                    // before its answer still has its event stored.
+                    *accepted.entry(e.destination.as_str()).or_default() += 1;
                 }
             }
             Command::Apply { changes, .. } => {
@@ -229,6 +243,12 @@ fn account(group: &[Command], shared: &Shared, deleted: &HashSet<i64>) {
                 }
             }
             Command::Close { .. } => {}
+        }
+    }
+    for (destination, n) in accepted {
+        metrics::accepted(destination, n);
+        if let Some(d) = shared.destination(destination) {
+            d.notify.notify_one();
         }
     }
 }

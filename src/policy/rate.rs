@@ -24,9 +24,16 @@ impl RateLimit {
         if now_us < self.next_us {
             return Err(Duration::from_micros(self.next_us - now_us));
         }
-        // An idle limiter does not bank credit: the next slot is one
-        // interval after this one, never in the past.
-        self.next_us = now_us + self.interval_us;
+        // Taken a little late (a timer's wake-up), the slot grid is kept so
+        // the rate does not drift below its setting; after a pause of a whole
+        // interval or more, the grid restarts from now: an idle limiter banks
+        // no credit, so there is never more than one extra attempt in an interval.
+        let late = now_us - self.next_us;
+        self.next_us = if late < self.interval_us {
+            self.next_us
+        } else {
+            now_us
+        } + self.interval_us;
         Ok(())
     }
 }
@@ -48,6 +55,21 @@ mod tests {
         }
         assert_eq!(taken.len(), 60);
         assert!(taken.windows(2).all(|w| w[1] - w[0] == 50_000));
+    }
+
+    #[test]
+    fn late_wake_ups_do_not_lower_the_rate() {
+        let mut r = RateLimit::per_second(100);
+        let mut now = 0;
+        let mut taken = 0;
+        while now < 1_000_000 {
+            match r.try_take(now) {
+                Ok(()) => taken += 1,
+                // every wake-up comes 2 ms after the slot it waited for
+                Err(wait) => now += wait.as_micros() as u64 + 2_000,
+            }
+        }
+        assert!((99..=101).contains(&taken), "{taken} in a second at 100/s");
     }
 
     #[test]
