@@ -67,6 +67,14 @@ impl Dispatcher {
             let mut wake_at = None;
             if held.ready.len() < concurrency && !stop.is_cancelled() {
                 wake_at = self.refill(&mut held, window).await;
+                // Events arriving at an empty destination set the first deadline.
+                if expiry_at.is_none() {
+                    expiry_at = held
+                        .ready
+                        .iter()
+                        .map(|ev| self.ctx.dest.limits.deadline(ev.event.accepted_ms))
+                        .min();
+                }
             }
             let mut gated = None;
             while tasks.len() < concurrency && !stop.is_cancelled() {
