@@ -8,13 +8,14 @@
 
 mod support;
 
-use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::path::Path;
+use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::{Value, json};
 use support::{
-    Courier, Received, Receiver, Reply, behavior, courier_bin, metric, metric_sum, post,
+    Courier, Receiver, Reply, behavior, check, check_eq, config, courier_bin, fail, files_under,
+    metric, metric_sum, now_ms, post, quiet, refusing_port, requests, wait_dead_letters,
+    wait_metric,
 };
 
 const SECOND: Duration = Duration::from_secs(1);
@@ -23,65 +24,6 @@ const PROMPT: Duration = Duration::from_secs(5);
 /// How long a test watches for something that must not happen.
 const QUIET: Duration = Duration::from_millis(400);
 const POLL: Duration = Duration::from_millis(10);
-
-/// `panic!` with courier's logs appended.
-macro_rules! fail {
-    ($c:expr, $($arg:tt)+) => {
-        panic!("{}\n--- courier logs ---\n{}", format!($($arg)+), $c.logs())
-    };
-}
-
-/// `assert!` that shows courier's logs when it fails.
-macro_rules! check {
-    ($c:expr, $cond:expr) => {
-        check!($c, $cond, "{}", stringify!($cond))
-    };
-    ($c:expr, $cond:expr, $($arg:tt)+) => {
-        if !$cond {
-            fail!($c, "check failed: {}: {}", stringify!($cond), format!($($arg)+));
-        }
-    };
-}
-
-/// `assert_eq!` that shows courier's logs when it fails.
-macro_rules! check_eq {
-    ($c:expr, $left:expr, $right:expr) => {
-        check_eq!($c, $left, $right, "{}", stringify!($left))
-    };
-    ($c:expr, $left:expr, $right:expr, $($arg:tt)+) => {{
-        let (left, right) = (&$left, &$right);
-        if left != right {
-            fail!(
-                $c,
-                "{}\n  left: {:?}\n right: {:?}",
-                format!($($arg)+),
-                left,
-                right
-            );
-        }
-    }};
-}
-
-/// A config with one destination `name` at `url`; `extra` is the rest of the
-/// destination's keys, one per line, without indentation.
-fn config(name: &str, url: &str, extra: &str) -> String {
-    let mut yaml = format!(
-        "listen: 127.0.0.1:0\n\
-         admin_listen: 127.0.0.1:0\n\
-         log: {{ level: debug }}\n\
-         journal: {{ dir: ./journal }}\n\
-         dead_letter: {{ dir: ./dl }}\n\
-         destinations:\n  \
-           {name}:\n    \
-             url: {url}\n"
-    );
-    for line in extra.lines().map(str::trim).filter(|l| !l.is_empty()) {
-        yaml.push_str("    ");
-        yaml.push_str(line);
-        yaml.push('\n');
-    }
-    yaml
-}
 
 async fn start(dir: &Path, yaml: &str) -> Courier {
     Courier::start(dir, yaml).await
@@ -95,144 +37,50 @@ async fn accept(c: &Courier, path: &str, body: &[u8], headers: &[(&str, &str)]) 
         .unwrap_or_else(|e| fail!(c, "202 body is not JSON ({e}): {}", resp.text()))
 }
 
-/// Waits (bounded) until the receiver got at least `n` requests.
-async fn requests(c: &Courier, rx: &Receiver, n: usize, timeout: Duration) -> Vec<Received> {
-    match rx.try_wait_for(n, timeout).await {
-        Some(got) => got,
-        None => fail!(
-            c,
-            "receiver: waited {timeout:?} for {n} requests, got {}",
-            rx.count()
-        ),
-    }
-}
-
-/// Checks that the receiver gets no request beyond `expected` within `window`.
-async fn quiet(c: &Courier, rx: &Receiver, expected: usize, window: Duration) {
-    if rx.try_wait_for(expected + 1, window).await.is_some() {
-        fail!(
-            c,
-            "receiver: expected {expected} requests in total, got {}",
-            rx.count()
-        );
-    }
-    check_eq!(c, rx.count(), expected, "receiver request count");
-}
-
-/// Waits (bounded) until the series has exactly the value `want`.
-async fn wait_metric(c: &Courier, series: &str, want: f64, timeout: Duration) {
-    let deadline = Instant::now() + timeout;
-    let mut last;
-    // Bounded by the deadline.
-    loop {
-        last = metric(&c.admin_url(), series).await;
-        if last == Some(want) || Instant::now() >= deadline {
-            break;
-        }
-        tokio::time::sleep(POLL).await;
-    }
-    check_eq!(c, last, Some(want), "metric {series} after {timeout:?}");
-}
-
-fn dl_dir(c: &Courier, destination: &str) -> PathBuf {
-    c.dir().join("dl").join(destination)
-}
-
 /// `yyyy-mm-dd` of the UTC day of `t`.
 fn utc_day(t: SystemTime) -> String {
     humantime::format_rfc3339(t).to_string()[..10].to_owned()
-}
-
-/// Every complete line of every `*.jsonl` file in `dir`, parsed, with the
-/// file names.
-fn read_dead_letters(c: &Courier, dir: &Path) -> (Vec<String>, Vec<Value>) {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return (Vec::new(), Vec::new());
-    };
-    let mut files: Vec<PathBuf> = entries.filter_map(|e| Some(e.ok()?.path())).collect();
-    files.sort();
-    let mut names = Vec::new();
-    let mut records = Vec::new();
-    for file in files {
-        let name = file
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        let text = std::fs::read_to_string(&file)
-            .unwrap_or_else(|e| fail!(c, "read {}: {e}", file.display()));
-        // A line still being appended has no newline yet: leave it for later.
-        let complete = &text[..text.rfind('\n').map_or(0, |i| i + 1)];
-        for line in complete.lines() {
-            let v = serde_json::from_str(line).unwrap_or_else(|e| {
-                fail!(c, "{}: a line is not JSON ({e}): {line:?}", file.display())
-            });
-            records.push(v);
-        }
-        names.push(name);
-    }
-    (names, records)
 }
 
 /// Waits (bounded) for at least `n` dead-letter records of `destination`
 /// under `dl/<destination>/`, checks the file is `<UTC day>.jsonl`, and
 /// returns the records.
 async fn dead_letters(c: &Courier, destination: &str, n: usize, timeout: Duration) -> Vec<Value> {
-    let dir = dl_dir(c, destination);
     let day_before = utc_day(SystemTime::now());
-    let deadline = Instant::now() + timeout;
-    // Bounded by the deadline.
-    let (names, records) = loop {
-        let (names, records) = read_dead_letters(c, &dir);
-        if records.len() >= n {
-            break (names, records);
-        }
-        if Instant::now() >= deadline {
-            fail!(
-                c,
-                "waited {timeout:?} for {n} dead letters in {}, found {} in {names:?}",
-                dir.display(),
-                records.len()
-            );
-        }
-        tokio::time::sleep(POLL).await;
-    };
+    let (names, records) = wait_dead_letters(c, destination, n, timeout).await;
     let day_after = utc_day(SystemTime::now());
     for name in &names {
         check!(
             c,
             *name == format!("{day_before}.jsonl") || *name == format!("{day_after}.jsonl"),
             "dead-letter file {name} in {} is not named after the UTC day ({day_after})",
-            dir.display()
+            support::dl_dir(c, destination).display()
         );
     }
     records
 }
 
-/// Every file under `dir`, recursively.
-fn files_under(dir: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        let Ok(entries) = std::fs::read_dir(&d) else {
-            continue;
-        };
-        for entry in entries.flatten() {
-            let path = entry.path();
-            if path.is_dir() {
-                stack.push(path);
-            } else {
-                out.push(path);
-            }
-        }
-    }
-    out
+/// Waits (bounded) until `destination` has no event pending.
+async fn wait_nothing_pending(c: &Courier, destination: &str) {
+    let series = format!(r#"courier_events_pending{{destination="{destination}"}}"#);
+    wait_metric(c, &series, 0.0, PROMPT).await;
 }
 
-fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .expect("clock after 1970")
-        .as_millis() as i64
+/// Waits (bounded) until one event of `destination` was dead-lettered for
+/// `reason`.
+async fn wait_dead_lettered(c: &Courier, destination: &str, reason: &str) {
+    let series = format!(
+        r#"courier_events_dead_lettered_total{{destination="{destination}",reason="{reason}"}}"#
+    );
+    wait_metric(c, &series, 1.0, PROMPT).await;
+}
+
+/// The end of a test whose one `orders` event was dead-lettered for `reason`
+/// after one attempt: no more requests, the counter, nothing pending.
+async fn dead_lettered_once(c: &Courier, rx: &Receiver, reason: &str) {
+    quiet(c, rx, 1, QUIET).await;
+    wait_dead_lettered(c, "orders", reason).await;
+    wait_nothing_pending(c, "orders").await;
 }
 
 /// The journal row of one event: (accepted_ms, next_due_ms, attempts,
@@ -250,19 +98,6 @@ fn journal_row(db: &Path, id: &str) -> rusqlite::Result<Option<Row>> {
         Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
     })?;
     rows.next().transpose()
-}
-
-/// A loopback port that refuses connections: bound but never listening, so
-/// that while the returned socket lives, no other test (a `Receiver` on port
-/// 0, in parallel) can be given the same port, as it could after a plain
-/// bind-and-drop.
-fn refusing_port() -> (tokio::net::TcpSocket, u16) {
-    let socket = tokio::net::TcpSocket::new_v4().expect("create socket");
-    socket
-        .bind(SocketAddr::from(([127, 0, 0, 1], 0)))
-        .expect("bind a free port");
-    let port = socket.local_addr().expect("local addr").port();
-    (socket, port)
 }
 
 // 1 ------------------------------------------------------------------------
@@ -323,13 +158,7 @@ async fn delivered_with_path_query_body_and_headers() {
         PROMPT,
     )
     .await;
-    wait_metric(
-        &c,
-        r#"courier_events_pending{destination="orders"}"#,
-        0.0,
-        PROMPT,
-    )
-    .await;
+    wait_nothing_pending(&c, "orders").await;
     quiet(&c, &rx, 1, QUIET).await;
     check!(
         c,
@@ -389,21 +218,7 @@ async fn bad_request_is_dead_lettered_after_one_attempt() {
         check!(c, d[key].is_string(), "{key} missing in {d}");
     }
 
-    quiet(&c, &rx, 1, QUIET).await;
-    wait_metric(
-        &c,
-        r#"courier_events_dead_lettered_total{destination="orders",reason="NonRetriableStatus"}"#,
-        1.0,
-        PROMPT,
-    )
-    .await;
-    wait_metric(
-        &c,
-        r#"courier_events_pending{destination="orders"}"#,
-        0.0,
-        PROMPT,
-    )
-    .await;
+    dead_lettered_once(&c, &rx, "NonRetriableStatus").await;
 }
 
 // 3 ------------------------------------------------------------------------
@@ -561,13 +376,7 @@ async fn max_attempts_then_dead_letter() {
         1,
         "dead letters"
     );
-    wait_metric(
-        &c,
-        r#"courier_events_dead_lettered_total{destination="orders",reason="MaxDeliveryAttemptsExceeded"}"#,
-        1.0,
-        PROMPT,
-    )
-    .await;
+    wait_dead_lettered(&c, "orders", "MaxDeliveryAttemptsExceeded").await;
     wait_metric(
         &c,
         r#"courier_delivery_attempts_total{destination="orders",outcome="Failed"}"#,
@@ -575,13 +384,7 @@ async fn max_attempts_then_dead_letter() {
         PROMPT,
     )
     .await;
-    wait_metric(
-        &c,
-        r#"courier_events_pending{destination="orders"}"#,
-        0.0,
-        PROMPT,
-    )
-    .await;
+    wait_nothing_pending(&c, "orders").await;
 }
 
 // 6 ------------------------------------------------------------------------
@@ -672,21 +475,7 @@ async fn ttl_expires_at_its_deadline_and_survives_a_restart() {
         "dead letter took {took:?} after restart"
     );
 
-    quiet(&c, &rx, 1, QUIET).await;
-    wait_metric(
-        &c,
-        r#"courier_events_dead_lettered_total{destination="orders",reason="TimeToLiveExceeded"}"#,
-        1.0,
-        PROMPT,
-    )
-    .await;
-    wait_metric(
-        &c,
-        r#"courier_events_pending{destination="orders"}"#,
-        0.0,
-        PROMPT,
-    )
-    .await;
+    dead_lettered_once(&c, &rx, "TimeToLiveExceeded").await;
 }
 
 // 7 ------------------------------------------------------------------------
@@ -804,13 +593,7 @@ async fn without_a_sink_events_are_dropped_and_counted() {
         PROMPT,
     )
     .await;
-    wait_metric(
-        &c,
-        r#"courier_events_pending{destination="audit"}"#,
-        0.0,
-        PROMPT,
-    )
-    .await;
+    wait_nothing_pending(&c, "audit").await;
     quiet(&c, &rx, 1, QUIET).await;
     let files = files_under(&tmp.path().join("dl"));
     check!(

@@ -11,122 +11,27 @@
 mod support;
 
 use std::collections::BTreeSet;
-use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::path::Path;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use serde_json::{Value, json};
-use support::{Courier, Received, Receiver, Reply, behavior, get, metric, metric_sum, post};
+use support::{
+    Courier, Received, Receiver, Reply, behavior, check, check_eq, config, fail, files_under, get,
+    metric, metric_sum, now_ms, post, quiet, refusing_port, requests, wait_dead_letters,
+    wait_metric,
+};
 
 const SECOND: Duration = Duration::from_secs(1);
 /// How long a test waits for something that should happen at once.
 const PROMPT: Duration = Duration::from_secs(5);
 const POLL: Duration = Duration::from_millis(10);
 
-/// `panic!` with courier's logs appended.
-macro_rules! fail {
-    ($c:expr, $($arg:tt)+) => {
-        panic!("{}\n--- courier logs ---\n{}", format!($($arg)+), $c.logs())
-    };
-}
-
-/// `assert!` that shows courier's logs when it fails.
-macro_rules! check {
-    ($c:expr, $cond:expr) => {
-        check!($c, $cond, "{}", stringify!($cond))
-    };
-    ($c:expr, $cond:expr, $($arg:tt)+) => {
-        if !$cond {
-            fail!($c, "check failed: {}: {}", stringify!($cond), format!($($arg)+));
-        }
-    };
-}
-
-/// `assert_eq!` that shows courier's logs when it fails.
-macro_rules! check_eq {
-    ($c:expr, $left:expr, $right:expr) => {
-        check_eq!($c, $left, $right, "{}", stringify!($left))
-    };
-    ($c:expr, $left:expr, $right:expr, $($arg:tt)+) => {{
-        let (left, right) = (&$left, &$right);
-        if left != right {
-            fail!(
-                $c,
-                "{}\n  left: {:?}\n right: {:?}",
-                format!($($arg)+),
-                left,
-                right
-            );
-        }
-    }};
-}
-
-/// A config with one destination `name` at `url`; `extra` is the rest of the
-/// destination's keys, one per line, without indentation.
-fn config(name: &str, url: &str, extra: &str) -> String {
-    let mut yaml = format!(
-        "listen: 127.0.0.1:0\n\
-         admin_listen: 127.0.0.1:0\n\
-         log: {{ level: debug }}\n\
-         journal: {{ dir: ./journal }}\n\
-         dead_letter: {{ dir: ./dl }}\n\
-         destinations:\n  \
-           {name}:\n    \
-             url: {url}\n"
-    );
-    for line in extra.lines().map(str::trim).filter(|l| !l.is_empty()) {
-        yaml.push_str("    ");
-        yaml.push_str(line);
-        yaml.push('\n');
-    }
-    yaml
-}
-
 /// Posts an event with `Idempotency-Key: id` and checks it was accepted.
 async fn accept(c: &Courier, path: &str, id: &str) {
     let body = json!({ "id": id }).to_string();
     let resp = post(&c.url(path), body, &[("Idempotency-Key", id)]).await;
     check_eq!(c, resp.status, 202, "POST /{path} ({id}): {}", resp.text());
-}
-
-/// Waits (bounded) until the receiver got at least `n` requests.
-async fn requests(c: &Courier, rx: &Receiver, n: usize, timeout: Duration) -> Vec<Received> {
-    match rx.try_wait_for(n, timeout).await {
-        Some(got) => got,
-        None => fail!(
-            c,
-            "receiver: waited {timeout:?} for {n} requests, got {}",
-            rx.count()
-        ),
-    }
-}
-
-/// Checks that the receiver gets no request beyond `expected` within `window`.
-async fn quiet(c: &Courier, rx: &Receiver, expected: usize, window: Duration) {
-    if rx.try_wait_for(expected + 1, window).await.is_some() {
-        fail!(
-            c,
-            "receiver: expected {expected} requests in total within {window:?}, got {}",
-            rx.count()
-        );
-    }
-    check_eq!(c, rx.count(), expected, "receiver request count");
-}
-
-/// Waits (bounded) until the series has exactly the value `want`.
-async fn wait_metric(c: &Courier, series: &str, want: f64, timeout: Duration) {
-    let deadline = Instant::now() + timeout;
-    let mut last;
-    // Bounded by the deadline.
-    loop {
-        last = metric(&c.admin_url(), series).await;
-        if last == Some(want) || Instant::now() >= deadline {
-            break;
-        }
-        tokio::time::sleep(POLL).await;
-    }
-    check_eq!(c, last, Some(want), "metric {series} after {timeout:?}");
 }
 
 /// The `webhook-id` of a request.
@@ -205,73 +110,9 @@ async fn set_paused(c: &Courier, name: &str, paused: bool) -> Value {
 
 // Dead letters and journal ---------------------------------------------------
 
-fn dl_dir(c: &Courier, destination: &str) -> PathBuf {
-    c.dir().join("dl").join(destination)
-}
-
-/// Every complete line of every `*.jsonl` file in `dir`, parsed.
-fn read_dead_letters(c: &Courier, dir: &Path) -> Vec<Value> {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return Vec::new();
-    };
-    let mut files: Vec<PathBuf> = entries.filter_map(|e| Some(e.ok()?.path())).collect();
-    files.sort();
-    let mut records = Vec::new();
-    for file in files {
-        let text = std::fs::read_to_string(&file)
-            .unwrap_or_else(|e| fail!(c, "read {}: {e}", file.display()));
-        // A line still being appended has no newline yet: leave it for later.
-        let complete = &text[..text.rfind('\n').map_or(0, |i| i + 1)];
-        for line in complete.lines() {
-            let v = serde_json::from_str(line).unwrap_or_else(|e| {
-                fail!(c, "{}: a line is not JSON ({e}): {line:?}", file.display())
-            });
-            records.push(v);
-        }
-    }
-    records
-}
-
 /// Waits (bounded) for at least `n` dead-letter records of `destination`.
 async fn dead_letters(c: &Courier, destination: &str, n: usize, timeout: Duration) -> Vec<Value> {
-    let dir = dl_dir(c, destination);
-    let deadline = Instant::now() + timeout;
-    // Bounded by the deadline.
-    loop {
-        let records = read_dead_letters(c, &dir);
-        if records.len() >= n {
-            return records;
-        }
-        if Instant::now() >= deadline {
-            fail!(
-                c,
-                "waited {timeout:?} for {n} dead letters in {}, found {}",
-                dir.display(),
-                records.len()
-            );
-        }
-        tokio::time::sleep(POLL).await;
-    }
-}
-
-/// Every file under `dir`, recursively.
-fn files_under(dir: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        let Ok(entries) = std::fs::read_dir(&d) else {
-            continue;
-        };
-        for entry in entries.flatten() {
-            let path = entry.path();
-            if path.is_dir() {
-                stack.push(path);
-            } else {
-                out.push(path);
-            }
-        }
-    }
-    out
+    wait_dead_letters(c, destination, n, timeout).await.1
 }
 
 /// Checks that nothing was dead-lettered (no file, counter 0).
@@ -286,11 +127,22 @@ async fn nothing_dead_lettered(c: &Courier, destination: &str) {
     check_eq!(c, dead, 0.0, "dead-lettered");
 }
 
-fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .expect("clock after 1970")
-        .as_millis() as i64
+/// Waits (bounded) until `orders` counts `n` delivered events.
+async fn wait_delivered(c: &Courier, n: f64) {
+    wait_metric(
+        c,
+        r#"courier_events_delivered_total{destination="orders"}"#,
+        n,
+        PROMPT,
+    )
+    .await;
+}
+
+/// The end of a test: the receiver got `total` requests and no more, and
+/// nothing was dead-lettered.
+async fn all_done(c: &Courier, rx: &Receiver, total: usize) {
+    quiet(c, rx, total, Duration::from_millis(300)).await;
+    nothing_dead_lettered(c, "orders").await;
 }
 
 /// An event's journal row: (accepted_ms, next_due_ms, attempts), if it is there.
@@ -318,17 +170,6 @@ async fn wait_row(c: &Courier, db: &Path, id: &str, attempts: i64) -> (i64, i64,
             ),
         }
     }
-}
-
-/// A loopback port that refuses connections: bound but never listening, so
-/// that while the returned socket lives no parallel test can be given it.
-fn refusing_port() -> (tokio::net::TcpSocket, u16) {
-    let socket = tokio::net::TcpSocket::new_v4().expect("create socket");
-    socket
-        .bind(SocketAddr::from(([127, 0, 0, 1], 0)))
-        .expect("bind a free port");
-    let port = socket.local_addr().expect("local addr").port();
-    (socket, port)
 }
 
 // 1 ------------------------------------------------------------------------
@@ -504,13 +345,7 @@ async fn a_successful_probe_ends_the_probation() {
         .collect();
     check_eq!(c, ids, want, "delivered after the probe");
 
-    wait_metric(
-        &c,
-        r#"courier_events_delivered_total{destination="orders"}"#,
-        6.0,
-        PROMPT,
-    )
-    .await;
+    wait_delivered(&c, 6.0).await;
     let d = wait_destination(&c, "orders", "healthy", PROMPT, |d| d["state"] == "healthy").await;
     check_eq!(c, d["consecutive_failures"], 0, "{d}");
     check_eq!(c, d["last_outcome"], "Delivered", "{d}");
@@ -521,8 +356,7 @@ async fn a_successful_probe_ends_the_probation() {
         SECOND,
     )
     .await;
-    quiet(&c, &rx, 16, Duration::from_millis(300)).await;
-    nothing_dead_lettered(&c, "orders").await;
+    all_done(&c, &rx, 16).await;
 }
 
 // 3 ------------------------------------------------------------------------
@@ -564,15 +398,8 @@ async fn retry_after_on_429_holds_the_whole_destination() {
     check!(c, held < 3 * SECOND, "the hold lasted {held:?}");
     let ids: BTreeSet<&str> = got[1..3].iter().map(id_of).collect();
     check_eq!(c, ids, BTreeSet::from(["evt-a", "evt-b"]));
-    wait_metric(
-        &c,
-        r#"courier_events_delivered_total{destination="orders"}"#,
-        2.0,
-        PROMPT,
-    )
-    .await;
-    quiet(&c, &rx, 3, Duration::from_millis(300)).await;
-    nothing_dead_lettered(&c, "orders").await;
+    wait_delivered(&c, 2.0).await;
+    all_done(&c, &rx, 3).await;
 }
 
 // 4 ------------------------------------------------------------------------
@@ -701,15 +528,8 @@ async fn gone_pauses_the_destination_until_resumed() {
         .find(|r| id_of(r) == gone_id)
         .map(attempt_of);
     check_eq!(c, again, Some("2"), "attempt of {gone_id}, the 410'd event");
-    wait_metric(
-        &c,
-        r#"courier_events_delivered_total{destination="orders"}"#,
-        3.0,
-        PROMPT,
-    )
-    .await;
-    quiet(&c, &rx, 4, Duration::from_millis(300)).await;
-    nothing_dead_lettered(&c, "orders").await;
+    wait_delivered(&c, 3.0).await;
+    all_done(&c, &rx, 4).await;
     let d = destination(&c, "orders").await;
     check_eq!(c, d["state"], "healthy", "{d}");
 }
@@ -747,13 +567,7 @@ async fn operator_pause_and_resume() {
     let got = requests(&c, &rx, 1, PROMPT).await;
     check_eq!(c, id_of(&got[0]), "evt-held");
     check_eq!(c, attempt_of(&got[0]), "1");
-    wait_metric(
-        &c,
-        r#"courier_events_delivered_total{destination="orders"}"#,
-        1.0,
-        PROMPT,
-    )
-    .await;
+    wait_delivered(&c, 1.0).await;
     let d = destination(&c, "orders").await;
     check_eq!(c, d["state"], "healthy", "{d}");
     check!(c, d["paused_by"].is_null(), "{d}");
@@ -996,13 +810,7 @@ async fn pasted_sns_policy_runs_its_phases() {
         "gap before attempt 5 (the one backoff retry, at max 2s) was {:?}",
         gaps[3]
     );
-    wait_metric(
-        &c,
-        r#"courier_events_delivered_total{destination="orders"}"#,
-        1.0,
-        PROMPT,
-    )
-    .await;
+    wait_delivered(&c, 1.0).await;
     quiet(&c, &rx, 5, Duration::from_millis(300)).await;
 
     // The plan courier prints agrees.

@@ -1,19 +1,28 @@
 #![allow(dead_code, unused_imports)]
 //! Test support for courier: a webhook `Receiver`, the `Courier` child
-//! process harness, HTTP `client` helpers and a `load` generator.
+//! process harness, HTTP `client` helpers and a `load` generator; for the
+//! end-to-end tests, `checks` (`fail!`, `check!`, `check_eq!` and bounded
+//! waits), `deadletters` readers and `setup` helpers.
 //!
 //! Used by the integration tests (`mod support;`) and by
 //! `benches/courier_bench.rs` (`#[path = "../tests/support/mod.rs"] mod support;`).
 
+pub mod checks;
 pub mod client;
 pub mod courier;
+pub mod deadletters;
 pub mod load;
 pub mod receiver;
+pub mod setup;
 
+pub(crate) use checks::{check, check_eq, fail};
+pub use checks::{quiet, requests, wait_metric};
 pub use client::{Resp, get, json, metric, metric_sum, post};
 pub use courier::{CliOutput, Courier, courier_bin, run_cli};
+pub use deadletters::{dl_dir, files_under, read_dead_letters, wait_dead_letters};
 pub use load::{LoadReport, LoadSpec};
 pub use receiver::{Behavior, Received, Receiver, Reply, behavior};
+pub use setup::{config, now_ms, refusing_port};
 
 /// A JSON object of exactly `size` bytes (at least 32), e.g. for 1 KiB
 /// benchmark events: `{"kind":"bench","seq":SEQ,"pad":"xxxx…"}`.
