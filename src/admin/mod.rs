@@ -35,7 +35,7 @@ impl Admin {
         match (req.method(), segments.as_slice()) {
             (&Method::GET, ["healthz"]) => json(StatusCode::OK, &json!({ "status": "ok" })),
             (&Method::GET, ["readyz"]) => {
-                if self.lifecycle.ready() {
+                if self.lifecycle.ready() && !self.journal.failed() {
                     json(StatusCode::OK, &json!({ "status": "ready" }))
                 } else {
                     json(

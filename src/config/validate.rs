@@ -445,7 +445,11 @@ pub fn parse_codes(key: &StatusKey) -> Result<Codes, String> {
         StatusKey::Text(t) => {
             let t = t.trim();
             if let Some(class) = t.strip_suffix("xx").or_else(|| t.strip_suffix("XX")) {
-                let d: u16 = class.parse().map_err(|_| bad())?;
+                let d: u16 = class
+                    .parse()
+                    .ok()
+                    .filter(|d| (2..=5).contains(d))
+                    .ok_or_else(bad)?;
                 (d * 100, d * 100 + 99)
             } else if let Some((a, b)) = t.split_once('-') {
                 (

@@ -91,7 +91,7 @@ impl Dispatcher {
                 } else {
                     self.ctx.health.gate()
                 };
-                let Gate::Go { .. } = gate else {
+                let Gate::Go { probe } = gate else {
                     gated = Some(gate);
                     break;
                 };
@@ -100,18 +100,19 @@ impl Dispatcher {
                 };
                 let seq = ev.seq;
                 let ctx = self.ctx.clone();
-                let handle = tasks.spawn(async move { settle::run(&ctx, ev).await });
+                let handle = tasks.spawn(async move { settle::run(&ctx, ev, probe).await });
                 held.running.insert(handle.id(), seq);
             }
             let overdue = expiry_at.is_some_and(|t| clock::now_ms() >= t);
-            if (gated.is_some() || overdue) && !stop.is_cancelled() {
+            if overdue && !stop.is_cancelled() {
                 expiry_at = self.expire_overdue(&mut held, &mut tasks).await;
             }
             let until = match gated {
                 Some(Gate::WaitUntil(t)) => Some(t),
                 _ => None,
             };
-            wake_at = [wake_at, until, expiry_at].into_iter().flatten().min();
+            let expiry = expiry_at.filter(|_| !stop.is_cancelled());
+            wake_at = [wake_at, until, expiry].into_iter().flatten().min();
             if stop.is_cancelled() && tasks.is_empty() {
                 return;
             }

@@ -121,7 +121,7 @@ impl Health {
 
     /// Records an attempt's outcome; `hold` is a Retry-After that pauses the
     /// whole destination. Returns the probation end if one starts now.
-    pub fn record(&self, outcome: Outcome, hold: Option<Duration>) -> Option<u64> {
+    pub fn record(&self, outcome: Outcome, hold: Option<Duration>, probe: bool) -> Option<u64> {
         let now = clock::now_ms();
         let mut s = self.lock();
         s.last_outcome = Some(outcome);
@@ -130,10 +130,16 @@ impl Health {
             let until = now + h.as_millis() as u64;
             s.hold_until_ms = Some(s.hold_until_ms.map_or(until, |u| u.max(until)));
         }
-        let started = s.probation.record(outcome, now);
+        let started = s.probation.record(outcome, now, probe);
         drop(s);
         self.wake.notify_one();
         started
+    }
+
+    /// The probe's event needed no attempt after all: let another probe.
+    pub fn probe_cancelled(&self) {
+        self.lock().probation.probe_cancelled();
+        self.wake.notify_one();
     }
 
     pub fn pause(&self, reason: PauseReason) {

@@ -9,7 +9,7 @@ use crate::admin::metrics;
 use crate::clock;
 use crate::config::DestinationSettings;
 use crate::deadletter::{DeadLetterSink, Facts, custom_record};
-use crate::journal::{Change, Journal, StoredEvent};
+use crate::journal::{Change, Journal, JournalError, StoredEvent};
 use crate::policy::schedule::jittered;
 use crate::policy::{Next, Outcome, Reason, Verdict};
 use std::collections::HashMap;
@@ -19,7 +19,10 @@ use std::time::Duration;
 use tower::ServiceExt;
 
 /// How long a dead letter that could not be written waits before the next try.
-const SINK_RETRY: Duration = Duration::from_secs(30);
+const SINK_RETRY: Duration = Duration::from_secs(5);
+/// How long a settled outcome keeps trying to reach the journal or the sink
+/// before its event is left for the next start.
+const PERSIST_FOR: Duration = Duration::from_secs(600);
 
 pub struct Ctx {
     pub dest: Arc<DestinationSettings>,
@@ -32,8 +35,16 @@ pub struct Ctx {
 
 /// `false` when the journal refused the change: the event must stay out of
 /// this process's dispatch (it is retried after a restart).
-pub async fn run(ctx: &Arc<Ctx>, ev: StoredEvent) -> bool {
+/// `probe`: this attempt is the one probe after a probation; if no attempt
+/// is made after all, another event may probe.
+pub async fn run(ctx: &Arc<Ctx>, ev: StoredEvent, probe: bool) -> bool {
+    let no_attempt = || {
+        if probe {
+            ctx.health.probe_cancelled();
+        }
+    };
     if ctx.late.take(ev.seq) {
+        no_attempt();
         return true;
     }
     if ctx
@@ -41,11 +52,13 @@ pub async fn run(ctx: &Arc<Ctx>, ev: StoredEvent) -> bool {
         .limits
         .expired(ev.event.accepted_ms, clock::now_ms())
     {
+        no_attempt();
         return expire(ctx, ev).await;
     }
     let request = match request::build(&ctx.dest, &ev) {
         Ok(r) => r,
         Err(e) => {
+            no_attempt();
             // Only a row edited by hand gets here: ingress stores valid requests.
             tracing::error!(destination = %ctx.dest.name, id = %ev.event.id, error = %e, "stored request cannot be rebuilt; quarantining it");
             return apply(ctx, vec![Change::Quarantine { seq: ev.seq }]).await;
@@ -54,7 +67,7 @@ pub async fn run(ctx: &Arc<Ctx>, ev: StoredEvent) -> bool {
     ctx.health.in_flight.fetch_add(1, Ordering::Relaxed);
     let Ok(attempted) = ctx.stack.clone().oneshot(request).await;
     ctx.health.in_flight.fetch_sub(1, Ordering::Relaxed);
-    settle(ctx, ev, attempted).await
+    settle(ctx, ev, attempted, probe).await
 }
 
 /// Dead-letters an event whose TTL ran out before its next attempt. One
@@ -63,7 +76,10 @@ pub async fn expire(ctx: &Ctx, ev: StoredEvent) -> bool {
     let outcome = if ctx.health.on_probation() {
         Outcome::Probation.as_str().to_string()
     } else {
-        ev.last_outcome.clone().unwrap_or_else(|| "None".into())
+        // Never attempted: courier held it back the whole time.
+        ev.last_outcome
+            .clone()
+            .unwrap_or_else(|| Outcome::Probation.as_str().into())
     };
     let facts = Facts {
         reason: Reason::TimeToLiveExceeded,
@@ -75,7 +91,7 @@ pub async fn expire(ctx: &Ctx, ev: StoredEvent) -> bool {
     dead_letter(ctx, &ev, &facts).await
 }
 
-async fn settle(ctx: &Arc<Ctx>, ev: StoredEvent, mut a: Attempted) -> bool {
+async fn settle(ctx: &Arc<Ctx>, ev: StoredEvent, mut a: Attempted, probe: bool) -> bool {
     let dest = &ctx.dest;
     let attempts = ev.attempts + 1;
     let outcome = a.classified.outcome.as_str();
@@ -85,7 +101,7 @@ async fn settle(ctx: &Arc<Ctx>, ev: StoredEvent, mut a: Attempted) -> bool {
     let hold = a
         .retry_after
         .filter(|_| matches!(a.status, Some(429 | 503)));
-    if let Some(until) = ctx.health.record(a.classified.outcome, hold) {
+    if let Some(until) = ctx.health.record(a.classified.outcome, hold, probe) {
         tracing::warn!(destination = %dest.name, outcome, until = %clock::rfc3339(until), "endpoint on probation: no attempts until then, then one probe");
     }
     tracing::debug!(destination = %dest.name, id = %ev.event.id, attempt = attempts, outcome, status = ?a.status, error = ?a.error, "attempt");
@@ -202,12 +218,26 @@ impl LateCompleted {
     }
 }
 
+/// Records `changes`, waiting out a full disk or queue: the event is held
+/// meanwhile (neither re-sent nor lost). `false` after a lasting failure:
+/// the event stays pending in the journal and is taken up after a restart.
 async fn apply(ctx: &Ctx, changes: Vec<Change>) -> bool {
-    match ctx.journal.apply(changes).await {
-        Ok(()) => true,
-        Err(e) => {
-            tracing::error!(destination = %ctx.dest.name, error = %e, "journal refused a delivery update; the event stays pending");
-            false
+    let mut wait = Duration::from_millis(100);
+    let give_up = tokio::time::Instant::now() + PERSIST_FOR;
+    loop {
+        match ctx.journal.apply(changes.clone()).await {
+            Ok(()) => return true,
+            Err(e @ (JournalError::DiskFull | JournalError::Busy))
+                if tokio::time::Instant::now() < give_up =>
+            {
+                tracing::warn!(destination = %ctx.dest.name, error = %e, "journal cannot record a delivery update yet; retrying");
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(Duration::from_secs(5));
+            }
+            Err(e) => {
+                tracing::error!(destination = %ctx.dest.name, error = %e, "journal refused a delivery update; the event stays pending until restart");
+                return false;
+            }
         }
     }
 }
@@ -225,32 +255,29 @@ async fn dead_letter(ctx: &Ctx, ev: &StoredEvent, facts: &Facts<'_>) -> bool {
         Some(sink) => {
             let line = custom_record(&ev.event, facts);
             let day = clock::rfc3339(clock::now_ms())[..10].to_string();
-            let (sink, name) = (sink.clone(), dest.clone());
-            let written =
-                tokio::task::spawn_blocking(move || sink.write(&name, &day, &[line])).await;
-            match written {
-                Ok(Ok(())) => {
-                    tracing::info!(destination = %dest, id = %ev.event.id, reason, attempts = facts.attempts, "dead-lettered");
-                    metrics::dead_lettered(dest, reason);
-                }
-                failed => {
-                    let error = match failed {
+            let give_up = tokio::time::Instant::now() + PERSIST_FOR;
+            loop {
+                let (sink, name, day, line) =
+                    (sink.clone(), dest.clone(), day.clone(), line.clone());
+                let error =
+                    match tokio::task::spawn_blocking(move || sink.write(&name, &day, &[line]))
+                        .await
+                    {
+                        Ok(Ok(())) => break,
                         Ok(Err(e)) => e.to_string(),
-                        _ => "writer task failed".into(),
+                        Err(e) => e.to_string(),
                     };
-                    tracing::error!(destination = %dest, id = %ev.event.id, error, "cannot write the dead letter; the event stays pending and is tried again");
-                    let change = Change::Reschedule {
-                        seq: ev.seq,
-                        attempts: ev.attempts,
-                        next_due_ms: clock::now_ms() + SINK_RETRY.as_millis() as u64,
-                        outcome: Outcome::parse(facts.last_outcome)
-                            .map_or("Failed", Outcome::as_str),
-                        status: facts.last_status,
-                        attempt_ms: facts.last_attempt_ms.unwrap_or_else(clock::now_ms),
-                    };
-                    return apply(ctx, vec![change]).await;
+                // The event stays in the journal and is not sent again: only
+                // the dead letter is retried.
+                if tokio::time::Instant::now() >= give_up {
+                    tracing::error!(destination = %dest, id = %ev.event.id, error, "cannot write the dead letter; the event stays pending until restart");
+                    return false;
                 }
+                tracing::error!(destination = %dest, id = %ev.event.id, error, "cannot write the dead letter; retrying");
+                tokio::time::sleep(SINK_RETRY).await;
             }
+            tracing::info!(destination = %dest, id = %ev.event.id, reason, attempts = facts.attempts, "dead-lettered");
+            metrics::dead_lettered(dest, reason);
         }
     }
     apply(ctx, vec![delete(ev)]).await

@@ -208,7 +208,12 @@ impl Journal {
     pub async fn apply(&self, changes: Vec<Change>) -> Result<(), JournalError> {
         self.writable()?;
         let (reply, rx) = oneshot::channel();
-        self.send(Command::Apply { changes, reply })?;
+        // Delivery updates wait for room in the queue rather than fail:
+        // a burst of ingress must not strand an event that was delivered.
+        self.tx
+            .send(Command::Apply { changes, reply })
+            .await
+            .map_err(|_| JournalError::Closed)?;
         rx.await.map_err(|_| JournalError::Closed)?
     }
 
@@ -242,6 +247,11 @@ impl Journal {
         if self.tx.send(Command::Close { reply }).await.is_ok() {
             let _ = rx.await;
         }
+    }
+
+    /// True after a failed commit: writes are refused until restart.
+    pub fn failed(&self) -> bool {
+        self.shared.failed.lock().map_or(true, |f| f.is_some())
     }
 
     pub fn destination(&self, name: &str) -> Option<Arc<DestinationState>> {

@@ -9,7 +9,7 @@ pub const FILE: &str = "journal.db";
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS events (
-    seq INTEGER PRIMARY KEY,
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
     id TEXT NOT NULL,
     destination TEXT NOT NULL,
     method TEXT NOT NULL,
@@ -43,7 +43,11 @@ pub enum StoreError {
 pub fn open_writer(path: &Path, full_sync: bool) -> Result<Connection, rusqlite::Error> {
     let conn = Connection::open(path)?;
     conn.pragma_update(None, "journal_mode", "WAL")?;
-    conn.pragma_update(None, "synchronous", if full_sync { "FULL" } else { "OFF" })?;
+    conn.pragma_update(
+        None,
+        "synchronous",
+        if full_sync { "FULL" } else { "NORMAL" },
+    )?;
     // Checkpoints run on their own thread: inside the writer they stall
     // every commit behind them for 5–20 ms.
     conn.pragma_update(None, "wal_autocheckpoint", 0)?;

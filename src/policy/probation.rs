@@ -109,10 +109,18 @@ impl Probation {
         self.probing = true;
     }
 
+    /// The probe's turn ended without an attempt (its event expired or was
+    /// already completed): the next event may probe.
+    pub fn probe_cancelled(&mut self) {
+        self.probing = false;
+    }
+
     /// Records an attempt's result. Returns the probation end when this
     /// result starts a probation.
-    pub fn record(&mut self, outcome: Outcome, now_ms: u64) -> Option<u64> {
-        let was_probing = std::mem::take(&mut self.probing);
+    /// `probe`: this result is the probe's; results of attempts that
+    /// started before the probation neither end nor extend it.
+    pub fn record(&mut self, outcome: Outcome, now_ms: u64, probe: bool) -> Option<u64> {
+        let was_probing = probe && std::mem::take(&mut self.probing);
         if outcome == Outcome::Delivered {
             self.consecutive = 0;
             self.strikes = 0;
@@ -169,7 +177,7 @@ mod tests {
         assert_eq!(p.length(Outcome::Busy, 0), Duration::from_secs(2));
         let mut never = Probation::new(p);
         for _ in 0..100 {
-            assert_eq!(never.record(Outcome::Failed, 0), None);
+            assert_eq!(never.record(Outcome::Failed, 0, false), None);
         }
     }
 
@@ -177,10 +185,10 @@ mod tests {
     fn ten_failures_start_probation_by_the_last_outcome() {
         let mut p = Probation::new(policy(10));
         for i in 0..9 {
-            assert_eq!(p.record(Outcome::Failed, 1000 + i), None);
+            assert_eq!(p.record(Outcome::Failed, 1000 + i, false), None);
             assert_eq!(p.admit(1000 + i), Admit::Go);
         }
-        assert_eq!(p.record(Outcome::Busy, 2000), Some(12_000));
+        assert_eq!(p.record(Outcome::Busy, 2000, false), Some(12_000));
         assert_eq!(p.admit(11_999), Admit::WaitUntil(12_000));
         assert!(p.on_probation(5000));
         assert_eq!(p.admit(12_000), Admit::Probe);
@@ -189,8 +197,8 @@ mod tests {
     #[test]
     fn one_probe_then_full_rate_on_success() {
         let mut p = Probation::new(policy(2));
-        p.record(Outcome::SocketError, 0);
-        assert_eq!(p.record(Outcome::SocketError, 0), Some(30_000));
+        p.record(Outcome::SocketError, 0, false);
+        assert_eq!(p.record(Outcome::SocketError, 0, false), Some(30_000));
         assert_eq!(p.admit(30_000), Admit::Probe);
         p.probe_started();
         assert_eq!(
@@ -198,9 +206,22 @@ mod tests {
             Admit::WaitUntil(u64::MAX),
             "no second attempt while the probe is out"
         );
-        assert_eq!(p.record(Outcome::Delivered, 30_100), None);
+        assert_eq!(p.record(Outcome::Delivered, 30_100, true), None);
         assert_eq!(p.admit(30_100), Admit::Go);
         assert_eq!(p.consecutive_failures(), 0);
+    }
+
+    #[test]
+    fn only_the_probes_own_result_ends_the_probe() {
+        let mut p = Probation::new(policy(1));
+        let until = p.record(Outcome::Failed, 0, false).expect("probation");
+        assert_eq!(p.admit(until), Admit::Probe);
+        p.probe_started();
+        // an attempt from before the probation times out now: not the probe
+        assert_eq!(p.record(Outcome::TimedOut, until + 1, false), None);
+        assert_eq!(p.admit(until + 2), Admit::WaitUntil(u64::MAX));
+        p.probe_cancelled();
+        assert_eq!(p.admit(until + 3), Admit::Probe);
     }
 
     #[test]
@@ -208,13 +229,15 @@ mod tests {
         let mut p = Probation::new(policy(1));
         let mut now = 0;
         let mut lengths = Vec::new();
-        let mut until = p.record(Outcome::Failed, now).expect("probation");
+        let mut until = p.record(Outcome::Failed, now, false).expect("probation");
         for _ in 0..10 {
             lengths.push((until - now) / 1000);
             now = until;
             assert_eq!(p.admit(now), Admit::Probe);
             p.probe_started();
-            until = p.record(Outcome::Failed, now).expect("probation again");
+            until = p
+                .record(Outcome::Failed, now, true)
+                .expect("probation again");
         }
         assert_eq!(
             lengths,
