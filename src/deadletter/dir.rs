@@ -31,7 +31,12 @@ impl DeadLetterSink for DirSink {
         let dir = self.root.join(destination);
         let path = dir.join(format!("{day}.jsonl"));
         let created = !path.exists();
+        let new_dir = !dir.exists();
         std::fs::create_dir_all(&dir)?;
+        if new_dir {
+            // The destination folder's own entry must be durable too.
+            File::open(&self.root)?.sync_all()?;
+        }
         let mut file = OpenOptions::new().create(true).append(true).open(&path)?;
         let mut buf = Vec::with_capacity(lines.iter().map(|l| l.len() + 1).sum());
         for line in lines {

@@ -144,7 +144,10 @@ impl Journal {
     ) -> Result<(Journal, Vec<DestinationSummary>), OpenError> {
         std::fs::create_dir_all(dir).map_err(|e| OpenError::Dir(dir.to_path_buf(), e))?;
         let path = dir.join(FILE);
-        lock(dir).map_err(|lock_path| OpenError::Locked(path.clone(), lock_path))?;
+        lock(dir).map_err(|e| match e {
+            LockError::Held(lock_path) => OpenError::Locked(path.clone(), lock_path),
+            LockError::Open(lock_path, e) => OpenError::Dir(lock_path, e),
+        })?;
         let conn =
             store::open_writer(&path, full_sync).map_err(|e| OpenError::Open(path.clone(), e))?;
         if let Some(problem) =
@@ -185,7 +188,8 @@ impl Journal {
         self.writable()?;
         let size: u64 = events.iter().map(NewEvent::size).sum();
         // Reserve the bytes before queueing, so that concurrent requests
-        // cannot all pass the check; released if the write does not happen.
+        // cannot all pass the check. Once queued, the writer releases them if
+        // the write fails, even when this request's caller has gone away.
         let limit = self.shared.max_bytes;
         self.shared
             .pending_bytes
@@ -194,14 +198,11 @@ impl Journal {
             })
             .map_err(|pending| JournalError::Full { pending, limit })?;
         let (reply, rx) = oneshot::channel();
-        let result = match self.send(Command::Append { events, reply }) {
-            Ok(()) => rx.await.unwrap_or(Err(JournalError::Closed)),
-            Err(e) => Err(e),
-        };
-        if result.is_err() {
+        if let Err(e) = self.send(Command::Append { events, reply }) {
             self.shared.pending_bytes.fetch_sub(size, Ordering::AcqRel);
+            return Err(e);
         }
-        result
+        rx.await.unwrap_or(Err(JournalError::Closed))
     }
 
     /// Applies changes after attempts; returns once committed.
@@ -272,20 +273,32 @@ impl Journal {
 
 /// Holds an exclusive `flock` on `dir/courier.lock` for the life of the
 /// process: two couriers on one journal would deliver everything twice.
-fn lock(dir: &Path) -> Result<(), PathBuf> {
+enum LockError {
+    Open(PathBuf, std::io::Error),
+    Held(PathBuf),
+}
+
+fn lock(dir: &Path) -> Result<(), LockError> {
     use std::os::fd::IntoRawFd;
     let lock_path = dir.join("courier.lock");
-    let file = std::fs::OpenOptions::new()
+    let file = match std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
         .write(true)
         .open(&lock_path)
-        .map_err(|_| lock_path.clone())?;
+    {
+        Ok(f) => f,
+        Err(e) => return Err(LockError::Open(lock_path, e)),
+    };
     let fd = file.into_raw_fd();
     // SAFETY: `fd` is a valid descriptor we own and deliberately leak, so the
     // lock lives until the process exits.
     let rc = unsafe { libc::flock(fd, libc::LOCK_EX | libc::LOCK_NB) };
-    if rc != 0 { Err(lock_path) } else { Ok(()) }
+    if rc != 0 {
+        Err(LockError::Held(lock_path))
+    } else {
+        Ok(())
+    }
 }
 
 /// One dispatcher's read connection. Queries run on the blocking pool.

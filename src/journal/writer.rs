@@ -57,6 +57,7 @@ fn run(conn: Connection, mut rx: mpsc::Receiver<Command>, shared: Arc<Shared>) {
             last_checkpoint = Instant::now();
         }
         if let Some(rest) = rest {
+            release(rest.iter(), shared.as_ref());
             for cmd in rest {
                 match cmd {
                     Command::Close { reply } => {
@@ -100,6 +101,9 @@ fn commit_group(conn: &Connection, group: &mut Vec<Command>, shared: &Shared) {
     };
     metrics::journal_sync(started.elapsed());
     let result = result.map(|deleted| account(group, shared, &deleted));
+    if result.is_err() {
+        release(group.iter(), shared);
+    }
     for cmd in group.drain(..) {
         match cmd {
             Command::Append { reply, .. } | Command::Apply { reply, .. } => {
@@ -193,6 +197,24 @@ fn write(conn: &Connection, group: &[Command]) -> Result<HashSet<i64>, rusqlite:
     }
     conn.execute_batch("COMMIT")?;
     Ok(deleted)
+}
+
+/// Gives back the bytes that admission reserved for appends that were not
+/// written.
+fn release<'a>(cmds: impl Iterator<Item = &'a Command>, shared: &Shared) {
+    let size: u64 = cmds
+        .filter_map(|c| match c {
+            Command::Append { events, .. } => {
+                Some(events.iter().map(super::NewEvent::size).sum::<u64>())
+            }
+            _ => None,
+        })
+        .sum();
+    let _ = shared
+        .pending_bytes
+        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |p| {
+            Some(p.saturating_sub(size))
+        });
 }
 
 /// Updates the in-memory counters after a commit and wakes the dispatchers.

@@ -11,6 +11,8 @@ use std::task::{Context, Poll};
 
 /// Response bodies beyond this are not read; the status decides anyway.
 const MAX_RESPONSE_BODY: usize = 64 * 1024;
+/// How long a response body may take to drain before its connection is dropped.
+const BODY_DRAIN: std::time::Duration = std::time::Duration::from_secs(10);
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -39,14 +41,14 @@ impl tower::Service<Request<Full<Bytes>>> for HttpService {
         Box::pin(async move {
             let resp = client.request(req).await?;
             let (parts, body) = resp.into_parts();
-            // A body that fails or runs long after the status line does not
-            // change the verdict: the receiver has already answered.
-            let body = Limited::new(body, MAX_RESPONSE_BODY)
-                .collect()
-                .await
-                .map(|b| b.to_bytes())
-                .unwrap_or_default();
-            Ok(Response::from_parts(parts, body))
+            // The status decides; the body is drained in the background (so
+            // the connection can be reused) and does not count against the
+            // attempt's timeout.
+            tokio::spawn(async move {
+                let drain = Limited::new(body, MAX_RESPONSE_BODY).collect();
+                let _ = tokio::time::timeout(BODY_DRAIN, drain).await;
+            });
+            Ok(Response::from_parts(parts, Bytes::new()))
         })
     }
 }
