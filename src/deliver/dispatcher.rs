@@ -77,7 +77,10 @@ impl Dispatcher {
                 }
             }
             let mut gated = None;
-            while tasks.len() < concurrency && !stop.is_cancelled() {
+            // After a failed commit no outcome can be recorded: sending would
+            // only deliver everything twice (once now, once after restart).
+            let journal_ok = !self.ctx.journal.failed();
+            while journal_ok && tasks.len() < concurrency && !stop.is_cancelled() {
                 let Some(front) = held.ready.front() else {
                     break;
                 };
