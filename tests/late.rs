@@ -7,18 +7,12 @@ use std::time::Duration;
 use support::{Courier, Receiver, Reply, behavior, metric};
 
 fn config(url: &str, window: &str) -> String {
-    format!(
-        "listen: 127.0.0.1:0
-admin_listen: 127.0.0.1:0
-journal: {{ dir: ./journal }}
-dead_letter: {{ dir: ./dl }}
-destinations:
-  orders:
-    url: {url}
-    timeout: 200ms
-    late_answer_window: {window}
-    retry: {{ schedule: [2s], jitter: 0 }}
-"
+    support::config(
+        "orders",
+        url,
+        &format!(
+            "timeout: 200ms\nlate_answer_window: {window}\nretry: {{ schedule: [2s], jitter: 0 }}"
+        ),
     )
 }
 
