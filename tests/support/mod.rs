@@ -2,7 +2,8 @@
 //! Test support for courier: a webhook `Receiver`, the `Courier` child
 //! process harness, HTTP `client` helpers and a `load` generator; for the
 //! end-to-end tests, `checks` (`fail!`, `check!`, `check_eq!` and bounded
-//! waits), `deadletters` readers and `setup` helpers.
+//! waits), `deadletters` readers, `setup` helpers and `python` (independent
+//! checkers from PyPI).
 //!
 //! Used by the integration tests (`mod support;`) and by
 //! `benches/courier_bench.rs` (`#[path = "../tests/support/mod.rs"] mod support;`).
@@ -12,6 +13,7 @@ pub mod client;
 pub mod courier;
 pub mod deadletters;
 pub mod load;
+pub mod python;
 pub mod receiver;
 pub mod setup;
 
