@@ -222,6 +222,14 @@ fn inspect(dir: &Path) -> ExitCode {
             s.destination, s.pending, s.bytes, s.quarantined
         );
     }
+    if report.unindexed > 0 {
+        let _ = writeln!(
+            o,
+            "{} of these events are in the intake log only; the next start adds them to {}",
+            report.unindexed,
+            report.path.display()
+        );
+    }
     let mut sound = true;
     if let Some(problem) = &report.integrity {
         let _ = writeln!(o, "integrity: FAILED: {problem}");

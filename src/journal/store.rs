@@ -26,7 +26,12 @@ CREATE TABLE IF NOT EXISTS events (
 );
 CREATE INDEX IF NOT EXISTS events_due ON events(destination, next_due_ms);
 CREATE INDEX IF NOT EXISTS events_age ON events(destination, accepted_ms);
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
 ";
+
+/// Where the intake log goes on after what the rows hold: recorded in the
+/// same transaction as the rows, so replay after a crash resumes exactly.
+const INTAKE_POS: &str = "intake_pos";
 
 /// A corrupt row is parked here: never due, kept for an operator.
 pub const QUARANTINED: i64 = i64::MAX;
@@ -39,21 +44,53 @@ pub enum StoreError {
     Corrupt { seq: i64, what: String },
 }
 
-/// Opens (creating if needed) the writer's connection.
-pub fn open_writer(path: &Path, full_sync: bool) -> Result<Connection, rusqlite::Error> {
+/// Opens (creating if needed) the indexer's connection. Commits are
+/// synchronous=NORMAL: the intake log holds what they do not yet make
+/// durable, and the indexer syncs (`set_full_sync`) when it must.
+pub fn open_writer(path: &Path) -> Result<Connection, rusqlite::Error> {
     let conn = Connection::open(path)?;
     conn.pragma_update(None, "journal_mode", "WAL")?;
-    conn.pragma_update(
-        None,
-        "synchronous",
-        if full_sync { "FULL" } else { "NORMAL" },
-    )?;
+    conn.pragma_update(None, "synchronous", "NORMAL")?;
     // Checkpoints run on their own thread: inside the writer they stall
     // every commit behind them for 5–20 ms.
     conn.pragma_update(None, "wal_autocheckpoint", 0)?;
     conn.pragma_update(None, "journal_size_limit", 64 * 1024 * 1024)?;
     conn.execute_batch(SCHEMA)?;
     Ok(conn)
+}
+
+/// With FULL, the next COMMIT fsyncs the WAL, making it and every commit
+/// before it durable.
+pub fn set_full_sync(conn: &Connection, full: bool) -> Result<(), rusqlite::Error> {
+    conn.pragma_update(None, "synchronous", if full { "FULL" } else { "NORMAL" })
+}
+
+pub fn intake_pos(conn: &Connection) -> Result<u64, rusqlite::Error> {
+    let v: Option<i64> = conn
+        .query_row("SELECT value FROM meta WHERE key = ?1", [INTAKE_POS], |r| {
+            r.get(0)
+        })
+        .optional()?;
+    Ok(v.map_or(0, |v| v.max(0) as u64))
+}
+
+pub fn set_intake_pos(conn: &Connection, lsn: u64) -> Result<(), rusqlite::Error> {
+    conn.prepare_cached("INSERT OR REPLACE INTO meta (key, value) VALUES (?1, ?2)")?
+        .execute(params![INTAKE_POS, lsn as i64])?;
+    Ok(())
+}
+
+/// The seq the next event gets: above every seq ever used, even when the
+/// table is empty (a late answer must never delete a newer event).
+pub fn next_seq(conn: &Connection) -> Result<i64, rusqlite::Error> {
+    let v: Option<i64> = conn
+        .query_row(
+            "SELECT seq FROM sqlite_sequence WHERE name = 'events'",
+            [],
+            |r| r.get(0),
+        )
+        .optional()?;
+    Ok(v.unwrap_or(0) + 1)
 }
 
 pub fn open_reader(path: &Path) -> Result<Connection, rusqlite::Error> {

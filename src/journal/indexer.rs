@@ -1,0 +1,456 @@
+//! The indexer thread: follows the intake log into SQLite, where the
+//! dispatchers find due events, and commits their state changes (delivered,
+//! rescheduled, quarantined).
+//!
+//! Row inserts are commits with synchronous=NORMAL: the intake log keeps the
+//! events until a synced commit covers them, which happens at least every
+//! `DURABLE_EVERY`; only then may the writer recycle the log's segments.
+//! State changes after attempts are synced before their callers hear back
+//! (with `sync: always`), as before: a dead letter already written must not
+//! come back after a crash.
+
+use super::intake::{LogReader, Logged, Read, ReadError};
+use super::store::{self, QUARANTINED};
+use super::{Change, JournalError, Shared};
+use rusqlite::{Connection, ErrorCode, params};
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::time::{Duration, Instant};
+use tokio::sync::oneshot;
+
+/// How long indexed rows may stay unsynced in SQLite (the intake log still
+/// holds them): bounds the log's size and the replay after a crash.
+const DURABLE_EVERY: Duration = Duration::from_millis(200);
+/// How often the indexer checkpoints, which lets the WAL restart.
+const CHECKPOINT_EVERY: Duration = Duration::from_secs(1);
+/// After a full disk, how soon to try the pending rows again.
+const RETRY_FULL: Duration = Duration::from_millis(100);
+/// Events per transaction, so a long replay commits as it goes.
+const CHUNK_EVENTS: usize = 8192;
+const CHUNK_BYTES: u64 = 32 * 1024 * 1024;
+
+type Reply = oneshot::Sender<Result<(), JournalError>>;
+
+pub(super) enum ToIndexer {
+    /// The log holds records up to this lsn.
+    Written(u64),
+    Apply {
+        changes: Vec<Change>,
+        reply: Reply,
+    },
+    Close {
+        reply: oneshot::Sender<()>,
+    },
+}
+
+pub(super) struct Indexer {
+    conn: Connection,
+    reader: LogReader,
+    /// The lsn up to which rows are in SQLite.
+    indexed: u64,
+    /// The lsn up to which they are synced.
+    durable: u64,
+    full_sync: bool,
+    last_durable: Instant,
+    last_checkpoint: Instant,
+}
+
+/// Why indexing stopped.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum IndexError {
+    #[error(transparent)]
+    Log(#[from] ReadError),
+    #[error(transparent)]
+    Sqlite(#[from] rusqlite::Error),
+}
+
+impl IndexError {
+    fn disk_full(&self) -> bool {
+        matches!(self, IndexError::Sqlite(e) if e.sqlite_error_code() == Some(ErrorCode::DiskFull))
+    }
+}
+
+impl Indexer {
+    pub fn new(
+        conn: Connection,
+        reader: LogReader,
+        full_sync: bool,
+    ) -> Result<Indexer, rusqlite::Error> {
+        let indexed = store::intake_pos(&conn)?;
+        Ok(Indexer {
+            conn,
+            reader,
+            indexed,
+            durable: indexed,
+            full_sync,
+            last_durable: Instant::now(),
+            last_checkpoint: Instant::now(),
+        })
+    }
+
+    pub fn conn(&self) -> &Connection {
+        &self.conn
+    }
+
+    /// At start: indexes every record the log holds after the last synced
+    /// commit, and syncs. Returns the log's end.
+    pub fn recover(&mut self) -> Result<u64, IndexError> {
+        loop {
+            let (events, end, done) = self.read_chunk(None)?;
+            if !events.is_empty() || end != self.indexed {
+                self.commit(&events, &[], end)?;
+            }
+            if done {
+                break;
+            }
+        }
+        self.sync()?;
+        Ok(self.indexed)
+    }
+
+    /// Reads records from `indexed` up to `target` (or the log's end), at
+    /// most one chunk; `done` when nothing is left.
+    fn read_chunk(&mut self, target: Option<u64>) -> Result<(Vec<Logged>, u64, bool), IndexError> {
+        let mut events = Vec::new();
+        let mut bytes = 0;
+        let mut at = self.indexed;
+        while target.is_none_or(|t| at < t) {
+            if events.len() >= CHUNK_EVENTS || bytes >= CHUNK_BYTES {
+                return Ok((events, at, false));
+            }
+            match self.reader.read(at)? {
+                Read::Record(batch, next) => {
+                    bytes += batch.iter().map(|l| l.event.size()).sum::<u64>();
+                    events.extend(batch);
+                    at = next;
+                }
+                Read::End => {
+                    if target.is_some() {
+                        // The writer said it wrote up to the target.
+                        return Err(IndexError::Log(ReadError::Io(std::io::Error::other(
+                            format!("the intake log ends at {at}, before {target:?}"),
+                        ))));
+                    }
+                    break;
+                }
+            }
+        }
+        Ok((events, at, true))
+    }
+
+    /// One transaction: the rows of `events`, the `changes`, the new log
+    /// position. Returns the seqs that deletes removed.
+    fn commit(
+        &mut self,
+        events: &[Logged],
+        changes: &[Change],
+        end: u64,
+    ) -> Result<HashSet<i64>, IndexError> {
+        let full = self.full_sync && !changes.is_empty();
+        if full {
+            store::set_full_sync(&self.conn, true)?;
+        }
+        let result = write(&self.conn, events, changes, end);
+        if result.is_err() {
+            let _ = self.conn.execute_batch("ROLLBACK");
+        }
+        if full {
+            store::set_full_sync(&self.conn, false)?;
+        }
+        let deleted = result?;
+        self.indexed = end;
+        if full {
+            self.synced();
+        }
+        Ok(deleted)
+    }
+
+    /// A synced commit: everything indexed so far survives a power loss.
+    fn sync(&mut self) -> Result<(), IndexError> {
+        store::set_full_sync(&self.conn, true)?;
+        let result = (|| {
+            self.conn.execute_batch("BEGIN IMMEDIATE")?;
+            store::set_intake_pos(&self.conn, self.indexed)?;
+            self.conn.execute_batch("COMMIT")
+        })();
+        if result.is_err() {
+            let _ = self.conn.execute_batch("ROLLBACK");
+        }
+        store::set_full_sync(&self.conn, false)?;
+        result?;
+        self.synced();
+        Ok(())
+    }
+
+    fn synced(&mut self) {
+        self.durable = self.indexed;
+        self.last_durable = Instant::now();
+    }
+
+    pub fn spawn(self, rx: Receiver<ToIndexer>, shared: Arc<Shared>) -> std::io::Result<()> {
+        std::thread::Builder::new()
+            .name("journal-indexer".into())
+            .spawn(move || {
+                lower_priority();
+                self.run(rx, shared)
+            })
+            .map(|_| ())
+    }
+
+    fn run(mut self, rx: Receiver<ToIndexer>, shared: Arc<Shared>) {
+        let mut target = self.indexed;
+        let mut retry = false;
+        loop {
+            let wait = if retry {
+                RETRY_FULL
+            } else if self.durable < self.indexed {
+                DURABLE_EVERY.saturating_sub(self.last_durable.elapsed())
+            } else {
+                CHECKPOINT_EVERY
+            };
+            let mut applies = Vec::new();
+            let mut close = None;
+            let first = match rx.recv_timeout(wait) {
+                Ok(msg) => Some(msg),
+                Err(RecvTimeoutError::Timeout) => None,
+                Err(RecvTimeoutError::Disconnected) => return,
+            };
+            for msg in first
+                .into_iter()
+                .chain(std::iter::from_fn(|| rx.try_recv().ok()).take(4096))
+            {
+                match msg {
+                    ToIndexer::Written(lsn) => target = target.max(lsn),
+                    ToIndexer::Apply { changes, reply } => applies.push((changes, reply)),
+                    ToIndexer::Close { reply } => close = Some(reply),
+                }
+            }
+            retry = !self.step(target, applies, &shared);
+            if self.durable < self.indexed && self.last_durable.elapsed() >= DURABLE_EVERY {
+                if let Err(e) = self.sync() {
+                    self.failure(&e, &shared);
+                } else {
+                    shared.durable_pos.store(self.durable, Ordering::Release);
+                }
+            }
+            if self.last_checkpoint.elapsed() >= CHECKPOINT_EVERY {
+                // Under sustained load the background checkpointer never
+                // catches up, so the WAL could never restart; from here no
+                // frame can arrive during the checkpoint.
+                if let Err(e) = self.conn.execute_batch("PRAGMA wal_checkpoint(PASSIVE)") {
+                    tracing::warn!(error = %e, "journal checkpoint failed; will retry");
+                }
+                self.last_checkpoint = Instant::now();
+            }
+            if let Some(reply) = close {
+                // The writer has stopped: index what it wrote, sync, and fold
+                // the WAL into the main file so journal.db alone is a backup.
+                for _ in 0..1000 {
+                    if self.indexed >= target || !self.step(target, Vec::new(), &shared) {
+                        break;
+                    }
+                }
+                if self.sync().is_ok() {
+                    shared.durable_pos.store(self.durable, Ordering::Release);
+                }
+                let _ = self.conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)");
+                let _ = reply.send(());
+                return;
+            }
+        }
+    }
+
+    /// Indexes up to `target` and applies `applies`; false when a full disk
+    /// left work to retry.
+    fn step(
+        &mut self,
+        target: u64,
+        mut applies: Vec<(Vec<Change>, Reply)>,
+        shared: &Shared,
+    ) -> bool {
+        let failed = shared.failed.lock().ok().and_then(|f| f.clone());
+        if let Some(reason) = failed {
+            for (_, reply) in applies {
+                let _ = reply.send(Err(JournalError::Failed(reason.clone())));
+            }
+            return true;
+        }
+        loop {
+            let read = self.read_chunk(Some(target));
+            let (events, end, done) = match read {
+                Ok(r) => r,
+                Err(e) => {
+                    let err = self.failure(&e, shared);
+                    for (_, reply) in applies {
+                        let _ = reply.send(Err(err.clone()));
+                    }
+                    return true;
+                }
+            };
+            let changes: Vec<Change> = applies
+                .iter()
+                .flat_map(|(c, _)| c.iter().cloned())
+                .collect();
+            if events.is_empty() && changes.is_empty() && end == self.indexed {
+                return true;
+            }
+            match self.commit(&events, &changes, end) {
+                Ok(deleted) => {
+                    account(&events, &changes, &deleted, shared);
+                    if self.durable == self.indexed {
+                        shared.durable_pos.store(self.durable, Ordering::Release);
+                    }
+                    for (_, reply) in applies.drain(..) {
+                        let _ = reply.send(Ok(()));
+                    }
+                }
+                Err(e) => {
+                    let err = if e.disk_full() {
+                        JournalError::DiskFull
+                    } else {
+                        self.failure(&e, shared)
+                    };
+                    for (_, reply) in applies {
+                        let _ = reply.send(Err(err.clone()));
+                    }
+                    return !e.disk_full();
+                }
+            }
+            if done {
+                return true;
+            }
+        }
+    }
+
+    fn failure(&self, e: &IndexError, shared: &Shared) -> JournalError {
+        let reason = e.to_string();
+        tracing::error!(error = %reason, dir = %shared.dir.display(), "journal commit failed; refusing writes until restart");
+        if let Ok(mut f) = shared.failed.lock() {
+            f.get_or_insert(reason.clone());
+        }
+        JournalError::Failed(reason)
+    }
+}
+
+/// Indexing and checkpoints are catch-up work: under a burst the threads
+/// that answer the app go first, and the intake log holds the difference.
+pub(super) fn lower_priority() {
+    // SAFETY: plain syscalls on the calling thread's own id.
+    unsafe {
+        let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
+        libc::setpriority(libc::PRIO_PROCESS, tid, 10);
+    }
+}
+
+/// Returns the seqs that deletes actually removed, for the counters.
+fn write(
+    conn: &Connection,
+    events: &[Logged],
+    changes: &[Change],
+    end: u64,
+) -> Result<HashSet<i64>, IndexError> {
+    let mut deleted = HashSet::new();
+    conn.execute_batch("BEGIN IMMEDIATE")?;
+    {
+        let mut insert = conn.prepare_cached(
+            "INSERT INTO events (seq, id, destination, method, path, headers, body, accepted_ms, crc, attempts, next_due_ms)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, 0, ?8)",
+        )?;
+        for Logged { seq, event: e } in events {
+            let headers = super::record::encode_headers(&e.headers);
+            let crc =
+                super::record::crc(&e.id, &e.destination, &e.method, &e.path, &headers, &e.body);
+            insert.execute(params![
+                seq,
+                e.id,
+                e.destination,
+                e.method,
+                e.path,
+                headers,
+                &e.body[..],
+                e.accepted_ms as i64,
+                crc
+            ])?;
+        }
+        let mut delete = conn.prepare_cached(
+            "DELETE FROM events WHERE seq = ?1 AND (?2 IS NULL OR attempts = ?2)",
+        )?;
+        let mut reschedule = conn.prepare_cached(
+            "UPDATE events SET attempts = ?2, next_due_ms = ?3, last_outcome = ?4, last_status = ?5, last_attempt_ms = ?6 WHERE seq = ?1",
+        )?;
+        let mut quarantine =
+            conn.prepare_cached("UPDATE events SET next_due_ms = ?2 WHERE seq = ?1")?;
+        for c in changes {
+            match c {
+                Change::Delete {
+                    seq,
+                    only_if_attempts,
+                    ..
+                } => {
+                    if delete.execute(params![seq, only_if_attempts])? > 0 {
+                        deleted.insert(*seq);
+                    }
+                }
+                Change::Reschedule {
+                    seq,
+                    attempts,
+                    next_due_ms,
+                    outcome,
+                    status,
+                    attempt_ms,
+                } => {
+                    reschedule.execute(params![
+                        seq,
+                        attempts,
+                        *next_due_ms as i64,
+                        outcome,
+                        status,
+                        *attempt_ms as i64
+                    ])?;
+                }
+                Change::Quarantine { seq } => {
+                    quarantine.execute(params![seq, QUARANTINED])?;
+                }
+            }
+        }
+        store::set_intake_pos(conn, end)?;
+    }
+    conn.execute_batch("COMMIT")?;
+    Ok(deleted)
+}
+
+/// After a commit: frees the bytes of deleted events and wakes the
+/// dispatchers whose events became visible.
+fn account(events: &[Logged], changes: &[Change], deleted: &HashSet<i64>, shared: &Shared) {
+    for c in changes {
+        if let Change::Delete {
+            seq,
+            destination,
+            size,
+            ..
+        } = c
+            && deleted.contains(seq)
+        {
+            let sub = |v: &std::sync::atomic::AtomicU64, n: u64| {
+                let _ = v.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |x| {
+                    Some(x.saturating_sub(n))
+                });
+            };
+            sub(&shared.pending_bytes, *size);
+            if let Some(d) = shared.destination(destination) {
+                sub(&d.pending, 1);
+                sub(&d.bytes, *size);
+            }
+        }
+    }
+    let mut woken = HashSet::new();
+    for l in events {
+        if woken.insert(l.event.destination.as_str())
+            && let Some(d) = shared.destination(&l.event.destination)
+        {
+            d.notify.notify_one();
+        }
+    }
+}

@@ -1,0 +1,124 @@
+//! The journal across its two stages: what the intake log alone holds
+//! comes back at open, and what a damaged log would lose stops the start.
+
+use super::intake::{self, LogWriter};
+use super::*;
+use bytes::Bytes;
+use std::os::unix::fs::FileExt;
+
+fn event(i: u64) -> NewEvent {
+    NewEvent {
+        id: format!("id-{i}"),
+        destination: "orders".into(),
+        method: "POST".into(),
+        path: format!("/p/{i}"),
+        headers: vec![("x-n".into(), i.to_string().into_bytes())],
+        body: Bytes::from(format!("{{\"n\":{i}}}")),
+        accepted_ms: 1_000 + i,
+    }
+}
+
+/// Writes groups straight into the intake log, as the writer does before
+/// the indexer has seen them (a crash right after the 202s).
+fn log_only(dir: &Path, groups: &[std::ops::Range<i64>]) {
+    let mut w = LogWriter::open(dir, 0).expect("open log");
+    for g in groups {
+        let mut payload = Vec::new();
+        for seq in g.clone() {
+            intake::encode(&mut payload, seq, &event(seq as u64));
+        }
+        w.append(&payload, g.clone().count() as u32)
+            .expect("append");
+    }
+    w.sync().expect("sync");
+}
+
+fn open(dir: &Path) -> Result<(Journal, Vec<DestinationSummary>), OpenError> {
+    Journal::open(dir, true, 1 << 30, &["orders".to_string()])
+}
+
+#[tokio::test]
+async fn events_only_in_the_intake_log_are_indexed_at_open_and_seqs_go_on() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    log_only(tmp.path(), &[1..3, 3..6]);
+    let (journal, summary) = open(tmp.path()).expect("open");
+    assert_eq!(summary.len(), 1);
+    assert_eq!(summary[0].pending, 5);
+    let reader = journal.reader().expect("reader");
+    let due = reader
+        .due("orders", u64::MAX / 2, 100, &HashSet::new())
+        .await
+        .expect("due");
+    let got: Vec<(i64, NewEvent)> = due
+        .into_iter()
+        .map(|r| r.map(|s| (s.seq, s.event)).expect("sound row"))
+        .collect();
+    assert_eq!(
+        got,
+        (1..6).map(|s| (s, event(s as u64))).collect::<Vec<_>>()
+    );
+    // A new event after the replayed ones, never a reused seq.
+    journal.append(vec![event(9)]).await.expect("append");
+    journal.close().await;
+    let report = inspect(tmp.path()).expect("inspect");
+    assert_eq!(
+        report.summary[0].pending, 6,
+        "replayed events are not indexed twice"
+    );
+    let conn = Connection::open(tmp.path().join(FILE)).expect("open db");
+    let seqs: Vec<i64> = conn
+        .prepare("SELECT seq FROM events ORDER BY seq")
+        .expect("prepare")
+        .query_map([], |r| r.get(0))
+        .expect("query")
+        .collect::<Result<_, _>>()
+        .expect("rows");
+    assert_eq!(seqs, vec![1, 2, 3, 4, 5, 6]);
+}
+
+#[tokio::test]
+async fn a_damaged_record_before_good_ones_stops_the_start() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    log_only(tmp.path(), &[1..2, 2..3, 3..4]);
+    let (_, _, seg) = intake::segments(tmp.path())
+        .expect("list")
+        .into_iter()
+        .next()
+        .expect("a segment");
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&seg)
+        .expect("open segment");
+    f.write_all_at(b"XX", 30).expect("damage the first record");
+    let err = match open(tmp.path()) {
+        Err(e) => e.to_string(),
+        Ok(_) => panic!("a damaged intake log must stop the start"),
+    };
+    assert!(err.contains("intake log"), "{err}");
+    assert!(err.contains("damaged"), "{err}");
+}
+
+#[tokio::test]
+async fn a_group_of_appends_is_one_record_and_every_waiter_hears() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let (journal, _) = open(tmp.path()).expect("open");
+    let appends: Vec<_> = (0..50)
+        .map(|i| {
+            let j = journal.clone();
+            tokio::spawn(async move { j.append(vec![event(i)]).await })
+        })
+        .collect();
+    for a in appends {
+        assert_eq!(a.await.expect("task"), Ok(()));
+    }
+    assert_eq!(
+        journal
+            .destination("orders")
+            .map(|d| d.pending.load(Ordering::Relaxed)),
+        Some(50)
+    );
+    journal.close().await;
+    let report = inspect(tmp.path()).expect("inspect");
+    assert_eq!(report.summary[0].pending, 50);
+    assert_eq!(report.unindexed, 0, "a clean close indexes everything");
+}
