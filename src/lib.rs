@@ -46,6 +46,7 @@ pub async fn run(settings: Settings) -> Result<(), RunError> {
         &j.dir,
         j.sync == config::SyncMode::Always,
         j.max_bytes,
+        settings.ingress.dedupe_window,
         &names,
     )?;
     for s in &recovered {

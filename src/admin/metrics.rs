@@ -17,6 +17,8 @@ pub const JOURNAL_BYTES: &str = "courier_journal_bytes";
 pub const SYNC: &str = "courier_journal_sync_duration_seconds";
 pub const PROBATION: &str = "courier_destination_probation";
 pub const CORRUPT: &str = "courier_journal_corrupt_records_total";
+pub const DEDUPLICATED: &str = "courier_events_deduplicated_total";
+pub const DEDUPE_EVICTED: &str = "courier_dedupe_evicted_total";
 
 const BUCKETS: [f64; 14] = [
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
@@ -52,6 +54,14 @@ pub fn install() -> Result<PrometheusHandle, String> {
         CORRUPT,
         "Journal records that failed their checksum and were quarantined."
     );
+    metrics::describe_counter!(
+        DEDUPLICATED,
+        "Events acknowledged but not stored: their id was seen within ingress.dedupe_window."
+    );
+    metrics::describe_counter!(
+        DEDUPE_EVICTED,
+        "Event ids forgotten before the end of ingress.dedupe_window, to bound memory."
+    );
     Ok(handle)
 }
 
@@ -84,6 +94,14 @@ pub fn rejected(destination: &str, reason: &'static str) {
 
 pub fn journal_sync(took: Duration) {
     histogram!(SYNC).record(took.as_secs_f64());
+}
+
+pub fn deduplicated(destination: &str) {
+    counter!(DEDUPLICATED, "destination" => destination.to_string()).increment(1);
+}
+
+pub fn dedupe_evicted() {
+    counter!(DEDUPE_EVICTED).increment(1);
 }
 
 pub fn corrupt(destination: &str) {

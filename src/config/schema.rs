@@ -127,8 +127,10 @@ pub struct Ingress {
     pub max_body_bytes: Size,
     #[serde(default)]
     pub credits_per_second: u64,
+    /// A repeated event id (per destination) within this window is
+    /// answered 202 and stored once; absent = no deduplication.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub dedupe_window: Unsupported,
+    pub dedupe_window: Option<Dur>,
 }
 
 impl Default for Ingress {

@@ -44,6 +44,7 @@ pub struct JournalSettings {
 #[derive(Debug)]
 pub struct IngressSettings {
     pub max_body_bytes: u64,
+    pub dedupe_window: Option<Duration>,
 }
 
 #[derive(Debug)]

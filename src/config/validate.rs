@@ -196,11 +196,14 @@ pub fn check(
             "not supported yet (planned in a later issue); use 0 or remove the key",
         );
     }
-    c.unsupported(
-        "ingress.dedupe_window",
-        &raw.ingress.dedupe_window,
-        "issue 4",
-    );
+    let dedupe_window = raw.ingress.dedupe_window.map(|d| {
+        c.range_dur(
+            "ingress.dedupe_window",
+            d,
+            Duration::from_secs(1),
+            Duration::from_secs(24 * 3600),
+        )
+    });
     c.unsupported("topics", &raw.topics, "issue 4");
     if raw.destinations.is_empty() {
         c.err("destinations", "at least one destination is needed");
@@ -228,7 +231,10 @@ pub fn check(
             max_bytes,
             sync: raw.journal.sync,
         },
-        ingress: IngressSettings { max_body_bytes },
+        ingress: IngressSettings {
+            max_body_bytes,
+            dedupe_window,
+        },
         destinations,
     };
     Ok(Checked {

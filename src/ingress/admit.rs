@@ -129,7 +129,14 @@ impl Ingress {
             accepted_ms: crate::clock::now_ms(),
         };
         match self.journal.append(vec![event]).await {
-            Ok(()) => reply::accepted(&[id]),
+            Ok(a) => {
+                let dup = if a.duplicates.is_empty() {
+                    vec![]
+                } else {
+                    vec![id.clone()]
+                };
+                reply::accepted(&[id], &dup)
+            }
             Err(e) => reply::journal_error(name, &e),
         }
     }

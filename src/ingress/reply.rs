@@ -6,11 +6,14 @@ use crate::server::{Body, json};
 use http::{HeaderValue, Response, StatusCode};
 use serde_json::json;
 
-pub fn accepted(ids: &[String]) -> Response<Body> {
-    json(
-        StatusCode::ACCEPTED,
-        &json!({ "accepted": ids.len(), "ids": ids }),
-    )
+/// `ids` are every event acknowledged; `duplicates` those among them that
+/// were already stored within `ingress.dedupe_window` (listed only if any).
+pub fn accepted(ids: &[String], duplicates: &[String]) -> Response<Body> {
+    let mut body = json!({ "accepted": ids.len(), "ids": ids });
+    if !duplicates.is_empty() {
+        body["duplicates"] = json!(duplicates);
+    }
+    json(StatusCode::ACCEPTED, &body)
 }
 
 /// A refusal: counted by `reason`, with `Retry-After` when waiting helps.

@@ -30,6 +30,8 @@ const RETRY_FULL: Duration = Duration::from_millis(100);
 /// Events per transaction, so a long replay commits as it goes.
 const CHUNK_EVENTS: usize = 8192;
 const CHUNK_BYTES: u64 = 32 * 1024 * 1024;
+/// How often dedupe keys older than the window leave the `seen` table.
+const EXPIRE_SEEN_EVERY: Duration = Duration::from_secs(10);
 
 type Reply = oneshot::Sender<Result<(), JournalError>>;
 
@@ -53,8 +55,11 @@ pub(super) struct Indexer {
     /// The lsn up to which they are synced.
     durable: u64,
     full_sync: bool,
+    /// `ingress.dedupe_window` in ms: the keys of indexed events go to `seen`.
+    dedupe_ms: Option<u64>,
     last_durable: Instant,
     last_checkpoint: Instant,
+    last_expiry: Instant,
 }
 
 /// Why indexing stopped.
@@ -77,6 +82,7 @@ impl Indexer {
         conn: Connection,
         reader: LogReader,
         full_sync: bool,
+        dedupe_ms: Option<u64>,
     ) -> Result<Indexer, rusqlite::Error> {
         let indexed = store::intake_pos(&conn)?;
         Ok(Indexer {
@@ -85,8 +91,10 @@ impl Indexer {
             indexed,
             durable: indexed,
             full_sync,
+            dedupe_ms,
             last_durable: Instant::now(),
             last_checkpoint: Instant::now(),
+            last_expiry: Instant::now(),
         })
     }
 
@@ -152,7 +160,7 @@ impl Indexer {
         if full {
             store::set_full_sync(&self.conn, true)?;
         }
-        let result = write(&self.conn, events, changes, end);
+        let result = write(&self.conn, events, changes, end, self.dedupe_ms.is_some());
         if result.is_err() {
             let _ = self.conn.execute_batch("ROLLBACK");
         }
@@ -243,6 +251,15 @@ impl Indexer {
                     tracing::warn!(error = %e, "journal checkpoint failed; will retry");
                 }
                 self.last_checkpoint = Instant::now();
+            }
+            if let Some(window) = self.dedupe_ms
+                && self.last_expiry.elapsed() >= EXPIRE_SEEN_EVERY
+            {
+                let cutoff = crate::clock::now_ms().saturating_sub(window);
+                if let Err(e) = store::expire_seen(&self.conn, cutoff) {
+                    tracing::warn!(error = %e, "cannot expire dedupe keys; will retry");
+                }
+                self.last_expiry = Instant::now();
             }
             if let Some(reply) = close {
                 // The writer has stopped: index what it wrote, sync, and fold
@@ -350,6 +367,7 @@ fn write(
     events: &[Logged],
     changes: &[Change],
     end: u64,
+    dedupe: bool,
 ) -> Result<HashSet<i64>, IndexError> {
     let mut deleted = HashSet::new();
     conn.execute_batch("BEGIN IMMEDIATE")?;
@@ -373,6 +391,16 @@ fn write(
                 e.accepted_ms as i64,
                 crc
             ])?;
+        }
+        if dedupe {
+            let mut seen =
+                conn.prepare_cached("INSERT OR REPLACE INTO seen (key, seen_ms) VALUES (?1, ?2)")?;
+            for Logged { event: e, .. } in events {
+                seen.execute(params![
+                    super::dedupe::key(&e.destination, &e.id),
+                    e.accepted_ms as i64
+                ])?;
+            }
         }
         let mut delete = conn.prepare_cached(
             "DELETE FROM events WHERE seq = ?1 AND (?2 IS NULL OR attempts = ?2)",

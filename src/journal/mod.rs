@@ -11,6 +11,7 @@
 //! On start, whatever the log holds beyond SQLite's last synced commit is
 //! indexed again before anything else runs.
 
+mod dedupe;
 mod indexer;
 mod intake;
 pub mod record;
@@ -20,6 +21,9 @@ mod writer;
 pub use record::{Header, NewEvent, StoredEvent};
 pub use store::{DestinationSummary, FILE, StoreError};
 
+use crate::admin::metrics;
+use crate::clock;
+use dedupe::Dedupe;
 use indexer::{Indexer, ToIndexer};
 use intake::{LogReader, LogWriter};
 use rusqlite::Connection;
@@ -30,6 +34,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::{Notify, mpsc, oneshot};
 use writer::Writer;
+
+/// What `append` did beyond storing.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Appended {
+    /// Indexes (in the request) of events left out as duplicates.
+    pub duplicates: Vec<usize>,
+}
 
 /// Why a write was refused; each maps to one ingress status.
 #[derive(Debug, Clone, thiserror::Error, PartialEq)]
@@ -114,6 +125,7 @@ pub(crate) struct Shared {
     durable_pos: AtomicU64,
     max_bytes: u64,
     pending_bytes: AtomicU64,
+    dedupe: Option<Mutex<Dedupe>>,
     failed: Mutex<Option<String>>,
     closed: AtomicBool,
     destinations: HashMap<String, Arc<DestinationState>>,
@@ -154,8 +166,10 @@ impl Journal {
         dir: &Path,
         full_sync: bool,
         max_bytes: u64,
+        dedupe_window: Option<Duration>,
         destinations: &[String],
     ) -> Result<(Journal, Vec<DestinationSummary>), OpenError> {
+        let dedupe_ms = dedupe_window.map(|w| w.as_millis() as u64);
         std::fs::create_dir_all(dir).map_err(|e| OpenError::Dir(dir.to_path_buf(), e))?;
         let path = dir.join(FILE);
         lock(dir).map_err(|e| match e {
@@ -168,7 +182,7 @@ impl Journal {
         {
             return Err(OpenError::Integrity(path, problem));
         }
-        let mut indexer = Indexer::new(conn, LogReader::new(dir), full_sync)
+        let mut indexer = Indexer::new(conn, LogReader::new(dir), full_sync, dedupe_ms)
             .map_err(|e| OpenError::Open(path.clone(), e))?;
         let indexed = indexer
             .recover()
@@ -185,6 +199,19 @@ impl Journal {
         let conn = indexer.conn();
         let next_seq = store::next_seq(conn).map_err(|e| OpenError::Open(path.clone(), e))?;
         let summary = store::summary(conn).map_err(|e| OpenError::Open(path.clone(), e))?;
+        let dedupe = match dedupe_ms {
+            Some(window) => {
+                let mut d = Dedupe::new(window);
+                let since = clock::now_ms().saturating_sub(window);
+                for (key, at) in
+                    store::load_seen(conn, since).map_err(|e| OpenError::Open(path.clone(), e))?
+                {
+                    d.remember(&key, at);
+                }
+                Some(Mutex::new(d))
+            }
+            None => None,
+        };
         let mut states: HashMap<String, Arc<DestinationState>> = destinations
             .iter()
             .map(|d| (d.clone(), Arc::default()))
@@ -202,6 +229,7 @@ impl Journal {
             durable_pos: AtomicU64::new(indexed),
             max_bytes,
             pending_bytes: AtomicU64::new(total),
+            dedupe,
             failed: Mutex::new(None),
             closed: AtomicBool::new(false),
             destinations: states,
@@ -235,8 +263,46 @@ impl Journal {
     }
 
     /// Stores `events` durably (per `journal.sync`); returns once committed.
-    pub async fn append(&self, events: Vec<NewEvent>) -> Result<(), JournalError> {
+    /// With a dedupe window, events whose id this destination already
+    /// stored within it are left out, and reported.
+    pub async fn append(&self, events: Vec<NewEvent>) -> Result<Appended, JournalError> {
         self.writable()?;
+        let Some(dedupe) = &self.shared.dedupe else {
+            self.store(events).await?;
+            return Ok(Appended::default());
+        };
+        let now = clock::now_ms();
+        let mut fresh = Vec::with_capacity(events.len());
+        let mut claimed = Vec::with_capacity(events.len());
+        let mut duplicates = Vec::new();
+        {
+            let mut d = dedupe.lock().map_err(|_| JournalError::Closed)?;
+            for (i, e) in events.into_iter().enumerate() {
+                let key = dedupe::key(&e.destination, &e.id);
+                if d.claim(&key, now) {
+                    metrics::deduplicated(&e.destination);
+                    duplicates.push(i);
+                } else {
+                    claimed.push(key);
+                    fresh.push(e);
+                }
+            }
+        }
+        if fresh.is_empty() {
+            return Ok(Appended { duplicates });
+        }
+        let stored = self.store(fresh).await;
+        if stored.is_err()
+            && let Ok(mut d) = dedupe.lock()
+        {
+            for key in &claimed {
+                d.release(key);
+            }
+        }
+        stored.map(|()| Appended { duplicates })
+    }
+
+    async fn store(&self, events: Vec<NewEvent>) -> Result<(), JournalError> {
         let size: u64 = events.iter().map(NewEvent::size).sum();
         // Reserve the bytes before queueing, so that concurrent requests
         // cannot all pass the check. Once queued, the writer releases them if

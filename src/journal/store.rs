@@ -27,6 +27,8 @@ CREATE TABLE IF NOT EXISTS events (
 CREATE INDEX IF NOT EXISTS events_due ON events(destination, next_due_ms);
 CREATE INDEX IF NOT EXISTS events_age ON events(destination, accepted_ms);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS seen (key TEXT PRIMARY KEY, seen_ms INTEGER NOT NULL);
+CREATE INDEX IF NOT EXISTS seen_age ON seen(seen_ms);
 ";
 
 /// Where the intake log goes on after what the rows hold: recorded in the
@@ -91,6 +93,22 @@ pub fn next_seq(conn: &Connection) -> Result<i64, rusqlite::Error> {
         )
         .optional()?;
     Ok(v.unwrap_or(0) + 1)
+}
+
+/// Dedupe keys seen at or after `since_ms`, oldest first.
+pub fn load_seen(conn: &Connection, since_ms: u64) -> Result<Vec<(String, u64)>, rusqlite::Error> {
+    let mut stmt =
+        conn.prepare("SELECT key, seen_ms FROM seen WHERE seen_ms >= ?1 ORDER BY seen_ms")?;
+    let rows = stmt.query_map([since_ms as i64], |r| {
+        Ok((r.get(0)?, r.get::<_, i64>(1)?.max(0) as u64))
+    })?;
+    rows.collect()
+}
+
+pub fn expire_seen(conn: &Connection, before_ms: u64) -> Result<(), rusqlite::Error> {
+    conn.prepare_cached("DELETE FROM seen WHERE seen_ms < ?1")?
+        .execute([before_ms as i64])?;
+    Ok(())
 }
 
 pub fn open_reader(path: &Path) -> Result<Connection, rusqlite::Error> {

@@ -34,7 +34,7 @@ fn log_only(dir: &Path, groups: &[std::ops::Range<i64>]) {
 }
 
 fn open(dir: &Path) -> Result<(Journal, Vec<DestinationSummary>), OpenError> {
-    Journal::open(dir, true, 1 << 30, &["orders".to_string()])
+    Journal::open(dir, true, 1 << 30, None, &["orders".to_string()])
 }
 
 #[tokio::test]
@@ -109,7 +109,7 @@ async fn a_group_of_appends_is_one_record_and_every_waiter_hears() {
         })
         .collect();
     for a in appends {
-        assert_eq!(a.await.expect("task"), Ok(()));
+        assert_eq!(a.await.expect("task"), Ok(Appended::default()));
     }
     assert_eq!(
         journal
