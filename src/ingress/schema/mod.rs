@@ -152,7 +152,7 @@ fn is_json(media: &str) -> bool {
 
 /// The body as a list of raw events: one object, or an array when
 /// `array_ok`. Each element keeps its exact bytes.
-fn raw_events<'a>(body: &'a [u8], array_ok: bool) -> Result<Vec<&'a RawValue>, SchemaError> {
+fn raw_events(body: &[u8], array_ok: bool) -> Result<Vec<&RawValue>, SchemaError> {
     let first = body.iter().find(|b| !b.is_ascii_whitespace());
     match first {
         Some(b'[') if array_ok => {
