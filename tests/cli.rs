@@ -306,10 +306,10 @@ fn bad_configs() -> Vec<Bad> {
             says: vec!["destinations.orders.batch", "not supported yet"],
         },
         Bad {
-            name: "schema_not_built",
-            yaml: yaml_with_dest("    schema: eventgrid\n"),
-            at: "eventgrid",
-            says: vec!["destinations.orders.schema", "eventgrid", "not supported yet"],
+            name: "schema_unknown",
+            yaml: yaml_with_dest("    schema: event-grid\n"),
+            at: "event-grid",
+            says: vec!["destinations.orders.schema", "event-grid", "eventgrid"],
         },
         Bad {
             name: "topics_not_built",

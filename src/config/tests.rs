@@ -224,11 +224,6 @@ fn keys_not_built_yet_are_rejected_not_ignored() {
         e.starts_with("c.yaml:6:12: destinations.orders.batch: not supported yet"),
         "{e}"
     );
-    let e = one_error(&GOOD.replace("    timeout: 5s", "    timeout: 5s\n    schema: eventgrid"));
-    assert!(
-        e.contains("destinations.orders.schema: eventgrid is not supported yet"),
-        "{e}"
-    );
 }
 
 #[test]
@@ -240,4 +235,19 @@ fn yaml_syntax_and_type_errors_have_positions() {
         e.starts_with("c.yaml:8:21: destinations.orders.retry.max_attempts: invalid type"),
         "{e}"
     );
+}
+
+#[test]
+fn every_schema_is_accepted() {
+    for schema in ["custom", "eventgrid", "cloudevents"] {
+        let text = GOOD.replace(
+            "    timeout: 5s",
+            &format!("    timeout: 5s\n    schema: {schema}"),
+        );
+        let loaded =
+            parse("c.yaml", &text, ".".into(), Purpose::Run, &env()).expect("schema accepted");
+        assert_eq!(loaded.settings.destinations[0].schema.as_str(), schema);
+    }
+    let e = one_error(&GOOD.replace("    timeout: 5s", "    timeout: 5s\n    schema: json"));
+    assert!(e.contains("destinations.orders.schema"), "{e}");
 }

@@ -2,9 +2,7 @@
 //! collected (not just the first), each with its key path, the bad value and
 //! what is allowed; `mod.rs` adds the file position.
 
-use super::schema::{
-    DeadLetterChoice, Destination, HeaderSpec, Mode, RawConfig, Schema, StatusKey,
-};
+use super::schema::{DeadLetterChoice, Destination, HeaderSpec, Mode, RawConfig, StatusKey};
 use super::settings::*;
 use super::units::Dur;
 use crate::policy::classify::Codes;
@@ -262,15 +260,6 @@ fn destination(
         c.err(
             format!("{p}.mode"),
             "passthrough is not supported yet (planned in a later issue); use durable",
-        );
-    }
-    if d.schema != Schema::Custom {
-        c.err(
-            format!("{p}.schema"),
-            format!(
-                "{} is not supported yet (planned in issue 4); use custom",
-                d.schema.as_str()
-            ),
         );
     }
     let timeout = c.range_dur(

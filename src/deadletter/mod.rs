@@ -5,7 +5,7 @@ mod dir;
 mod record;
 
 pub use dir::DirSink;
-pub use record::{Facts, custom_record};
+pub use record::{Facts, record};
 
 /// Where dead letters go. The directory sink is the one built in; the trait
 /// keeps delivery independent of it (and lets tests inject failures).

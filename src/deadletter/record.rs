@@ -1,9 +1,22 @@
-//! Dead-letter record shapes, after Event Grid's examples. `custom` events
-//! get an Event Grid envelope plus the original request (method, path,
-//! forwarded headers) so that replay can rebuild it. A JSON body is embedded
-//! verbatim when it fits on one line, so replay sends the same bytes.
+//! Dead-letter record shapes per schema, after Event Grid's examples
+//! (SPEC §4.6). Every record lets a replay rebuild the original request:
+//!
+//! - `eventgrid`: the event's own fields plus `deadLetterReason`,
+//!   `deliveryAttempts`, `lastDeliveryOutcome`, `lastHttpStatusCode`,
+//!   `publishTime`, `lastDeliveryAttemptTime`, and `courierRequest`
+//!   (`method`, `path`, forwarded `headers`) for the rest of the request.
+//! - `cloudevents`: the event plus the same fields in lower case
+//!   (CloudEvents attribute names), `courierrequest` likewise.
+//! - `custom`: an Event Grid envelope plus the original request (method,
+//!   path, forwarded headers) at the top level.
+//!
+//! The event's bytes are kept when it fits on one line (the fields are
+//! spliced in before its closing brace), so replay sends the same bytes; a
+//! multi-line event, or one that already has a field of the same name, is
+//! re-encoded with the fields set.
 
 use crate::clock::rfc3339;
+use crate::config::Schema;
 use crate::journal::NewEvent;
 use crate::policy::Reason;
 use base64::Engine;
@@ -18,7 +31,93 @@ pub struct Facts<'a> {
     pub last_attempt_ms: Option<u64>,
 }
 
-pub fn custom_record(e: &NewEvent, facts: &Facts) -> String {
+/// The names of the dead-letter fields in one schema's spelling.
+struct Names {
+    reason: &'static str,
+    attempts: &'static str,
+    outcome: &'static str,
+    status: &'static str,
+    publish: &'static str,
+    last_attempt: &'static str,
+    request: &'static str,
+}
+
+const EVENTGRID: Names = Names {
+    reason: "deadLetterReason",
+    attempts: "deliveryAttempts",
+    outcome: "lastDeliveryOutcome",
+    status: "lastHttpStatusCode",
+    publish: "publishTime",
+    last_attempt: "lastDeliveryAttemptTime",
+    request: "courierRequest",
+};
+
+const CLOUDEVENTS: Names = Names {
+    reason: "deadletterreason",
+    attempts: "deliveryattempts",
+    outcome: "lastdeliveryoutcome",
+    status: "lasthttpstatuscode",
+    publish: "publishtime",
+    last_attempt: "lastdeliveryattempttime",
+    request: "courierrequest",
+};
+
+/// One JSON line for a dead-lettered event of a destination of `schema`.
+pub fn record(schema: Schema, e: &NewEvent, facts: &Facts) -> String {
+    let names = match schema {
+        Schema::Custom => return custom_record(e, facts),
+        Schema::Eventgrid => &EVENTGRID,
+        Schema::Cloudevents => &CLOUDEVENTS,
+    };
+    // A body that is no JSON object was accepted while the destination
+    // was `custom`: it keeps the custom shape, which replay understands.
+    event_record(e, facts, names).unwrap_or_else(|| custom_record(e, facts))
+}
+
+fn event_record(e: &NewEvent, facts: &Facts, names: &Names) -> Option<String> {
+    let Ok(Value::Object(mut event)) = serde_json::from_slice::<Value>(&e.body) else {
+        return None;
+    };
+    let mut fields = Map::new();
+    for (name, value) in [
+        (names.reason, json!(facts.reason.as_str())),
+        (names.attempts, json!(facts.attempts)),
+        (names.outcome, json!(facts.last_outcome)),
+        (names.status, json!(facts.last_status)),
+        (names.publish, json!(rfc3339(e.accepted_ms))),
+        (
+            names.last_attempt,
+            json!(facts.last_attempt_ms.map(rfc3339)),
+        ),
+        (
+            names.request,
+            json!({ "method": e.method, "path": e.path, "headers": headers_json(e) }),
+        ),
+    ] {
+        fields.insert(name.to_string(), value);
+    }
+    let clash = fields.keys().any(|k| event.contains_key(k));
+    let text = std::str::from_utf8(&e.body).ok()?.trim();
+    let one_line = !text.contains(['\n', '\r']);
+    if clash || !one_line || !text.ends_with('}') {
+        event.extend(fields);
+        return Some(Value::Object(event).to_string());
+    }
+    // Splice: `{<event fields>,<dead-letter fields>}`.
+    let extra = Value::Object(fields).to_string();
+    let inner = text[1..text.len() - 1].trim();
+    let mut line = String::with_capacity(text.len() + extra.len());
+    line.push('{');
+    line.push_str(inner);
+    if !inner.is_empty() {
+        line.push(',');
+    }
+    line.push_str(&extra[1..]);
+    Some(line)
+}
+
+/// The forwarded headers as an object; a repeated header becomes a list.
+fn headers_json(e: &NewEvent) -> Map<String, Value> {
     let mut headers = Map::new();
     for (name, value) in &e.headers {
         let v = Value::String(String::from_utf8_lossy(value).into_owned());
@@ -30,6 +129,11 @@ pub fn custom_record(e: &NewEvent, facts: &Facts) -> String {
             }
         }
     }
+    headers
+}
+
+fn custom_record(e: &NewEvent, facts: &Facts) -> String {
+    let headers = headers_json(e);
     let record = json!({
         "id": e.id,
         "eventTime": rfc3339(e.accepted_ms),
@@ -118,6 +222,91 @@ mod tests {
         assert_eq!(v["headers"]["x-a"], json!(["1", "2"]));
         assert_eq!(v["path"], "/x?y=1");
         assert_eq!(v["data"], json!({"a": 1, "b": 2}));
+    }
+
+    fn with_body(body: &'static [u8]) -> NewEvent {
+        NewEvent {
+            headers: vec![("x-trace".into(), b"t1".to_vec())],
+            ..event(body)
+        }
+    }
+
+    #[test]
+    fn eventgrid_record_is_the_event_plus_the_fields_and_the_request() {
+        let body = br#"{"id":"e1","subject":"/s", "eventType":"T","eventTime":"2025-01-31T12:00:00Z","data":{"n": 1},"dataVersion":"1"}"#;
+        let line = record(Schema::Eventgrid, &with_body(body), &facts());
+        let event = std::str::from_utf8(body).expect("utf-8");
+        assert!(line.starts_with(&event[..event.len() - 1]), "{line}");
+        let v: Value = serde_json::from_str(&line).expect("json");
+        assert_eq!(v["id"], "e1");
+        assert_eq!(v["data"], json!({"n": 1}));
+        assert_eq!(v["deadLetterReason"], "NonRetriableStatus");
+        assert_eq!(v["deliveryAttempts"], 1);
+        assert_eq!(v["lastDeliveryOutcome"], "BadRequest");
+        assert_eq!(v["lastHttpStatusCode"], 400);
+        assert_eq!(v["publishTime"], "2020-08-13T17:18:13.000000Z");
+        assert_eq!(v["lastDeliveryAttemptTime"], "2020-08-13T17:18:14.000000Z");
+        assert_eq!(
+            v["courierRequest"],
+            json!({"method": "POST", "path": "/x?y=1", "headers": {"x-trace": "t1"}})
+        );
+        // Replay: the record without courier's fields is the event.
+        let mut replayed = v.as_object().expect("object").clone();
+        for k in EVENTGRID_KEYS {
+            replayed.remove(k);
+        }
+        let original: Value = serde_json::from_slice(body).expect("json");
+        assert_eq!(Value::Object(replayed), original);
+    }
+
+    const EVENTGRID_KEYS: [&str; 7] = [
+        "deadLetterReason",
+        "deliveryAttempts",
+        "lastDeliveryOutcome",
+        "lastHttpStatusCode",
+        "publishTime",
+        "lastDeliveryAttemptTime",
+        "courierRequest",
+    ];
+
+    #[test]
+    fn cloudevents_record_uses_lower_case_names() {
+        let body = b"{\n \"specversion\": \"1.0\", \"id\": \"c1\", \"source\": \"/s\", \"type\": \"t\", \"data_base64\": \"AP8=\"\n}";
+        let f = Facts {
+            last_status: None,
+            last_attempt_ms: None,
+            ..facts()
+        };
+        let line = record(Schema::Cloudevents, &with_body(body), &f);
+        assert!(!line.contains('\n'), "{line}");
+        let v: Value = serde_json::from_str(&line).expect("json");
+        assert_eq!(v["id"], "c1");
+        assert_eq!(v["data_base64"], "AP8=");
+        assert_eq!(v["deadletterreason"], "NonRetriableStatus");
+        assert_eq!(v["deliveryattempts"], 1);
+        assert_eq!(v["lastdeliveryoutcome"], "BadRequest");
+        assert_eq!(v["lasthttpstatuscode"], Value::Null);
+        assert_eq!(v["publishtime"], "2020-08-13T17:18:13.000000Z");
+        assert_eq!(v["lastdeliveryattempttime"], Value::Null);
+        assert_eq!(v["courierrequest"]["path"], "/x?y=1");
+        assert!(v.get("deadLetterReason").is_none());
+    }
+
+    #[test]
+    fn a_clashing_field_is_overwritten_and_a_non_object_keeps_the_custom_shape() {
+        let line = record(
+            Schema::Eventgrid,
+            &with_body(br#"{"id":"e1","deliveryAttempts":99}"#),
+            &facts(),
+        );
+        let v: Value = serde_json::from_str(&line).expect("json");
+        assert_eq!(v["deliveryAttempts"], 1);
+        assert_eq!(line.matches("deliveryAttempts").count(), 1, "{line}");
+        let v: Value =
+            serde_json::from_str(&record(Schema::Cloudevents, &with_body(b"plain"), &facts()))
+                .expect("json");
+        assert_eq!(v["eventType"], "Courier.Custom");
+        assert_eq!(v["data_base64"], "cGxhaW4=");
     }
 
     #[test]

@@ -6,6 +6,7 @@ mod dispatcher;
 pub mod health;
 mod request;
 mod settle;
+mod shape;
 pub mod stack;
 
 pub use client::{HttpsClient, build_client};

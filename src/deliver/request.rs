@@ -1,5 +1,7 @@
-//! The HTTP request of one attempt, rebuilt from the journal row.
+//! The HTTP request of one attempt, rebuilt from the journal row, its body
+//! and content type shaped by the destination's schema.
 
+use super::shape;
 use crate::config::DestinationSettings;
 use crate::deliver::stack::Attempt;
 use crate::journal::StoredEvent;
@@ -20,7 +22,7 @@ pub fn build(
     let mut req = Request::builder()
         .method(method)
         .uri(dest.target.url(rest, query))
-        .body(Full::new(e.body.clone()))?;
+        .body(Full::new(Bytes::new()))?;
     let headers = req.headers_mut();
     for (name, value) in &e.headers {
         if let (Ok(n), Ok(v)) = (
@@ -30,6 +32,11 @@ pub fn build(
             headers.append(n, v);
         }
     }
+    let shaped = shape::shape(dest.schema, std::slice::from_ref(&e.body));
+    if let Some(content_type) = shaped.content_type {
+        headers.insert(http::header::CONTENT_TYPE, content_type);
+    }
+    *req.body_mut() = Full::new(shaped.body);
     req.extensions_mut().insert(Attempt {
         id: e.id.clone(),
         number: ev.attempts + 1,

@@ -8,7 +8,7 @@ use super::stack::{AttemptService, Attempted, LateAnswer};
 use crate::admin::metrics;
 use crate::clock;
 use crate::config::DestinationSettings;
-use crate::deadletter::{DeadLetterSink, Facts, custom_record};
+use crate::deadletter::{DeadLetterSink, Facts, record};
 use crate::journal::{Change, Journal, JournalError, StoredEvent};
 use crate::policy::schedule::jittered;
 use crate::policy::{Next, Outcome, Reason, Verdict};
@@ -253,7 +253,7 @@ async fn dead_letter(ctx: &Ctx, ev: &StoredEvent, facts: &Facts<'_>) -> bool {
             metrics::dropped(dest, reason);
         }
         Some(sink) => {
-            let line = custom_record(&ev.event, facts);
+            let line = record(ctx.dest.schema, &ev.event, facts);
             let day = clock::rfc3339(clock::now_ms())[..10].to_string();
             let give_up = tokio::time::Instant::now() + PERSIST_FOR;
             loop {

@@ -1,11 +1,13 @@
-//! One request in, one answer out: route, check limits, build the event,
-//! wait for the journal's commit.
+//! One request in, one answer out: route, check limits, parse the body by
+//! the destination's schema into events, wait for the journal's commit of
+//! all of them.
 
-use super::{forward, reply};
-use crate::config::Settings;
+use super::{forward, reply, schema};
+use crate::config::{Schema, Settings};
 use crate::journal::{Journal, NewEvent};
 use crate::lifecycle::Lifecycle;
 use crate::server::Body;
+use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
@@ -87,26 +89,28 @@ impl Ingress {
         if declared.is_some_and(|n| n > limit) {
             return too_large();
         }
-        let id = match forward::event_id(req.headers()) {
-            Ok(id) => id,
-            Err(header) => {
-                let msg = format!(
-                    "header {header} must be 1 to {} visible characters",
-                    forward::MAX_ID
-                );
-                return reply::reject(name, StatusCode::BAD_REQUEST, "bad_id", msg, None);
-            }
+        let custom_id = match dest.schema {
+            Schema::Custom => match forward::event_id(req.headers()) {
+                Ok(id) => Some(id),
+                Err(header) => {
+                    let msg = format!(
+                        "header {header} must be 1 to {} visible characters",
+                        forward::MAX_ID
+                    );
+                    return reply::reject(name, StatusCode::BAD_REQUEST, "bad_id", msg, None);
+                }
+            },
+            Schema::Eventgrid | Schema::Cloudevents => None,
         };
-        let headers = forward::forwarded(req.headers());
+        let mut headers = forward::forwarded(req.headers());
+        headers.retain(|(n, _)| schema::forwards_header(dest.schema, n));
         let method = req.method().as_str().to_string();
         let path_and_query = match req.uri().query() {
             Some(q) => format!("{rest}?{q}"),
             None => rest.to_string(),
         };
-        let body = match Limited::new(req.into_body(), limit as usize)
-            .collect()
-            .await
-        {
+        let (head, body) = req.into_parts();
+        let body = match Limited::new(body, limit as usize).collect().await {
             Ok(b) => b.to_bytes(),
             Err(e) if e.is::<http_body_util::LengthLimitError>() => return too_large(),
             Err(e) => {
@@ -119,23 +123,37 @@ impl Ingress {
                 );
             }
         };
-        let event = NewEvent {
-            id: id.clone(),
-            destination: dest.name.clone(),
-            method,
-            path: path_and_query,
-            headers,
-            body,
-            accepted_ms: crate::clock::now_ms(),
+        let parts: Vec<(String, Bytes)> = match schema::parse(dest.schema, &head.headers, &body) {
+            None => custom_id.into_iter().map(|id| (id, body.clone())).collect(),
+            Some(Err(e)) => return reply::schema_error(name, &e),
+            Some(Ok(events)) => events
+                .into_iter()
+                .map(|e| {
+                    tracing::debug!(destination = %name, id = %e.id, event_type = %e.event_type, subject = ?e.subject, "event parsed");
+                    (e.id, e.body)
+                })
+                .collect(),
         };
-        match self.journal.append(vec![event]).await {
+        let accepted_ms = crate::clock::now_ms();
+        let ids: Vec<String> = parts.iter().map(|(id, _)| id.clone()).collect();
+        let events = parts
+            .into_iter()
+            .map(|(id, body)| NewEvent {
+                id,
+                destination: dest.name.clone(),
+                method: method.clone(),
+                path: path_and_query.clone(),
+                headers: headers.clone(),
+                body,
+                accepted_ms,
+            })
+            .collect();
+        // One append: every event of the request is committed in one group,
+        // or none is.
+        match self.journal.append(events).await {
             Ok(a) => {
-                let dup = if a.duplicates.is_empty() {
-                    vec![]
-                } else {
-                    vec![id.clone()]
-                };
-                reply::accepted(&[id], &dup)
+                let dup: Vec<String> = a.duplicates.iter().map(|&i| ids[i].clone()).collect();
+                reply::accepted(&ids, &dup)
             }
             Err(e) => reply::journal_error(name, &e),
         }

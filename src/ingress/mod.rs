@@ -5,5 +5,6 @@
 mod admit;
 mod forward;
 mod reply;
+mod schema;
 
 pub use admit::Ingress;

@@ -1,5 +1,6 @@
 //! Every answer ingress gives, as JSON (SPEC §3).
 
+use super::schema::SchemaError;
 use crate::admin::metrics;
 use crate::journal::JournalError;
 use crate::server::{Body, json};
@@ -31,6 +32,21 @@ pub fn reject(
             .insert(http::header::RETRY_AFTER, HeaderValue::from(secs));
     }
     resp
+}
+
+/// A request whose events the schema refuses: 400 or 415, naming the event
+/// `index` and `field` when the error is about one.
+pub fn schema_error(destination: &str, e: &SchemaError) -> Response<Body> {
+    let reason = e.reason();
+    metrics::rejected(destination, reason);
+    let mut body = json!({ "error": e.to_string(), "reason": reason });
+    if let Some(index) = e.index() {
+        body["index"] = json!(index);
+    }
+    if let Some(field) = e.field() {
+        body["field"] = json!(field);
+    }
+    json(e.status(), &body)
 }
 
 pub fn journal_error(destination: &str, e: &JournalError) -> Response<Body> {
