@@ -553,10 +553,7 @@ fn headers(
     if specs.len() > MAX_HEADERS {
         c.err(
             path,
-            format!(
-                "{} headers is too many: allowed 0..={MAX_HEADERS}",
-                specs.len()
-            ),
+            format!("{} headers: at most {MAX_HEADERS} are allowed", specs.len()),
         );
     }
     let mut out = Vec::new();
@@ -584,7 +581,7 @@ fn headers(
         // The text, the key it came from, and how to name it in a message
         // (a variable's value is described, never shown).
         let (value, key, what) = match (&spec.value, &spec.from_env, &spec.from_event) {
-            (Some(v), None, None) => (v.clone(), format!("{p}.value"), "value".to_string()),
+            (Some(v), None, None) => (v.clone(), p.clone(), "value".to_string()),
             (None, Some(var), None) => match c.env_var(format!("{p}.from_env"), var) {
                 Some(v) => (
                     v,
@@ -615,7 +612,7 @@ fn headers(
             c.err(
                 key,
                 format!(
-                    "{what} is {} bytes: allowed 0..={MAX_HEADER_VALUE}",
+                    "{what} is {} bytes: at most {MAX_HEADER_VALUE} are allowed",
                     value.len()
                 ),
             );
