@@ -6,11 +6,13 @@ pub mod clock;
 pub mod config;
 pub mod deadletter;
 pub mod deliver;
+pub mod event_path;
 mod ingress;
 pub mod journal;
 pub mod lifecycle;
 pub mod policy;
 pub mod server;
+pub mod signature;
 
 use config::Settings;
 use deadletter::{DeadLetterSink, DirSink};

@@ -188,7 +188,7 @@ pub struct Destination {
     #[serde(default)]
     pub headers: BTreeMap<String, HeaderSpec>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub signing: Unsupported,
+    pub signing: Option<SigningSpec>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rate_limit: Option<RateLimitSpec>,
     #[serde(default)]
@@ -314,6 +314,15 @@ pub struct HeaderSpec {
     pub from_event: Option<String>,
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub secret: bool,
+}
+
+/// `signing: { secrets_from_env: [VAR, ...] }`: the names of the variables
+/// holding `whsec_...` secrets. Only the names are in the file (and in the
+/// effective config `courier check` prints), never the secrets.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct SigningSpec {
+    pub secrets_from_env: Vec<String>,
 }
 
 /// `rate_limit: { per_second: N }`, SNS's `maxReceivesPerSecond`.

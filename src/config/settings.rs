@@ -2,8 +2,10 @@
 //! raw config by `validate`; every value here is known to be in range.
 
 use super::schema::{LogFormat, Schema, SyncMode};
+use crate::event_path::EventPath;
 use crate::policy::probation::ProbationPolicy;
 use crate::policy::{Limits, Schedule, StatusPolicy};
+use crate::signature::Secret;
 use http::{HeaderName, HeaderValue};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -59,6 +61,9 @@ pub struct DestinationSettings {
     pub jitter: f64,
     pub status: StatusPolicy,
     pub headers: Vec<CustomHeader>,
+    /// Standard Webhooks signing keys (1..=3, several during a rotation);
+    /// empty = requests are not signed.
+    pub signing: Vec<Secret>,
     /// Root of the dead-letter directory sink; `None` drops and counts.
     pub dead_letter: Option<PathBuf>,
     /// `rate_limit.per_second` or SNS `maxReceivesPerSecond`.
@@ -68,10 +73,23 @@ pub struct DestinationSettings {
     pub late_answer_window: Duration,
 }
 
+/// The longest custom header value, in bytes (SPEC §2): checked at load for
+/// fixed values and at each attempt for `from_event` values.
+pub const MAX_HEADER_VALUE: usize = 4096;
+
 #[derive(Debug, Clone)]
 pub struct CustomHeader {
     pub name: HeaderName,
-    pub value: HeaderValue,
+    pub value: HeaderSource,
+}
+
+/// Where a custom header's value comes from.
+#[derive(Debug, Clone)]
+pub enum HeaderSource {
+    /// `value:` or `from_env:`, known at load (marked sensitive when `secret`).
+    Fixed(HeaderValue),
+    /// `from_event:`, read from each attempt's event.
+    FromEvent { path: EventPath, secret: bool },
 }
 
 /// The destination url split so that `/rest?query` from the app can be appended.

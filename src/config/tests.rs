@@ -8,8 +8,15 @@ impl Env for FakeEnv {
     }
 }
 
+/// `WHSEC_A`/`WHSEC_B`: the vector secret of `crate::signature`'s tests and
+/// an unprefixed one; `WHSEC_BAD` is not base64.
 fn env() -> FakeEnv {
-    FakeEnv(HashMap::from([("API_KEY", "s3cret")]))
+    FakeEnv(HashMap::from([
+        ("API_KEY", "s3cret"),
+        ("WHSEC_A", "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"),
+        ("WHSEC_B", "c2Vjb25kIGtleQ=="),
+        ("WHSEC_BAD", "whsec_hunter2!!"),
+    ]))
 }
 
 const GOOD: &str = "\
@@ -62,7 +69,7 @@ fn a_good_config_fills_defaults_and_masks_nothing_it_need_not() {
     assert!(
         d.headers
             .iter()
-            .any(|h| h.name == "x-api-key" && h.value == "s3cret" && h.value.is_sensitive())
+            .any(|h| h.name == "x-api-key" && matches!(&h.value, settings::HeaderSource::Fixed(v) if v == "s3cret" && v.is_sensitive()))
     );
     assert!(
         loaded.effective.contains("event_ttl: 24h"),
@@ -184,15 +191,176 @@ fn reserved_and_too_many_headers() {
         &many,
     );
     let e = one_error(&text);
-    assert!(
-        e.contains("destinations.orders.headers: 11 headers: at most 10 are allowed"),
-        "{e}"
+    assert_eq!(
+        e,
+        "c.yaml:13:7: destinations.orders.headers: 11 headers: at most 10 are allowed"
     );
+    let ten: String = (0..10)
+        .map(|i| format!("      H{i}: {{ value: v }}\n"))
+        .collect();
+    let text = GOOD.replace(
+        "      X-Api-Key: { from_env: API_KEY, secret: true }\n      X-Tenant: { value: acme }\n",
+        &ten,
+    );
+    let loaded = parse("c.yaml", &text, ".".into(), Purpose::Run, &env()).expect("10 are fine");
+    assert_eq!(loaded.settings.destinations[0].headers.len(), 10);
+}
+
+#[test]
+fn header_values_longer_than_4096_bytes_are_refused() {
     let long = "v".repeat(4097);
     let e = one_error(&GOOD.replace("{ value: acme }", &format!("{{ value: {long} }}")));
+    assert_eq!(
+        e,
+        "c.yaml:14:17: destinations.orders.headers.X-Tenant: value is 4097 bytes: at most 4096 are allowed"
+    );
+    let max = "v".repeat(4096);
+    let text = GOOD.replace("{ value: acme }", &format!("{{ value: {max} }}"));
+    assert!(parse("c.yaml", &text, ".".into(), Purpose::Run, &env()).is_ok());
+    // From the environment: checked when read, and the value is not shown.
+    let big: &'static str = Box::leak("s".repeat(5000).into_boxed_str());
+    let env = FakeEnv(HashMap::from([("API_KEY", big)]));
+    let e = match parse("c.yaml", GOOD, ".".into(), Purpose::Run, &env) {
+        Ok(_) => panic!("accepted a 5000-byte header"),
+        Err(e) => e.lines,
+    };
+    assert_eq!(
+        e,
+        [
+            "c.yaml:13:30: destinations.orders.headers.X-Api-Key.from_env: value of environment variable API_KEY is 5000 bytes: at most 4096 are allowed"
+        ]
+    );
+}
+
+#[test]
+fn header_names_differing_only_in_case_are_one_header() {
+    let e = one_error(&GOOD.replace("X-Tenant:", "x-api-key:"));
     assert!(
-        e.contains("value is 4097 bytes: at most 4096 are allowed"),
+        e.contains("destinations.orders.headers.x-api-key: `x-api-key` is already set: header names ignore case"),
         "{e}"
+    );
+}
+
+#[test]
+fn from_event_paths_are_checked_at_load() {
+    let text = GOOD.replace("{ value: acme }", "{ from_event: data.tenant }");
+    let loaded = parse("c.yaml", &text, ".".into(), Purpose::Run, &env()).expect("valid");
+    assert!(
+        loaded.settings.destinations[0]
+            .headers
+            .iter()
+            .any(|h| matches!(
+                &h.value,
+                settings::HeaderSource::FromEvent { path, .. } if path.as_str() == "data.tenant"
+            ))
+    );
+    assert!(
+        loaded.effective.contains("from_event: data.tenant"),
+        "{}",
+        loaded.effective
+    );
+    let e = one_error(&GOOD.replace("{ value: acme }", "{ from_event: data..tenant }"));
+    assert_eq!(
+        e,
+        "c.yaml:14:31: destinations.orders.headers.X-Tenant.from_event: `data..tenant` has an empty segment: write dot-separated field names, like data.tenant"
+    );
+    let e = one_error(&GOOD.replace("{ value: acme }", "{ from_event: \"\" }"));
+    assert!(e.contains("X-Tenant.from_event: the path is empty"), "{e}");
+    let e = one_error(&GOOD.replace("{ value: acme }", "{ value: acme, from_event: subject }"));
+    assert!(
+        e.contains("needs exactly one of value, from_env, from_event"),
+        "{e}"
+    );
+}
+
+const SIGNED: &str = "    signing: { secrets_from_env: [WHSEC_A, WHSEC_B] }\n";
+
+fn with_signing(signing: &str) -> String {
+    GOOD.replace("    headers:\n", &format!("{signing}    headers:\n"))
+}
+
+#[test]
+fn signing_secrets_are_read_and_never_printed() {
+    let loaded = parse(
+        "c.yaml",
+        &with_signing(SIGNED),
+        ".".into(),
+        Purpose::Run,
+        &env(),
+    )
+    .expect("valid");
+    let d = &loaded.settings.destinations[0];
+    assert_eq!(d.signing.len(), 2);
+    assert_eq!(
+        d.signing[0],
+        crate::signature::Secret::parse("MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw").expect("valid")
+    );
+    assert!(
+        loaded
+            .effective
+            .contains("secrets_from_env:\n      - WHSEC_A\n      - WHSEC_B"),
+        "{}",
+        loaded.effective
+    );
+    for secret in ["MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", "c2Vjb25kIGtleQ"] {
+        assert!(!loaded.effective.contains(secret));
+        assert!(!format!("{:?}", loaded.settings).contains(secret));
+    }
+}
+
+#[test]
+fn signing_secret_count_is_checked() {
+    let e = one_error(&with_signing("    signing: { secrets_from_env: [] }\n"));
+    assert_eq!(
+        e,
+        "c.yaml:12:34: destinations.orders.signing.secrets_from_env: 0 secrets is out of range: allowed 1..=3"
+    );
+    let e = one_error(&with_signing(
+        "    signing: { secrets_from_env: [WHSEC_A, WHSEC_A, WHSEC_B, WHSEC_B] }\n",
+    ));
+    assert!(
+        e.contains("4 secrets is out of range: allowed 1..=3"),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_missing_signing_variable_is_an_error_for_run_and_a_warning_for_check() {
+    let text = with_signing("    signing: { secrets_from_env: [WHSEC_A, NO_SUCH_SECRET] }\n");
+    let e = one_error(&text);
+    assert_eq!(
+        e,
+        "c.yaml:12:44: destinations.orders.signing.secrets_from_env[1]: environment variable NO_SUCH_SECRET is not set"
+    );
+    let loaded = parse("c.yaml", &text, ".".into(), Purpose::Check, &env()).expect("check passes");
+    assert_eq!(
+        loaded.warnings,
+        [
+            "c.yaml:12:44: destinations.orders.signing.secrets_from_env[1]: environment variable NO_SUCH_SECRET is not set"
+        ]
+    );
+}
+
+#[test]
+fn a_signing_secret_that_is_not_base64_names_the_variable_not_the_value() {
+    let e = one_error(&with_signing(
+        "    signing: { secrets_from_env: [WHSEC_BAD] }\n",
+    ));
+    assert_eq!(
+        e,
+        "c.yaml:12:35: destinations.orders.signing.secrets_from_env[0]: environment variable WHSEC_BAD is not valid base64 after the optional whsec_ prefix"
+    );
+    assert!(!e.contains("hunter2"));
+    // Also for `check`: a present but broken secret is an error there too.
+    assert!(
+        parse(
+            "c.yaml",
+            &with_signing("    signing: { secrets_from_env: [WHSEC_BAD] }\n"),
+            ".".into(),
+            Purpose::Check,
+            &env()
+        )
+        .is_err()
     );
 }
 

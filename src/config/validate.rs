@@ -2,12 +2,16 @@
 //! collected (not just the first), each with its key path, the bad value and
 //! what is allowed; `mod.rs` adds the file position.
 
-use super::schema::{DeadLetterChoice, Destination, HeaderSpec, Mode, RawConfig, StatusKey};
+use super::schema::{
+    DeadLetterChoice, Destination, HeaderSpec, Mode, RawConfig, SigningSpec, StatusKey,
+};
 use super::settings::*;
 use super::units::Dur;
+use crate::event_path::EventPath;
 use crate::policy::classify::Codes;
 use crate::policy::probation::ProbationPolicy;
 use crate::policy::{Limits, Outcome, StatusPolicy};
+use crate::signature::Secret;
 use http::{HeaderName, HeaderValue};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -46,7 +50,7 @@ pub struct Checked {
 }
 
 const MAX_HEADERS: usize = 10;
-const MAX_HEADER_VALUE: usize = 4096;
+const MAX_SIGNING_SECRETS: usize = 3;
 const RESERVED_HEADERS: [&str; 7] = [
     "host",
     "content-length",
@@ -110,6 +114,24 @@ impl Checker<'_> {
             self.err(path, format!("{v} is out of range: allowed {min}..={max}"));
         }
         v
+    }
+
+    /// The value of environment variable `var`, read for the key at `path`.
+    /// Missing: an error for `run`, a warning for `check` (which may run
+    /// where the secrets are not), and `None` either way.
+    fn env_var(&mut self, path: String, var: &str) -> Option<String> {
+        let value = self.env.get(var);
+        if value.is_none() {
+            let problem = Problem {
+                path,
+                message: format!("environment variable {var} is not set"),
+            };
+            match self.purpose {
+                Purpose::Run => self.problems.push(problem),
+                Purpose::Check => self.warnings.push(problem),
+            }
+        }
+        value
     }
 
     fn addr(&mut self, path: &str, s: &str) -> SocketAddr {
@@ -272,10 +294,9 @@ fn destination(
         ("passthrough_deadline", &d.passthrough_deadline),
         ("tls", &d.tls),
         ("batch", &d.batch),
-        ("signing", &d.signing),
     ] {
         let issue = match key {
-            "batch" | "signing" => "issue 4",
+            "batch" => "issue 4",
             _ => "a later issue",
         };
         c.unsupported(&format!("{p}.{key}"), v, issue);
@@ -318,6 +339,11 @@ fn destination(
     }
     let status = status(c, &format!("{p}.status"), d);
     let headers = headers(c, &format!("{p}.headers"), &d.headers);
+    let signing = d
+        .signing
+        .as_ref()
+        .map(|spec| signing(c, &format!("{p}.signing"), spec))
+        .unwrap_or_default();
     let dead_letter = match &d.dead_letter {
         None => default_sink.cloned(),
         Some(DeadLetterChoice::Dir(dl)) => Some(c.dir(&dl.dir)),
@@ -341,6 +367,7 @@ fn destination(
         jitter,
         status,
         headers,
+        signing,
         dead_letter,
         rate_limit_per_second,
         probation: probation(c, &format!("{p}.probation"), &d.probation),
@@ -541,60 +568,93 @@ fn headers(
             );
             continue;
         }
-        let sources = [
-            spec.value.is_some(),
-            spec.from_env.is_some(),
-            spec.from_event.is_some(),
-        ];
-        if sources.iter().filter(|s| **s).count() != 1 {
-            c.err(&p, "needs exactly one of value, from_env, from_event");
-            continue;
-        }
-        let value = if let Some(v) = &spec.value {
-            v.clone()
-        } else if let Some(var) = &spec.from_env {
-            match c.env.get(var) {
-                Some(v) => v,
-                None => {
-                    let problem = Problem {
-                        path: format!("{p}.from_env"),
-                        message: format!("environment variable {var} is not set"),
-                    };
-                    match c.purpose {
-                        Purpose::Run => c.problems.push(problem),
-                        Purpose::Check => c.warnings.push(problem),
-                    }
-                    continue;
-                }
-            }
-        } else {
+        if out.iter().any(|h: &CustomHeader| h.name == header) {
             c.err(
-                format!("{p}.from_event"),
-                "not supported yet (planned in issue 4)",
+                &p,
+                format!("`{name}` is already set: header names ignore case"),
             );
             continue;
+        }
+        // The text, the key it came from, and how to name it in a message
+        // (a variable's value is described, never shown).
+        let (value, key, what) = match (&spec.value, &spec.from_env, &spec.from_event) {
+            (Some(v), None, None) => (v.clone(), p.clone(), "value".to_string()),
+            (None, Some(var), None) => match c.env_var(format!("{p}.from_env"), var) {
+                Some(v) => (
+                    v,
+                    format!("{p}.from_env"),
+                    format!("value of environment variable {var}"),
+                ),
+                None => continue,
+            },
+            (None, None, Some(field)) => {
+                match EventPath::parse(field) {
+                    Ok(path) => out.push(CustomHeader {
+                        name: header,
+                        value: HeaderSource::FromEvent {
+                            path,
+                            secret: spec.secret,
+                        },
+                    }),
+                    Err(e) => c.err(format!("{p}.from_event"), e.to_string()),
+                }
+                continue;
+            }
+            _ => {
+                c.err(&p, "needs exactly one of value, from_env, from_event");
+                continue;
+            }
         };
         if value.len() > MAX_HEADER_VALUE {
             c.err(
-                &p,
+                key,
                 format!(
-                    "value is {} bytes: at most {MAX_HEADER_VALUE} are allowed",
+                    "{what} is {} bytes: at most {MAX_HEADER_VALUE} are allowed",
                     value.len()
                 ),
             );
             continue;
         }
         let Ok(mut value) = HeaderValue::from_str(&value) else {
-            c.err(&p, "value has characters that are not allowed in a header");
+            c.err(
+                key,
+                format!("{what} has characters that are not allowed in a header"),
+            );
             continue;
         };
         value.set_sensitive(spec.secret);
         out.push(CustomHeader {
             name: header,
-            value,
+            value: HeaderSource::Fixed(value),
         });
     }
     out
+}
+
+/// `signing.secrets_from_env`: 1..=3 variables, each holding a Standard
+/// Webhooks secret. Three covers a rotation (old and new key) with one to
+/// spare; every extra key costs one HMAC per attempt and header bytes.
+fn signing(c: &mut Checker, path: &str, spec: &SigningSpec) -> Vec<Secret> {
+    let p = format!("{path}.secrets_from_env");
+    let n = spec.secrets_from_env.len();
+    if !(1..=MAX_SIGNING_SECRETS).contains(&n) {
+        c.err(
+            &p,
+            format!("{n} secrets is out of range: allowed 1..={MAX_SIGNING_SECRETS}"),
+        );
+    }
+    let mut secrets = Vec::new();
+    for (i, var) in spec.secrets_from_env.iter().enumerate() {
+        let item = format!("{p}[{i}]");
+        let Some(value) = c.env_var(item.clone(), var) else {
+            continue;
+        };
+        match Secret::parse(&value) {
+            Ok(s) => secrets.push(s),
+            Err(e) => c.err(item, format!("environment variable {var} {e}")),
+        }
+    }
+    secrets
 }
 
 #[cfg(test)]

@@ -1,15 +1,17 @@
-//! The per-attempt stack, outermost first: headers → classify → timeout (with late answers) →
-//! http. Each layer has one job; the result is an `Attempted`, never an
-//! error, so callers only deal with verdicts.
+//! The per-attempt stack, outermost first: headers → signing → classify →
+//! timeout (with late answers) → http. Each layer has one job; the result is
+//! an `Attempted`, never an error, so callers only deal with verdicts.
 
 mod classify;
 mod headers;
 mod http;
+mod signing;
 mod timeout;
 
 pub use classify::{Attempted, ClassifyLayer};
 pub use headers::HeadersLayer;
 pub use http::HttpService;
+pub use signing::SigningLayer;
 pub use timeout::{LateAnswer, TimedOut, TimeoutLayer};
 
 use crate::config::DestinationSettings;
@@ -33,8 +35,36 @@ pub type AttemptService = BoxCloneSyncService<AttemptRequest, Attempted, Infalli
 pub fn build(dest: &DestinationSettings, client: HttpsClient) -> AttemptService {
     let svc = ServiceBuilder::new()
         .layer(HeadersLayer::new(dest))
+        .layer(SigningLayer::new(dest.signing.clone()))
         .layer(ClassifyLayer::new(dest.status.clone()))
         .layer(TimeoutLayer::new(dest.timeout, dest.late_answer_window))
         .service(HttpService::new(client));
     BoxCloneSyncService::new(svc)
+}
+
+/// The bytes of an attempt's body, leaving an identical body in place.
+///
+/// Layers that need the body (dynamic headers, the signature) read it from
+/// the request itself rather than from a copy carried beside it, so what they
+/// see is by construction what is sent. Cloning `Bytes` shares the buffer.
+fn body_bytes(req: &mut AttemptRequest) -> Bytes {
+    let bytes = std::mem::take(req.body_mut())
+        .into_inner()
+        .unwrap_or_default();
+    *req.body_mut() = Full::new(bytes.clone());
+    bytes
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn body_bytes_reads_the_body_and_leaves_it_whole() {
+        let mut req = AttemptRequest::new(Full::new(Bytes::from_static(b"{\"a\":1}")));
+        assert_eq!(body_bytes(&mut req), &b"{\"a\":1}"[..]);
+        assert_eq!(body_bytes(&mut req), &b"{\"a\":1}"[..]);
+        let mut empty = AttemptRequest::new(Full::new(Bytes::new()));
+        assert_eq!(body_bytes(&mut empty), Bytes::new());
+    }
 }
