@@ -118,6 +118,17 @@ impl Indexer {
         Ok(self.indexed)
     }
 
+    /// The writer starts a fresh segment at `lsn`, past every old one, which
+    /// it will reuse: record (synced) that the log goes on there, or a crash
+    /// would have recovery look for records in a reused segment's old place.
+    pub fn resume_at(&mut self, lsn: u64) -> Result<(), IndexError> {
+        if lsn != self.indexed {
+            self.indexed = lsn;
+            self.sync()?;
+        }
+        Ok(())
+    }
+
     /// Reads records from `indexed` up to `target` (or the log's end), at
     /// most one chunk; `done` when nothing is left.
     fn read_chunk(&mut self, target: Option<u64>) -> Result<(Vec<Logged>, u64, bool), IndexError> {

@@ -60,7 +60,13 @@ pub fn segments(dir: &Path) -> io::Result<Vec<(u64, u64, PathBuf)>> {
         let Some(start) = entry.file_name().to_str().and_then(parse_name) else {
             continue;
         };
-        out.push((start, entry.metadata()?.len(), entry.path()));
+        // The writer renames spare segments while the indexer lists: a
+        // name that is gone was a spare, never a segment still to read.
+        match entry.metadata() {
+            Ok(m) => out.push((start, m.len(), entry.path())),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(e),
+        }
     }
     out.sort_by_key(|s| s.0);
     Ok(out)
@@ -445,7 +451,11 @@ impl LogReader {
         let Some((start, size, path)) = found else {
             return Ok(None);
         };
-        let file = File::open(&path)?;
+        let file = match File::open(&path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(e),
+        };
         self.current = Some((Segment { start, size, file }, path));
         Ok(Some((start, size)))
     }

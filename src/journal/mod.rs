@@ -118,6 +118,8 @@ pub struct DestinationState {
 }
 
 pub(crate) struct Shared {
+    /// Released when the last thread of this journal is gone.
+    _lock: std::fs::File,
     dir: PathBuf,
     path: PathBuf,
     /// The intake log's position up to which SQLite has synced the rows:
@@ -172,7 +174,7 @@ impl Journal {
         let dedupe_ms = dedupe_window.map(|w| w.as_millis() as u64);
         std::fs::create_dir_all(dir).map_err(|e| OpenError::Dir(dir.to_path_buf(), e))?;
         let path = dir.join(FILE);
-        lock(dir).map_err(|e| match e {
+        let lock_file = lock(dir).map_err(|e| match e {
             LockError::Held(lock_path) => OpenError::Locked(path.clone(), lock_path),
             LockError::Open(lock_path, e) => OpenError::Dir(lock_path, e),
         })?;
@@ -195,6 +197,9 @@ impl Journal {
             .iter()
             .map(|(start, size, _)| start + size)
             .fold(indexed, u64::max);
+        indexer
+            .resume_at(resume)
+            .map_err(|e| OpenError::Intake(dir.to_path_buf(), e.to_string()))?;
         let log = LogWriter::open(dir, resume).map_err(intake_err)?;
         let conn = indexer.conn();
         let next_seq = store::next_seq(conn).map_err(|e| OpenError::Open(path.clone(), e))?;
@@ -224,9 +229,10 @@ impl Journal {
             total += s.bytes;
         }
         let shared = Arc::new(Shared {
+            _lock: lock_file,
             dir: dir.to_path_buf(),
             path,
-            durable_pos: AtomicU64::new(indexed),
+            durable_pos: AtomicU64::new(resume),
             max_bytes,
             pending_bytes: AtomicU64::new(total),
             dedupe,
@@ -409,15 +415,15 @@ fn spawn_checkpointer(shared: Arc<Shared>) -> std::io::Result<()> {
         .map(|_| ())
 }
 
-/// Holds an exclusive `flock` on `dir/courier.lock` for the life of the
-/// process: two couriers on one journal would deliver everything twice.
+/// An exclusive `flock` on `dir/courier.lock`, held while the journal's
+/// threads live: two couriers on one journal would deliver everything twice.
 enum LockError {
     Open(PathBuf, std::io::Error),
     Held(PathBuf),
 }
 
-fn lock(dir: &Path) -> Result<(), LockError> {
-    use std::os::fd::IntoRawFd;
+fn lock(dir: &Path) -> Result<std::fs::File, LockError> {
+    use std::os::fd::AsRawFd;
     let lock_path = dir.join("courier.lock");
     let file = match std::fs::OpenOptions::new()
         .create(true)
@@ -428,14 +434,12 @@ fn lock(dir: &Path) -> Result<(), LockError> {
         Ok(f) => f,
         Err(e) => return Err(LockError::Open(lock_path, e)),
     };
-    let fd = file.into_raw_fd();
-    // SAFETY: `fd` is a valid descriptor we own and deliberately leak, so the
-    // lock lives until the process exits.
-    let rc = unsafe { libc::flock(fd, libc::LOCK_EX | libc::LOCK_NB) };
+    // SAFETY: a valid descriptor owned by `file`; the lock goes with it.
+    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
     if rc != 0 {
         Err(LockError::Held(lock_path))
     } else {
-        Ok(())
+        Ok(file)
     }
 }
 

@@ -122,3 +122,44 @@ async fn a_group_of_appends_is_one_record_and_every_waiter_hears() {
     assert_eq!(report.summary[0].pending, 50);
     assert_eq!(report.unindexed, 0, "a clean close indexes everything");
 }
+
+/// Opens again once the previous journal's threads have let go of the lock.
+async fn reopen(dir: &Path) -> (Journal, Vec<DestinationSummary>) {
+    for _ in 0..100 {
+        match open(dir) {
+            Err(OpenError::Locked(..)) => tokio::time::sleep(Duration::from_millis(20)).await,
+            other => return other.expect("reopen"),
+        }
+    }
+    panic!("the journal lock was never released");
+}
+
+fn intake_pos(dir: &Path) -> u64 {
+    let conn = Connection::open(dir.join(FILE)).expect("open db");
+    store::intake_pos(&conn).expect("intake_pos")
+}
+
+/// Regression: after a clean stop the writer resumes in a fresh segment past
+/// the old ones (which it reuses); SQLite must say so before any record goes
+/// there, or a crash would make recovery look for them at the old position,
+/// find nothing, and lose acknowledged events.
+#[tokio::test]
+async fn the_recorded_log_position_is_where_the_writer_resumes() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let (journal, _) = open(tmp.path()).expect("open");
+    journal.append(vec![event(1)]).await.expect("append");
+    journal.close().await;
+    drop(journal);
+    let before = intake_pos(tmp.path());
+    let (journal, _) = reopen(tmp.path()).await;
+    let resumed = intake_pos(tmp.path());
+    assert!(resumed > before, "{resumed} <= {before}");
+    assert_eq!(resumed % intake::SEGMENT, 0, "a fresh segment's start");
+    journal.append(vec![event(2)]).await.expect("append");
+    let segments = intake::segments(tmp.path()).expect("list");
+    assert!(
+        segments.iter().any(|(start, _, _)| *start == resumed),
+        "the new records are where SQLite says the log goes on: {segments:?}"
+    );
+    journal.close().await;
+}
