@@ -122,7 +122,10 @@ impl Dispatcher {
                         batch: None,
                     }
                 } else {
-                    let events = batch::take(&mut held.ready, batching);
+                    let mut events = batch::take(&mut held.ready, batching);
+                    // Journal order: a retried batch's body is then the
+                    // same bytes as its first attempt's.
+                    events.sort_by_key(|ev| ev.seq);
                     let Some(first) = events.first() else {
                         break;
                     };
