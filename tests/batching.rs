@@ -90,11 +90,7 @@ async fn wait_delivered(c: &Courier, n: f64) {
 async fn a_thousand_queued_events_go_out_in_at_most_ten_requests_each_once() {
     let dir = tempfile::tempdir().expect("tempdir");
     let rx = Receiver::ok().await;
-    let c = Courier::start(
-        dir.path(),
-        &config(&rx.url(), "batch: { max_events: 100 }"),
-    )
-    .await;
+    let c = Courier::start(dir.path(), &config(&rx.url(), "batch: { max_events: 100 }")).await;
     set_paused(&c, "orders", true).await;
     post_events(&c, 0..1000).await;
     check_eq!(c, rx.count(), 0, "requests while paused");
@@ -118,13 +114,22 @@ async fn a_thousand_queued_events_go_out_in_at_most_ten_requests_each_once() {
             "webhook-id of a batch is a UUIDv7: {id:?}"
         );
         check!(c, ids.insert(id.clone()), "webhook-id {id} used twice");
-        check_eq!(c, r.header("idempotency-key"), None, "an event's key on a batch");
+        check_eq!(
+            c,
+            r.header("idempotency-key"),
+            None,
+            "an event's key on a batch"
+        );
         for n in ns {
             *seen.entry(n).or_insert(0) += 1;
         }
     }
     check_eq!(c, seen.len(), 1000, "distinct events delivered");
-    check!(c, seen.values().all(|&k| k == 1), "an event delivered twice");
+    check!(
+        c,
+        seen.values().all(|&k| k == 1),
+        "an event delivered twice"
+    );
     check_eq!(c, seen.keys().next_back().copied(), Some(999));
     // Attempts are counted per event (as Event Grid's delivery count),
     // requests by the duration histogram.
@@ -237,11 +242,7 @@ async fn a_failed_batch_is_retried_whole_under_the_same_webhook_id() {
 async fn a_custom_body_that_is_not_json_is_refused_when_the_destination_batches() {
     let dir = tempfile::tempdir().expect("tempdir");
     let rx = Receiver::ok().await;
-    let c = Courier::start(
-        dir.path(),
-        &config(&rx.url(), "batch: { max_events: 10 }"),
-    )
-    .await;
+    let c = Courier::start(dir.path(), &config(&rx.url(), "batch: { max_events: 10 }")).await;
     let r = post(&c.url("orders"), "plain text, not json", &[]).await;
     check_eq!(c, r.status, 400, "{}", r.text());
     check_eq!(c, r.header("content-type"), Some("application/json"));
@@ -319,22 +320,37 @@ async fn eventgrid_and_cloudevents_batches_pass_the_sdks() {
     check_eq!(c, r.status, 202, "{}", r.text());
     let batch_ct = "application/cloudevents-batch+json";
     let ce_batch = Value::Array(ce[..3].to_vec()).to_string();
-    let r = post(&c.url("ce"), ce_batch.clone(), &[("content-type", batch_ct)]).await;
+    let r = post(
+        &c.url("ce"),
+        ce_batch.clone(),
+        &[("content-type", batch_ct)],
+    )
+    .await;
     check_eq!(c, r.status, 202, "{}", r.text());
     let structured_ct = "application/cloudevents+json";
     let ce_one = ce[3].to_string();
-    let r = post(&c.url("ce"), ce_one.clone(), &[("content-type", structured_ct)]).await;
+    let r = post(
+        &c.url("ce"),
+        ce_one.clone(),
+        &[("content-type", structured_ct)],
+    )
+    .await;
     check_eq!(c, r.status, 202, "{}", r.text());
     indexed().await;
     set_paused(&c, "eg", false).await;
     set_paused(&c, "ce", false).await;
     let got = requests(&c, &rx, 2, PROMPT).await;
     quiet(&c, &rx, 2, QUIET).await;
-    let (eg_req, ce_req): (Vec<&Received>, Vec<&Received>) =
-        got.iter().partition(|r| r.path_and_query.starts_with("/eg"));
+    let (eg_req, ce_req): (Vec<&Received>, Vec<&Received>) = got
+        .iter()
+        .partition(|r| r.path_and_query.starts_with("/eg"));
     check_eq!(c, eg_req.len(), 1, "one eventgrid batch");
     check_eq!(c, ce_req.len(), 1, "one cloudevents batch");
-    check_eq!(c, eg_req[0].header("content-type"), Some("application/json"));
+    check_eq!(
+        c,
+        eg_req[0].header("content-type"),
+        Some("application/json")
+    );
     check_eq!(
         c,
         ce_req[0].header("content-type"),

@@ -398,14 +398,20 @@ fn keys_not_built_yet_are_rejected_not_ignored() {
 fn batch_defaults_off_and_its_ranges_are_checked_with_positions() {
     let loaded = parse("c.yaml", GOOD, ".".into(), Purpose::Run, &env()).expect("valid");
     let b = loaded.settings.destinations[0].batch;
-    assert_eq!((b.max_events, b.preferred_size, b.enabled()), (1, 64 * 1024, false));
+    assert_eq!(
+        (b.max_events, b.preferred_size, b.enabled()),
+        (1, 64 * 1024, false)
+    );
     let text = GOOD.replace(
         "    timeout: 5s",
         "    timeout: 5s\n    batch: { max_events: 100, preferred_size: 4KiB }",
     );
     let loaded = parse("c.yaml", &text, ".".into(), Purpose::Run, &env()).expect("valid");
     let b = loaded.settings.destinations[0].batch;
-    assert_eq!((b.max_events, b.preferred_size, b.enabled()), (100, 4096, true));
+    assert_eq!(
+        (b.max_events, b.preferred_size, b.enabled()),
+        (100, 4096, true)
+    );
     let e = one_error(&GOOD.replace(
         "    timeout: 5s",
         "    timeout: 5s\n    batch:\n      max_events: 5001",
@@ -429,7 +435,10 @@ fn batch_defaults_off_and_its_ranges_are_checked_with_positions() {
         "    timeout: 5s",
         "    timeout: 5s\n    batch: { preferred_size: 1000 }",
     ));
-    assert!(e.contains("batch.preferred_size: 1000 is out of range"), "{e}");
+    assert!(
+        e.contains("batch.preferred_size: 1000 is out of range"),
+        "{e}"
+    );
 }
 
 #[test]

@@ -165,10 +165,7 @@ mod tests {
         );
         // Exactly at the limit: [x,y] = 2 + 499 + 1 + 498 = 1000.
         let events = vec![e(1, 499), e(2, 498), e(3, 1)];
-        assert_eq!(
-            form(events, limits(100, 1000)),
-            vec![vec![1, 2], vec![3]]
-        );
+        assert_eq!(form(events, limits(100, 1000)), vec![vec![1, 2], vec![3]]);
     }
 
     #[test]

@@ -50,7 +50,13 @@ pub fn build_batch(
         number: evs.iter().map(|e| e.attempts).max().unwrap_or(0) + 1,
     };
     let shaped = shape::batch(dest.schema, &bodies);
-    Ok(assemble(dest, first, shaped, attempt, &["idempotency-key"])?)
+    Ok(assemble(
+        dest,
+        first,
+        shaped,
+        attempt,
+        &["idempotency-key"],
+    )?)
 }
 
 fn assemble(

@@ -336,14 +336,15 @@ async fn dead_letter(ctx: &Ctx, items: &[(&StoredEvent, Facts<'_>)]) -> bool {
             loop {
                 let (sink, name, day, lines) =
                     (sink.clone(), dest.clone(), day.clone(), lines.clone());
-                let error =
-                    match tokio::task::spawn_blocking(move || sink.write(&name, &day, &lines))
-                        .await
-                    {
-                        Ok(Ok(())) => break,
-                        Ok(Err(e)) => e.to_string(),
-                        Err(e) => e.to_string(),
-                    };
+                let error = match tokio::task::spawn_blocking(move || {
+                    sink.write(&name, &day, &lines)
+                })
+                .await
+                {
+                    Ok(Ok(())) => break,
+                    Ok(Err(e)) => e.to_string(),
+                    Err(e) => e.to_string(),
+                };
                 // The events stay in the journal and are not sent again:
                 // only the dead letters are retried.
                 if tokio::time::Instant::now() >= give_up {

@@ -185,20 +185,38 @@ async fn a_stored_batch_is_read_whole_even_when_the_scan_limit_cuts_it() {
     let b = || Some("b".to_string());
     assert_eq!(
         got,
-        vec![(1, None), (2, None), (3, None), (4, b()), (5, b()), (6, b())]
+        vec![
+            (1, None),
+            (2, None),
+            (3, None),
+            (4, b()),
+            (5, b()),
+            (6, b())
+        ]
     );
     // Held siblings are not read twice; not yet due ones not at all.
     let held: HashSet<i64> = [1, 2, 3, 5].into();
     let due = reader.due("orders", 5_000, 1, &held).await.expect("due");
-    let seqs: Vec<i64> = due.iter().filter_map(|r| r.as_ref().ok()).map(|e| e.seq).collect();
+    let seqs: Vec<i64> = due
+        .iter()
+        .filter_map(|r| r.as_ref().ok())
+        .map(|e| e.seq)
+        .collect();
     assert_eq!(seqs, vec![4, 6]);
-    let due = reader.due("orders", 1_999, 10, &HashSet::new()).await.expect("due");
+    let due = reader
+        .due("orders", 1_999, 10, &HashSet::new())
+        .await
+        .expect("due");
     assert_eq!(due.len(), 3, "the batch is not due before 2000");
     journal
         .apply(vec![reschedule(6, None)])
         .await
         .expect("apply");
     let due = reader.due("orders", 5_000, 10, &held).await.expect("due");
-    let batches: Vec<Option<String>> = due.into_iter().filter_map(|r| r.ok()).map(|e| e.batch).collect();
+    let batches: Vec<Option<String>> = due
+        .into_iter()
+        .filter_map(|r| r.ok())
+        .map(|e| e.batch)
+        .collect();
     assert_eq!(batches, vec![b(), None]);
 }
