@@ -13,6 +13,10 @@
 //!    `courier_events_pending` is 0): delivered events per second;
 //! e. mixed: a fresh courier (`sync: always`, not paused) loaded like b while
 //!    it delivers to the receiver.
+//! f. batching: the same backlog (4,000 events per `--seconds`, accepted
+//!    while paused) drained by a fresh courier with `batch.max_events: 1`
+//!    (off) and then `100`, to a receiver answering 200 at once: delivered
+//!    events/s of each, and how many requests each needed.
 //!
 //! The load generator, the receiver and courier share this machine's CPUs,
 //! so compare ratios, not absolute numbers across machines.
@@ -43,7 +47,11 @@ const SETTLE: Duration = Duration::from_secs(1);
 /// Fixed addresses in the printed config for reproduction by hand.
 const MANUAL_INGRESS: &str = "127.0.0.1:8080";
 const MANUAL_ADMIN: &str = "127.0.0.1:9090";
-const STEPS: &str = "abcde";
+const STEPS: &str = "abcdef";
+/// Step f: events in its backlog per `--seconds`.
+const BATCH_BACKLOG_PER_SECOND: u64 = 4_000;
+/// Step f: how often the pending metric is read while draining.
+const BATCH_POLL: Duration = Duration::from_millis(20);
 
 struct Args {
     seconds: u64,
@@ -55,7 +63,7 @@ struct Args {
 }
 
 const USAGE: &str =
-    "usage: cargo bench --bench courier_bench [-- --seconds N --connections N --steps abcde]";
+    "usage: cargo bench --bench courier_bench [-- --seconds N --connections N --steps abcdef]";
 
 fn parse_args() -> Result<Args, String> {
     let mut args = Args {
@@ -400,6 +408,84 @@ async fn step_drain(b: Backlog, base: &Baseline) -> Result<(), String> {
     Ok(())
 }
 
+/// Step f, one half: fill a paused courier with `backlog` events, resume,
+/// and time until none is pending. Returns (events/s, requests received).
+async fn batch_drain(
+    bin: &Path,
+    max_events: u32,
+    backlog: u64,
+    args: &Args,
+) -> Result<(f64, usize), String> {
+    let dir = tempfile::tempdir().map_err(|e| format!("create a tempdir for courier: {e}"))?;
+    let rx = Receiver::ok().await;
+    rx.set_recording(false);
+    let yaml = format!(
+        "{}    batch: {{ max_events: {max_events} }}\n",
+        config(&rx.url(), "always")
+    );
+    let courier = Courier::start_with(bin, dir.path(), &yaml).await;
+    admin_action(&courier, "pause").await?;
+    let fill = spec(courier.url(DESTINATION), args.connections, DRAIN_DEADLINE);
+    let report = load::run_n(fill, backlog).await;
+    tokio::time::sleep(SETTLE).await;
+    let pending = metric(&courier, PENDING).await.unwrap_or(0.0) as u64;
+    if pending != report.status_count(202) {
+        return Err(format!(
+            "{} events acknowledged but {pending} pending before resume",
+            report.status_count(202)
+        ));
+    }
+    let start = Instant::now();
+    admin_action(&courier, "resume").await?;
+    // Bounded by the deadline.
+    loop {
+        if metric(&courier, PENDING).await == Some(0.0) {
+            break;
+        }
+        if start.elapsed() >= DRAIN_DEADLINE {
+            return Err(format!(
+                "TIMEOUT: max_events {max_events}: {} requests, courier_events_pending {} after {} s",
+                rx.count(),
+                opt(metric(&courier, PENDING).await),
+                DRAIN_DEADLINE.as_secs()
+            ));
+        }
+        tokio::time::sleep(BATCH_POLL).await;
+    }
+    let took = rx.last_at().map_or(start.elapsed(), |last| {
+        last.saturating_duration_since(start)
+    });
+    Ok((per_second(pending, took), rx.count()))
+}
+
+/// Step f: batching off vs `max_events: 100` on the same backlog size.
+async fn step_batching(bin: &Path, args: &Args, base: &Baseline) -> Result<(), String> {
+    let backlog = BATCH_BACKLOG_PER_SECOND * args.seconds;
+    let (off_rate, off_requests) = batch_drain(bin, 1, backlog, args).await?;
+    row(
+        &format!("f. drain {backlog}, batching off (ev/s)"),
+        off_rate,
+        None,
+        None,
+        base,
+    );
+    let (on_rate, on_requests) = batch_drain(bin, 100, backlog, args).await?;
+    row(
+        &format!("f. drain {backlog}, max_events 100 (ev/s)"),
+        on_rate,
+        None,
+        None,
+        base,
+    );
+    println!(
+        "    batching: {:.2}x the delivered events/s; requests {off_requests} -> {on_requests} ({:.1} events per request, {:.3} of the requests)",
+        on_rate / off_rate.max(f64::MIN_POSITIVE),
+        backlog as f64 / on_requests.max(1) as f64,
+        on_requests as f64 / off_requests.max(1) as f64,
+    );
+    Ok(())
+}
+
 /// Step e: load a courier that delivers at the same time.
 async fn step_mixed(bin: &Path, args: &Args, duration: Duration, base: &Baseline) {
     let dir = tempfile::tempdir().expect("create a tempdir for courier");
@@ -460,7 +546,7 @@ fn print_manual(args: &Args) {
 async fn run(args: Args) -> ExitCode {
     let duration = Duration::from_secs(args.seconds);
     let mut base = Baseline::default();
-    let wants_courier = args.steps.chars().any(|c| "bcde".contains(c));
+    let wants_courier = args.steps.chars().any(|c| "bcdef".contains(c));
     let bin = if wants_courier {
         match courier_release_bin() {
             Ok(bin) => Some(bin),
@@ -526,13 +612,18 @@ async fn run(args: Args) -> ExitCode {
                 }
             }
             'e' => step_mixed(bin, &args, duration, &base).await,
+            'f' => {
+                if let Err(e) = step_batching(bin, &args, &base).await {
+                    fail('f', e);
+                }
+            }
             _ => {}
         }
     }
     drop(backlog);
     println!();
     println!(
-        "x rate / x p50 / x p99: ratio to step a (baseline receiver). b, c, e: 202 answers/s; d: delivered events/s."
+        "x rate / x p50 / x p99: ratio to step a (baseline receiver). b, c, e: 202 answers/s; d, f: delivered events/s."
     );
     print_manual(&args);
     if ok {

@@ -300,10 +300,10 @@ fn bad_configs() -> Vec<Bad> {
             says: vec!["journal.max_bytes", "10", "allowed 1024..="],
         },
         Bad {
-            name: "batch_not_built",
-            yaml: yaml_with_dest("    batch: { max_events: 10 }\n"),
-            at: "{ max_events",
-            says: vec!["destinations.orders.batch", "not supported yet"],
+            name: "batch_max_events",
+            yaml: yaml_with_dest("    batch: { max_events: 5001 }\n"),
+            at: "max_events: |5001",
+            says: vec!["destinations.orders.batch.max_events", "5001", "allowed 1..=5000"],
         },
         Bad {
             name: "schema_unknown",

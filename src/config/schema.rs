@@ -183,8 +183,8 @@ pub struct Destination {
     pub retry: Retry,
     #[serde(default)]
     pub status: Status,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub batch: Unsupported,
+    #[serde(default)]
+    pub batch: BatchSpec,
     #[serde(default)]
     pub headers: BTreeMap<String, HeaderSpec>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -323,6 +323,32 @@ pub struct HeaderSpec {
 #[serde(deny_unknown_fields)]
 pub struct SigningSpec {
     pub secrets_from_env: Vec<String>,
+}
+
+/// `batch: { max_events, preferred_size }` (SPEC §4.4); `max_events: 1` is off.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct BatchSpec {
+    #[serde(default = "default_max_events")]
+    pub max_events: u64,
+    #[serde(default = "default_preferred_size")]
+    pub preferred_size: Size,
+}
+
+impl Default for BatchSpec {
+    fn default() -> Self {
+        BatchSpec {
+            max_events: default_max_events(),
+            preferred_size: default_preferred_size(),
+        }
+    }
+}
+
+fn default_max_events() -> u64 {
+    1
+}
+fn default_preferred_size() -> Size {
+    Size(64 * 1024)
 }
 
 /// `rate_limit: { per_second: N }`, SNS's `maxReceivesPerSecond`.

@@ -69,8 +69,24 @@ pub struct DestinationSettings {
     /// `rate_limit.per_second` or SNS `maxReceivesPerSecond`.
     pub rate_limit_per_second: Option<u32>,
     pub probation: ProbationPolicy,
+    pub batch: BatchSettings,
     /// How long a timed-out attempt's answer is still awaited (0 = not).
     pub late_answer_window: Duration,
+}
+
+/// `batch`: how many ready events one attempt may carry (SPEC §4.4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BatchSettings {
+    /// 1..=5000; 1 = every event is its own attempt, as without batching.
+    pub max_events: usize,
+    /// A batch closes when the next event would make its body larger.
+    pub preferred_size: usize,
+}
+
+impl BatchSettings {
+    pub fn enabled(&self) -> bool {
+        self.max_events > 1
+    }
 }
 
 /// The longest custom header value, in bytes (SPEC §2): checked at load for

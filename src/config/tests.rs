@@ -386,10 +386,57 @@ fn every_problem_is_reported_not_just_the_first() {
 fn keys_not_built_yet_are_rejected_not_ignored() {
     let e = one_error(&GOOD.replace(
         "    timeout: 5s",
-        "    timeout: 5s\n    batch: { max_events: 10 }",
+        "    timeout: 5s\n    tls: { ca_file: x.pem }",
     ));
     assert!(
-        e.starts_with("c.yaml:6:12: destinations.orders.batch: not supported yet"),
+        e.starts_with("c.yaml:6:10: destinations.orders.tls: not supported yet"),
+        "{e}"
+    );
+}
+
+#[test]
+fn batch_defaults_off_and_its_ranges_are_checked_with_positions() {
+    let loaded = parse("c.yaml", GOOD, ".".into(), Purpose::Run, &env()).expect("valid");
+    let b = loaded.settings.destinations[0].batch;
+    assert_eq!(
+        (b.max_events, b.preferred_size, b.enabled()),
+        (1, 64 * 1024, false)
+    );
+    let text = GOOD.replace(
+        "    timeout: 5s",
+        "    timeout: 5s\n    batch: { max_events: 100, preferred_size: 4KiB }",
+    );
+    let loaded = parse("c.yaml", &text, ".".into(), Purpose::Run, &env()).expect("valid");
+    let b = loaded.settings.destinations[0].batch;
+    assert_eq!(
+        (b.max_events, b.preferred_size, b.enabled()),
+        (100, 4096, true)
+    );
+    let e = one_error(&GOOD.replace(
+        "    timeout: 5s",
+        "    timeout: 5s\n    batch:\n      max_events: 5001",
+    ));
+    assert!(
+        e.starts_with("c.yaml:7:19: destinations.orders.batch.max_events: 5001 is out of range: allowed 1..=5000"),
+        "{e}"
+    );
+    let e = errors(&GOOD.replace(
+        "    timeout: 5s",
+        "    timeout: 5s\n    batch: { max_events: 0, preferred_size: 2MiB }",
+    ));
+    assert_eq!(
+        e,
+        [
+            "c.yaml:6:26: destinations.orders.batch.max_events: 0 is out of range: allowed 1..=5000",
+            "c.yaml:6:45: destinations.orders.batch.preferred_size: 2097152 is out of range: allowed 1024..=1048576",
+        ]
+    );
+    let e = one_error(&GOOD.replace(
+        "    timeout: 5s",
+        "    timeout: 5s\n    batch: { preferred_size: 1000 }",
+    ));
+    assert!(
+        e.contains("batch.preferred_size: 1000 is out of range"),
         "{e}"
     );
 }

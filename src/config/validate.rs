@@ -293,14 +293,23 @@ fn destination(
     for (key, v) in [
         ("passthrough_deadline", &d.passthrough_deadline),
         ("tls", &d.tls),
-        ("batch", &d.batch),
     ] {
-        let issue = match key {
-            "batch" => "issue 4",
-            _ => "a later issue",
-        };
-        c.unsupported(&format!("{p}.{key}"), v, issue);
+        c.unsupported(&format!("{p}.{key}"), v, "a later issue");
     }
+    let batch = BatchSettings {
+        max_events: c.range_u64(
+            &format!("{p}.batch.max_events"),
+            d.batch.max_events,
+            1,
+            5000,
+        ) as usize,
+        preferred_size: c.range_u64(
+            &format!("{p}.batch.preferred_size"),
+            d.batch.preferred_size.0,
+            1024,
+            1024 * 1024,
+        ) as usize,
+    };
     let concurrency =
         c.range_u64(&format!("{p}.concurrency"), d.concurrency.into(), 1, 1024) as usize;
     let super::retry::RetryPlan {
@@ -370,6 +379,7 @@ fn destination(
         signing,
         dead_letter,
         rate_limit_per_second,
+        batch,
         probation: probation(c, &format!("{p}.probation"), &d.probation),
         late_answer_window: c.range_dur(
             &format!("{p}.late_answer_window"),

@@ -5,8 +5,13 @@
 //! the next due time, a new event, a finished attempt, or a resume. While
 //! attempts are held back, events whose TTL runs out are still
 //! dead-lettered on time: waiting is not an attempt.
+//!
+//! With batching, each attempt takes a batch from the front of the ready
+//! queue (`batch::take`): what is ready now, never waiting for more. A
+//! batch is one attempt for `concurrency`, the rate limit and probation.
 
-use super::settle::{self, Ctx};
+use super::batch;
+use super::settle::{self, Ctx, Unit};
 use crate::admin::metrics;
 use crate::clock;
 use crate::journal::{Change, DestinationState, Reader, StoreError, StoredEvent};
@@ -20,6 +25,10 @@ use super::health::Gate;
 
 /// After a failed journal read, wait this long before the next.
 const READ_RETRY: Duration = Duration::from_secs(1);
+/// With batching, the most events held ready: enough for `concurrency`
+/// full batches to go out back to back, without reading a large backlog
+/// into memory.
+const MAX_BATCH_WINDOW: usize = 16_384;
 
 pub struct Dispatcher {
     ctx: Arc<Ctx>,
@@ -33,7 +42,7 @@ pub struct Dispatcher {
 struct Held {
     seqs: HashSet<i64>,
     ready: VecDeque<StoredEvent>,
-    running: HashMap<tokio::task::Id, i64>,
+    running: HashMap<tokio::task::Id, Vec<i64>>,
 }
 
 impl Dispatcher {
@@ -55,7 +64,12 @@ impl Dispatcher {
     /// caller bounds that wait by `shutdown_grace`).
     pub async fn run(self) {
         let concurrency = self.ctx.dest.concurrency;
-        let window = concurrency * 4;
+        let batching = self.ctx.dest.batch;
+        // Events held ready; refilled when a quarter is left. Without
+        // batching: four per attempt slot, refilled below `concurrency`.
+        let window = (concurrency * 4 * batching.max_events)
+            .min(MAX_BATCH_WINDOW)
+            .max(concurrency * 4);
         let stop = self.lifecycle.stop_dispatch.clone();
         let mut held = Held::default();
         let mut tasks = JoinSet::new();
@@ -65,7 +79,7 @@ impl Dispatcher {
         let mut expiry_at = Some(0);
         loop {
             let mut wake_at = None;
-            if held.ready.len() < concurrency && !stop.is_cancelled() {
+            if held.ready.len() < window / 4 && !stop.is_cancelled() {
                 wake_at = self.refill(&mut held, window).await;
                 // Events arriving at an empty destination set the first deadline.
                 if expiry_at.is_none() {
@@ -98,13 +112,37 @@ impl Dispatcher {
                     gated = Some(gate);
                     break;
                 };
-                let Some(ev) = held.ready.pop_front() else {
-                    break;
+                let unit = if expired || !batching.enabled() {
+                    // An expired event is dead-lettered alone, unattempted.
+                    let Some(ev) = held.ready.pop_front() else {
+                        break;
+                    };
+                    Unit {
+                        events: vec![ev],
+                        batch: None,
+                    }
+                } else {
+                    let mut events = batch::take(&mut held.ready, batching);
+                    // Journal order: a retried batch's body is then the
+                    // same bytes as its first attempt's.
+                    events.sort_by_key(|ev| ev.seq);
+                    let Some(first) = events.first() else {
+                        break;
+                    };
+                    // A retried batch keeps its id; a new one gets a UUIDv7.
+                    let id = first
+                        .batch
+                        .clone()
+                        .unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
+                    Unit {
+                        events,
+                        batch: Some(id),
+                    }
                 };
-                let seq = ev.seq;
+                let seqs = unit.events.iter().map(|ev| ev.seq).collect();
                 let ctx = self.ctx.clone();
-                let handle = tasks.spawn(async move { settle::run(&ctx, ev, probe).await });
-                held.running.insert(handle.id(), seq);
+                let handle = tasks.spawn(async move { settle::run(&ctx, unit, probe).await });
+                held.running.insert(handle.id(), seqs);
             }
             let overdue = expiry_at.is_some_and(|t| clock::now_ms() >= t);
             if overdue && !stop.is_cancelled() {
@@ -133,10 +171,12 @@ impl Dispatcher {
                             (e.id(), true)
                         }
                     };
-                    if let Some(seq) = held.running.remove(&id)
+                    if let Some(seqs) = held.running.remove(&id)
                         && release
                     {
-                        held.seqs.remove(&seq);
+                        for seq in seqs {
+                            held.seqs.remove(&seq);
+                        }
                     }
                 }
                 _ = sleep, if wake_at.is_some() => {}
@@ -204,7 +244,7 @@ impl Dispatcher {
             let seq = ev.seq;
             let ctx = self.ctx.clone();
             let handle = tasks.spawn(async move { settle::expire(&ctx, ev).await });
-            held.running.insert(handle.id(), seq);
+            held.running.insert(handle.id(), vec![seq]);
         }
         match self.reader.oldest_accepted(&dest.name).await {
             // An expired event still in flight would make a deadline in the

@@ -1,6 +1,7 @@
 //! Delivery: one dispatcher per destination drives attempts through a tower
 //! stack built per destination, and settles each outcome in the journal.
 
+mod batch;
 mod client;
 mod dispatcher;
 pub mod health;

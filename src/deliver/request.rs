@@ -1,7 +1,14 @@
-//! The HTTP request of one attempt, rebuilt from the journal row, its body
+//! The HTTP request of one attempt, rebuilt from the journal rows, its body
 //! and content type shaped by the destination's schema.
+//!
+//! A batch is one request: method, path, query and forwarded headers are
+//! those of its first event (events of one destination usually share
+//! them; a receiver that needs each event's own must not batch), the body
+//! is the array of every event's body, and `webhook-id` is the batch's id.
+//! The first event's `Idempotency-Key` is left out: it names that event,
+//! not the batch.
 
-use super::shape;
+use super::shape::{self, Shaped};
 use crate::config::DestinationSettings;
 use crate::deliver::stack::Attempt;
 use crate::journal::StoredEvent;
@@ -9,11 +16,57 @@ use bytes::Bytes;
 use http::{HeaderName, HeaderValue, Method, Request};
 use http_body_util::Full;
 
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    #[error(transparent)]
+    Http(#[from] http::Error),
+    #[error("a batch without events")]
+    Empty,
+}
+
 pub fn build(
     dest: &DestinationSettings,
     ev: &StoredEvent,
+) -> Result<Request<Full<Bytes>>, BuildError> {
+    let shaped = shape::shape(dest.schema, std::slice::from_ref(&ev.event.body));
+    let attempt = Attempt {
+        id: ev.event.id.clone(),
+        number: ev.attempts + 1,
+    };
+    Ok(assemble(dest, ev, shaped, attempt, &[])?)
+}
+
+/// One attempt for the batch `id`; its number is the highest attempt count
+/// of its events plus one (they normally share it).
+pub fn build_batch(
+    dest: &DestinationSettings,
+    evs: &[StoredEvent],
+    id: &str,
+) -> Result<Request<Full<Bytes>>, BuildError> {
+    let first = evs.first().ok_or(BuildError::Empty)?;
+    let bodies: Vec<Bytes> = evs.iter().map(|e| e.event.body.clone()).collect();
+    let attempt = Attempt {
+        id: id.to_string(),
+        number: evs.iter().map(|e| e.attempts).max().unwrap_or(0) + 1,
+    };
+    let shaped = shape::batch(dest.schema, &bodies);
+    Ok(assemble(
+        dest,
+        first,
+        shaped,
+        attempt,
+        &["idempotency-key"],
+    )?)
+}
+
+fn assemble(
+    dest: &DestinationSettings,
+    first: &StoredEvent,
+    shaped: Shaped,
+    attempt: Attempt,
+    skip: &[&str],
 ) -> Result<Request<Full<Bytes>>, http::Error> {
-    let e = &ev.event;
+    let e = &first.event;
     let (rest, query) = match e.path.split_once('?') {
         Some((r, q)) => (r, Some(q)),
         None => (e.path.as_str(), None),
@@ -25,6 +78,9 @@ pub fn build(
         .body(Full::new(Bytes::new()))?;
     let headers = req.headers_mut();
     for (name, value) in &e.headers {
+        if skip.contains(&name.as_str()) {
+            continue;
+        }
         if let (Ok(n), Ok(v)) = (
             HeaderName::from_bytes(name.as_bytes()),
             HeaderValue::from_bytes(value),
@@ -32,14 +88,10 @@ pub fn build(
             headers.append(n, v);
         }
     }
-    let shaped = shape::shape(dest.schema, std::slice::from_ref(&e.body));
     if let Some(content_type) = shaped.content_type {
         headers.insert(http::header::CONTENT_TYPE, content_type);
     }
     *req.body_mut() = Full::new(shaped.body);
-    req.extensions_mut().insert(Attempt {
-        id: e.id.clone(),
-        number: ev.attempts + 1,
-    });
+    req.extensions_mut().insert(attempt);
     Ok(req)
 }

@@ -1,6 +1,12 @@
-//! One event's turn: attempt it (or expire it), then record the verdict —
-//! delete when delivered, reschedule with the next due time, or write the
-//! dead letter and only then delete.
+//! One attempt's turn — one event, or a batch of them — then the verdict
+//! for each event: delete when delivered, reschedule with the next due
+//! time, or write the dead letter and only then delete.
+//!
+//! A batch is all or nothing: the attempt's outcome applies to every event
+//! in it, while `max_attempts` and `event_ttl` still end each event on its
+//! own. Its retries keep the batch id, so the same events go out together
+//! under the same `webhook-id`; an event that leaves (dead-lettered, or
+//! waiting for its TTL) leaves the batch.
 
 use super::health::{Health, PauseReason};
 use super::request;
@@ -33,41 +39,61 @@ pub struct Ctx {
     pub late: LateCompleted,
 }
 
-/// `false` when the journal refused the change: the event must stay out of
-/// this process's dispatch (it is retried after a restart).
+/// What one attempt carries.
+pub struct Unit {
+    pub events: Vec<StoredEvent>,
+    /// `None`: one event, sent as without batching. `Some`: a batch under
+    /// this id (its `webhook-id`), sent in the batch shape.
+    pub batch: Option<String>,
+}
+
+/// `false` when the journal refused a change: the unit's events must stay
+/// out of this process's dispatch (they are retried after a restart).
 /// `probe`: this attempt is the one probe after a probation; if no attempt
-/// is made after all, another event may probe.
-pub async fn run(ctx: &Arc<Ctx>, ev: StoredEvent, probe: bool) -> bool {
+/// is made after all, another unit may probe.
+pub async fn run(ctx: &Arc<Ctx>, unit: Unit, probe: bool) -> bool {
     let no_attempt = || {
         if probe {
             ctx.health.probe_cancelled();
         }
     };
-    if ctx.late.take(ev.seq) {
-        no_attempt();
-        return true;
+    let Unit { events, batch } = unit;
+    let now = clock::now_ms();
+    let mut kept = true;
+    let mut live = Vec::with_capacity(events.len());
+    for ev in events {
+        if ctx.late.take(ev.seq) {
+            continue;
+        }
+        if ctx.dest.limits.expired(ev.event.accepted_ms, now) {
+            kept &= expire(ctx, ev).await;
+            continue;
+        }
+        live.push(ev);
     }
-    if ctx
-        .dest
-        .limits
-        .expired(ev.event.accepted_ms, clock::now_ms())
-    {
+    if live.is_empty() {
         no_attempt();
-        return expire(ctx, ev).await;
+        return kept;
     }
-    let request = match request::build(&ctx.dest, &ev) {
+    let built = match (&batch, live.as_slice()) {
+        (Some(id), evs) => request::build_batch(&ctx.dest, evs, id),
+        (None, [ev]) => request::build(&ctx.dest, ev),
+        (None, _) => Err(request::BuildError::Empty),
+    };
+    let request = match built {
         Ok(r) => r,
         Err(e) => {
             no_attempt();
             // Only a row edited by hand gets here: ingress stores valid requests.
-            tracing::error!(destination = %ctx.dest.name, id = %ev.event.id, error = %e, "stored request cannot be rebuilt; quarantining it");
-            return apply(ctx, vec![Change::Quarantine { seq: ev.seq }]).await;
+            tracing::error!(destination = %ctx.dest.name, id = %live[0].event.id, error = %e, "stored request cannot be rebuilt; quarantining it");
+            let changes = live.iter().map(|ev| Change::Quarantine { seq: ev.seq });
+            return apply(ctx, changes.collect()).await && kept;
         }
     };
     ctx.health.in_flight.fetch_add(1, Ordering::Relaxed);
     let Ok(attempted) = ctx.stack.clone().oneshot(request).await;
     ctx.health.in_flight.fetch_sub(1, Ordering::Relaxed);
-    settle(ctx, ev, attempted, probe).await
+    settle(ctx, live, batch, attempted, probe).await && kept
 }
 
 /// Dead-letters an event whose TTL ran out before its next attempt. One
@@ -88,78 +114,116 @@ pub async fn expire(ctx: &Ctx, ev: StoredEvent) -> bool {
         last_status: ev.last_status,
         last_attempt_ms: ev.last_attempt_ms,
     };
-    dead_letter(ctx, &ev, &facts).await
+    dead_letter(ctx, &[(&ev, facts)]).await
 }
 
-async fn settle(ctx: &Arc<Ctx>, ev: StoredEvent, mut a: Attempted, probe: bool) -> bool {
+async fn settle(
+    ctx: &Arc<Ctx>,
+    evs: Vec<StoredEvent>,
+    batch: Option<String>,
+    mut a: Attempted,
+    probe: bool,
+) -> bool {
     let dest = &ctx.dest;
-    let attempts = ev.attempts + 1;
+    let n = evs.len() as u64;
+    // The attempt's number, which picks the schedule's delay.
+    let number = evs.iter().map(|e| e.attempts).max().unwrap_or(0) + 1;
     let outcome = a.classified.outcome.as_str();
     let now = clock::now_ms();
-    metrics::attempt(&dest.name, outcome, a.took, 1);
-    // A Retry-After on 429 or 503 holds the whole destination, not just this event.
+    metrics::attempt(&dest.name, outcome, a.took, n);
+    // A Retry-After on 429 or 503 holds the whole destination, not just
+    // this attempt's events. A batch is one attempt for probation too.
     let hold = a
         .retry_after
         .filter(|_| matches!(a.status, Some(429 | 503)));
     if let Some(until) = ctx.health.record(a.classified.outcome, hold, probe) {
         tracing::warn!(destination = %dest.name, outcome, until = %clock::rfc3339(until), "endpoint on probation: no attempts until then, then one probe");
     }
-    tracing::debug!(destination = %dest.name, id = %ev.event.id, attempt = attempts, outcome, status = ?a.status, error = ?a.error, "attempt");
+    let id = batch.as_deref().unwrap_or(evs[0].event.id.as_str());
+    tracing::debug!(destination = %dest.name, id, events = n, attempt = number, outcome, status = ?a.status, error = ?a.error, "attempt");
     let retry_at = |min_delay: Duration| {
-        let base = dest.schedule.delay_before(attempts + 1).max(min_delay);
+        let base = dest.schedule.delay_before(number + 1).max(min_delay);
         let delay = jittered(base, dest.jitter, &mut rand::rng()).max(min_delay);
         now + delay.as_millis() as u64
     };
-    let next = match a.classified.verdict {
+    let next: Box<dyn Fn(&StoredEvent) -> Next + Send + Sync> = match a.classified.verdict {
         Verdict::Delivered => {
-            metrics::delivered(&dest.name, 1);
-            return apply(ctx, vec![delete(&ev)]).await;
+            metrics::delivered(&dest.name, n);
+            return apply(ctx, evs.iter().map(delete).collect()).await;
         }
-        Verdict::DeadLetter => Next::DeadLetter(Reason::NonRetriableStatus),
+        Verdict::DeadLetter => Box::new(|_| Next::DeadLetter(Reason::NonRetriableStatus)),
         // The receiver asks to be disabled: pause the destination; its
-        // events wait (this one due again at once) and expire only at TTL.
+        // events wait (these due again at once) and expire only at TTL.
         Verdict::Pause => {
             tracing::warn!(destination = %dest.name, "endpoint answered 410 Gone: destination paused until resumed");
             ctx.health.pause(PauseReason::Gone);
-            let deadline = dest.limits.deadline(ev.event.accepted_ms);
-            if now >= deadline {
-                Next::ExpireAt(deadline)
-            } else {
-                Next::RetryAt(now)
-            }
+            Box::new(move |ev| {
+                let deadline = dest.limits.deadline(ev.event.accepted_ms);
+                if now >= deadline {
+                    Next::ExpireAt(deadline)
+                } else {
+                    Next::RetryAt(now)
+                }
+            })
         }
         Verdict::Retry { min_delay } => {
-            dest.limits
-                .after_failure(attempts, ev.event.accepted_ms, retry_at(min_delay))
+            // One due time for the whole batch, so it stays together.
+            let due = retry_at(min_delay);
+            Box::new(move |ev| {
+                dest.limits
+                    .after_failure(ev.attempts + 1, ev.event.accepted_ms, due)
+            })
         }
     };
-    match next {
-        Next::RetryAt(due) | Next::ExpireAt(due) => {
-            let change = Change::Reschedule {
-                seq: ev.seq,
-                attempts,
-                next_due_ms: due,
-                outcome,
-                status: a.status,
-                attempt_ms: now,
-            };
-            let kept = apply(ctx, vec![change]).await;
-            if kept && let Some(late) = a.late.take() {
-                watch_late_answer(ctx, ev, attempts, late);
+    let mut changes = Vec::new();
+    let mut waiting = Vec::new();
+    let mut dead = Vec::new();
+    for ev in evs {
+        let attempts = ev.attempts + 1;
+        let (due, batch) = match next(&ev) {
+            Next::RetryAt(due) => (due, batch.clone()),
+            // Due only at its TTL, to be dead-lettered: out of the batch.
+            Next::ExpireAt(due) => (due, None),
+            Next::DeadLetter(reason) => {
+                dead.push((ev, reason));
+                continue;
             }
-            kept
-        }
-        Next::DeadLetter(reason) => {
-            let facts = Facts {
-                reason,
-                attempts,
-                last_outcome: outcome,
-                last_status: a.status,
-                last_attempt_ms: Some(now),
-            };
-            dead_letter(ctx, &ev, &facts).await
+        };
+        changes.push(Change::Reschedule {
+            seq: ev.seq,
+            attempts,
+            next_due_ms: due,
+            outcome,
+            status: a.status,
+            attempt_ms: now,
+            batch,
+        });
+        waiting.push((ev, attempts));
+    }
+    let mut kept = true;
+    if !changes.is_empty() {
+        kept = apply(ctx, changes).await;
+        if kept && let Some(late) = a.late.take() {
+            watch_late_answer(ctx, waiting, late);
         }
     }
+    if !dead.is_empty() {
+        let facts: Vec<(&StoredEvent, Facts)> = dead
+            .iter()
+            .map(|(ev, reason)| {
+                let facts = Facts {
+                    reason: *reason,
+                    attempts: ev.attempts + 1,
+                    last_outcome: outcome,
+                    last_status: a.status,
+                    last_attempt_ms: Some(now),
+                };
+                (ev, facts)
+            })
+            .collect();
+        kept &= dead_letter(ctx, &facts).await;
+    }
+    kept
 }
 
 fn delete(ev: &StoredEvent) -> Change {
@@ -175,21 +239,28 @@ fn delete_if(ev: &StoredEvent, only_if_attempts: Option<u32>) -> Change {
     }
 }
 
-/// Event Grid's late answers: the attempt timed out and the event was
+/// Event Grid's late answers: the attempt timed out and its events were
 /// rescheduled, but a success that still arrives within the window
-/// completes it, and its retry is cancelled if it has not gone out yet.
-fn watch_late_answer(ctx: &Arc<Ctx>, ev: StoredEvent, attempts: u32, late: LateAnswer) {
+/// completes them all (a batch is all or nothing), and their retry is
+/// cancelled if it has not gone out yet.
+fn watch_late_answer(ctx: &Arc<Ctx>, evs: Vec<(StoredEvent, u32)>, late: LateAnswer) {
     let ctx = ctx.clone();
     tokio::spawn(async move {
         let Ok(status) = late.await else { return };
         if ctx.dest.status.classify_status(status, None).verdict != Verdict::Delivered {
             return;
         }
-        ctx.late.mark(ev.seq);
-        let change = delete_if(&ev, Some(attempts));
-        if ctx.journal.apply(vec![change]).await.is_ok() {
-            tracing::info!(destination = %ctx.dest.name, id = %ev.event.id, status, "late answer: delivered after its timeout; retry cancelled");
-            metrics::delivered(&ctx.dest.name, 1);
+        for (ev, _) in &evs {
+            ctx.late.mark(ev.seq);
+        }
+        let changes = evs
+            .iter()
+            .map(|(ev, attempts)| delete_if(ev, Some(*attempts)))
+            .collect();
+        if ctx.journal.apply(changes).await.is_ok() {
+            let id = &evs[0].0.event.id;
+            tracing::info!(destination = %ctx.dest.name, id = %id, events = evs.len(), status, "late answer: delivered after its timeout; retry cancelled");
+            metrics::delivered(&ctx.dest.name, evs.len() as u64);
         }
     });
 }
@@ -242,43 +313,53 @@ async fn apply(ctx: &Ctx, changes: Vec<Change>) -> bool {
     }
 }
 
-/// Writes the dead letter durably, then deletes the event. Without a sink
-/// the event is dropped and counted.
-async fn dead_letter(ctx: &Ctx, ev: &StoredEvent, facts: &Facts<'_>) -> bool {
+/// Writes the dead letters durably (one sink write for all of them), then
+/// deletes the events. Without a sink the events are dropped and counted.
+async fn dead_letter(ctx: &Ctx, items: &[(&StoredEvent, Facts<'_>)]) -> bool {
     let dest = &ctx.dest.name;
-    let reason = facts.reason.as_str();
     match &ctx.sink {
         None => {
-            tracing::warn!(destination = %dest, id = %ev.event.id, reason, "no dead-letter sink: event dropped");
-            metrics::dropped(dest, reason);
+            for (ev, facts) in items {
+                let reason = facts.reason.as_str();
+                tracing::warn!(destination = %dest, id = %ev.event.id, reason, "no dead-letter sink: event dropped");
+                metrics::dropped(dest, reason);
+            }
         }
         Some(sink) => {
-            let line = record(ctx.dest.schema, &ev.event, facts);
+            let lines: Vec<String> = items
+                .iter()
+                .map(|(ev, facts)| record(ctx.dest.schema, &ev.event, facts))
+                .collect();
+            let first = items.first().map_or("", |(ev, _)| ev.event.id.as_str());
             let day = clock::rfc3339(clock::now_ms())[..10].to_string();
             let give_up = tokio::time::Instant::now() + PERSIST_FOR;
             loop {
-                let (sink, name, day, line) =
-                    (sink.clone(), dest.clone(), day.clone(), line.clone());
-                let error =
-                    match tokio::task::spawn_blocking(move || sink.write(&name, &day, &[line]))
-                        .await
-                    {
-                        Ok(Ok(())) => break,
-                        Ok(Err(e)) => e.to_string(),
-                        Err(e) => e.to_string(),
-                    };
-                // The event stays in the journal and is not sent again: only
-                // the dead letter is retried.
+                let (sink, name, day, lines) =
+                    (sink.clone(), dest.clone(), day.clone(), lines.clone());
+                let error = match tokio::task::spawn_blocking(move || {
+                    sink.write(&name, &day, &lines)
+                })
+                .await
+                {
+                    Ok(Ok(())) => break,
+                    Ok(Err(e)) => e.to_string(),
+                    Err(e) => e.to_string(),
+                };
+                // The events stay in the journal and are not sent again:
+                // only the dead letters are retried.
                 if tokio::time::Instant::now() >= give_up {
-                    tracing::error!(destination = %dest, id = %ev.event.id, error, "cannot write the dead letter; the event stays pending until restart");
+                    tracing::error!(destination = %dest, id = %first, events = items.len(), error, "cannot write the dead letter; the event stays pending until restart");
                     return false;
                 }
-                tracing::error!(destination = %dest, id = %ev.event.id, error, "cannot write the dead letter; retrying");
+                tracing::error!(destination = %dest, id = %first, events = items.len(), error, "cannot write the dead letter; retrying");
                 tokio::time::sleep(SINK_RETRY).await;
             }
-            tracing::info!(destination = %dest, id = %ev.event.id, reason, attempts = facts.attempts, "dead-lettered");
-            metrics::dead_lettered(dest, reason);
+            for (ev, facts) in items {
+                let reason = facts.reason.as_str();
+                tracing::info!(destination = %dest, id = %ev.event.id, reason, attempts = facts.attempts, "dead-lettered");
+                metrics::dead_lettered(dest, reason);
+            }
         }
     }
-    apply(ctx, vec![delete(ev)]).await
+    apply(ctx, items.iter().map(|(ev, _)| delete(ev)).collect()).await
 }

@@ -30,14 +30,20 @@ pub fn shape(schema: Schema, bodies: &[Bytes]) -> Shaped {
             body: one.clone(),
             content_type: Some(HeaderValue::from_static(CLOUDEVENTS)),
         },
-        (Schema::Cloudevents, many) => Shaped {
-            body: array(many),
-            content_type: Some(HeaderValue::from_static(CLOUDEVENTS_BATCH)),
-        },
-        (Schema::Eventgrid | Schema::Custom, many) => Shaped {
-            body: array(many),
-            content_type: Some(HeaderValue::from_static(JSON)),
-        },
+        (_, many) => batch(schema, many),
+    }
+}
+
+/// The batch shape whatever the count: a destination that batches always
+/// sends arrays (a batch of one included), so its receiver parses one format.
+pub fn batch(schema: Schema, bodies: &[Bytes]) -> Shaped {
+    let content_type = match schema {
+        Schema::Cloudevents => CLOUDEVENTS_BATCH,
+        Schema::Eventgrid | Schema::Custom => JSON,
+    };
+    Shaped {
+        body: array(bodies),
+        content_type: Some(HeaderValue::from_static(content_type)),
     }
 }
 
@@ -108,5 +114,18 @@ mod tests {
         let two = shape(Schema::Custom, &[b("1"), b("{}")]);
         assert_eq!(two.body, b("[1,{}]"));
         assert_eq!(two.content_type, Some(HeaderValue::from_static(JSON)));
+    }
+
+    #[test]
+    fn a_batch_of_one_is_still_an_array() {
+        let one = batch(Schema::Custom, &[b("{}")]);
+        assert_eq!(one.body, b("[{}]"));
+        assert_eq!(one.content_type, Some(HeaderValue::from_static(JSON)));
+        let one = batch(Schema::Cloudevents, &[b("{}")]);
+        assert_eq!(one.body, b("[{}]"));
+        assert_eq!(
+            one.content_type,
+            Some(HeaderValue::from_static(CLOUDEVENTS_BATCH))
+        );
     }
 }

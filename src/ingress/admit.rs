@@ -123,6 +123,14 @@ impl Ingress {
                 );
             }
         };
+        // A batch of `custom` events is a JSON array of their bodies.
+        if dest.schema == Schema::Custom
+            && dest.batch.enabled()
+            && serde_json::from_slice::<serde::de::IgnoredAny>(&body).is_err()
+        {
+            let msg = "the body is not JSON: this destination batches, and a batch is a JSON array of its events";
+            return reply::reject(name, StatusCode::BAD_REQUEST, "not_json", msg.into(), None);
+        }
         let parts: Vec<(String, Bytes)> = match schema::parse(dest.schema, &head.headers, &body) {
             None => custom_id.into_iter().map(|id| (id, body.clone())).collect(),
             Some(Err(e)) => return reply::schema_error(name, &e),

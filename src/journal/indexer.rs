@@ -417,7 +417,7 @@ fn write(
             "DELETE FROM events WHERE seq = ?1 AND (?2 IS NULL OR attempts = ?2)",
         )?;
         let mut reschedule = conn.prepare_cached(
-            "UPDATE events SET attempts = ?2, next_due_ms = ?3, last_outcome = ?4, last_status = ?5, last_attempt_ms = ?6 WHERE seq = ?1",
+            "UPDATE events SET attempts = ?2, next_due_ms = ?3, last_outcome = ?4, last_status = ?5, last_attempt_ms = ?6, batch = ?7 WHERE seq = ?1",
         )?;
         let mut quarantine =
             conn.prepare_cached("UPDATE events SET next_due_ms = ?2 WHERE seq = ?1")?;
@@ -439,6 +439,7 @@ fn write(
                     outcome,
                     status,
                     attempt_ms,
+                    batch,
                 } => {
                     reschedule.execute(params![
                         seq,
@@ -446,7 +447,8 @@ fn write(
                         *next_due_ms as i64,
                         outcome,
                         status,
-                        *attempt_ms as i64
+                        *attempt_ms as i64,
+                        batch
                     ])?;
                 }
                 Change::Quarantine { seq } => {

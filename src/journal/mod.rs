@@ -102,6 +102,8 @@ pub enum Change {
         outcome: &'static str,
         status: Option<u16>,
         attempt_ms: u64,
+        /// The batch the event stays in for its retry (`None`: none).
+        batch: Option<String>,
     },
     /// A row whose checksum failed: kept, never due again.
     Quarantine { seq: i64 },
@@ -477,7 +479,48 @@ impl Reader {
         let seqs = self
             .with(move |c| store::due_seqs(c, &d, now_ms, scan))
             .await?;
-        self.load_unheld(seqs, held, limit).await
+        let mut rows = self.load_unheld(seqs, held, limit).await?;
+        self.add_batch_siblings(destination, now_ms, held, &mut rows)
+            .await?;
+        Ok(rows)
+    }
+
+    /// A stored batch is retried whole: when the scan's limit cut through
+    /// one, the rest of its events (due at the same time) are read too.
+    async fn add_batch_siblings(
+        &self,
+        destination: &str,
+        now_ms: u64,
+        held: &HashSet<i64>,
+        rows: &mut Vec<Result<StoredEvent, StoreError>>,
+    ) -> Result<(), rusqlite::Error> {
+        let batches: HashSet<String> = rows
+            .iter()
+            .filter_map(|r| r.as_ref().ok()?.batch.clone())
+            .collect();
+        if batches.is_empty() {
+            return Ok(());
+        }
+        let mut have: HashSet<i64> = rows
+            .iter()
+            .filter_map(|r| r.as_ref().ok().map(|e| e.seq))
+            .collect();
+        have.extend(held);
+        let d = destination.to_string();
+        let seqs = self
+            .with(move |c| {
+                let mut out = Vec::new();
+                for b in &batches {
+                    out.extend(store::batch_seqs(c, &d, b, now_ms)?);
+                }
+                Ok(out)
+            })
+            .await?;
+        let missing: Vec<i64> = seqs.into_iter().filter(|s| !have.contains(s)).collect();
+        if !missing.is_empty() {
+            rows.extend(self.with(move |c| store::load(c, &missing)).await?);
+        }
+        Ok(())
     }
 
     /// Up to `limit` events of `destination` accepted at or before

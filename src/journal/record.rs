@@ -54,6 +54,9 @@ pub struct StoredEvent {
     pub last_outcome: Option<String>,
     pub last_status: Option<u16>,
     pub last_attempt_ms: Option<u64>,
+    /// The batch this event was last attempted in: a failed batch is
+    /// retried as a whole, under the same id (its `webhook-id`).
+    pub batch: Option<String>,
 }
 
 pub fn crc(

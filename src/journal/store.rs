@@ -22,7 +22,8 @@ CREATE TABLE IF NOT EXISTS events (
     next_due_ms INTEGER NOT NULL,
     last_outcome TEXT,
     last_status INTEGER,
-    last_attempt_ms INTEGER
+    last_attempt_ms INTEGER,
+    batch TEXT
 );
 CREATE INDEX IF NOT EXISTS events_due ON events(destination, next_due_ms);
 CREATE INDEX IF NOT EXISTS events_age ON events(destination, accepted_ms);
@@ -58,7 +59,24 @@ pub fn open_writer(path: &Path) -> Result<Connection, rusqlite::Error> {
     conn.pragma_update(None, "wal_autocheckpoint", 0)?;
     conn.pragma_update(None, "journal_size_limit", 64 * 1024 * 1024)?;
     conn.execute_batch(SCHEMA)?;
+    add_batch_column(&conn)?;
     Ok(conn)
+}
+
+/// Journals written before batching lack the `batch` column: it is added
+/// in place (NULL for every row: none of them was batched).
+fn add_batch_column(conn: &Connection) -> Result<(), rusqlite::Error> {
+    let mut stmt = conn.prepare("SELECT name FROM pragma_table_info('events')")?;
+    let names: Vec<String> = stmt
+        .query_map([], |r| r.get(0))?
+        .collect::<Result<_, _>>()?;
+    if !names.iter().any(|n| n == "batch") {
+        conn.execute_batch("ALTER TABLE events ADD COLUMN batch TEXT")?;
+    }
+    // Partial: only batched rows, which retries look up by batch id.
+    conn.execute_batch(
+        "CREATE INDEX IF NOT EXISTS events_batch ON events(batch) WHERE batch IS NOT NULL",
+    )
 }
 
 /// With FULL, the next COMMIT fsyncs the WAL, making it and every commit
@@ -135,6 +153,10 @@ pub fn integrity_problem(conn: &Connection) -> Result<Option<String>, rusqlite::
 
 const COLUMNS: &str = "seq, id, destination, method, path, headers, body, accepted_ms, crc, attempts, next_due_ms, last_outcome, last_status, last_attempt_ms";
 
+/// `batch` is read apart from `COLUMNS`: `journal inspect` may open a
+/// journal from before batching, which lacks the column.
+const LOAD_COLUMNS: &str = "seq, id, destination, method, path, headers, body, accepted_ms, crc, attempts, next_due_ms, last_outcome, last_status, last_attempt_ms, batch";
+
 fn row(r: &Row) -> Result<Result<StoredEvent, StoreError>, rusqlite::Error> {
     let seq: i64 = r.get(0)?;
     let headers_blob: Vec<u8> = r.get(5)?;
@@ -179,6 +201,11 @@ fn row(r: &Row) -> Result<Result<StoredEvent, StoreError>, rusqlite::Error> {
             .get::<_, Option<i64>>(12)?
             .and_then(|s| u16::try_from(s).ok()),
         last_attempt_ms: ms(13)?,
+        batch: if r.as_ref().column_count() > 14 {
+            r.get(14)?
+        } else {
+            None
+        },
     }))
 }
 
@@ -199,13 +226,28 @@ pub fn due_seqs(
     rows.collect()
 }
 
+/// Seqs of the due events of one stored batch, in the batch's order.
+pub fn batch_seqs(
+    conn: &Connection,
+    destination: &str,
+    batch: &str,
+    now_ms: u64,
+) -> Result<Vec<i64>, rusqlite::Error> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT seq FROM events WHERE batch = ?1 AND destination = ?2 AND next_due_ms <= ?3 ORDER BY seq",
+    )?;
+    let rows = stmt.query_map(params![batch, destination, now_ms as i64], |r| r.get(0))?;
+    rows.collect()
+}
+
 /// The rows of `seqs` still present. A row that fails its checksum comes
 /// back as `Err` so the caller can quarantine it.
 pub fn load(
     conn: &Connection,
     seqs: &[i64],
 ) -> Result<Vec<Result<StoredEvent, StoreError>>, rusqlite::Error> {
-    let mut stmt = conn.prepare_cached(&format!("SELECT {COLUMNS} FROM events WHERE seq = ?1"))?;
+    let mut stmt =
+        conn.prepare_cached(&format!("SELECT {LOAD_COLUMNS} FROM events WHERE seq = ?1"))?;
     let mut out = Vec::with_capacity(seqs.len());
     for seq in seqs {
         if let Some(row) = stmt.query_row([seq], row).optional()? {

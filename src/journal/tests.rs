@@ -163,3 +163,101 @@ async fn the_recorded_log_position_is_where_the_writer_resumes() {
     );
     journal.close().await;
 }
+
+#[tokio::test]
+async fn a_journal_from_before_batching_gets_the_batch_column() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    {
+        let conn = Connection::open(tmp.path().join(FILE)).expect("create db");
+        conn.execute_batch(
+            "CREATE TABLE events (seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT NOT NULL,
+             destination TEXT NOT NULL, method TEXT NOT NULL, path TEXT NOT NULL,
+             headers BLOB NOT NULL, body BLOB NOT NULL, accepted_ms INTEGER NOT NULL,
+             crc INTEGER NOT NULL, attempts INTEGER NOT NULL DEFAULT 0,
+             next_due_ms INTEGER NOT NULL, last_outcome TEXT, last_status INTEGER,
+             last_attempt_ms INTEGER)",
+        )
+        .expect("old schema");
+    }
+    let (journal, _) = open(tmp.path()).expect("open an old journal");
+    journal.append(vec![event(1)]).await.expect("append");
+    let reader = journal.reader().expect("reader");
+    let due = reader
+        .due("orders", u64::MAX / 2, 10, &HashSet::new())
+        .await
+        .expect("due");
+    assert_eq!(due.len(), 1);
+    assert_eq!(due[0].as_ref().expect("sound row").batch, None);
+}
+
+/// Stored batch `b` (seqs 4..=6, due later than 1..=3): a scan limited to
+/// four rows still hands over the whole batch, and a reschedule keeps or
+/// clears the id.
+#[tokio::test]
+async fn a_stored_batch_is_read_whole_even_when_the_scan_limit_cuts_it() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let (journal, _) = open(tmp.path()).expect("open");
+    journal
+        .append((1..=6).map(event).collect())
+        .await
+        .expect("append");
+    let reschedule = |seq, batch: Option<&str>| Change::Reschedule {
+        seq,
+        attempts: 1,
+        next_due_ms: 2_000,
+        outcome: "Busy",
+        status: Some(503),
+        attempt_ms: 1_500,
+        batch: batch.map(str::to_string),
+    };
+    journal
+        .apply((4..=6).map(|s| reschedule(s, Some("b"))).collect())
+        .await
+        .expect("apply");
+    let reader = journal.reader().expect("reader");
+    let due = reader
+        .due("orders", 5_000, 4, &HashSet::new())
+        .await
+        .expect("due");
+    let got: Vec<(i64, Option<String>)> = due
+        .into_iter()
+        .map(|r| r.map(|e| (e.seq, e.batch)).expect("sound row"))
+        .collect();
+    let b = || Some("b".to_string());
+    assert_eq!(
+        got,
+        vec![
+            (1, None),
+            (2, None),
+            (3, None),
+            (4, b()),
+            (5, b()),
+            (6, b())
+        ]
+    );
+    // Held siblings are not read twice; not yet due ones not at all.
+    let held: HashSet<i64> = [1, 2, 3, 5].into();
+    let due = reader.due("orders", 5_000, 1, &held).await.expect("due");
+    let seqs: Vec<i64> = due
+        .iter()
+        .filter_map(|r| r.as_ref().ok())
+        .map(|e| e.seq)
+        .collect();
+    assert_eq!(seqs, vec![4, 6]);
+    let due = reader
+        .due("orders", 1_999, 10, &HashSet::new())
+        .await
+        .expect("due");
+    assert_eq!(due.len(), 3, "the batch is not due before 2000");
+    journal
+        .apply(vec![reschedule(6, None)])
+        .await
+        .expect("apply");
+    let due = reader.due("orders", 5_000, 10, &held).await.expect("due");
+    let batches: Vec<Option<String>> = due
+        .into_iter()
+        .filter_map(|r| r.ok())
+        .map(|e| e.batch)
+        .collect();
+    assert_eq!(batches, vec![b(), None]);
+}
