@@ -440,11 +440,18 @@ fn a_topic_is_checked_into_settings_and_printed_in_the_effective_config() {
     let loaded = parse("c.yaml", TOPICS, ".".into(), Purpose::Run, &env()).expect("valid");
     let t = loaded.settings.topic("shop").expect("topic");
     assert_eq!(t.schema, Schema::Eventgrid);
-    let names: Vec<&str> = t.subscribers.iter().map(|s| s.destination.as_str()).collect();
+    let names: Vec<&str> = t
+        .subscribers
+        .iter()
+        .map(|s| s.destination.as_str())
+        .collect();
     assert_eq!(names, ["audit", "orders"]);
     let orders = &t.subscribers[1];
     // Lowered for case-insensitive matching, as Event Grid compares.
-    assert_eq!(orders.event_types, Some(vec!["shop.ordercreated".to_string()]));
+    assert_eq!(
+        orders.event_types,
+        Some(vec!["shop.ordercreated".to_string()])
+    );
     assert_eq!(orders.subject_begins_with.as_deref(), Some("/orders/"));
     assert_eq!(t.subscribers[0].event_types, None);
     assert!(loaded.effective.contains("topics:"), "{}", loaded.effective);
@@ -457,7 +464,10 @@ fn a_topic_is_checked_into_settings_and_printed_in_the_effective_config() {
 
 #[test]
 fn a_case_sensitive_subscriber_keeps_its_subject_filters_as_written() {
-    let text = TOPICS.replace("audit: {}", "audit: { subject_ends_with: .JPG, subject_case_sensitive: true }");
+    let text = TOPICS.replace(
+        "audit: {}",
+        "audit: { subject_ends_with: .JPG, subject_case_sensitive: true }",
+    );
     let loaded = parse("c.yaml", &text, ".".into(), Purpose::Run, &env()).expect("valid");
     let t = loaded.settings.topic("shop").expect("topic");
     assert_eq!(t.subscribers[0].subject_ends_with.as_deref(), Some(".JPG"));
@@ -480,7 +490,10 @@ fn a_topic_needs_an_eventgrid_or_cloudevents_schema() {
         e,
         "c.yaml:8:5: topics.shop: needs `schema: eventgrid` or `schema: cloudevents`"
     );
-    let e = one_error(&TOPICS.replace("    schema: eventgrid\n    subscribers", "    schema: custom\n    subscribers"));
+    let e = one_error(&TOPICS.replace(
+        "    schema: eventgrid\n    subscribers",
+        "    schema: custom\n    subscribers",
+    ));
     assert!(
         e.starts_with("c.yaml:8:13: topics.shop.schema: custom is not a topic schema"),
         "{e}"
@@ -548,6 +561,9 @@ fn unknown_keys_in_a_topic_or_subscriber_are_refused() {
         e.contains("topics.shop.subscribers.audit: unknown field `subject_begins`"),
         "{e}"
     );
-    let e = one_error(&TOPICS.replace("    schema: eventgrid\n", "    schema: eventgrid\n    filter: {}\n"));
+    let e = one_error(&TOPICS.replace(
+        "    schema: eventgrid\n",
+        "    schema: eventgrid\n    filter: {}\n",
+    ));
     assert!(e.contains("topics.shop: unknown field `filter`"), "{e}");
 }
