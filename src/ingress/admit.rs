@@ -134,7 +134,7 @@ impl Ingress {
         };
         let mut headers = forward::forwarded(req.headers());
         headers.retain(|(n, _)| schema::forwards_header(route.schema(), n));
-        let req_method = req.method().as_str().to_string();
+        let method = req.method().as_str().to_string();
         let path_and_query = match req.uri().query() {
             Some(q) => format!("{rest}?{q}"),
             None => rest.to_string(),
@@ -154,7 +154,7 @@ impl Ingress {
             }
         };
         let request = Admitted {
-            method: req_method,
+            method,
             path: path_and_query,
             headers,
             accepted_ms: crate::clock::now_ms(),
