@@ -312,10 +312,17 @@ fn bad_configs() -> Vec<Bad> {
             says: vec!["destinations.orders.schema", "event-grid", "eventgrid"],
         },
         Bad {
-            name: "topics_not_built",
-            yaml: format!("topics: {{ shop: {{}} }}\n{}", yaml_with_dest("")),
-            at: "{ shop",
-            says: vec!["topics", "not supported yet"],
+            name: "topic_subscriber_schema",
+            yaml: format!(
+                "topics:\n  shop:\n    schema: eventgrid\n    subscribers:\n      orders: {{}}\n{}",
+                yaml_with_dest("")
+            ),
+            at: "{}",
+            says: vec![
+                "topics.shop.subscribers.orders",
+                "has schema custom",
+                "must be eventgrid",
+            ],
         },
         Bad {
             name: "yaml_syntax",

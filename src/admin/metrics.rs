@@ -19,6 +19,7 @@ pub const PROBATION: &str = "courier_destination_probation";
 pub const CORRUPT: &str = "courier_journal_corrupt_records_total";
 pub const DEDUPLICATED: &str = "courier_events_deduplicated_total";
 pub const DEDUPE_EVICTED: &str = "courier_dedupe_evicted_total";
+pub const UNMATCHED: &str = "courier_events_unmatched_total";
 
 const BUCKETS: [f64; 14] = [
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
@@ -62,6 +63,10 @@ pub fn install() -> Result<PrometheusHandle, String> {
         DEDUPE_EVICTED,
         "Event ids forgotten before the end of ingress.dedupe_window, to bound memory."
     );
+    metrics::describe_counter!(
+        UNMATCHED,
+        "Events posted to a topic that matched no subscriber: acknowledged, not stored."
+    );
     Ok(handle)
 }
 
@@ -98,6 +103,11 @@ pub fn journal_sync(took: Duration) {
 
 pub fn deduplicated(destination: &str) {
     counter!(DEDUPLICATED, "destination" => destination.to_string()).increment(1);
+}
+
+/// Labelled by `topic`, not `destination`: no destination is involved.
+pub fn unmatched(topic: &str, n: u64) {
+    counter!(UNMATCHED, "topic" => topic.to_string()).increment(n);
 }
 
 pub fn dedupe_evicted() {

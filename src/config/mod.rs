@@ -5,11 +5,12 @@ mod position;
 mod retry;
 pub mod schema;
 pub mod settings;
+mod topics;
 pub mod units;
 mod validate;
 
 pub use schema::{LogFormat, Schema, SyncMode};
-pub use settings::{DestinationSettings, Settings, Target};
+pub use settings::{DestinationSettings, Settings, Subscription, Target, TopicSettings};
 pub use validate::{Env, ProcessEnv, Purpose};
 
 use position::PositionIndex;

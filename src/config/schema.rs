@@ -34,8 +34,8 @@ pub struct RawConfig {
     pub ingress: Ingress,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dead_letter: Option<DeadLetterDir>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub topics: Unsupported,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub topics: BTreeMap<String, Topic>,
     #[serde(default)]
     pub destinations: BTreeMap<String, Destination>,
 }
@@ -205,6 +205,35 @@ fn default_late_answer_window() -> Dur {
 }
 fn default_concurrency() -> u32 {
     16
+}
+
+/// A topic (Event Grid's custom topic): the app posts to `/<name>` and each
+/// subscriber whose filter matches gets its own copy of every event.
+#[derive(Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Topic {
+    /// Optional here only so that a missing schema is reported by
+    /// `validate` with the topic's position, like every other problem.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schema: Option<Schema>,
+    #[serde(default)]
+    pub subscribers: BTreeMap<String, Subscriber>,
+}
+
+/// One subscription's filter, after Event Grid's `includedEventTypes`,
+/// `subjectBeginsWith`, `subjectEndsWith` and `isSubjectCaseSensitive`.
+/// Every key is optional: `{}` takes every event.
+#[derive(Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Subscriber {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub event_types: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subject_begins_with: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subject_ends_with: Option<String>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub subject_case_sensitive: bool,
 }
 
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]

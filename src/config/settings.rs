@@ -21,12 +21,40 @@ pub struct Settings {
     pub journal: JournalSettings,
     pub ingress: IngressSettings,
     pub destinations: Vec<Arc<DestinationSettings>>,
+    pub topics: Vec<Arc<TopicSettings>>,
 }
 
 impl Settings {
     pub fn destination(&self, name: &str) -> Option<&Arc<DestinationSettings>> {
         self.destinations.iter().find(|d| d.name == name)
     }
+
+    pub fn topic(&self, name: &str) -> Option<&Arc<TopicSettings>> {
+        self.topics.iter().find(|t| t.name == name)
+    }
+}
+
+/// A checked topic: its schema is `eventgrid` or `cloudevents`, and every
+/// subscriber is a destination of that same schema.
+#[derive(Debug)]
+pub struct TopicSettings {
+    pub name: String,
+    pub schema: Schema,
+    pub subscribers: Vec<Subscription>,
+}
+
+/// One subscriber and its filter; matching lives in `ingress::topic`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Subscription {
+    pub destination: String,
+    /// `None` takes every type. Stored in lower case: Event Grid compares
+    /// event types ignoring case.
+    pub event_types: Option<Vec<String>>,
+    /// Stored in lower case unless `subject_case_sensitive`, so that
+    /// matching lowers only the event's subject.
+    pub subject_begins_with: Option<String>,
+    pub subject_ends_with: Option<String>,
+    pub subject_case_sensitive: bool,
 }
 
 #[derive(Debug)]

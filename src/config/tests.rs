@@ -466,3 +466,151 @@ fn every_schema_is_accepted() {
     let e = one_error(&GOOD.replace("    timeout: 5s", "    timeout: 5s\n    schema: json"));
     assert!(e.contains("destinations.orders.schema"), "{e}");
 }
+
+/// Two eventgrid destinations, one cloudevents and one custom, and a topic.
+const TOPICS: &str = "\
+destinations:
+  orders: { url: http://127.0.0.1:9/o, schema: eventgrid }
+  audit: { url: http://127.0.0.1:9/a, schema: eventgrid }
+  ce: { url: http://127.0.0.1:9/c, schema: cloudevents }
+  raw: { url: http://127.0.0.1:9/r }
+topics:
+  shop:
+    schema: eventgrid
+    subscribers:
+      orders: { event_types: [Shop.OrderCreated], subject_begins_with: /Orders/ }
+      audit: {}
+";
+
+#[test]
+fn a_topic_is_checked_into_settings_and_printed_in_the_effective_config() {
+    let loaded = parse("c.yaml", TOPICS, ".".into(), Purpose::Run, &env()).expect("valid");
+    let t = loaded.settings.topic("shop").expect("topic");
+    assert_eq!(t.schema, Schema::Eventgrid);
+    let names: Vec<&str> = t
+        .subscribers
+        .iter()
+        .map(|s| s.destination.as_str())
+        .collect();
+    assert_eq!(names, ["audit", "orders"]);
+    let orders = &t.subscribers[1];
+    // Lowered for case-insensitive matching, as Event Grid compares.
+    assert_eq!(
+        orders.event_types,
+        Some(vec!["shop.ordercreated".to_string()])
+    );
+    assert_eq!(orders.subject_begins_with.as_deref(), Some("/orders/"));
+    assert_eq!(t.subscribers[0].event_types, None);
+    assert!(loaded.effective.contains("topics:"), "{}", loaded.effective);
+    assert!(
+        loaded.effective.contains("subject_begins_with: /Orders/"),
+        "{}",
+        loaded.effective
+    );
+}
+
+#[test]
+fn a_case_sensitive_subscriber_keeps_its_subject_filters_as_written() {
+    let text = TOPICS.replace(
+        "audit: {}",
+        "audit: { subject_ends_with: .JPG, subject_case_sensitive: true }",
+    );
+    let loaded = parse("c.yaml", &text, ".".into(), Purpose::Run, &env()).expect("valid");
+    let t = loaded.settings.topic("shop").expect("topic");
+    assert_eq!(t.subscribers[0].subject_ends_with.as_deref(), Some(".JPG"));
+    assert!(t.subscribers[0].subject_case_sensitive);
+}
+
+#[test]
+fn a_topic_named_like_a_destination_is_refused() {
+    let e = one_error(&TOPICS.replace("  shop:\n", "  audit:\n"));
+    assert_eq!(
+        e,
+        "c.yaml:8:5: topics.audit: `audit` is also a destination: a name is either a topic or a destination, since the app posts to /audit"
+    );
+}
+
+#[test]
+fn a_topic_needs_an_eventgrid_or_cloudevents_schema() {
+    let e = one_error(&TOPICS.replace("    schema: eventgrid\n    subscribers", "    subscribers"));
+    assert_eq!(
+        e,
+        "c.yaml:8:5: topics.shop: needs `schema: eventgrid` or `schema: cloudevents`"
+    );
+    let e = one_error(&TOPICS.replace(
+        "    schema: eventgrid\n    subscribers",
+        "    schema: custom\n    subscribers",
+    ));
+    assert!(
+        e.starts_with("c.yaml:8:13: topics.shop.schema: custom is not a topic schema"),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_topic_needs_subscribers() {
+    let text = "destinations:\n  orders: { url: http://127.0.0.1:9/o, schema: eventgrid }\ntopics:\n  shop:\n    schema: eventgrid\n    subscribers: {}\n";
+    let e = one_error(text);
+    assert!(
+        e.starts_with("c.yaml:6:18: topics.shop.subscribers: at least one subscriber is needed"),
+        "{e}"
+    );
+    // Without the key, the error points at the topic.
+    let e = one_error(&text.replace("    subscribers: {}\n", ""));
+    assert!(
+        e.starts_with("c.yaml:5:5: topics.shop.subscribers: at least one subscriber is needed"),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_subscriber_must_be_a_destination_of_the_topics_schema() {
+    let e = one_error(&TOPICS.replace("audit: {}", "audti: {}"));
+    assert_eq!(
+        e,
+        "c.yaml:11:14: topics.shop.subscribers.audti: `audti` is not a configured destination: subscribers are destinations (audit, ce, orders, raw)"
+    );
+    let e = errors(&TOPICS.replace("audit: {}", "ce: {}\n      raw: {}"));
+    assert_eq!(
+        e,
+        [
+            "c.yaml:11:11: topics.shop.subscribers.ce: destination `ce` has schema cloudevents, topic `shop` has eventgrid: a subscriber gets the topic's events unchanged, so its schema must be eventgrid",
+            "c.yaml:12:12: topics.shop.subscribers.raw: destination `raw` has schema custom, topic `shop` has eventgrid: a subscriber gets the topic's events unchanged, so its schema must be eventgrid",
+        ]
+    );
+}
+
+#[test]
+fn empty_filter_strings_are_refused() {
+    let e = errors(&TOPICS.replace(
+        "audit: {}",
+        "audit: { event_types: [A, \"\"], subject_begins_with: \"\", subject_ends_with: \"\" }",
+    ));
+    assert_eq!(
+        e,
+        [
+            "c.yaml:11:33: topics.shop.subscribers.audit.event_types[1]: must not be empty",
+            "c.yaml:11:59: topics.shop.subscribers.audit.subject_begins_with: must not be empty: omit the key to take every subject",
+            "c.yaml:11:82: topics.shop.subscribers.audit.subject_ends_with: must not be empty: omit the key to take every subject",
+        ]
+    );
+    let e = one_error(&TOPICS.replace("audit: {}", "audit: { event_types: [] }"));
+    assert_eq!(
+        e,
+        "c.yaml:11:29: topics.shop.subscribers.audit.event_types: must list at least one event type: omit the key to take every type"
+    );
+}
+
+#[test]
+fn unknown_keys_in_a_topic_or_subscriber_are_refused() {
+    let e = one_error(&TOPICS.replace("audit: {}", "audit: { subject_begins: /x }"));
+    assert!(
+        e.contains("topics.shop.subscribers.audit: unknown field `subject_begins`"),
+        "{e}"
+    );
+    let e = one_error(&TOPICS.replace(
+        "    schema: eventgrid\n",
+        "    schema: eventgrid\n    filter: {}\n",
+    ));
+    assert!(e.contains("topics.shop: unknown field `filter`"), "{e}");
+}

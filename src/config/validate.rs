@@ -224,7 +224,6 @@ pub fn check(
             Duration::from_secs(24 * 3600),
         )
     });
-    c.unsupported("topics", &raw.topics, "issue 4");
     if raw.destinations.is_empty() {
         c.err("destinations", "at least one destination is needed");
     }
@@ -233,6 +232,10 @@ pub fn check(
         .destinations
         .iter()
         .map(|(name, d)| Arc::new(destination(&mut c, name, d, default_sink.as_ref())))
+        .collect();
+    let topics = super::topics::topics(&mut c, &raw.topics, &raw.destinations)
+        .into_iter()
+        .map(Arc::new)
         .collect();
     if !c.problems.is_empty() {
         return Err(c.problems);
@@ -256,6 +259,7 @@ pub fn check(
             dedupe_window,
         },
         destinations,
+        topics,
     };
     Ok(Checked {
         settings,
@@ -270,11 +274,7 @@ fn destination(
     default_sink: Option<&PathBuf>,
 ) -> DestinationSettings {
     let p = format!("destinations.{name}");
-    if name.is_empty()
-        || !name
-            .chars()
-            .all(|ch| ch.is_ascii_alphanumeric() || "-_.~".contains(ch))
-    {
+    if !valid_name(name) {
         c.err(&p, format!("name `{name}` must be letters, digits, `-`, `_`, `.` or `~` (it is a url path segment)"));
     }
     let target = target(c, &format!("{p}.url"), &d.url);
@@ -388,6 +388,14 @@ fn destination(
             Duration::from_secs(3600),
         ),
     }
+}
+
+/// A destination or topic name: one url path segment, without escapes.
+pub(super) fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .chars()
+            .all(|ch| ch.is_ascii_alphanumeric() || "-_.~".contains(ch))
 }
 
 fn target(c: &mut Checker, path: &str, url: &str) -> Target {

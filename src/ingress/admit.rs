@@ -1,10 +1,11 @@
-//! One request in, one answer out: route, check limits, parse the body by
-//! the destination's schema into events, wait for the journal's commit of
-//! all of them.
+//! One request in, one answer out: route (a destination or a topic), check
+//! limits, parse the body by the schema into events, wait for the journal's
+//! commit of all of them (for a topic: of every subscriber's copy).
 
-use super::{forward, reply, schema};
-use crate::config::{Schema, Settings};
-use crate::journal::{Journal, NewEvent};
+use super::{forward, reply, schema, topic};
+use crate::admin::metrics;
+use crate::config::{DestinationSettings, Schema, Settings, TopicSettings};
+use crate::journal::{Appended, Header, Journal, NewEvent};
 use crate::lifecycle::Lifecycle;
 use crate::server::Body;
 use bytes::Bytes;
@@ -18,6 +19,29 @@ pub struct Ingress {
     journal: Journal,
     lifecycle: Arc<Lifecycle>,
     names: Vec<String>,
+    topic_names: Vec<String>,
+}
+
+/// Where a request goes: names are unique across both (checked at load).
+enum Route {
+    Destination(Arc<DestinationSettings>),
+    Topic(Arc<TopicSettings>),
+}
+
+impl Route {
+    fn name(&self) -> &str {
+        match self {
+            Route::Destination(d) => &d.name,
+            Route::Topic(t) => &t.name,
+        }
+    }
+
+    fn schema(&self) -> Schema {
+        match self {
+            Route::Destination(d) => d.schema,
+            Route::Topic(t) => t.schema,
+        }
+    }
 }
 
 impl Ingress {
@@ -27,11 +51,13 @@ impl Ingress {
             .iter()
             .map(|d| d.name.clone())
             .collect();
+        let topic_names = settings.topics.iter().map(|t| t.name.clone()).collect();
         Ingress {
             settings,
             journal,
             lifecycle,
             names,
+            topic_names,
         }
     }
 
@@ -42,10 +68,14 @@ impl Ingress {
             Some(i) => (&trimmed[..i], &trimmed[i..]),
             None => (trimmed, ""),
         };
-        let Some(dest) = self.settings.destination(name).cloned() else {
-            return reply::unknown_destination(name, &self.names);
+        let route = if let Some(d) = self.settings.destination(name) {
+            Route::Destination(d.clone())
+        } else if let Some(t) = self.settings.topic(name) {
+            Route::Topic(t.clone())
+        } else {
+            return reply::unknown_destination(name, &self.names, &self.topic_names);
         };
-        let name = dest.name.as_str();
+        let name = route.name();
         if !matches!(*req.method(), Method::POST | Method::PUT | Method::PATCH) {
             let mut resp = reply::reject(
                 name,
@@ -89,7 +119,7 @@ impl Ingress {
         if declared.is_some_and(|n| n > limit) {
             return too_large();
         }
-        let custom_id = match dest.schema {
+        let custom_id = match route.schema() {
             Schema::Custom => match forward::event_id(req.headers()) {
                 Ok(id) => Some(id),
                 Err(header) => {
@@ -103,7 +133,7 @@ impl Ingress {
             Schema::Eventgrid | Schema::Cloudevents => None,
         };
         let mut headers = forward::forwarded(req.headers());
-        headers.retain(|(n, _)| schema::forwards_header(dest.schema, n));
+        headers.retain(|(n, _)| schema::forwards_header(route.schema(), n));
         let method = req.method().as_str().to_string();
         let path_and_query = match req.uri().query() {
             Some(q) => format!("{rest}?{q}"),
@@ -124,46 +154,124 @@ impl Ingress {
             }
         };
         // A batch of `custom` events is a JSON array of their bodies.
-        if dest.schema == Schema::Custom
+        if let Route::Destination(dest) = &route
+            && dest.schema == Schema::Custom
             && dest.batch.enabled()
             && serde_json::from_slice::<serde::de::IgnoredAny>(&body).is_err()
         {
             let msg = "the body is not JSON: this destination batches, and a batch is a JSON array of its events";
             return reply::reject(name, StatusCode::BAD_REQUEST, "not_json", msg.into(), None);
         }
-        let parts: Vec<(String, Bytes)> = match schema::parse(dest.schema, &head.headers, &body) {
-            None => custom_id.into_iter().map(|id| (id, body.clone())).collect(),
-            Some(Err(e)) => return reply::schema_error(name, &e),
-            Some(Ok(events)) => events
-                .into_iter()
-                .map(|e| {
-                    tracing::debug!(destination = %name, id = %e.id, event_type = %e.event_type, subject = ?e.subject, "event parsed");
-                    (e.id, e.body)
-                })
-                .collect(),
+        let request = Admitted {
+            method,
+            path: path_and_query,
+            headers,
+            accepted_ms: crate::clock::now_ms(),
         };
-        let accepted_ms = crate::clock::now_ms();
-        let ids: Vec<String> = parts.iter().map(|(id, _)| id.clone()).collect();
-        let events = parts
-            .into_iter()
-            .map(|(id, body)| NewEvent {
-                id,
-                destination: dest.name.clone(),
-                method: method.clone(),
-                path: path_and_query.clone(),
-                headers: headers.clone(),
-                body,
-                accepted_ms,
+        let parsed = schema::parse(route.schema(), &head.headers, &body);
+        match &route {
+            Route::Destination(dest) => {
+                let parts: Vec<(String, Bytes)> = match parsed {
+                    None => custom_id.into_iter().map(|id| (id, body.clone())).collect(),
+                    Some(Err(e)) => return reply::schema_error(name, &e),
+                    Some(Ok(events)) => events
+                        .into_iter()
+                        .map(|e| {
+                            tracing::debug!(destination = %name, id = %e.id, event_type = %e.event_type, subject = ?e.subject, "event parsed");
+                            (e.id, e.body)
+                        })
+                        .collect(),
+                };
+                let ids: Vec<String> = parts.iter().map(|(id, _)| id.clone()).collect();
+                let events = parts
+                    .into_iter()
+                    .map(|(id, body)| request.event(id, &dest.name, body))
+                    .collect();
+                // One append: every event of the request is committed in one
+                // group, or none is.
+                match self.journal.append(events).await {
+                    Ok(a) => {
+                        let dup: Vec<String> =
+                            a.duplicates.iter().map(|&i| ids[i].clone()).collect();
+                        reply::accepted(&ids, &dup)
+                    }
+                    Err(e) => reply::journal_error(name, &e),
+                }
+            }
+            Route::Topic(t) => {
+                let events = match parsed {
+                    Some(Ok(events)) => events,
+                    Some(Err(e)) => return reply::schema_error(name, &e),
+                    // Validation allows only eventgrid and cloudevents topics.
+                    None => Vec::new(),
+                };
+                self.fan_out(t, &request, &events).await
+            }
+        }
+    }
+
+    /// A topic's request: one copy per matching subscriber and event, all
+    /// in ONE append, so that the 202 covers every copy or none is stored.
+    async fn fan_out(
+        &self,
+        topic: &TopicSettings,
+        request: &Admitted,
+        events: &[schema::Event],
+    ) -> Response<Body> {
+        let fan = topic::fan_out(topic, events);
+        for c in &fan.copies {
+            let e = &events[c.event];
+            tracing::debug!(topic = %topic.name, destination = %c.destination, id = %e.id, event_type = %e.event_type, subject = ?e.subject, "event copied");
+        }
+        let copies: Vec<NewEvent> = fan
+            .copies
+            .iter()
+            .map(|c| {
+                let e = &events[c.event];
+                request.event(e.id.clone(), c.destination, e.body.clone())
             })
             .collect();
-        // One append: every event of the request is committed in one group,
-        // or none is.
-        match self.journal.append(events).await {
-            Ok(a) => {
-                let dup: Vec<String> = a.duplicates.iter().map(|&i| ids[i].clone()).collect();
-                reply::accepted(&ids, &dup)
+        let appended = if copies.is_empty() {
+            // Nothing to store: every event matched no subscriber.
+            Appended::default()
+        } else {
+            match self.journal.append(copies).await {
+                Ok(a) => a,
+                Err(e) => return reply::journal_error(&topic.name, &e),
             }
-            Err(e) => reply::journal_error(name, &e),
+        };
+        if !fan.unmatched.is_empty() {
+            metrics::unmatched(&topic.name, fan.unmatched.len() as u64);
+        }
+        let ids: Vec<&str> = events.iter().map(|e| e.id.as_str()).collect();
+        let duplicates: Vec<(&str, &str)> = appended
+            .duplicates
+            .iter()
+            .filter_map(|&i| fan.copies.get(i))
+            .map(|c| (ids[c.event], c.destination))
+            .collect();
+        reply::fanned_out(fan.copies.len(), &ids, fan.unmatched.len(), &duplicates)
+    }
+}
+
+/// What every event of one request shares.
+struct Admitted {
+    method: String,
+    path: String,
+    headers: Vec<Header>,
+    accepted_ms: u64,
+}
+
+impl Admitted {
+    fn event(&self, id: String, destination: &str, body: Bytes) -> NewEvent {
+        NewEvent {
+            id,
+            destination: destination.to_string(),
+            method: self.method.clone(),
+            path: self.path.clone(),
+            headers: self.headers.clone(),
+            body,
+            accepted_ms: self.accepted_ms,
         }
     }
 }

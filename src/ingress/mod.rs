@@ -6,5 +6,6 @@ mod admit;
 mod forward;
 mod reply;
 mod schema;
+mod topic;
 
 pub use admit::Ingress;

@@ -17,6 +17,29 @@ pub fn accepted(ids: &[String], duplicates: &[String]) -> Response<Body> {
     json(StatusCode::ACCEPTED, &body)
 }
 
+/// A topic's answer (README "Topics"): `accepted` counts the copies
+/// journaled (one per event and matching subscriber), `ids` lists every event
+/// of the request once, `unmatched` counts the events no subscriber took
+/// (acknowledged, not stored). Copies already stored within
+/// `ingress.dedupe_window` are listed as `duplicates`, each with its
+/// subscriber, since the same id is fresh for one subscriber and a repeat
+/// for another.
+pub fn fanned_out(
+    copies: usize,
+    ids: &[&str],
+    unmatched: usize,
+    duplicates: &[(&str, &str)],
+) -> Response<Body> {
+    let mut body = json!({ "accepted": copies, "ids": ids, "unmatched": unmatched });
+    if !duplicates.is_empty() {
+        body["duplicates"] = duplicates
+            .iter()
+            .map(|(id, destination)| json!({ "id": id, "destination": destination }))
+            .collect();
+    }
+    json(StatusCode::ACCEPTED, &body)
+}
+
 /// A refusal: counted by `reason`, with `Retry-After` when waiting helps.
 pub fn reject(
     destination: &str,
@@ -66,14 +89,19 @@ pub fn journal_error(destination: &str, e: &JournalError) -> Response<Body> {
     )
 }
 
-pub fn unknown_destination(name: &str, known: &[String]) -> Response<Body> {
+pub fn unknown_destination(
+    name: &str,
+    destinations: &[String],
+    topics: &[String],
+) -> Response<Body> {
     metrics::rejected("", "unknown_destination");
     json(
         StatusCode::NOT_FOUND,
         &json!({
-            "error": format!("unknown destination `{name}`: post to /<destination> with one of the configured names"),
+            "error": format!("unknown destination or topic `{name}`: post to /<destination> or /<topic> with one of the configured names"),
             "reason": "unknown_destination",
-            "destinations": known,
+            "destinations": destinations,
+            "topics": topics,
         }),
     )
 }
