@@ -174,14 +174,17 @@ impl Indexer {
         let result = write(&self.conn, events, changes, end, self.dedupe_ms.is_some());
         if result.is_err() {
             let _ = self.conn.execute_batch("ROLLBACK");
-        }
-        if full {
-            store::set_full_sync(&self.conn, false)?;
+            if full {
+                let _ = store::set_full_sync(&self.conn, false);
+            }
         }
         let deleted = result?;
         self.indexed = end;
         if full {
             self.synced();
+            if let Err(e) = store::set_full_sync(&self.conn, false) {
+                tracing::warn!(error = %e, "cannot switch the journal back to synchronous=NORMAL");
+            }
         }
         Ok(deleted)
     }
@@ -248,10 +251,13 @@ impl Indexer {
             }
             retry = !self.step(target, applies, &shared);
             if self.durable < self.indexed && self.last_durable.elapsed() >= DURABLE_EVERY {
-                if let Err(e) = self.sync() {
-                    self.failure(&e, &shared);
-                } else {
-                    shared.durable_pos.store(self.durable, Ordering::Release);
+                match self.sync() {
+                    Ok(()) => shared.durable_pos.store(self.durable, Ordering::Release),
+                    // The log still holds the rows: try again shortly.
+                    Err(e) if e.disk_full() => retry = true,
+                    Err(e) => {
+                        self.failure(&e, &shared);
+                    }
                 }
             }
             if self.last_checkpoint.elapsed() >= CHECKPOINT_EVERY {

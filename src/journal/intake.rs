@@ -156,6 +156,8 @@ fn is_disk_full(e: &io::Error) -> bool {
 pub enum AppendError {
     #[error("the disk is full")]
     DiskFull,
+    #[error("a group of events over 4 GiB")]
+    TooLarge,
     #[error(transparent)]
     Io(#[from] io::Error),
 }
@@ -216,6 +218,9 @@ impl LogWriter {
     /// Writes one record holding `count` events encoded in `payload`;
     /// returns the lsn after it. Not durable until `sync`.
     pub fn append(&mut self, payload: &[u8], count: u32) -> Result<u64, AppendError> {
+        if u32::try_from(payload.len()).is_err() {
+            return Err(AppendError::TooLarge);
+        }
         let need = padded(payload.len());
         let fits = self
             .current
@@ -233,7 +238,7 @@ impl LogWriter {
         self.buf
             .extend_from_slice(&(payload.len() as u32).to_le_bytes());
         self.buf.extend_from_slice(&lsn.to_le_bytes());
-        let crc = record_crc(lsn, payload);
+        let crc = record_crc(lsn, count, payload);
         self.buf.extend_from_slice(&crc.to_le_bytes());
         self.buf.extend_from_slice(&count.to_le_bytes());
         self.buf.extend_from_slice(payload);
@@ -268,13 +273,21 @@ impl LogWriter {
             }
             self.retired.remove(0);
             let path = self.dir.join(name(start));
-            if self.spares.len() < SPARES {
+            // A small segment (made on a nearly full disk) is not worth keeping.
+            if self.spares.len() < SPARES && size >= SEGMENT {
                 self.spares.push(path);
             } else {
                 std::fs::remove_file(&path)?;
             }
         }
         Ok(())
+    }
+
+    /// On a full disk, the spares' space is better given back.
+    pub fn drop_spares(&mut self) {
+        for path in self.spares.drain(..) {
+            let _ = std::fs::remove_file(path);
+        }
     }
 
     fn rotate(&mut self, need: u64) -> Result<(), AppendError> {
@@ -353,9 +366,10 @@ fn allocate(file: &File, len: u64) -> io::Result<()> {
     Err(e)
 }
 
-fn record_crc(lsn: u64, payload: &[u8]) -> u32 {
+fn record_crc(lsn: u64, count: u32, payload: &[u8]) -> u32 {
     let c = crc32c::crc32c(&lsn.to_le_bytes());
     let c = crc32c::crc32c_append(c, &(payload.len() as u32).to_le_bytes());
+    let c = crc32c::crc32c_append(c, &count.to_le_bytes());
     crc32c::crc32c_append(c, payload)
 }
 
@@ -399,27 +413,39 @@ impl LogReader {
     /// corruption, never taken for the end: acknowledged events lie after it.
     pub fn read(&mut self, lsn: u64) -> Result<Read, ReadError> {
         let Some((start, size)) = self.locate(lsn)? else {
-            return Ok(Read::End);
+            return self.end(lsn);
         };
         if let Some(r) = self.record_at(lsn)? {
             return Ok(r);
         }
-        // The rest of a segment after its last record is skipped when a
-        // record did not fit: the log goes on at the next segment's start.
-        let next = start + size;
-        if self.locate(next)?.is_some() && self.record_at(next)?.is_some() {
-            // Only if nothing valid lies between: otherwise a record in the
-            // middle is damaged.
-            self.locate(lsn)?;
-            if self.later_record_in_segment(lsn)? {
-                return Err(self.corrupt(lsn));
-            }
-            self.locate(next)?;
-            return self.read(next);
-        }
-        self.locate(lsn)?;
         if self.later_record_in_segment(lsn)? {
             return Err(self.corrupt(lsn));
+        }
+        // The rest of a segment after its last record is skipped when the
+        // next record did not fit: the log goes on at the next segment's
+        // start. Only if it really could not have fitted here; otherwise
+        // the record here is damaged.
+        let next = start + size;
+        if self.locate(next)?.is_some()
+            && let Some(Read::Record(events, after)) = self.record_at(next)?
+        {
+            if after - next <= next - lsn {
+                self.locate(lsn)?;
+                return Err(self.corrupt(lsn));
+            }
+            return Ok(Read::Record(events, after));
+        }
+        self.locate(lsn)?;
+        self.end(lsn)
+    }
+
+    /// Nothing valid at `lsn`: the end of the log, unless a later segment
+    /// starts with a valid record (a segment lost or damaged in between).
+    fn end(&mut self, lsn: u64) -> Result<Read, ReadError> {
+        for (start, _, path) in segments(&self.dir)? {
+            if start > lsn && self.locate(start)?.is_some() && self.record_at(start)?.is_some() {
+                return Err(ReadError::Corrupt { lsn, file: path });
+            }
         }
         Ok(Read::End)
     }
@@ -487,7 +513,7 @@ impl LogReader {
         let mut payload = vec![0u8; len as usize];
         seg.file
             .read_exact_at(&mut payload, offset + HEADER as u64)?;
-        if record_crc(lsn, &payload) != crc {
+        if record_crc(lsn, count, &payload) != crc {
             return Ok(None);
         }
         let events =
@@ -642,6 +668,55 @@ mod tests {
         let (seqs, _) = read_all(tmp.path(), from).expect("read");
         assert_eq!(seqs, vec![100; 20]);
         assert!(segments(tmp.path()).expect("list").len() <= 2 + SPARES);
+    }
+
+    #[test]
+    fn a_damaged_last_record_of_a_segment_is_corruption_not_a_skip() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let mut w = LogWriter::open(tmp.path(), 0).expect("open");
+        let big = NewEvent {
+            body: Bytes::from(vec![b'x'; 1024 * 1024 - 200]),
+            ..event(0)
+        };
+        let mut starts = Vec::new();
+        for seq in 0..20 {
+            let mut p = Vec::new();
+            encode(&mut p, seq, &big);
+            starts.push(w.pos);
+            w.append(&p, 1).expect("append");
+        }
+        // The last record that went into the first segment, then damaged.
+        let last = *starts.iter().filter(|s| **s < SEGMENT).max().expect("some");
+        let f = OpenOptions::new()
+            .write(true)
+            .open(tmp.path().join(name(0)))
+            .expect("open");
+        f.write_all_at(&[0xff], last + HEADER as u64 + 5)
+            .expect("write");
+        match read_all(tmp.path(), 0) {
+            Err(ReadError::Corrupt { lsn, .. }) => assert_eq!(lsn, last),
+            other => panic!("a damaged record before good ones was {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_missing_segment_in_the_middle_is_corruption_not_the_end() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let mut w = LogWriter::open(tmp.path(), 0).expect("open");
+        let big = NewEvent {
+            body: Bytes::from(vec![b'x'; 1024 * 1024 - 200]),
+            ..event(0)
+        };
+        for seq in 0..40 {
+            let mut p = Vec::new();
+            encode(&mut p, seq, &big);
+            w.append(&p, 1).expect("append");
+        }
+        std::fs::remove_file(tmp.path().join(name(SEGMENT))).expect("remove the second segment");
+        assert!(matches!(
+            read_all(tmp.path(), 0),
+            Err(ReadError::Corrupt { .. })
+        ));
     }
 
     #[test]

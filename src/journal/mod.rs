@@ -23,7 +23,7 @@ pub use store::{DestinationSummary, FILE, StoreError};
 
 use crate::admin::metrics;
 use crate::clock;
-use dedupe::Dedupe;
+use dedupe::{Check, Claim, Dedupe};
 use indexer::{Indexer, ToIndexer};
 use intake::{LogReader, LogWriter};
 use rusqlite::Connection;
@@ -79,7 +79,7 @@ pub enum OpenError {
     )]
     Integrity(PathBuf, String),
     #[error(
-        "cannot replay the journal's intake log in {0}: {1}. Courier will not start and discard acknowledged events: restore the directory from a backup, or move it aside to start empty"
+        "cannot replay the journal's intake log in {0}: {1}. Courier will not start and discard acknowledged events: restore the directory from a backup, or move the damaged intake-*.log file aside (giving up the events in it and after it); journal.db keeps everything else"
     )]
     Intake(PathBuf, String),
 }
@@ -129,7 +129,7 @@ pub(crate) struct Shared {
     durable_pos: AtomicU64,
     max_bytes: u64,
     pending_bytes: AtomicU64,
-    dedupe: Option<Mutex<Dedupe>>,
+    dedupe: Option<Arc<Mutex<Dedupe>>>,
     failed: Mutex<Option<String>>,
     closed: AtomicBool,
     destinations: HashMap<String, Arc<DestinationState>>,
@@ -144,6 +144,8 @@ impl Shared {
 pub(crate) enum Command {
     Append {
         events: Vec<NewEvent>,
+        /// Dedupe keys of `events`, pending until they are durable.
+        claims: Vec<Claim>,
         reply: oneshot::Sender<Result<(), JournalError>>,
     },
     Close {
@@ -158,6 +160,10 @@ pub struct Journal {
     indexer: std::sync::mpsc::Sender<ToIndexer>,
     shared: Arc<Shared>,
 }
+
+/// How often one append may wait for other requests' writes of the same
+/// ids before it gives up with 503.
+const DEDUPE_ROUNDS: usize = 64;
 
 /// Commands queued beyond this are refused with 503 rather than held.
 const QUEUE: usize = 16_384;
@@ -215,7 +221,7 @@ impl Journal {
                 {
                     d.remember(&key, at);
                 }
-                Some(Mutex::new(d))
+                Some(Arc::new(Mutex::new(d)))
             }
             None => None,
         };
@@ -276,41 +282,59 @@ impl Journal {
     pub async fn append(&self, events: Vec<NewEvent>) -> Result<Appended, JournalError> {
         self.writable()?;
         let Some(dedupe) = &self.shared.dedupe else {
-            self.store(events).await?;
+            self.store(events, Vec::new()).await?;
             return Ok(Appended::default());
         };
-        let now = clock::now_ms();
-        let mut fresh = Vec::with_capacity(events.len());
-        let mut claimed = Vec::with_capacity(events.len());
-        let mut duplicates = Vec::new();
-        {
-            let mut d = dedupe.lock().map_err(|_| JournalError::Closed)?;
-            for (i, e) in events.into_iter().enumerate() {
-                let key = dedupe::key(&e.destination, &e.id);
-                if d.claim(&key, now) {
-                    metrics::deduplicated(&e.destination);
-                    duplicates.push(i);
-                } else {
-                    claimed.push(key);
-                    fresh.push(e);
+        // Bounded: each round waits for another request's write to finish.
+        for _ in 0..DEDUPE_ROUNDS {
+            let now = clock::now_ms();
+            let mut claims = Vec::with_capacity(events.len());
+            let mut duplicates = Vec::new();
+            let mut wait = None;
+            {
+                let mut d = dedupe.lock().map_err(|_| JournalError::Closed)?;
+                for (i, e) in events.iter().enumerate() {
+                    let key = dedupe::key(&e.destination, &e.id);
+                    match Dedupe::check(dedupe, &mut d, &key, now) {
+                        Check::Fresh(claim) => claims.push((i, claim)),
+                        Check::Duplicate => duplicates.push(i),
+                        Check::Wait(rx) => {
+                            wait = Some(rx);
+                            break;
+                        }
+                    }
                 }
             }
-        }
-        if fresh.is_empty() {
+            if let Some(mut rx) = wait {
+                // Never hold claims while waiting on another request's: two
+                // requests sharing ids could otherwise wait on each other.
+                drop(claims);
+                let _ = rx.changed().await;
+                continue;
+            }
+            for &i in &duplicates {
+                metrics::deduplicated(&events[i].destination);
+            }
+            if claims.is_empty() {
+                return Ok(Appended { duplicates });
+            }
+            let keep: HashSet<usize> = claims.iter().map(|(i, _)| *i).collect();
+            let fresh = events
+                .into_iter()
+                .enumerate()
+                .filter(|(i, _)| keep.contains(i))
+                .map(|(_, e)| e)
+                .collect();
+            let claims = claims.into_iter().map(|(_, c)| c).collect();
+            self.store(fresh, claims).await?;
             return Ok(Appended { duplicates });
         }
-        let stored = self.store(fresh).await;
-        if stored.is_err()
-            && let Ok(mut d) = dedupe.lock()
-        {
-            for key in &claimed {
-                d.release(key);
-            }
-        }
-        stored.map(|()| Appended { duplicates })
+        Err(JournalError::Busy)
     }
 
-    async fn store(&self, events: Vec<NewEvent>) -> Result<(), JournalError> {
+    /// `claims` go with the command: the writer stores them once the events
+    /// are durable, and any other fate of the command drops (frees) them.
+    async fn store(&self, events: Vec<NewEvent>, claims: Vec<Claim>) -> Result<(), JournalError> {
         let size: u64 = events.iter().map(NewEvent::size).sum();
         // Reserve the bytes before queueing, so that concurrent requests
         // cannot all pass the check. Once queued, the writer releases them if
@@ -323,7 +347,11 @@ impl Journal {
             })
             .map_err(|pending| JournalError::Full { pending, limit })?;
         let (reply, rx) = oneshot::channel();
-        if let Err(e) = self.send(Command::Append { events, reply }) {
+        if let Err(e) = self.send(Command::Append {
+            events,
+            claims,
+            reply,
+        }) {
             self.shared.pending_bytes.fetch_sub(size, Ordering::AcqRel);
             return Err(e);
         }
@@ -579,6 +607,12 @@ pub fn inspect(dir: &Path) -> Result<Inspection, OpenError> {
     if !path.exists() {
         return Err(OpenError::Missing(path));
     }
+    // A running courier's log changes under the reader: refuse, rather than
+    // report a moving end as damage.
+    let _lock = lock(dir).map_err(|e| match e {
+        LockError::Held(lock_path) => OpenError::Locked(path.clone(), lock_path),
+        LockError::Open(lock_path, e) => OpenError::Dir(lock_path, e),
+    })?;
     let conn = Connection::open_with_flags(&path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
         .map_err(|e| OpenError::Open(path.clone(), e))?;
     let integrity =
@@ -593,7 +627,7 @@ pub fn inspect(dir: &Path) -> Result<Inspection, OpenError> {
     // start indexes them.
     let mut unindexed = 0;
     let mut reader = LogReader::new(dir);
-    let mut at = store::intake_pos(&conn).unwrap_or(0);
+    let mut at = store::intake_pos(&conn).map_err(|e| OpenError::Open(path.clone(), e))?;
     loop {
         match reader.read(at) {
             Ok(intake::Read::Record(events, next)) => {

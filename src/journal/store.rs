@@ -86,6 +86,16 @@ pub fn set_full_sync(conn: &Connection, full: bool) -> Result<(), rusqlite::Erro
 }
 
 pub fn intake_pos(conn: &Connection) -> Result<u64, rusqlite::Error> {
+    // A journal from before the intake log (read-only in `inspect`) has no
+    // meta table: nothing of it lives in a log.
+    let has_meta: bool = conn.query_row(
+        "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'meta')",
+        [],
+        |r| r.get(0),
+    )?;
+    if !has_meta {
+        return Ok(0);
+    }
     let v: Option<i64> = conn
         .query_row("SELECT value FROM meta WHERE key = ?1", [INTAKE_POS], |r| {
             r.get(0)

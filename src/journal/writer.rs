@@ -83,8 +83,16 @@ impl Writer {
             Err(_) => release(group, &self.shared),
         }
         let result = result.map(|_| ());
+        let now = crate::clock::now_ms();
         for cmd in group.drain(..) {
-            if let Command::Append { reply, .. } = cmd {
+            if let Command::Append { reply, claims, .. } = cmd {
+                // Duplicates of these ids become duplicates only now; on
+                // failure the claims drop and free the ids.
+                if result.is_ok() {
+                    for claim in claims {
+                        claim.stored(now);
+                    }
+                }
                 let _ = reply.send(result.clone());
             }
         }
@@ -117,7 +125,14 @@ impl Writer {
                 self.next_seq = seq;
                 Ok(end)
             }
-            Err(AppendError::DiskFull) => Err(JournalError::DiskFull),
+            Err(AppendError::DiskFull) => {
+                self.log.drop_spares();
+                Err(JournalError::DiskFull)
+            }
+            Err(AppendError::TooLarge) => Err(JournalError::Full {
+                pending: payload.len() as u64,
+                limit: u32::MAX as u64,
+            }),
             Err(AppendError::Io(e)) => Err(self.fail(e.to_string())),
         }
     }
