@@ -25,6 +25,8 @@ use tokio::sync::oneshot;
 const DURABLE_EVERY: Duration = Duration::from_millis(200);
 /// How often the indexer checkpoints, which lets the WAL restart.
 const CHECKPOINT_EVERY: Duration = Duration::from_secs(1);
+/// New rows are committed at most this often (state changes at once).
+const INDEX_EVERY: Duration = Duration::from_millis(25);
 /// After a full disk, how soon to try the pending rows again.
 const RETRY_FULL: Duration = Duration::from_millis(100);
 /// Events per transaction, so a long replay commits as it goes.
@@ -60,6 +62,7 @@ pub(super) struct Indexer {
     last_durable: Instant,
     last_checkpoint: Instant,
     last_expiry: Instant,
+    last_commit: Instant,
 }
 
 /// Why indexing stopped.
@@ -95,6 +98,7 @@ impl Indexer {
             last_durable: Instant::now(),
             last_checkpoint: Instant::now(),
             last_expiry: Instant::now(),
+            last_commit: Instant::now(),
         })
     }
 
@@ -180,6 +184,7 @@ impl Indexer {
         }
         let deleted = result?;
         self.indexed = end;
+        self.last_commit = Instant::now();
         if full {
             self.synced();
             if let Err(e) = store::set_full_sync(&self.conn, false) {
@@ -239,14 +244,29 @@ impl Indexer {
                 Err(RecvTimeoutError::Timeout) => None,
                 Err(RecvTimeoutError::Disconnected) => return,
             };
+            let mut urgent = false;
             for msg in first
                 .into_iter()
                 .chain(std::iter::from_fn(|| rx.try_recv().ok()).take(4096))
             {
-                match msg {
-                    ToIndexer::Written(lsn) => target = target.max(lsn),
-                    ToIndexer::Apply { changes, reply } => applies.push((changes, reply)),
-                    ToIndexer::Close { reply } => close = Some(reply),
+                urgent |= take(msg, &mut target, &mut applies, &mut close);
+            }
+            // New rows alone may wait a little to share a commit: each commit
+            // rewrites the same index pages into the WAL, and that write
+            // volume is what delays the intake log's fdatasync.
+            let linger = INDEX_EVERY.saturating_sub(self.last_commit.elapsed());
+            if !urgent && !linger.is_zero() {
+                let until = Instant::now() + linger;
+                // Bounded by `until`.
+                while let Some(left) = until.checked_duration_since(Instant::now()) {
+                    match rx.recv_timeout(left) {
+                        Ok(msg) => {
+                            if take(msg, &mut target, &mut applies, &mut close) {
+                                break;
+                            }
+                        }
+                        Err(_) => break,
+                    }
                 }
             }
             retry = !self.step(target, applies, &shared);
@@ -365,6 +385,29 @@ impl Indexer {
             f.get_or_insert(reason.clone());
         }
         JournalError::Failed(reason)
+    }
+}
+
+/// Files one message; true when it should not wait (a change, the close).
+fn take(
+    msg: ToIndexer,
+    target: &mut u64,
+    applies: &mut Vec<(Vec<Change>, Reply)>,
+    close: &mut Option<oneshot::Sender<()>>,
+) -> bool {
+    match msg {
+        ToIndexer::Written(lsn) => {
+            *target = (*target).max(lsn);
+            false
+        }
+        ToIndexer::Apply { changes, reply } => {
+            applies.push((changes, reply));
+            true
+        }
+        ToIndexer::Close { reply } => {
+            *close = Some(reply);
+            true
+        }
     }
 }
 
