@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
-use support::python::check_with;
+use support::python::{check_with, request_json};
 use support::{
     Courier, Received, Receiver, Reply, behavior, check, check_eq, fail, metric, metric_sum, post,
     quiet, requests,
@@ -263,20 +263,6 @@ async fn a_custom_body_that_is_not_json_is_refused_when_the_destination_batches(
     check_eq!(c, got[0].json(), json!([[1, "two"]]));
 }
 
-fn received_request(r: &Received) -> Value {
-    let mut headers = serde_json::Map::new();
-    for name in r.headers.keys() {
-        let values: Vec<&str> = r
-            .headers
-            .get_all(name)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .collect();
-        headers.insert(name.to_string(), json!(values.join(", ")));
-    }
-    json!({ "headers": headers, "body": r.text() })
-}
-
 fn two_schemas(url: &str) -> String {
     let dest = |name: &str, schema: &str| {
         format!(
@@ -360,7 +346,7 @@ async fn eventgrid_and_cloudevents_batches_pass_the_sdks() {
     check_eq!(c, events(&c, ce_req[0]).len(), 4);
 
     let input = json!({
-        "deliveries": eg_req.iter().map(|r| received_request(r)).collect::<Vec<_>>(),
+        "deliveries": eg_req.iter().map(|r| request_json(r)).collect::<Vec<_>>(),
         "sent": eg,
     });
     let out = check_with("check_eventgrid.py", &[], input.to_string().as_bytes());
@@ -370,7 +356,7 @@ async fn eventgrid_and_cloudevents_batches_pass_the_sdks() {
         json!({"headers": {"content-type": structured_ct}, "body": ce_one}),
     ];
     let input = json!({
-        "delivered": ce_req.iter().map(|r| received_request(r)).collect::<Vec<_>>(),
+        "delivered": ce_req.iter().map(|r| request_json(r)).collect::<Vec<_>>(),
         "sent": sent,
     });
     let out = check_with("check_cloudevents.py", &[], input.to_string().as_bytes());

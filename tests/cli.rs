@@ -29,20 +29,13 @@ fn s(path: &Path) -> &str {
     path.to_str().expect("temp paths are UTF-8")
 }
 
-fn show(out: &CliOutput) -> String {
-    format!(
-        "exit code {}\n--- stdout ---\n{}\n--- stderr ---\n{}",
-        out.code, out.stdout, out.stderr
-    )
-}
-
 /// No panic message, backtrace or Rust debug dump in the output.
 fn assert_no_panic(out: &CliOutput) {
     for bad in ["panicked", "RUST_BACKTRACE", "stack backtrace", "Os {"] {
         assert!(
             !out.stderr.contains(bad) && !out.stdout.contains(bad),
             "output contains {bad:?}:\n{}",
-            show(out)
+            out.show()
         );
     }
 }
@@ -122,33 +115,33 @@ fn yaml_with_dest(dest_lines: &str) -> String {
 async fn check_example_config_prints_effective_config_and_warns_about_missing_secret() {
     let path = example_config();
     let out = check_without_env(&path, "ORDERS_API_KEY");
-    assert_eq!(out.code, 0, "{}", show(&out));
-    assert!(out.stdout.contains("max_attempts: 30"), "{}", show(&out));
-    assert!(out.stdout.contains("destinations:"), "{}", show(&out));
-    assert!(out.stdout.contains("\n  orders:\n"), "{}", show(&out));
+    assert_eq!(out.code, 0, "{}", out.show());
+    assert!(out.stdout.contains("max_attempts: 30"), "{}", out.show());
+    assert!(out.stdout.contains("destinations:"), "{}", out.show());
+    assert!(out.stdout.contains("\n  orders:\n"), "{}", out.show());
     assert!(
         out.stdout.contains("url: http://127.0.0.1:9000/orders"),
         "{}",
-        show(&out)
+        out.show()
     );
     // The effective config is YAML that parses.
     let parsed: serde_norway::Value =
-        serde_norway::from_str(&out.stdout).unwrap_or_else(|e| panic!("{e}\n{}", show(&out)));
+        serde_norway::from_str(&out.stdout).unwrap_or_else(|e| panic!("{e}\n{}", out.show()));
     assert_eq!(
         parsed["destinations"]["orders"]["retry"]["max_attempts"].as_u64(),
         Some(30),
         "{}",
-        show(&out)
+        out.show()
     );
     assert!(
         out.stderr.contains("warning") && out.stderr.contains("ORDERS_API_KEY"),
         "check must warn about the missing variable:\n{}",
-        show(&out)
+        out.show()
     );
     assert!(
         out.stderr.contains("config.example.yaml:"),
         "the warning should say where: {}",
-        show(&out)
+        out.show()
     );
     assert_no_panic(&out);
 
@@ -159,12 +152,12 @@ async fn check_example_config_prints_effective_config_and_warns_about_missing_se
         &[("ORDERS_API_KEY", "topsecret-4711")],
     )
     .await;
-    assert_eq!(out.code, 0, "{}", show(&out));
-    assert!(!out.stderr.contains("ORDERS_API_KEY"), "{}", show(&out));
+    assert_eq!(out.code, 0, "{}", out.show());
+    assert!(!out.stderr.contains("ORDERS_API_KEY"), "{}", out.show());
     assert!(
         !out.stdout.contains("topsecret-4711") && !out.stderr.contains("topsecret-4711"),
         "{}",
-        show(&out)
+        out.show()
     );
 }
 
@@ -179,15 +172,15 @@ async fn check_masks_secret_literal_values() {
         ),
     );
     let out = check(&path).await;
-    assert_eq!(out.code, 0, "{}", show(&out));
-    assert!(out.stdout.contains("********"), "{}", show(&out));
+    assert_eq!(out.code, 0, "{}", out.show());
+    assert!(out.stdout.contains("********"), "{}", out.show());
     assert!(
         !out.stdout.contains("hunter2") && !out.stderr.contains("hunter2"),
         "{}",
-        show(&out)
+        out.show()
     );
     // A value that is not secret is shown as is.
-    assert!(out.stdout.contains("acme"), "{}", show(&out));
+    assert!(out.stdout.contains("acme"), "{}", out.show());
 }
 
 #[tokio::test]
@@ -195,11 +188,11 @@ async fn check_reads_config_from_courier_config_env() {
     let dir = tempfile::tempdir().unwrap();
     let path = write(dir.path(), "c.yaml", &yaml_with_dest(""));
     let out = run_cli(None, &["check"], &[("COURIER_CONFIG", s(&path))]).await;
-    assert_eq!(out.code, 0, "{}", show(&out));
+    assert_eq!(out.code, 0, "{}", out.show());
     assert!(
         out.stdout.contains("url: http://127.0.0.1:9/hooks"),
         "{}",
-        show(&out)
+        out.show()
     );
 }
 
@@ -371,7 +364,7 @@ async fn check_reports_each_bad_config_with_position_key_path_and_allowed_range(
                 "case {}: {}\n{}",
                 case.name,
                 problems.join("; "),
-                show(&out)
+                out.show()
             ));
         }
     }
@@ -400,13 +393,13 @@ async fn check_reports_every_error_at_once() {
     );
     let path = write(dir.path(), "three.yaml", &yaml);
     let out = check(&path).await;
-    assert_eq!(out.code, 1, "{}", show(&out));
+    assert_eq!(out.code, 1, "{}", out.show());
     let lines: Vec<&str> = out
         .stderr
         .lines()
         .filter(|l| !l.trim().is_empty())
         .collect();
-    assert_eq!(lines.len(), 3, "want one line per error:\n{}", show(&out));
+    assert_eq!(lines.len(), 3, "want one line per error:\n{}", out.show());
     let file = path.display().to_string();
     for (needle, key, range) in [
         (
@@ -424,7 +417,7 @@ async fn check_reports_every_error_at_once() {
                 .iter()
                 .any(|l| l.starts_with(&prefix) && l.contains(range)),
             "no line starting with {prefix:?} and naming {range}:\n{}",
-            show(&out)
+            out.show()
         );
     }
 }
@@ -435,17 +428,17 @@ async fn missing_config_file_is_one_clear_sentence_and_exit_1() {
     let path = dir.path().join("does-not-exist.yaml");
     for cmd in ["check", "run"] {
         let out = run_cli(None, &[cmd, "-c", s(&path)], &[]).await;
-        assert_eq!(out.code, 1, "courier {cmd}: {}", show(&out));
+        assert_eq!(out.code, 1, "courier {cmd}: {}", out.show());
         assert!(
             out.stderr.contains(s(&path)) && out.stderr.contains("cannot read the config file"),
             "courier {cmd}: {}",
-            show(&out)
+            out.show()
         );
         assert_eq!(
             out.stderr.trim().lines().count(),
             1,
             "courier {cmd}: {}",
-            show(&out)
+            out.show()
         );
         assert_no_panic(&out);
     }
@@ -466,16 +459,16 @@ async fn bad_arguments_exit_1_not_2() {
     ];
     for args in cases {
         let out = run_cli(None, &args, &[]).await;
-        assert_eq!(out.code, 1, "courier {args:?}: {}", show(&out));
+        assert_eq!(out.code, 1, "courier {args:?}: {}", out.show());
         assert!(
             !out.stderr.trim().is_empty(),
             "courier {args:?}: {}",
-            show(&out)
+            out.show()
         );
         assert_no_panic(&out);
     }
     let out = run_cli(None, &["--help"], &[]).await;
-    assert_eq!(out.code, 0, "{}", show(&out));
+    assert_eq!(out.code, 0, "{}", out.show());
     assert!(out.stdout.contains("check") && out.stdout.contains("schedule"));
 }
 
@@ -492,7 +485,7 @@ async fn schedule_default_eventgrid_ends_at_the_24h_ttl() {
     let path = write(dir.path(), "c.yaml", &yaml_with_dest(""));
 
     let out = run_cli(None, &["schedule", "-c", s(&path), "orders"], &[]).await;
-    assert_eq!(out.code, 0, "{}", show(&out));
+    assert_eq!(out.code, 0, "{}", out.show());
     let rows: Vec<&str> = out
         .stdout
         .lines()
@@ -502,11 +495,11 @@ async fn schedule_default_eventgrid_ends_at_the_24h_ttl() {
                 .is_some_and(|w| w.parse::<u32>().is_ok())
         })
         .collect();
-    assert_eq!(rows.len(), 11, "{}", show(&out));
+    assert_eq!(rows.len(), 11, "{}", out.show());
     assert!(
         rows.iter().all(|r| r.contains("eventgrid")),
         "{}",
-        show(&out)
+        out.show()
     );
     let last = out.stdout.trim_end().lines().last().unwrap_or_default();
     assert!(
@@ -514,11 +507,11 @@ async fn schedule_default_eventgrid_ends_at_the_24h_ttl() {
             && last.contains("24h")
             && last.contains("event_ttl"),
         "last line: {last:?}\n{}",
-        show(&out)
+        out.show()
     );
 
     let out = run_cli(None, &["schedule", "-c", s(&path), "orders", "--json"], &[]).await;
-    assert_eq!(out.code, 0, "{}", show(&out));
+    assert_eq!(out.code, 0, "{}", out.show());
     let plan = out.json();
     let first = &plan["attempts"][0];
     assert_eq!(first["attempt"], 1, "{plan:#}");
@@ -557,7 +550,7 @@ async fn schedule_eventgrid_documentation_example_max_10_ttl_30m() {
         &yaml_with_dest("    retry: { max_attempts: 10, event_ttl: 30m }\n"),
     );
     let out = run_cli(None, &["schedule", "-c", s(&path), "orders", "--json"], &[]).await;
-    assert_eq!(out.code, 0, "{}", show(&out));
+    assert_eq!(out.code, 0, "{}", out.show());
     let plan = out.json();
     let at: Vec<f64> = plan["attempts"]
         .as_array()
@@ -580,7 +573,7 @@ async fn schedule_list_ends_at_max_attempts() {
         &yaml_with_dest("    retry: { schedule: [5s, 1m], max_attempts: 4 }\n"),
     );
     let out = run_cli(None, &["schedule", "-c", s(&path), "orders", "--json"], &[]).await;
-    assert_eq!(out.code, 0, "{}", show(&out));
+    assert_eq!(out.code, 0, "{}", out.show());
     let plan = out.json();
     let attempts = plan["attempts"].as_array().expect("attempts is an array");
     assert_eq!(attempts.len(), 4, "{plan:#}");
@@ -610,12 +603,12 @@ async fn schedule_list_ends_at_max_attempts() {
     assert_eq!(num(&plan["ends"]["at_s"]), 125.0, "{plan:#}");
 
     let out = run_cli(None, &["schedule", "-c", s(&path), "orders"], &[]).await;
-    assert_eq!(out.code, 0, "{}", show(&out));
+    assert_eq!(out.code, 0, "{}", out.show());
     let last = out.stdout.trim_end().lines().last().unwrap_or_default();
     assert!(
         last.contains("ends after attempt 4") && last.contains("max_attempts"),
         "{}",
-        show(&out)
+        out.show()
     );
 }
 
@@ -624,13 +617,13 @@ async fn schedule_unknown_destination_exits_1_naming_the_configured_ones() {
     let dir = tempfile::tempdir().unwrap();
     let path = write(dir.path(), "c.yaml", &yaml_with_dest(""));
     let out = run_cli(None, &["schedule", "-c", s(&path), "nope"], &[]).await;
-    assert_eq!(out.code, 1, "{}", show(&out));
+    assert_eq!(out.code, 1, "{}", out.show());
     assert!(
         out.stderr.contains("nope") && out.stderr.contains("orders"),
         "{}",
-        show(&out)
+        out.show()
     );
-    assert!(out.stdout.trim().is_empty(), "{}", show(&out));
+    assert!(out.stdout.trim().is_empty(), "{}", out.show());
     assert_no_panic(&out);
 
     // A bad config is exit 1 for `schedule` too.
@@ -640,8 +633,8 @@ async fn schedule_unknown_destination_exits_1_naming_the_configured_ones() {
         &yaml_with_dest("    concurrency: 0\n"),
     );
     let out = run_cli(None, &["schedule", "-c", s(&bad), "orders"], &[]).await;
-    assert_eq!(out.code, 1, "{}", show(&out));
-    assert!(out.stderr.contains("1..=1024"), "{}", show(&out));
+    assert_eq!(out.code, 1, "{}", out.show());
+    assert!(out.stderr.contains("1..=1024"), "{}", out.show());
 }
 
 // ------------------------------------------------------ journal and run
@@ -702,39 +695,39 @@ async fn journal_inspect_lists_pending_events_of_a_stopped_courier() {
     let c = stopped_courier_with_pending(dir.path(), 3).await;
     let jdir = journal_dir(dir.path());
     let out = run_cli(None, &["journal", "inspect", "--dir", s(&jdir)], &[]).await;
-    assert_eq!(out.code, 0, "{}\ncourier logs:\n{}", show(&out), c.logs());
+    assert_eq!(out.code, 0, "{}\ncourier logs:\n{}", out.show(), c.logs());
     let row = out
         .stdout
         .lines()
         .find(|l| l.split_whitespace().next() == Some("orders"))
-        .unwrap_or_else(|| panic!("no row for orders:\n{}", show(&out)));
+        .unwrap_or_else(|| panic!("no row for orders:\n{}", out.show()));
     let cols: Vec<&str> = row.split_whitespace().collect();
     assert_eq!(
         cols.get(1),
         Some(&"3"),
         "pending column: {row:?}\n{}",
-        show(&out)
+        out.show()
     );
     assert_eq!(
         cols.get(3),
         Some(&"0"),
         "quarantined column: {row:?}\n{}",
-        show(&out)
+        out.show()
     );
-    assert!(out.stdout.contains("integrity: ok"), "{}", show(&out));
-    assert!(out.stdout.contains("journal.db"), "{}", show(&out));
+    assert!(out.stdout.contains("integrity: ok"), "{}", out.show());
+    assert!(out.stdout.contains("journal.db"), "{}", out.show());
 }
 
 #[tokio::test]
 async fn journal_inspect_without_a_journal_exits_2() {
     let dir = tempfile::tempdir().unwrap();
     let out = run_cli(None, &["journal", "inspect", "--dir", s(dir.path())], &[]).await;
-    assert_eq!(out.code, 2, "{}", show(&out));
+    assert_eq!(out.code, 2, "{}", out.show());
     assert!(
         out.stderr
             .contains(&dir.path().join("journal.db").display().to_string()),
         "the message should name the file it looked for:\n{}",
-        show(&out)
+        out.show()
     );
     assert_no_panic(&out);
     // It must not create a journal while looking.
@@ -742,7 +735,7 @@ async fn journal_inspect_without_a_journal_exits_2() {
 
     let missing = dir.path().join("no-such-dir");
     let out = run_cli(None, &["journal", "inspect", "--dir", s(&missing)], &[]).await;
-    assert_eq!(out.code, 2, "{}", show(&out));
+    assert_eq!(out.code, 2, "{}", out.show());
     assert_no_panic(&out);
     assert!(!missing.exists());
 }
@@ -756,7 +749,7 @@ async fn damaged_journal_header_stops_run_with_exit_2_and_what_to_do() {
     // The journal is sound; move the events into the main file and
     // overwrite SQLite's 100-byte header with junk.
     let out = run_cli(None, &["journal", "inspect", "--dir", s(&jdir)], &[]).await;
-    assert_eq!(out.code, 0, "{}", show(&out));
+    assert_eq!(out.code, 0, "{}", out.show());
     checkpoint(&jdir);
     let mut bytes = std::fs::read(&db).expect("read journal.db");
     assert!(bytes.len() > 100);
@@ -764,13 +757,13 @@ async fn damaged_journal_header_stops_run_with_exit_2_and_what_to_do() {
     std::fs::write(&db, &bytes).expect("write journal.db");
 
     let (out, took) = run_must_fail(c.config_path()).await;
-    assert_eq!(out.code, 2, "{}", show(&out));
+    assert_eq!(out.code, 2, "{}", out.show());
     assert!(took < Duration::from_secs(5), "took {took:?}");
-    assert!(out.stderr.contains("journal.db"), "{}", show(&out));
+    assert!(out.stderr.contains("journal.db"), "{}", out.show());
     assert!(
         out.stderr.contains("move it aside") || out.stderr.contains("restore"),
         "the message should say what to do:\n{}",
-        show(&out)
+        out.show()
     );
     assert_no_panic(&out);
     // Nothing was discarded: the damaged file is still there, same size.
@@ -781,8 +774,8 @@ async fn damaged_journal_header_stops_run_with_exit_2_and_what_to_do() {
 
     // `journal inspect` reports it as well, without a panic.
     let out = run_cli(None, &["journal", "inspect", "--dir", s(&jdir)], &[]).await;
-    assert_eq!(out.code, 2, "{}", show(&out));
-    assert!(out.stderr.contains("journal.db"), "{}", show(&out));
+    assert_eq!(out.code, 2, "{}", out.show());
+    assert!(out.stderr.contains("journal.db"), "{}", out.show());
     assert_no_panic(&out);
 }
 
@@ -793,7 +786,7 @@ async fn damaged_journal_pages_fail_the_integrity_check_with_exit_2() {
     let jdir = journal_dir(dir.path());
     let db = jdir.join("journal.db");
     let out = run_cli(None, &["journal", "inspect", "--dir", s(&jdir)], &[]).await;
-    assert_eq!(out.code, 0, "{}", show(&out));
+    assert_eq!(out.code, 0, "{}", out.show());
     checkpoint(&jdir);
     // Junk over the start of every page after the first (b-tree page headers).
     let mut bytes = std::fs::read(&db).expect("read journal.db");
@@ -812,13 +805,13 @@ async fn damaged_journal_pages_fail_the_integrity_check_with_exit_2() {
     std::fs::write(&db, &bytes).expect("write journal.db");
 
     let (out, took) = run_must_fail(c.config_path()).await;
-    assert_eq!(out.code, 2, "{}", show(&out));
+    assert_eq!(out.code, 2, "{}", out.show());
     assert!(took < Duration::from_secs(5), "took {took:?}");
-    assert!(out.stderr.contains("journal.db"), "{}", show(&out));
+    assert!(out.stderr.contains("journal.db"), "{}", out.show());
     assert!(
         out.stderr.contains("move it aside") || out.stderr.contains("restore"),
         "{}",
-        show(&out)
+        out.show()
     );
     assert_no_panic(&out);
 }
@@ -839,14 +832,14 @@ async fn port_in_use_exits_2_naming_the_address() {
         );
         let path = write(dir.path(), &format!("{key}.yaml"), &yaml);
         let (out, took) = run_must_fail(&path).await;
-        assert_eq!(out.code, 2, "{key}: {}", show(&out));
+        assert_eq!(out.code, 2, "{key}: {}", out.show());
         assert!(took < Duration::from_secs(5), "took {took:?}");
         assert!(
             out.stderr.contains(&addr.to_string()),
             "{key}: the message should name {addr}:\n{}",
-            show(&out)
+            out.show()
         );
-        assert!(out.stderr.contains(key), "{key}: {}", show(&out));
+        assert!(out.stderr.contains(key), "{key}: {}", out.show());
         assert_no_panic(&out);
     }
     drop(taken);
@@ -872,16 +865,16 @@ async fn second_courier_on_the_same_journal_exits_2() {
         out.code,
         2,
         "{}\nfirst courier:\n{}",
-        show(&out),
+        out.show(),
         first.logs()
     );
     assert!(took < Duration::from_secs(5), "took {took:?}");
     assert!(
         out.stderr.contains("in use"),
         "the message should say the journal is in use:\n{}",
-        show(&out)
+        out.show()
     );
-    assert!(out.stderr.contains("journal.db"), "{}", show(&out));
+    assert!(out.stderr.contains("journal.db"), "{}", out.show());
     assert_no_panic(&out);
 
     // The first courier is unaffected.

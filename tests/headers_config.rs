@@ -24,13 +24,6 @@ fn s(path: &Path) -> &str {
     path.to_str().expect("temp paths are UTF-8")
 }
 
-fn show(out: &CliOutput) -> String {
-    format!(
-        "exit code {}\n--- stdout ---\n{}\n--- stderr ---\n{}",
-        out.code, out.stdout, out.stderr
-    )
-}
-
 fn yaml(dest_lines: &str) -> String {
     format!(
         "listen: 127.0.0.1:0\nadmin_listen: 127.0.0.1:0\njournal: {{ dir: ./journal }}\ndestinations:\n  orders:\n    url: http://127.0.0.1:9/hooks\n{dest_lines}"
@@ -70,13 +63,13 @@ async fn courier(cmd: &str, path: &Path, env: &[(&str, &str)]) -> CliOutput {
 
 /// The one error line, which must start with `FILE:line:col: `.
 fn error_at(out: &CliOutput, path: &Path, line: usize, col: usize) -> String {
-    assert_eq!(out.code, 1, "{}", show(out));
+    assert_eq!(out.code, 1, "{}", out.show());
     let lines: Vec<&str> = out.stderr.lines().collect();
-    assert_eq!(lines.len(), 1, "{}", show(out));
+    assert_eq!(lines.len(), 1, "{}", out.show());
     let prefix = format!("{}:{line}:{col}: ", path.display());
     let rest = lines[0]
         .strip_prefix(&prefix)
-        .unwrap_or_else(|| panic!("expected {prefix:?} at the start:\n{}", show(out)));
+        .unwrap_or_else(|| panic!("expected {prefix:?} at the start:\n{}", out.show()));
     rest.to_string()
 }
 
@@ -120,7 +113,7 @@ async fn a_4097_byte_value_is_refused_and_4096_is_fine() {
         )),
     );
     let out = courier("check", &path, &[]).await;
-    assert_eq!(out.code, 0, "{}", show(&out));
+    assert_eq!(out.code, 0, "{}", out.show());
 
     // From the environment: checked when `run` reads it; the value is not shown.
     let path = write(
@@ -134,7 +127,7 @@ async fn a_4097_byte_value_is_refused_and_4096_is_fine() {
         e,
         "destinations.orders.headers.X-Api-Key.from_env: value of environment variable ORDERS_API_KEY is 4097 bytes: at most 4096 are allowed"
     );
-    assert!(!out.stderr.contains(&big[..64]), "{}", show(&out));
+    assert!(!out.stderr.contains(&big[..64]), "{}", out.show());
 }
 
 #[tokio::test]
@@ -151,7 +144,7 @@ async fn a_bad_from_event_path_is_a_config_error() {
             "destinations.orders.headers.X-Tenant.from_event: `data..tenant` has an empty segment"
         ),
         "{}",
-        show(&out)
+        out.show()
     );
 }
 
@@ -174,13 +167,13 @@ async fn a_missing_signing_secret_stops_run_but_only_warns_check() {
     );
 
     let out = courier("check", &path, &[]).await;
-    assert_eq!(out.code, 0, "{}", show(&out));
+    assert_eq!(out.code, 0, "{}", out.show());
     assert!(
         out.stderr
             .starts_with(&format!("warning: {}:8:26: ", path.display()))
             && out.stderr.contains("ORDERS_WHSEC is not set"),
         "{}",
-        show(&out)
+        out.show()
     );
 }
 
@@ -203,7 +196,7 @@ async fn a_signing_secret_that_is_not_base64_is_named_but_not_shown() {
         assert!(
             !out.stderr.contains("s3cr3t") && !out.stdout.contains("s3cr3t"),
             "{}",
-            show(&out)
+            out.show()
         );
     }
 }
@@ -216,13 +209,13 @@ async fn too_many_signing_secrets_are_refused() {
         &yaml("    signing: { secrets_from_env: [A, B, C, D] }\n"),
     );
     let out = courier("check", &path, &[]).await;
-    assert_eq!(out.code, 1, "{}", show(&out));
+    assert_eq!(out.code, 1, "{}", out.show());
     assert!(
         out.stderr.contains(
             "destinations.orders.signing.secrets_from_env: 4 secrets is out of range: allowed 1..=3"
         ),
         "{}",
-        show(&out)
+        out.show()
     );
 }
 
@@ -241,16 +234,16 @@ async fn check_shows_variable_names_and_masks_every_secret() {
         &[("ORDERS_WHSEC", WHSEC), ("ORDERS_API_KEY", "api-key-4711")],
     )
     .await;
-    assert_eq!(out.code, 0, "{}", show(&out));
+    assert_eq!(out.code, 0, "{}", out.show());
     assert_eq!(out.stderr, "", "no warning with every variable set");
     let effective: serde_norway::Value =
-        serde_norway::from_str(&out.stdout).unwrap_or_else(|e| panic!("{e}\n{}", show(&out)));
+        serde_norway::from_str(&out.stdout).unwrap_or_else(|e| panic!("{e}\n{}", out.show()));
     let d = &effective["destinations"]["orders"];
     assert_eq!(
         d["signing"]["secrets_from_env"][0].as_str(),
         Some("ORDERS_WHSEC"),
         "{}",
-        show(&out)
+        out.show()
     );
     assert_eq!(
         d["headers"]["X-Api-Key"]["from_env"].as_str(),
@@ -272,7 +265,7 @@ async fn check_shows_variable_names_and_masks_every_secret() {
         assert!(
             !out.stdout.contains(secret) && !out.stderr.contains(secret),
             "{secret} printed:\n{}",
-            show(&out)
+            out.show()
         );
     }
 }
@@ -286,11 +279,11 @@ async fn the_example_config_checks_with_its_documented_environment() {
         &[("ORDERS_API_KEY", "dev")],
     )
     .await;
-    assert_eq!(out.code, 0, "{}", show(&out));
+    assert_eq!(out.code, 0, "{}", out.show());
     assert_eq!(
         out.stderr,
         "",
         "the README's environment is enough:\n{}",
-        show(&out)
+        out.show()
     );
 }

@@ -11,10 +11,10 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use support::python::check_with;
+use support::python::{check_with, request_json};
 use support::{
-    Courier, Received, Receiver, Reply, behavior, check, check_eq, fail, metric_sum, post, quiet,
-    requests, wait_dead_letters,
+    Courier, Receiver, Reply, behavior, check, check_eq, fail, metric_sum, post, quiet, requests,
+    wait_dead_letters,
 };
 
 /// How long a test waits for something that should happen at once.
@@ -70,20 +70,6 @@ type Header<'a> = (&'a str, &'a str);
 fn as_request(headers: &[Header], body: &str) -> Value {
     let headers: BTreeMap<&str, &str> = headers.iter().copied().collect();
     json!({ "headers": headers, "body": body })
-}
-
-fn received_request(r: &Received) -> Value {
-    let mut headers = serde_json::Map::new();
-    for name in r.headers.keys() {
-        let values: Vec<&str> = r
-            .headers
-            .get_all(name)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .collect();
-        headers.insert(name.to_string(), json!(values.join(", ")));
-    }
-    json!({ "headers": headers, "body": r.text() })
 }
 
 /// Posts `body` and expects a refusal with `status` whose JSON error names
@@ -310,7 +296,7 @@ async fn an_eventgrid_array_is_delivered_as_arrays_of_one() {
     check_eq!(c, ids, ["e1", "e2", "e3"]);
 
     let input = json!({
-        "deliveries": got.iter().map(received_request).collect::<Vec<_>>(),
+        "deliveries": got.iter().map(request_json).collect::<Vec<_>>(),
         "sent": sent,
     });
     let out = check_with("check_eventgrid.py", &[], input.to_string().as_bytes());
@@ -397,7 +383,7 @@ async fn cloudevents_structured_batch_and_binary_are_delivered_structured() {
         }
     }
     let input = json!({
-        "delivered": got.iter().map(received_request).collect::<Vec<_>>(),
+        "delivered": got.iter().map(request_json).collect::<Vec<_>>(),
         "sent": sent,
     });
     let out = check_with("check_cloudevents.py", &[], input.to_string().as_bytes());

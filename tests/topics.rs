@@ -11,7 +11,7 @@ use std::time::Duration;
 use http::Method;
 use serde_json::{Value, json};
 use support::client::request;
-use support::python::check_with;
+use support::python::{check_with, request_json};
 use support::{
     Courier, Received, Receiver, check, check_eq, fail, get, post, quiet, requests, wait_metric,
 };
@@ -49,16 +49,6 @@ fn ids_of(got: &[Received]) -> BTreeSet<String> {
     got.iter()
         .map(|r| r.header("webhook-id").unwrap_or("").to_string())
         .collect()
-}
-
-fn received_request(r: &Received) -> Value {
-    let mut headers = serde_json::Map::new();
-    for name in r.headers.keys() {
-        if let Some(v) = r.headers.get(name).and_then(|v| v.to_str().ok()) {
-            headers.insert(name.to_string(), json!(v));
-        }
-    }
-    json!({ "headers": headers, "body": r.text() })
 }
 
 /// Waits for exactly `want.len()` deliveries at `rx` (no more within
@@ -165,7 +155,7 @@ async fn fifty_eventgrid_events_reach_exactly_the_subscribers_whose_filters_matc
         (&audit, &want_audit),
     ] {
         let input = json!({
-            "deliveries": rx.received().iter().map(received_request).collect::<Vec<_>>(),
+            "deliveries": rx.received().iter().map(request_json).collect::<Vec<_>>(),
             "sent": sent,
         });
         let out = check_with("check_eventgrid.py", &[], input.to_string().as_bytes());

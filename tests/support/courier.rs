@@ -431,6 +431,14 @@ impl CliOutput {
         self.code == 0
     }
 
+    /// Exit code, stdout and stderr, for assertion messages.
+    pub fn show(&self) -> String {
+        format!(
+            "exit code {}\n--- stdout ---\n{}\n--- stderr ---\n{}",
+            self.code, self.stdout, self.stderr
+        )
+    }
+
     /// stdout parsed as JSON (panics with the output otherwise).
     pub fn json(&self) -> serde_json::Value {
         serde_json::from_str(&self.stdout).unwrap_or_else(|e| {

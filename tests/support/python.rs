@@ -7,6 +7,7 @@
 //! creates it up front. `COURIER_PYTHON` points at another interpreter that
 //! already has the packages.
 
+use super::receiver::Received;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
@@ -98,4 +99,21 @@ pub fn check_with(script: &str, args: &[&str], stdin: &[u8]) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     stdout
+}
+
+/// A delivered request as the checkers in `tests/py` read it:
+/// `{"headers": {name: value}, "body": "..."}`, repeated headers joined
+/// with ", ".
+pub fn request_json(r: &Received) -> serde_json::Value {
+    let mut headers = serde_json::Map::new();
+    for name in r.headers.keys() {
+        let values: Vec<&str> = r
+            .headers
+            .get_all(name)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .collect();
+        headers.insert(name.to_string(), serde_json::json!(values.join(", ")));
+    }
+    serde_json::json!({ "headers": headers, "body": r.text() })
 }

@@ -218,6 +218,7 @@ fn percent_decode(value: &[u8]) -> Option<String> {
 mod tests {
     use super::*;
     use crate::ingress::schema::Problem;
+    use crate::ingress::schema::field_error;
     use serde_json::json;
 
     fn event(id: &str) -> Value {
@@ -249,17 +250,6 @@ mod tests {
             &headers(&[("content-type", content_type)]),
             &Bytes::from(body.to_string()),
         )
-    }
-
-    fn field_error(r: Result<Vec<Event>, SchemaError>) -> (usize, String, Problem) {
-        match r {
-            Err(SchemaError::Field {
-                index,
-                field,
-                problem,
-            }) => (index, field, problem),
-            other => panic!("expected a field error, got {other:?}"),
-        }
     }
 
     const BINARY: [(&str, &str); 4] = [

@@ -58,6 +58,7 @@ pub fn parse(headers: &HeaderMap, body: &Bytes) -> Result<Vec<Event>, SchemaErro
 mod tests {
     use super::*;
     use crate::ingress::schema::Problem;
+    use crate::ingress::schema::field_error;
     use serde_json::{Value, json};
 
     fn event(id: &str) -> Value {
@@ -73,17 +74,6 @@ mod tests {
 
     fn parse_json(v: &Value) -> Result<Vec<Event>, SchemaError> {
         parse(&HeaderMap::new(), &Bytes::from(v.to_string()))
-    }
-
-    fn field_error(r: Result<Vec<Event>, SchemaError>) -> (usize, String, Problem) {
-        match r {
-            Err(SchemaError::Field {
-                index,
-                field,
-                problem,
-            }) => (index, field, problem),
-            other => panic!("expected a field error, got {other:?}"),
-        }
     }
 
     #[test]

@@ -193,6 +193,20 @@ fn slice_of(body: &Bytes, raw: &RawValue) -> Bytes {
     }
 }
 
+/// The index, field and problem of a field error (panics otherwise), for
+/// the schema parsers' unit tests.
+#[cfg(test)]
+fn field_error(r: Result<Vec<Event>, SchemaError>) -> (usize, String, Problem) {
+    match r {
+        Err(SchemaError::Field {
+            index,
+            field,
+            problem,
+        }) => (index, field, problem),
+        other => panic!("expected a field error, got {other:?}"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
