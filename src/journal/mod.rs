@@ -13,11 +13,15 @@
 
 mod dedupe;
 mod indexer;
+mod inspect;
 mod intake;
+mod reader;
 pub mod record;
 mod store;
 mod writer;
 
+pub use inspect::{Inspection, inspect};
+pub use reader::Reader;
 pub use record::{Header, NewEvent, StoredEvent};
 pub use store::{DestinationSummary, FILE, StoreError};
 
@@ -412,9 +416,7 @@ impl Journal {
 
     /// A read connection for one dispatcher.
     pub fn reader(&self) -> Result<Reader, rusqlite::Error> {
-        Ok(Reader {
-            conn: Arc::new(Mutex::new(store::open_reader(&self.shared.path)?)),
-        })
+        Reader::open(&self.shared.path)
     }
 
     pub fn path(&self) -> &Path {
@@ -447,12 +449,12 @@ fn spawn_checkpointer(shared: Arc<Shared>) -> std::io::Result<()> {
 
 /// An exclusive `flock` on `dir/courier.lock`, held while the journal's
 /// threads live: two couriers on one journal would deliver everything twice.
-enum LockError {
+pub(super) enum LockError {
     Open(PathBuf, std::io::Error),
     Held(PathBuf),
 }
 
-fn lock(dir: &Path) -> Result<std::fs::File, LockError> {
+pub(super) fn lock(dir: &Path) -> Result<std::fs::File, LockError> {
     use std::os::fd::AsRawFd;
     let lock_path = dir.join("courier.lock");
     let file = match std::fs::OpenOptions::new()
@@ -471,225 +473,6 @@ fn lock(dir: &Path) -> Result<std::fs::File, LockError> {
     } else {
         Ok(file)
     }
-}
-
-/// One dispatcher's read connection. Queries run on the blocking pool.
-#[derive(Clone)]
-pub struct Reader {
-    conn: Arc<Mutex<Connection>>,
-}
-
-impl Reader {
-    async fn with<T: Send + 'static>(
-        &self,
-        f: impl FnOnce(&Connection) -> Result<T, rusqlite::Error> + Send + 'static,
-    ) -> Result<T, rusqlite::Error> {
-        let conn = self.conn.clone();
-        tokio::task::spawn_blocking(move || {
-            let guard = conn.lock().map_err(|_| rusqlite::Error::InvalidQuery)?;
-            f(&guard)
-        })
-        .await
-        .map_err(|_| rusqlite::Error::InvalidQuery)?
-    }
-
-    /// Up to `limit` due events of `destination`, skipping those in `held`
-    /// without reading their rows.
-    pub async fn due(
-        &self,
-        destination: &str,
-        now_ms: u64,
-        limit: usize,
-        held: &HashSet<i64>,
-    ) -> Result<Vec<Result<StoredEvent, StoreError>>, rusqlite::Error> {
-        let d = destination.to_string();
-        let scan = limit + held.len();
-        let seqs = self
-            .with(move |c| store::due_seqs(c, &d, now_ms, scan))
-            .await?;
-        let mut rows = self.load_unheld(seqs, held, limit).await?;
-        self.add_batch_siblings(destination, now_ms, held, &mut rows)
-            .await?;
-        Ok(rows)
-    }
-
-    /// A stored batch is retried whole: when the scan's limit cut through
-    /// one, the rest of its events (due at the same time) are read too.
-    async fn add_batch_siblings(
-        &self,
-        destination: &str,
-        now_ms: u64,
-        held: &HashSet<i64>,
-        rows: &mut Vec<Result<StoredEvent, StoreError>>,
-    ) -> Result<(), rusqlite::Error> {
-        let batches: HashSet<String> = rows
-            .iter()
-            .filter_map(|r| r.as_ref().ok()?.batch.clone())
-            .collect();
-        if batches.is_empty() {
-            return Ok(());
-        }
-        let mut have: HashSet<i64> = rows
-            .iter()
-            .filter_map(|r| r.as_ref().ok().map(|e| e.seq))
-            .collect();
-        have.extend(held);
-        let d = destination.to_string();
-        let seqs = self
-            .with(move |c| {
-                let mut out = Vec::new();
-                for b in &batches {
-                    out.extend(store::batch_seqs(c, &d, b, now_ms)?);
-                }
-                Ok(out)
-            })
-            .await?;
-        let missing: Vec<i64> = seqs.into_iter().filter(|s| !have.contains(s)).collect();
-        if !missing.is_empty() {
-            rows.extend(self.with(move |c| store::load(c, &missing)).await?);
-        }
-        Ok(())
-    }
-
-    /// Up to `limit` events of `destination` accepted at or before
-    /// `cutoff_ms`, skipping those in `held`.
-    pub async fn accepted_before(
-        &self,
-        destination: &str,
-        cutoff_ms: u64,
-        limit: usize,
-        held: &HashSet<i64>,
-    ) -> Result<Vec<Result<StoredEvent, StoreError>>, rusqlite::Error> {
-        let d = destination.to_string();
-        let scan = limit + held.len();
-        let seqs = self
-            .with(move |c| store::accepted_before(c, &d, cutoff_ms, scan))
-            .await?;
-        self.load_unheld(seqs, held, limit).await
-    }
-
-    async fn load_unheld(
-        &self,
-        seqs: Vec<i64>,
-        held: &HashSet<i64>,
-        limit: usize,
-    ) -> Result<Vec<Result<StoredEvent, StoreError>>, rusqlite::Error> {
-        let fresh: Vec<i64> = seqs
-            .into_iter()
-            .filter(|s| !held.contains(s))
-            .take(limit)
-            .collect();
-        if fresh.is_empty() {
-            return Ok(Vec::new());
-        }
-        self.with(move |c| store::load(c, &fresh)).await
-    }
-
-    pub async fn oldest_accepted(&self, destination: &str) -> Result<Option<u64>, rusqlite::Error> {
-        let d = destination.to_string();
-        self.with(move |c| store::oldest_accepted(c, &d)).await
-    }
-
-    pub async fn next_due_after(
-        &self,
-        destination: &str,
-        now_ms: u64,
-    ) -> Result<Option<u64>, rusqlite::Error> {
-        let d = destination.to_string();
-        self.with(move |c| store::next_due_after(c, &d, now_ms))
-            .await
-    }
-}
-
-/// `courier journal inspect`: reads a stopped courier's journal.
-pub fn inspect(dir: &Path) -> Result<Inspection, OpenError> {
-    let path = dir.join(FILE);
-    if !path.exists() {
-        return Err(OpenError::Missing(path));
-    }
-    // A running courier's log changes under the reader: refuse, rather than
-    // report a moving end as damage.
-    let _lock = lock(dir).map_err(|e| match e {
-        LockError::Held(lock_path) => OpenError::Locked(path.clone(), lock_path),
-        LockError::Open(lock_path, e) => OpenError::Dir(lock_path, e),
-    })?;
-    let conn = Connection::open_with_flags(&path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
-        .map_err(|e| OpenError::Open(path.clone(), e))?;
-    let integrity =
-        store::integrity_problem(&conn).map_err(|e| OpenError::Open(path.clone(), e))?;
-    let mut summary = store::summary(&conn).map_err(|e| OpenError::Open(path.clone(), e))?;
-    let mut corrupt: Vec<String> = store::corrupt_rows(&conn)
-        .map_err(|e| OpenError::Open(path.clone(), e))?
-        .iter()
-        .map(ToString::to_string)
-        .collect();
-    // Events the log holds beyond SQLite's rows are pending too: the next
-    // start indexes them.
-    let mut unindexed = 0;
-    let mut reader = LogReader::new(dir);
-    let mut at = store::intake_pos(&conn).map_err(|e| OpenError::Open(path.clone(), e))?;
-    loop {
-        match reader.read(at) {
-            Ok(intake::Read::Record(events, next)) => {
-                for l in events {
-                    unindexed += 1;
-                    add_pending(&mut summary, &l.event);
-                }
-                at = next;
-            }
-            Ok(intake::Read::End) => break,
-            Err(e) => {
-                corrupt.push(e.to_string());
-                break;
-            }
-        }
-    }
-    let mut file_bytes: u64 = ["", "-wal"]
-        .iter()
-        .filter_map(|s| std::fs::metadata(format!("{}{s}", path.display())).ok())
-        .map(|m| m.len())
-        .sum();
-    file_bytes += intake::segments(dir)
-        .map(|s| s.iter().map(|(_, size, _)| size).sum::<u64>())
-        .unwrap_or(0);
-    Ok(Inspection {
-        path,
-        integrity,
-        summary,
-        corrupt,
-        file_bytes,
-        unindexed,
-    })
-}
-
-fn add_pending(summary: &mut Vec<DestinationSummary>, e: &NewEvent) {
-    let i = match summary.iter().position(|s| s.destination == e.destination) {
-        Some(i) => i,
-        None => {
-            summary.push(DestinationSummary {
-                destination: e.destination.clone(),
-                ..Default::default()
-            });
-            summary.len() - 1
-        }
-    };
-    let s = &mut summary[i];
-    s.pending += 1;
-    s.bytes += e.size();
-    s.oldest_accepted_ms = Some(
-        s.oldest_accepted_ms
-            .map_or(e.accepted_ms, |o| o.min(e.accepted_ms)),
-    );
-}
-
-pub struct Inspection {
-    pub path: PathBuf,
-    pub integrity: Option<String>,
-    pub summary: Vec<DestinationSummary>,
-    pub corrupt: Vec<String>,
-    pub file_bytes: u64,
-    /// Events in the intake log not yet in SQLite (counted in `summary`).
-    pub unindexed: u64,
 }
 
 #[cfg(test)]

@@ -1,0 +1,143 @@
+//! The dispatchers' and admin API's read side: their own SQLite
+//! connections, which WAL lets run beside the indexer's commits.
+
+use super::StoredEvent;
+use super::store::{self, StoreError};
+use rusqlite::Connection;
+use std::collections::HashSet;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+/// One dispatcher's read connection. Queries run on the blocking pool.
+#[derive(Clone)]
+pub struct Reader {
+    conn: Arc<Mutex<Connection>>,
+}
+
+impl Reader {
+    pub(super) fn open(path: &Path) -> Result<Reader, rusqlite::Error> {
+        Ok(Reader {
+            conn: Arc::new(Mutex::new(store::open_reader(path)?)),
+        })
+    }
+
+    async fn with<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Connection) -> Result<T, rusqlite::Error> + Send + 'static,
+    ) -> Result<T, rusqlite::Error> {
+        let conn = self.conn.clone();
+        tokio::task::spawn_blocking(move || {
+            let guard = conn.lock().map_err(|_| rusqlite::Error::InvalidQuery)?;
+            f(&guard)
+        })
+        .await
+        .map_err(|_| rusqlite::Error::InvalidQuery)?
+    }
+
+    /// Up to `limit` due events of `destination`, skipping those in `held`
+    /// without reading their rows.
+    pub async fn due(
+        &self,
+        destination: &str,
+        now_ms: u64,
+        limit: usize,
+        held: &HashSet<i64>,
+    ) -> Result<Vec<Result<StoredEvent, StoreError>>, rusqlite::Error> {
+        let d = destination.to_string();
+        let scan = limit + held.len();
+        let seqs = self
+            .with(move |c| store::due_seqs(c, &d, now_ms, scan))
+            .await?;
+        let mut rows = self.load_unheld(seqs, held, limit).await?;
+        self.add_batch_siblings(destination, now_ms, held, &mut rows)
+            .await?;
+        Ok(rows)
+    }
+
+    /// A stored batch is retried whole: when the scan's limit cut through
+    /// one, the rest of its events (due at the same time) are read too.
+    async fn add_batch_siblings(
+        &self,
+        destination: &str,
+        now_ms: u64,
+        held: &HashSet<i64>,
+        rows: &mut Vec<Result<StoredEvent, StoreError>>,
+    ) -> Result<(), rusqlite::Error> {
+        let batches: HashSet<String> = rows
+            .iter()
+            .filter_map(|r| r.as_ref().ok()?.batch.clone())
+            .collect();
+        if batches.is_empty() {
+            return Ok(());
+        }
+        let mut have: HashSet<i64> = rows
+            .iter()
+            .filter_map(|r| r.as_ref().ok().map(|e| e.seq))
+            .collect();
+        have.extend(held);
+        let d = destination.to_string();
+        let seqs = self
+            .with(move |c| {
+                let mut out = Vec::new();
+                for b in &batches {
+                    out.extend(store::batch_seqs(c, &d, b, now_ms)?);
+                }
+                Ok(out)
+            })
+            .await?;
+        let missing: Vec<i64> = seqs.into_iter().filter(|s| !have.contains(s)).collect();
+        if !missing.is_empty() {
+            rows.extend(self.with(move |c| store::load(c, &missing)).await?);
+        }
+        Ok(())
+    }
+
+    /// Up to `limit` events of `destination` accepted at or before
+    /// `cutoff_ms`, skipping those in `held`.
+    pub async fn accepted_before(
+        &self,
+        destination: &str,
+        cutoff_ms: u64,
+        limit: usize,
+        held: &HashSet<i64>,
+    ) -> Result<Vec<Result<StoredEvent, StoreError>>, rusqlite::Error> {
+        let d = destination.to_string();
+        let scan = limit + held.len();
+        let seqs = self
+            .with(move |c| store::accepted_before(c, &d, cutoff_ms, scan))
+            .await?;
+        self.load_unheld(seqs, held, limit).await
+    }
+
+    async fn load_unheld(
+        &self,
+        seqs: Vec<i64>,
+        held: &HashSet<i64>,
+        limit: usize,
+    ) -> Result<Vec<Result<StoredEvent, StoreError>>, rusqlite::Error> {
+        let fresh: Vec<i64> = seqs
+            .into_iter()
+            .filter(|s| !held.contains(s))
+            .take(limit)
+            .collect();
+        if fresh.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.with(move |c| store::load(c, &fresh)).await
+    }
+
+    pub async fn oldest_accepted(&self, destination: &str) -> Result<Option<u64>, rusqlite::Error> {
+        let d = destination.to_string();
+        self.with(move |c| store::oldest_accepted(c, &d)).await
+    }
+
+    pub async fn next_due_after(
+        &self,
+        destination: &str,
+        now_ms: u64,
+    ) -> Result<Option<u64>, rusqlite::Error> {
+        let d = destination.to_string();
+        self.with(move |c| store::next_due_after(c, &d, now_ms))
+            .await
+    }
+}
