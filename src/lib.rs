@@ -43,6 +43,9 @@ pub async fn run(settings: Settings) -> Result<(), RunError> {
         .iter()
         .map(|d| d.name.clone())
         .collect();
+    for name in &names {
+        admin::metrics::register(name);
+    }
     let j = &settings.journal;
     let (journal, recovered) = Journal::open(
         &j.dir,

@@ -157,6 +157,31 @@ fn journal_row(db: &Path, id: &str) -> rusqlite::Result<Option<(i64, i64, i64)>>
 }
 
 /// Waits (bounded) until the event's journal row records `attempts`.
+/// A courier in `dir` whose receiver answers 410 to the one event `id`
+/// (TTL 1m): waits until the destination is paused by it and the row shows
+/// one attempt; returns the row's (accepted, next due, attempts).
+async fn paused_by_gone(
+    dir: &Path,
+    id: &str,
+) -> (Receiver, Courier, std::path::PathBuf, (i64, i64, i64)) {
+    let rx = Receiver::start(behavior(|_, _| Reply::status(410))).await;
+    let yaml = config(
+        "orders",
+        &format!("{}/hooks", rx.url()),
+        "retry: { schedule: [10ms], max_attempts: 30, event_ttl: 1m, jitter: 0 }",
+    );
+    let c = Courier::start(dir, &yaml).await;
+    let db = dir.join("journal").join("journal.db");
+    accept(&c, "orders", id).await;
+    requests(&c, &rx, 1, PROMPT).await;
+    wait_destination(&c, "orders", "paused by gone", PROMPT, |d| {
+        d["paused_by"] == "gone"
+    })
+    .await;
+    let row = wait_row(&c, &db, id, 1).await;
+    (rx, c, db, row)
+}
+
 async fn wait_row(c: &Courier, db: &Path, id: &str, attempts: i64) -> (i64, i64, i64) {
     let deadline = Instant::now() + PROMPT;
     // Bounded by the deadline.
@@ -598,22 +623,7 @@ async fn operator_pause_and_resume() {
 async fn ttl_expires_while_the_destination_is_paused() {
     const SHIFT_MS: i64 = 59_500;
     let tmp = tempfile::tempdir().expect("tempdir");
-    let rx = Receiver::start(behavior(|_, _| Reply::status(410))).await;
-    let yaml = config(
-        "orders",
-        &format!("{}/hooks", rx.url()),
-        "retry: { schedule: [10ms], max_attempts: 30, event_ttl: 1m, jitter: 0 }",
-    );
-    let mut c = Courier::start(tmp.path(), &yaml).await;
-    let db = tmp.path().join("journal").join("journal.db");
-
-    accept(&c, "orders", "evt-ttl").await;
-    requests(&c, &rx, 1, PROMPT).await;
-    wait_destination(&c, "orders", "paused by gone", PROMPT, |d| {
-        d["paused_by"] == "gone"
-    })
-    .await;
-    wait_row(&c, &db, "evt-ttl", 1).await;
+    let (rx, mut c, db, _) = paused_by_gone(tmp.path(), "evt-ttl").await;
 
     // Crash; make the event 59.5 s older (its TTL ends in 0.5 s) and due
     // only in an hour, so that it is not attempted before the pause below.
@@ -683,22 +693,8 @@ async fn ttl_expires_while_held_back_by_a_gone_pause() {
     const TTL_MS: i64 = 60_000;
     const SHIFT_MS: i64 = 59_000;
     let tmp = tempfile::tempdir().expect("tempdir");
-    let rx = Receiver::start(behavior(|_, _| Reply::status(410))).await;
-    let yaml = config(
-        "orders",
-        &format!("{}/hooks", rx.url()),
-        "retry: { schedule: [10ms], max_attempts: 30, event_ttl: 1m, jitter: 0 }",
-    );
-    let mut c = Courier::start(tmp.path(), &yaml).await;
-    let db = tmp.path().join("journal").join("journal.db");
-
-    accept(&c, "orders", "evt-held").await;
-    requests(&c, &rx, 1, PROMPT).await;
-    wait_destination(&c, "orders", "paused by gone", PROMPT, |d| {
-        d["paused_by"] == "gone"
-    })
-    .await;
-    let (accepted_ms, next_due_ms, _) = wait_row(&c, &db, "evt-held", 1).await;
+    let (rx, mut c, db, (accepted_ms, next_due_ms, _)) =
+        paused_by_gone(tmp.path(), "evt-held").await;
     check!(
         c,
         next_due_ms <= now_ms(),

@@ -93,6 +93,7 @@ async fn with_the_window_off_a_late_success_does_not_count() {
             r#"courier_events_delivered_total{destination="orders"}"#
         )
         .await,
-        None
+        Some(0.0),
+        "the counter exists from the start and stays at 0"
     );
 }

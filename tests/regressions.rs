@@ -4,7 +4,7 @@
 mod support;
 
 use std::time::Duration;
-use support::{Courier, Receiver, Reply, behavior, metric};
+use support::{Courier, Receiver, Reply, behavior, config, metric};
 
 /// Seq reuse + late-answer conditional delete removes a *different* event.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -24,19 +24,10 @@ async fn a_late_answer_never_deletes_another_event() {
     }))
     .await;
     let tmp = tempfile::tempdir().expect("tempdir");
-    let cfg = format!(
-        "listen: 127.0.0.1:0
-admin_listen: 127.0.0.1:0
-journal: {{ dir: ./journal }}
-dead_letter: {{ dir: ./dl }}
-destinations:
-  orders:
-    url: {}
-    timeout: 200ms
-    late_answer_window: 3m
-    retry: {{ schedule: [1s], jitter: 0 }}
-",
-        receiver.url()
+    let cfg = config(
+        "orders",
+        &receiver.url(),
+        "timeout: 200ms\nlate_answer_window: 3m\nretry: { schedule: [1s], jitter: 0 }",
     );
     let courier = Courier::start(tmp.path(), &cfg).await;
     let r = support::post(&courier.url("orders"), "{}", &[("idempotency-key", "A")]).await;
@@ -83,20 +74,10 @@ async fn a_probe_without_an_attempt_frees_the_probe_slot() {
     }))
     .await;
     let tmp = tempfile::tempdir().expect("tempdir");
-    let cfg = format!(
-        "listen: 127.0.0.1:0
-admin_listen: 127.0.0.1:0
-journal: {{ dir: ./journal }}
-dead_letter: {{ dir: ./dl }}
-destinations:
-  orders:
-    url: {}
-    timeout: 200ms
-    late_answer_window: 3m
-    retry: {{ schedule: [1s], jitter: 0 }}
-    probation: {{ after_failures: 1, durations: {{ TimedOut: 12s }} }}
-",
-        receiver.url()
+    let cfg = config(
+        "orders",
+        &receiver.url(),
+        "timeout: 200ms\nlate_answer_window: 3m\nretry: { schedule: [1s], jitter: 0 }\nprobation: { after_failures: 1, durations: { TimedOut: 12s } }",
     );
     let courier = Courier::start(tmp.path(), &cfg).await;
     let r = support::post(&courier.url("orders"), "{}", &[("idempotency-key", "X")]).await;
@@ -123,17 +104,10 @@ async fn a_dead_letter_that_cannot_be_written_is_not_sent_again() {
     let receiver = Receiver::start(behavior(|_, _| Reply::status(400))).await;
     let tmp = tempfile::tempdir().expect("tempdir");
     std::fs::write(tmp.path().join("dl"), b"not a dir").expect("file");
-    let cfg = format!(
-        "listen: 127.0.0.1:0
-admin_listen: 127.0.0.1:0
-journal: {{ dir: ./journal }}
-dead_letter: {{ dir: ./dl }}
-destinations:
-  orders:
-    url: {}
-    retry: {{ schedule: [1s], jitter: 0, max_attempts: 1 }}
-",
-        receiver.url()
+    let cfg = config(
+        "orders",
+        &receiver.url(),
+        "retry: { schedule: [1s], jitter: 0, max_attempts: 1 }",
     );
     let courier = Courier::start(tmp.path(), &cfg).await;
     let r = support::post(&courier.url("orders"), "{}", &[("idempotency-key", "E")]).await;

@@ -70,6 +70,20 @@ pub fn install() -> Result<PrometheusHandle, String> {
     Ok(handle)
 }
 
+/// Creates a destination's counters at 0, so that `/metrics` lists them
+/// before anything has happened (dashboards and alerts need the series).
+pub fn register(destination: &str) {
+    for name in [ACCEPTED, DELIVERED] {
+        counter!(name, "destination" => destination.to_string()).increment(0);
+    }
+    for reason in crate::policy::limits::Reason::ALL.map(|r| r.as_str()) {
+        counter!(DEAD_LETTERED, "destination" => destination.to_string(), "reason" => reason)
+            .increment(0);
+        counter!(DROPPED, "destination" => destination.to_string(), "reason" => reason)
+            .increment(0);
+    }
+}
+
 pub fn accepted(destination: &str, n: u64) {
     counter!(ACCEPTED, "destination" => destination.to_string()).increment(n);
 }

@@ -31,7 +31,7 @@ pub fn build(
     let shaped = shape::shape(dest.schema, std::slice::from_ref(&ev.event.body));
     let attempt = Attempt {
         id: ev.event.id.clone(),
-        number: ev.attempts + 1,
+        number: attempt_number(std::slice::from_ref(ev)),
     };
     Ok(assemble(dest, ev, shaped, attempt, &[])?)
 }
@@ -47,7 +47,7 @@ pub fn build_batch(
     let bodies: Vec<Bytes> = evs.iter().map(|e| e.event.body.clone()).collect();
     let attempt = Attempt {
         id: id.to_string(),
-        number: evs.iter().map(|e| e.attempts).max().unwrap_or(0) + 1,
+        number: attempt_number(evs),
     };
     let shaped = shape::batch(dest.schema, &bodies);
     Ok(assemble(
@@ -75,7 +75,7 @@ fn assemble(
     let mut req = Request::builder()
         .method(method)
         .uri(dest.target.url(rest, query))
-        .body(Full::new(Bytes::new()))?;
+        .body(Full::new(shaped.body))?;
     let headers = req.headers_mut();
     for (name, value) in &e.headers {
         if skip.contains(&name.as_str()) {
@@ -91,7 +91,12 @@ fn assemble(
     if let Some(content_type) = shaped.content_type {
         headers.insert(http::header::CONTENT_TYPE, content_type);
     }
-    *req.body_mut() = Full::new(shaped.body);
     req.extensions_mut().insert(attempt);
     Ok(req)
+}
+
+/// The number of the attempt about to go out for `evs` (a batch's events
+/// share theirs; the highest counts).
+pub fn attempt_number(evs: &[StoredEvent]) -> u32 {
+    evs.iter().map(|e| e.attempts).max().unwrap_or(0) + 1
 }

@@ -127,7 +127,7 @@ async fn settle(
     let dest = &ctx.dest;
     let n = evs.len() as u64;
     // The attempt's number, which picks the schedule's delay.
-    let number = evs.iter().map(|e| e.attempts).max().unwrap_or(0) + 1;
+    let number = super::request::attempt_number(&evs);
     let outcome = a.classified.outcome.as_str();
     let now = clock::now_ms();
     metrics::attempt(&dest.name, outcome, a.took, n);
@@ -250,9 +250,7 @@ fn watch_late_answer(ctx: &Arc<Ctx>, evs: Vec<(StoredEvent, u32)>, late: LateAns
         if ctx.dest.status.classify_status(status, None).verdict != Verdict::Delivered {
             return;
         }
-        for (ev, _) in &evs {
-            ctx.late.mark(ev.seq);
-        }
+        ctx.late.mark(evs.iter().map(|(ev, _)| ev.seq));
         let changes = evs
             .iter()
             .map(|(ev, attempts)| delete_if(ev, Some(*attempts)))
@@ -274,10 +272,11 @@ pub struct LateCompleted {
 }
 
 impl LateCompleted {
-    fn mark(&self, seq: i64) {
+    fn mark(&self, completed: impl Iterator<Item = i64>) {
         let mut seqs = self.seqs.lock().unwrap_or_else(|p| p.into_inner());
         seqs.retain(|_, at| at.elapsed() < Duration::from_secs(3600));
-        seqs.insert(seq, std::time::Instant::now());
+        let now = std::time::Instant::now();
+        seqs.extend(completed.map(|seq| (seq, now)));
     }
 
     fn take(&self, seq: i64) -> bool {
@@ -326,7 +325,7 @@ async fn dead_letter(ctx: &Ctx, items: &[(&StoredEvent, Facts<'_>)]) -> bool {
             }
         }
         Some(sink) => {
-            let lines: Vec<String> = items
+            let lines: Arc<[String]> = items
                 .iter()
                 .map(|(ev, facts)| record(ctx.dest.schema, &ev.event, facts))
                 .collect();

@@ -436,10 +436,14 @@ fn write(
             "INSERT INTO events (seq, id, destination, method, path, headers, body, accepted_ms, crc, attempts, next_due_ms)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, 0, ?8)",
         )?;
-        for Logged { seq, event: e } in events {
-            let headers = super::record::encode_headers(&e.headers);
+        for Logged {
+            seq,
+            event: e,
+            encoded_headers: headers,
+        } in events
+        {
             let crc =
-                super::record::crc(&e.id, &e.destination, &e.method, &e.path, &headers, &e.body);
+                super::record::crc(&e.id, &e.destination, &e.method, &e.path, headers, &e.body);
             insert.execute(params![
                 seq,
                 e.id,

@@ -41,6 +41,9 @@ const SPARES: usize = 2;
 pub struct Logged {
     pub seq: i64,
     pub event: NewEvent,
+    /// The headers as encoded in the record (and in the journal row), so
+    /// the indexer does not encode them again.
+    pub encoded_headers: Vec<u8>,
 }
 
 fn name(start: u64) -> String {
@@ -121,15 +124,16 @@ fn decode(lsn: u64, mut p: &[u8], count: usize) -> Result<Vec<Logged>, Malformed
         }
         let [id, destination, method, path, headers, body] = parts;
         let text = |v: Vec<u8>| String::from_utf8(v).map_err(|_| bad);
-        let headers: Vec<Header> = decode_headers(&headers).map_err(|_| bad)?;
+        let decoded: Vec<Header> = decode_headers(&headers).map_err(|_| bad)?;
         out.push(Logged {
             seq,
+            encoded_headers: headers,
             event: NewEvent {
                 id: text(id)?,
                 destination: text(destination)?,
                 method: text(method)?,
                 path: text(path)?,
-                headers,
+                headers: decoded,
                 body: body.into(),
                 accepted_ms,
             },

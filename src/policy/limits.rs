@@ -20,6 +20,12 @@ pub enum Reason {
 }
 
 impl Reason {
+    pub const ALL: [Reason; 3] = [
+        Reason::MaxDeliveryAttemptsExceeded,
+        Reason::TimeToLiveExceeded,
+        Reason::NonRetriableStatus,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Reason::MaxDeliveryAttemptsExceeded => "MaxDeliveryAttemptsExceeded",

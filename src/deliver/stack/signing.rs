@@ -14,7 +14,6 @@ use crate::signature::{Secret, signature_header};
 use http::HeaderValue;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::{SystemTime, UNIX_EPOCH};
 use tower::{Layer, Service};
 
 #[derive(Clone)]
@@ -60,9 +59,7 @@ where
 
     fn call(&mut self, mut req: AttemptRequest) -> S::Future {
         if !self.secrets.is_empty() {
-            let timestamp = SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map_or(0, |d| d.as_secs());
+            let timestamp = crate::clock::now_ms() / 1000;
             sign(&mut req, &self.secrets, timestamp);
         }
         self.inner.call(req)
@@ -130,9 +127,7 @@ mod tests {
 
     #[tokio::test]
     async fn the_layer_stamps_the_current_time_and_keeps_the_body() {
-        let before = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs());
+        let before = crate::clock::now_ms() / 1000;
         let (h, body) = send(SigningLayer::new(vec![secret(b"k")]), request(b"payload")).await;
         let ts: u64 = h["webhook-timestamp"]
             .to_str()
