@@ -100,9 +100,18 @@ fn check(path: &Path) -> ExitCode {
 }
 
 fn run(path: &Path) -> ExitCode {
-    let loaded = match load(path, Purpose::Run) {
+    let loaded = config::read(path).and_then(|text| {
+        Ok((
+            config::load_text(path, &text, Purpose::Run, &ProcessEnv)?,
+            text,
+        ))
+    });
+    let (loaded, text) = match loaded {
         Ok(l) => l,
-        Err(code) => return code,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(1);
+        }
     };
     init_logging(&loaded.settings.log);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -115,7 +124,11 @@ fn run(path: &Path) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    match runtime.block_on(courier::run(loaded.settings)) {
+    let source = courier::ConfigSource {
+        path: path.to_path_buf(),
+        text,
+    };
+    match runtime.block_on(courier::run(loaded.settings, source)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("courier: {e}");

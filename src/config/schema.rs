@@ -22,8 +22,9 @@ pub struct RawConfig {
     pub listen: String,
     #[serde(default = "default_admin_listen")]
     pub admin_listen: String,
+    /// The name of the environment variable holding the admin bearer token.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub admin_token_env: Unsupported,
+    pub admin_token_env: Option<String>,
     #[serde(default = "default_shutdown_grace")]
     pub shutdown_grace: Dur,
     #[serde(default)]

@@ -36,7 +36,9 @@ pub struct Ctx {
     pub sink: Option<Arc<dyn DeadLetterSink>>,
     pub stack: AttemptService,
     pub health: Arc<Health>,
-    pub late: LateCompleted,
+    /// Shared by every version of the context a reload makes, so that a
+    /// late answer still cancels a retry read under the old one.
+    pub late: Arc<LateCompleted>,
 }
 
 /// What one attempt carries.

@@ -4,7 +4,7 @@
 
 use super::{forward, reply, schema, topic};
 use crate::admin::metrics;
-use crate::config::{DestinationSettings, Schema, Settings, TopicSettings};
+use crate::config::{DestinationSettings, Live, Schema, TopicSettings};
 use crate::journal::{Appended, Header, Journal, NewEvent};
 use crate::lifecycle::Lifecycle;
 use crate::server::Body;
@@ -15,11 +15,10 @@ use hyper::body::Incoming;
 use std::sync::Arc;
 
 pub struct Ingress {
-    settings: Arc<Settings>,
+    /// Read once per request: a reload swaps it between requests.
+    settings: Arc<Live>,
     journal: Journal,
     lifecycle: Arc<Lifecycle>,
-    names: Vec<String>,
-    topic_names: Vec<String>,
 }
 
 /// Where a request goes: names are unique across both (checked at load).
@@ -45,19 +44,11 @@ impl Route {
 }
 
 impl Ingress {
-    pub fn new(settings: Arc<Settings>, journal: Journal, lifecycle: Arc<Lifecycle>) -> Self {
-        let names = settings
-            .destinations
-            .iter()
-            .map(|d| d.name.clone())
-            .collect();
-        let topic_names = settings.topics.iter().map(|t| t.name.clone()).collect();
+    pub fn new(settings: Arc<Live>, journal: Journal, lifecycle: Arc<Lifecycle>) -> Self {
         Ingress {
             settings,
             journal,
             lifecycle,
-            names,
-            topic_names,
         }
     }
 
@@ -68,12 +59,19 @@ impl Ingress {
             Some(i) => (&trimmed[..i], &trimmed[i..]),
             None => (trimmed, ""),
         };
-        let route = if let Some(d) = self.settings.destination(name) {
+        let settings = self.settings.load();
+        let route = if let Some(d) = settings.destination(name) {
             Route::Destination(d.clone())
-        } else if let Some(t) = self.settings.topic(name) {
+        } else if let Some(t) = settings.topic(name) {
             Route::Topic(t.clone())
         } else {
-            return reply::unknown_destination(name, &self.names, &self.topic_names);
+            let names: Vec<String> = settings
+                .destinations
+                .iter()
+                .map(|d| d.name.clone())
+                .collect();
+            let topics: Vec<String> = settings.topics.iter().map(|t| t.name.clone()).collect();
+            return reply::unknown_destination(name, &names, &topics);
         };
         let name = route.name();
         if !matches!(*req.method(), Method::POST | Method::PUT | Method::PATCH) {
@@ -102,7 +100,7 @@ impl Ingress {
                 Some(5),
             );
         }
-        let limit = self.settings.ingress.max_body_bytes;
+        let limit = settings.ingress.max_body_bytes;
         let too_large = || {
             reply::reject(
                 name,
