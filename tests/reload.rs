@@ -169,7 +169,8 @@ async fn an_invalid_config_is_refused_and_the_old_one_delivers_on() {
     let dir = tempfile::tempdir().expect("tempdir");
     let c = Courier::start(dir.path(), &config("orders", &a.url(), "")).await;
     let started = metric(&c.admin_url(), RELOADS).await.unwrap_or(0.0);
-    check!(c, started > 0.0, "{RELOADS} is not set at start");
+    let set = started > 0.0;
+    check!(c, set, "{RELOADS} is not set at start");
     check_eq!(c, metric(&c.admin_url(), FAILURES).await, Some(0.0));
 
     // A YAML syntax error: the message names file, line and column.
@@ -225,11 +226,8 @@ async fn an_invalid_config_is_refused_and_the_old_one_delivers_on() {
         Some(1.0)
     );
     let later = metric(&c.admin_url(), RELOADS).await.unwrap_or(0.0);
-    check!(
-        c,
-        later > started,
-        "{RELOADS} did not move: {started} -> {later}"
-    );
+    let moved = later > started;
+    check!(c, moved, "{RELOADS} did not move: {started} -> {later}");
 }
 
 #[tokio::test]
