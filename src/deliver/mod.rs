@@ -5,6 +5,7 @@ mod batch;
 mod client;
 mod dispatcher;
 pub mod health;
+mod outcome_log;
 mod request;
 mod settle;
 mod shape;
