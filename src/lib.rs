@@ -10,6 +10,7 @@ pub mod event_path;
 mod ingress;
 pub mod journal;
 pub mod lifecycle;
+pub mod logging;
 pub mod policy;
 pub mod server;
 pub mod signature;
@@ -138,7 +139,7 @@ pub async fn run(settings: Settings) -> Result<(), RunError> {
     tracing::info!(ingress = %ingress_addr, admin = %admin_addr, destinations = names.len(), "courier listening");
 
     wait_for_signal().await;
-    tracing::info!(grace = ?settings.shutdown_grace, "shutting down: refusing new events, finishing attempts in flight");
+    tracing::info!(grace = %config::units::format_duration(settings.shutdown_grace), "shutting down: refusing new events, finishing attempts in flight");
     lifecycle.drain();
     let drained = tokio::time::timeout(settings.shutdown_grace, async {
         while dispatchers.join_next().await.is_some() {}
