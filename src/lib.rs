@@ -10,6 +10,7 @@ pub mod event_path;
 mod ingress;
 pub mod journal;
 pub mod lifecycle;
+pub mod logging;
 pub mod policy;
 pub mod reload;
 pub mod server;

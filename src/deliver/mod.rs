@@ -6,6 +6,7 @@ mod client;
 mod dispatcher;
 mod fleet;
 pub mod health;
+mod outcome_log;
 mod request;
 mod settle;
 mod shape;

@@ -2,12 +2,12 @@
 //! limits, parse the body by the schema into events, wait for the journal's
 //! commit of all of them (for a topic: of every subscriber's copy).
 
-use super::{forward, reply, schema, topic};
+use super::{forward, rejection, reply, schema, topic};
 use crate::admin::metrics;
 use crate::config::{DestinationSettings, Live, Schema, TopicSettings};
 use crate::journal::{Appended, Header, Journal, NewEvent};
 use crate::lifecycle::Lifecycle;
-use crate::server::Body;
+use crate::server::{Body, RemoteAddr};
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
@@ -52,7 +52,15 @@ impl Ingress {
         }
     }
 
+    /// Answers one request; a refusal is counted and logged with its sender.
     pub async fn handle(&self, req: Request<Incoming>) -> Response<Body> {
+        let remote = req.extensions().get::<RemoteAddr>().copied();
+        let resp = self.admit(req).await;
+        rejection::record(&resp, remote);
+        resp
+    }
+
+    async fn admit(&self, req: Request<Incoming>) -> Response<Body> {
         let path = req.uri().path();
         let trimmed = path.strip_prefix('/').unwrap_or(path);
         let (name, rest) = match trimmed.find('/') {
@@ -175,7 +183,7 @@ impl Ingress {
                     Some(Ok(events)) => events
                         .into_iter()
                         .map(|e| {
-                            tracing::debug!(destination = %name, id = %e.id, event_type = %e.event_type, subject = ?e.subject, "event parsed");
+                            tracing::debug!(destination = %name, id = %e.id, event_type = %e.event_type, subject = e.subject.as_deref(), "event parsed");
                             (e.id, e.body)
                         })
                         .collect(),
@@ -219,7 +227,7 @@ impl Ingress {
         let fan = topic::fan_out(topic, events);
         for c in &fan.copies {
             let e = &events[c.event];
-            tracing::debug!(topic = %topic.name, destination = %c.destination, id = %e.id, event_type = %e.event_type, subject = ?e.subject, "event copied");
+            tracing::debug!(topic = %topic.name, destination = %c.destination, id = %e.id, event_type = %e.event_type, subject = e.subject.as_deref(), "event copied");
         }
         let copies: Vec<NewEvent> = fan
             .copies
