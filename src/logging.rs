@@ -11,7 +11,9 @@
 use crate::config::LogFormat;
 use crate::config::settings::LogSettings;
 use std::io::IsTerminal;
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering};
+use tracing_subscriber::EnvFilter;
 
 /// `log.bodies`. Global like the subscriber it belongs to.
 static BODIES: AtomicBool = AtomicBool::new(false);
@@ -20,20 +22,42 @@ static BODIES: AtomicBool = AtomicBool::new(false);
 /// an event, not so much that one event floods the log.
 const BODY_LIMIT: usize = 2048;
 
+/// Sets the level filter of the installed subscriber; `None` when
+/// `COURIER_LOG` is set, which wins over `log.level` for the whole run.
+type SetLevel = Box<dyn Fn(&str) -> Result<(), String> + Send + Sync>;
+static SET_LEVEL: OnceLock<Option<SetLevel>> = OnceLock::new();
+
+fn filter(level: &str) -> EnvFilter {
+    EnvFilter::new(format!("warn,courier={level}"))
+}
+
 /// Installs the subscriber (`COURIER_LOG`, an `EnvFilter` directive, wins
 /// over `log.level`) and the panic hook. Call once, before anything logs.
 pub fn init(log: &LogSettings) {
     BODIES.store(log.bodies, Ordering::Relaxed);
-    let filter = tracing_subscriber::EnvFilter::try_from_env("COURIER_LOG").unwrap_or_else(|_| {
-        tracing_subscriber::EnvFilter::new(format!("warn,courier={}", log.level))
-    });
+    let from_env = EnvFilter::try_from_env("COURIER_LOG").ok();
+    let fixed = from_env.is_some();
     let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+        .with_env_filter(from_env.unwrap_or_else(|| filter(&log.level)))
         .with_writer(std::io::stderr);
-    match log.format {
-        LogFormat::Json => builder.json().flatten_event(true).init(),
-        LogFormat::Text => builder.with_ansi(std::io::stderr().is_terminal()).init(),
-    }
+    // The handle's type differs per format: keep it behind one closure.
+    let set: SetLevel = match log.format {
+        LogFormat::Json => {
+            let builder = builder.json().flatten_event(true).with_filter_reloading();
+            let handle = builder.reload_handle();
+            builder.init();
+            Box::new(move |level| handle.reload(filter(level)).map_err(|e| e.to_string()))
+        }
+        LogFormat::Text => {
+            let builder = builder
+                .with_ansi(std::io::stderr().is_terminal())
+                .with_filter_reloading();
+            let handle = builder.reload_handle();
+            builder.init();
+            Box::new(move |level| handle.reload(filter(level)).map_err(|e| e.to_string()))
+        }
+    };
+    let _ = SET_LEVEL.set((!fixed).then_some(set));
     std::panic::set_hook(Box::new(|info| {
         let message = info
             .payload()
@@ -48,6 +72,17 @@ pub fn init(log: &LogSettings) {
             "a courier task panicked (a bug; please report it)"
         );
     }));
+}
+
+/// Applies a reloaded config's `log.level` and `log.bodies` (the format
+/// is fixed once the subscriber is installed).
+pub fn reconfigure(log: &LogSettings) {
+    BODIES.store(log.bodies, Ordering::Relaxed);
+    if let Some(Some(set)) = SET_LEVEL.get()
+        && let Err(e) = set(&log.level)
+    {
+        tracing::warn!(error = %e, "cannot change the log level");
+    }
 }
 
 /// The body as it may appear in a log line: `None` unless `log.bodies` is

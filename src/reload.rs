@@ -9,10 +9,10 @@
 //! of the file; a text equal to the one in force is no reload, so events
 //! of unrelated files cost one small read.
 //!
-//! Listen addresses, the journal and the log settings are fixed for the
+//! Listen addresses, the journal and the log format are fixed for the
 //! life of the process (the sockets, files and log subscriber are set up
 //! once): a reload that changes them keeps the old values and says that a
-//! restart is needed.
+//! restart is needed. The log level and `log.bodies` change live.
 
 use crate::admin::metrics;
 use crate::config::{self, Live, ProcessEnv, Purpose, Settings};
@@ -89,6 +89,7 @@ impl Reloader {
             Ok(a) => a,
             Err(e) => return refused(why, &[e]),
         };
+        crate::logging::reconfigure(&settings.log);
         self.live.store(Arc::new(settings));
         self.applied = text;
         metrics::config_loaded();
@@ -135,9 +136,9 @@ pub fn keep_fixed(old: &Settings, mut new: Settings) -> (Settings, Vec<&'static 
         fixed.push("ingress.dedupe_window");
         new.ingress.dedupe_window = old.ingress.dedupe_window;
     }
-    if new.log != old.log {
-        fixed.push("log");
-        new.log = old.log.clone();
+    if new.log.format != old.log.format {
+        fixed.push("log.format");
+        new.log.format = old.log.format;
     }
     (new, fixed)
 }
@@ -228,7 +229,7 @@ listen: 127.0.0.1:8081
 admin_listen: 127.0.0.1:9091
 journal: { dir: /elsewhere, max_bytes: 1MiB }
 ingress: { dedupe_window: 2m, max_body_bytes: 2KiB }
-log: { level: debug }
+log: { level: debug, format: json }
 destinations:
   b: { url: http://127.0.0.1:9/b }
 ";
@@ -240,15 +241,16 @@ destinations:
                 "admin_listen",
                 "journal",
                 "ingress.dedupe_window",
-                "log"
+                "log.format"
             ]
         );
         assert_eq!(kept.listen.port(), 8080);
         assert_eq!(kept.admin_listen.port(), 9090);
         assert_eq!(kept.journal.dir, Path::new("/var/lib/courier/journal"));
         assert_eq!(kept.ingress.dedupe_window, Some(Duration::from_secs(60)));
-        assert_eq!(kept.log.level, "info");
+        assert_eq!(kept.log.format, crate::config::LogFormat::Text);
         // What a reload may change is taken.
+        assert_eq!(kept.log.level, "debug");
         assert_eq!(kept.ingress.max_body_bytes, 2048);
         assert_eq!(kept.destinations[0].name, "b");
     }

@@ -400,3 +400,32 @@ async fn events_for_a_destination_added_by_reload_survive_sigkill() {
         "distinct events delivered after SIGKILL: {got:?}"
     );
 }
+
+#[tokio::test]
+async fn the_log_level_changes_without_a_restart() {
+    let rx = Receiver::ok().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let quiet_cfg = config("orders", &rx.url(), "").replace("level: debug", "level: info");
+    let c = Courier::start(dir.path(), &quiet_cfg).await;
+    accept(&c, "orders", "at-info").await;
+    requests(&c, &rx, 1, PROMPT).await;
+    check!(c, !c.logs().contains("DEBUG"), "a debug line at level info");
+    write_atomic(c.config_path(), &config("orders", &rx.url(), ""));
+    wait_reloads(&c, 1).await;
+    accept(&c, "orders", "at-debug").await;
+    requests(&c, &rx, 2, PROMPT).await;
+    let deadline = Instant::now() + PROMPT;
+    while !c
+        .logs()
+        .lines()
+        .any(|l| l.contains("DEBUG") && l.contains("at-debug"))
+    {
+        if Instant::now() >= deadline {
+            fail!(
+                c,
+                "no debug line about the event after the level was raised"
+            );
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
