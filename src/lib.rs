@@ -45,6 +45,7 @@ pub struct ConfigSource {
 
 /// Runs courier until SIGTERM or SIGINT, then shuts down gracefully.
 pub async fn run(settings: Settings, source: ConfigSource) -> Result<(), RunError> {
+    let hangups = reload::hangups();
     let prometheus = admin::metrics::install().map_err(RunError::Setup)?;
     let names: Vec<String> = settings
         .destinations
@@ -93,13 +94,13 @@ pub async fn run(settings: Settings, source: ConfigSource) -> Result<(), RunErro
             .reader()
             .map_err(|e| RunError::Setup(format!("cannot open a journal reader: {e}")))?,
     });
-    let listen = live.load().listen;
+    let (listen, admin_listen) = (live.load().listen, live.load().admin_listen);
     let ingress_addr = ingress_listener
         .local_addr()
         .map_err(|e| RunError::Listen(listen, "listen", e))?;
     let admin_addr = admin_listener
         .local_addr()
-        .map_err(|e| RunError::Listen(listen, "admin_listen", e))?;
+        .map_err(|e| RunError::Listen(admin_listen, "admin_listen", e))?;
     let servers = [
         tokio::spawn(server::serve(
             ingress_listener,
@@ -119,7 +120,11 @@ pub async fn run(settings: Settings, source: ConfigSource) -> Result<(), RunErro
         )),
     ];
     let reloader = Reloader::new(source.path, source.text, live.clone(), fleet.clone());
-    let reloads = tokio::spawn(reload::run(reloader, lifecycle.stop_dispatch.clone()));
+    let reloads = tokio::spawn(reload::run(
+        reloader,
+        hangups,
+        lifecycle.stop_dispatch.clone(),
+    ));
     lifecycle.set_ready();
     tracing::info!(ingress = %ingress_addr, admin = %admin_addr, destinations = names.len(), "courier listening");
 

@@ -18,9 +18,11 @@ use crate::admin::metrics;
 use crate::config::{self, Live, ProcessEnv, Purpose, Settings};
 use crate::deliver::Fleet;
 use notify::{RecursiveMode, Watcher};
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::signal::unix::{Signal, SignalKind, signal};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -51,6 +53,9 @@ pub struct Reloader {
     fleet: Arc<Fleet>,
     /// The text of the config in force.
     applied: String,
+    /// The text last refused: the same text is not refused again on every
+    /// event in the folder.
+    refused: Option<String>,
 }
 
 impl Reloader {
@@ -61,6 +66,7 @@ impl Reloader {
             live,
             fleet,
             applied: text,
+            refused: None,
         }
     }
 
@@ -70,40 +76,61 @@ impl Reloader {
             Ok(t) => t,
             Err(e) => return refused(why, &e.lines),
         };
-        if trigger == Trigger::FileChanged && text == self.applied {
-            return;
+        if trigger == Trigger::FileChanged {
+            if text == self.applied {
+                // Back to the config in force after a refused edit.
+                if self.refused.take().is_some() {
+                    metrics::config_ok();
+                    tracing::info!(file = %self.path.display(), "config file is back to the config in force");
+                }
+                return;
+            }
+            if self.refused.as_ref() == Some(&text) {
+                return;
+            }
         }
-        let loaded = match config::load_text(&self.path, &text, Purpose::Run, &ProcessEnv) {
-            Ok(l) => l,
-            Err(e) => return refused(why, &e.lines),
-        };
+        match self.apply(why, &text) {
+            Ok(()) => {
+                self.applied = text;
+                self.refused = None;
+            }
+            Err(lines) => {
+                refused(why, &lines);
+                self.refused = Some(text);
+            }
+        }
+    }
+
+    fn apply(&self, why: &str, text: &str) -> Result<(), Vec<String>> {
+        let loaded =
+            config::load_text(&self.path, text, Purpose::Run, &ProcessEnv).map_err(|e| e.lines)?;
         let old = self.live.load_full();
-        let (settings, fixed) = keep_fixed(&old, loaded.settings);
+        let (settings, fixed) = keep_fixed(&old, loaded.settings)
+            .map_err(|e| vec![format!("{}: {e}", self.path.display())])?;
         for key in &fixed {
             tracing::warn!(
                 key,
                 "config reload: {key} changed, which needs a restart; the running value stays in force until then"
             );
         }
-        let applied = match self.fleet.apply(&settings) {
-            Ok(a) => a,
-            Err(e) => return refused(why, &[e]),
-        };
+        // Added destinations start before ingress routes to them; removed
+        // ones retire after it stops routing to them.
+        let added = self.fleet.apply(&settings).map_err(|e| vec![e])?;
         crate::logging::reconfigure(&settings.log);
         self.live.store(Arc::new(settings));
-        self.applied = text;
+        let removed = self.fleet.retire(&self.live.load());
         metrics::config_loaded();
         tracing::info!(
             trigger = why,
             file = %self.path.display(),
-            added = %applied.added.join(","),
-            removed = %applied.removed.join(","),
-            updated = applied.updated.len(),
+            added = %added.join(","),
+            removed = %removed.join(","),
             "config reloaded"
         );
-        for name in &applied.removed {
+        for name in &removed {
             tracing::warn!(destination = %name, "destination removed by a reload: its pending events stay in the journal (orphaned) and are delivered if it is configured again");
         }
+        Ok(())
     }
 }
 
@@ -117,8 +144,13 @@ fn refused(trigger: &str, lines: &[String]) {
 }
 
 /// `new` with the values that only a restart can change taken from `old`,
-/// and the keys whose new value was not taken.
-pub fn keep_fixed(old: &Settings, mut new: Settings) -> (Settings, Vec<&'static str>) {
+/// and the keys whose new value was not taken. Refused when the result
+/// would leave the admin API on a pod address without a token: the rule
+/// holds for the address in force, not the one written.
+pub fn keep_fixed(
+    old: &Settings,
+    mut new: Settings,
+) -> Result<(Settings, Vec<&'static str>), String> {
     let mut fixed = Vec::new();
     if new.listen != old.listen {
         fixed.push("listen");
@@ -140,22 +172,34 @@ pub fn keep_fixed(old: &Settings, mut new: Settings) -> (Settings, Vec<&'static 
         fixed.push("log.format");
         new.log.format = old.log.format;
     }
-    (new, fixed)
+    if !new.admin_listen.ip().is_loopback() && new.admin_token.is_none() {
+        return Err(format!(
+            "admin_token_env: required while admin_listen is `{}`, which only a restart changes",
+            new.admin_listen
+        ));
+    }
+    Ok((new, fixed))
 }
 
-/// Reloads on SIGHUP and on changes in the config's folder until `stop`.
-pub async fn run(mut reloader: Reloader, stop: CancellationToken) {
-    use tokio::signal::unix::{SignalKind, signal};
-    let (tx, mut changed) = mpsc::channel::<()>(1);
-    // Dropped at the end of this function, which ends the watch.
-    let _watcher = watch_folder(&reloader.path, tx);
-    let mut hup = match signal(SignalKind::hangup()) {
+/// The SIGHUP handler, installed first thing at start: SIGHUP's default
+/// action ends the process, and a config reloader may send one while a
+/// large journal is still being recovered. One that comes early is kept
+/// and reloads once `run` starts.
+pub fn hangups() -> Option<Signal> {
+    match signal(SignalKind::hangup()) {
         Ok(s) => Some(s),
         Err(e) => {
             tracing::warn!(error = %e, "cannot handle SIGHUP; the config reloads only on file changes");
             None
         }
-    };
+    }
+}
+
+/// Reloads on SIGHUP and on changes in the config's folder until `stop`.
+pub async fn run(mut reloader: Reloader, mut hup: Option<Signal>, stop: CancellationToken) {
+    let (tx, mut changed) = mpsc::channel::<()>(1);
+    // Dropped at the end of this function, which ends the watch.
+    let _watcher = watch_folder(&reloader.path, tx);
     loop {
         tokio::select! {
             Some(()) = async { hup.as_mut()?.recv().await }, if hup.is_some() => {
@@ -179,8 +223,10 @@ fn watch_folder(path: &Path, tx: mpsc::Sender<()>) -> Option<notify::Recommended
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => PathBuf::from("."),
     };
+    let name = path.file_name().map(|n| n.to_os_string());
     let watched = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-        if event.is_ok() {
+        let Ok(event) = event else { return };
+        if concerns_config(&event, name.as_deref()) {
             // Full: a read is already due, which will see this change too.
             let _ = tx.try_send(());
         }
@@ -195,22 +241,66 @@ fn watch_folder(path: &Path, tx: mpsc::Sender<()>) -> Option<notify::Recommended
     }
 }
 
+/// A change to the config file itself (an edit, a rename over it) or to
+/// the kubelet's `..data` link. Not an access: reading the file, as every
+/// reload does, must not set off another read; nor anything else in the
+/// folder, such as a journal kept beside the config.
+fn concerns_config(event: &notify::Event, name: Option<&OsStr>) -> bool {
+    use notify::EventKind;
+    if !matches!(
+        event.kind,
+        EventKind::Create(_) | EventKind::Modify(_) | EventKind::Remove(_) | EventKind::Any
+    ) {
+        return false;
+    }
+    event
+        .paths
+        .iter()
+        .filter_map(|p| p.file_name())
+        .any(|f| Some(f) == name || f.to_str().is_some_and(|f| f.starts_with("..data")))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::config::{Env, parse};
 
-    struct NoEnv;
-    impl Env for NoEnv {
-        fn get(&self, _: &str) -> Option<String> {
-            None
+    /// Only `ADMIN_TOKEN` is set.
+    struct TestEnv;
+    impl Env for TestEnv {
+        fn get(&self, name: &str) -> Option<String> {
+            (name == "ADMIN_TOKEN").then(|| "t0ken".into())
         }
     }
 
     fn settings(text: &str) -> Settings {
-        parse("c.yaml", text, "/etc/courier".into(), Purpose::Run, &NoEnv)
-            .expect("valid")
-            .settings
+        parse(
+            "c.yaml",
+            text,
+            "/etc/courier".into(),
+            Purpose::Run,
+            &TestEnv,
+        )
+        .expect("valid")
+        .settings
+    }
+
+    #[test]
+    fn a_reload_cannot_drop_the_token_of_an_admin_api_on_a_pod_address() {
+        let pod = OLD.replace(
+            "admin_listen: 127.0.0.1:9090",
+            "admin_listen: 0.0.0.0:9090\nadmin_token_env: ADMIN_TOKEN",
+        );
+        // Valid on its own (loopback needs no token), but 0.0.0.0 stays.
+        let e = keep_fixed(&settings(&pod), settings(OLD))
+            .map(|_| ())
+            .expect_err("refused");
+        assert!(
+            e.starts_with("admin_token_env: required while admin_listen is `0.0.0.0:9090`"),
+            "{e}"
+        );
+        let (kept, fixed) = keep_fixed(&settings(&pod), settings(&pod)).expect("kept");
+        assert!(fixed.is_empty() && kept.admin_token.is_some());
     }
 
     const OLD: &str = "\
@@ -233,7 +323,7 @@ log: { level: debug, format: json }
 destinations:
   b: { url: http://127.0.0.1:9/b }
 ";
-        let (kept, fixed) = keep_fixed(&settings(OLD), settings(new));
+        let (kept, fixed) = keep_fixed(&settings(OLD), settings(new)).expect("kept");
         assert_eq!(
             fixed,
             [
@@ -257,7 +347,45 @@ destinations:
 
     #[test]
     fn an_unchanged_config_keeps_nothing_back() {
-        let (_, fixed) = keep_fixed(&settings(OLD), settings(OLD));
+        let (_, fixed) = keep_fixed(&settings(OLD), settings(OLD)).expect("kept");
         assert!(fixed.is_empty(), "{fixed:?}");
+    }
+}
+
+#[cfg(test)]
+mod watch_tests {
+    use super::*;
+    use notify::event::{AccessKind, CreateKind, EventKind, ModifyKind, RenameMode};
+
+    fn event(kind: EventKind, path: &str) -> notify::Event {
+        notify::Event::new(kind).add_path(PathBuf::from(path))
+    }
+
+    #[test]
+    fn only_changes_to_the_config_or_its_data_link_count() {
+        let name = Some(OsStr::new("courier.yaml"));
+        let rename = EventKind::Modify(ModifyKind::Name(RenameMode::To));
+        assert!(concerns_config(
+            &event(rename, "/etc/courier/courier.yaml"),
+            name
+        ));
+        assert!(concerns_config(&event(rename, "/etc/courier/..data"), name));
+        let create = EventKind::Create(CreateKind::Any);
+        assert!(concerns_config(
+            &event(create, "/etc/courier/..data_tmp"),
+            name
+        ));
+        // Reading the file (each reload does) is no change.
+        let open = EventKind::Access(AccessKind::Any);
+        assert!(!concerns_config(
+            &event(open, "/etc/courier/courier.yaml"),
+            name
+        ));
+        // Other files in the folder: a journal, an editor's swap file.
+        assert!(!concerns_config(&event(create, "/etc/courier/data"), name));
+        assert!(!concerns_config(
+            &event(rename, "/etc/courier/.courier.yaml.swp"),
+            name
+        ));
     }
 }

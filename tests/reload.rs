@@ -177,6 +177,15 @@ async fn an_invalid_config_is_refused_and_the_old_one_delivers_on() {
     let broken = config("orders", &b.url(), "").replace("destinations:", "destinations: [");
     write_atomic(c.config_path(), &broken);
     wait_failures(&c, 1.0).await;
+    // Refused once, not again at every read of the folder.
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    check_eq!(
+        c,
+        metric(&c.admin_url(), FAILURES).await,
+        Some(1.0),
+        "one bad write refused more than once"
+    );
+    check_eq!(c, c.logs().matches("config reload refused").count(), 1);
     check!(
         c,
         c.logs().contains("config reload refused"),
@@ -213,6 +222,17 @@ async fn an_invalid_config_is_refused_and_the_old_one_delivers_on() {
     requests(&c, &a, 2, PROMPT).await;
     check_eq!(c, b.count(), 0, "a refused config reached the new url");
     check_eq!(c, metric(&c.admin_url(), RELOADS).await, Some(started));
+
+    // The file back to the config in force: healthy again, nothing reloaded.
+    write_atomic(c.config_path(), &config("orders", &a.url(), ""));
+    let deadline = Instant::now() + PROMPT;
+    while metric(&c.admin_url(), "courier_config_last_reload_successful").await != Some(1.0) {
+        if Instant::now() >= deadline {
+            fail!(c, "the gauge stayed 0 after the file was restored");
+        }
+        tokio::time::sleep(POLL).await;
+    }
+    check_eq!(c, reloads(&c), 0, "restoring the text in force reloaded");
 
     // A good one is applied, and the metrics say so.
     write_atomic(c.config_path(), &config("orders", &b.url(), ""));
@@ -386,6 +406,12 @@ async fn events_for_a_destination_added_by_reload_survive_sigkill() {
     for i in 0..20 {
         accept(&c, "audit", &format!("added-{i}")).await;
     }
+    let pending = metric(
+        &c.admin_url(),
+        r#"courier_events_pending{destination="audit"}"#,
+    )
+    .await;
+    check_eq!(c, pending, Some(20.0), "the added destination's counters");
     c.kill();
     check_eq!(c, added.count(), 0);
     c.restart().await;
@@ -428,4 +454,49 @@ async fn the_log_level_changes_without_a_restart() {
         }
         tokio::time::sleep(POLL).await;
     }
+}
+
+#[tokio::test]
+async fn removed_and_added_back_while_attempts_are_in_flight_sends_each_event_once() {
+    // Slow answers: the attempts are in flight through both reloads.
+    let rx = Receiver::start(support::behavior(|_, _| {
+        support::Reply::status(200).delay(Duration::from_millis(1500))
+    }))
+    .await;
+    let other = Receiver::ok().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = config("orders", &rx.url(), "concurrency: 16");
+    let c = Courier::start(dir.path(), &cfg).await;
+    for i in 0..8 {
+        accept(&c, "orders", &format!("e{i}")).await;
+    }
+    rx.wait_for(8, PROMPT).await;
+    write_atomic(c.config_path(), &config("audit", &other.url(), ""));
+    wait_reloads(&c, 1).await;
+    write_atomic(c.config_path(), &cfg);
+    wait_reloads(&c, 2).await;
+    write_atomic(c.config_path(), &config("audit", &other.url(), ""));
+    wait_reloads(&c, 3).await;
+    write_atomic(c.config_path(), &cfg);
+    wait_reloads(&c, 4).await;
+    // Every answer is in by now; a second dispatcher would have re-sent.
+    let deadline = Instant::now() + PROMPT;
+    loop {
+        let pending = metric(
+            &c.admin_url(),
+            r#"courier_events_pending{destination="orders"}"#,
+        )
+        .await;
+        if pending == Some(0.0) {
+            break;
+        }
+        if Instant::now() >= deadline {
+            fail!(c, "still pending: {pending:?}");
+        }
+        tokio::time::sleep(POLL).await;
+    }
+    quiet(&c, &rx, 8, Duration::from_millis(500)).await;
+    let mut got = ids(&rx.received());
+    got.sort();
+    check_eq!(c, got, (0..8).map(|i| format!("e{i}")).collect::<Vec<_>>());
 }

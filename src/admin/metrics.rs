@@ -93,6 +93,11 @@ pub fn config_loaded() {
     gauge!(RELOAD_OK).set(1.0);
 }
 
+/// The config file agrees with the config in force again.
+pub fn config_ok() {
+    gauge!(RELOAD_OK).set(1.0);
+}
+
 pub fn config_refused() {
     counter!(RELOAD_FAILURES).increment(1);
     gauge!(RELOAD_OK).set(0.0);

@@ -25,7 +25,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::watch;
-use tokio::task::JoinHandle;
+use tokio::task::{AbortHandle, JoinHandle};
 use tokio_util::sync::CancellationToken;
 
 pub struct Fleet {
@@ -39,7 +39,7 @@ pub struct Fleet {
 struct Inner {
     running: HashMap<String, Running>,
     /// Dispatchers of removed destinations, finishing their attempts.
-    retiring: HashMap<String, JoinHandle<()>>,
+    retiring: HashMap<String, Task>,
     /// Kept across a removal, so that a destination that comes back keeps
     /// its pause, probation and late answers.
     healths: HashMap<String, (Arc<Health>, Arc<LateCompleted>)>,
@@ -49,15 +49,15 @@ struct Inner {
 struct Running {
     ctx: watch::Sender<Arc<Ctx>>,
     stop: CancellationToken,
-    task: JoinHandle<()>,
+    task: Task,
 }
 
-/// What `apply` changed, for the reload's log line.
-#[derive(Debug, Default, PartialEq)]
-pub struct Applied {
-    pub added: Vec<String>,
-    pub updated: Vec<String>,
-    pub removed: Vec<String>,
+/// A dispatcher's task, and the retired ones of the same destination it
+/// waits for before it starts (a chain after repeated removals), so that
+/// `stop` can abort them all.
+struct Task {
+    handle: JoinHandle<()>,
+    older: Vec<AbortHandle>,
 }
 
 impl Fleet {
@@ -75,11 +75,11 @@ impl Fleet {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Makes the running dispatchers match `settings`: starts the added
-    /// destinations, hands the others their new settings, retires the
-    /// removed ones. Call after the journal knows every destination
-    /// (`Journal::add_destination`) and before ingress takes the new config.
-    pub fn apply(&self, settings: &Settings) -> Result<Applied, String> {
+    /// Starts a dispatcher for each destination of `settings` that has none
+    /// and hands the others their new settings; returns the names started.
+    /// Call before ingress takes the new config (the journal's counters of
+    /// an added destination exist once this returns), and `retire` after.
+    pub fn apply(&self, settings: &Settings) -> Result<Vec<String>, String> {
         let mut inner = self.lock();
         // The one step that can fail, first: a failed apply changes nothing.
         let mut readers = HashMap::new();
@@ -92,7 +92,7 @@ impl Fleet {
                 readers.insert(dest.name.clone(), reader);
             }
         }
-        let mut applied = Applied::default();
+        let mut added = Vec::new();
         for dest in &settings.destinations {
             let name = &dest.name;
             let (health, late) = inner
@@ -121,7 +121,6 @@ impl Fleet {
             });
             if let Some(running) = inner.running.get(name) {
                 running.ctx.send_replace(ctx);
-                applied.updated.push(name.clone());
                 continue;
             }
             let Some(reader) = readers.remove(name) else {
@@ -131,22 +130,29 @@ impl Fleet {
             let running = self.start(dest, ctx, reader, retiring);
             inner.running.insert(name.clone(), running);
             metrics::register(name);
-            applied.added.push(name.clone());
+            added.push(name.clone());
         }
+        Ok(added)
+    }
+
+    /// Stops the dispatchers of destinations `settings` no longer has, once
+    /// their attempts in flight are done; their events stay in the journal.
+    /// Returns their names.
+    pub fn retire(&self, settings: &Settings) -> Vec<String> {
+        let mut inner = self.lock();
         let removed: Vec<String> = inner
             .running
             .keys()
             .filter(|name| settings.destination(name).is_none())
             .cloned()
             .collect();
-        for name in removed {
-            if let Some(running) = inner.running.remove(&name) {
+        for name in &removed {
+            if let Some(running) = inner.running.remove(name) {
                 running.stop.cancel();
                 inner.retiring.insert(name.clone(), running.task);
-                applied.removed.push(name);
             }
         }
-        Ok(applied)
+        removed
     }
 
     fn start(
@@ -154,16 +160,21 @@ impl Fleet {
         dest: &DestinationSettings,
         ctx: Arc<Ctx>,
         reader: Reader,
-        retiring: Option<JoinHandle<()>>,
+        retiring: Option<Task>,
     ) -> Running {
         let state = self.journal.add_destination(&dest.name);
         let stop = self.lifecycle.stop_dispatch.child_token();
         let (tx, rx) = watch::channel(ctx);
         let dispatcher = Dispatcher::new(rx, reader, state, stop.clone());
-        let task = tokio::spawn(async move {
+        let (old, mut older) = match retiring {
+            Some(Task { handle, older }) => (Some(handle), older),
+            None => (None, Vec::new()),
+        };
+        older.extend(old.as_ref().map(JoinHandle::abort_handle));
+        let handle = tokio::spawn(async move {
             // The old dispatcher may still hold events it read: reading them
             // again before it is done would send them twice.
-            if let Some(old) = retiring {
+            if let Some(old) = old {
                 let _ = old.await;
             }
             dispatcher.run().await;
@@ -171,7 +182,7 @@ impl Fleet {
         Running {
             ctx: tx,
             stop,
-            task,
+            task: Task { handle, older },
         }
     }
 
@@ -188,22 +199,21 @@ impl Fleet {
     /// finish its attempts in flight; returns false if the grace ran out
     /// (those attempts are abandoned, and retried after the next start).
     pub async fn stop(&self, grace: Duration) -> bool {
-        let tasks: Vec<JoinHandle<()>> = {
+        let tasks: Vec<Task> = {
             let mut inner = self.lock();
-            let running = inner
-                .running
-                .drain()
-                .map(|(_, r)| r.task)
-                .collect::<Vec<_>>();
+            let running: Vec<Task> = inner.running.drain().map(|(_, r)| r.task).collect();
             running
                 .into_iter()
                 .chain(inner.retiring.drain().map(|(_, t)| t))
                 .collect()
         };
-        let aborts: Vec<_> = tasks.iter().map(JoinHandle::abort_handle).collect();
+        let aborts: Vec<AbortHandle> = tasks
+            .iter()
+            .flat_map(|t| t.older.iter().cloned().chain([t.handle.abort_handle()]))
+            .collect();
         let finished = tokio::time::timeout(grace, async {
             for t in tasks {
-                let _ = t.await;
+                let _ = t.handle.await;
             }
         })
         .await
