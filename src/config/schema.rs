@@ -24,6 +24,9 @@ pub struct RawConfig {
     pub admin_listen: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub admin_token_env: Unsupported,
+    /// Relative journal and dead-letter paths resolve here (`state_dir.rs`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state_dir: Option<String>,
     #[serde(default = "default_shutdown_grace")]
     pub shutdown_grace: Dur,
     #[serde(default)]
