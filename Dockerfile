@@ -20,8 +20,11 @@ FROM gcr.io/distroless/cc-debian12:nonroot
 COPY --from=build /out/courier /usr/local/bin/courier
 # The runtime has no shell to mkdir/chown, so the state folder comes ready.
 COPY --from=build --chown=65532:65532 /out/state /var/lib/courier
+# SQLITE_TMPDIR: SQLite's temporary files go to the writable state volume,
+# since Kubernetes runs the image with a read-only root filesystem.
 ENV COURIER_CONFIG=/etc/courier/courier.yaml \
-    COURIER_STATE_DIR=/var/lib/courier
+    COURIER_STATE_DIR=/var/lib/courier \
+    SQLITE_TMPDIR=/var/lib/courier
 USER 65532:65532
 # 8080: ingress from the app (bind it to loopback); 9090: health, metrics, admin.
 EXPOSE 8080 9090
