@@ -407,7 +407,8 @@ async fn prometheus_finds_metrics_on_the_admin_port() {
         "the plain and Kustomize PodMonitors are missing"
     );
     for m in monitors {
-        let name = format!("{} PodMonitor", m.file.display());
+        let rel = m.file.strip_prefix(manifests::root()).unwrap_or(&m.file);
+        let name = format!("{} PodMonitor", rel.display());
         let r = pod_monitor_matches(&m.value, &pods);
         results.push((name, r));
     }
