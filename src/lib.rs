@@ -10,15 +10,17 @@ pub mod event_path;
 mod ingress;
 pub mod journal;
 pub mod lifecycle;
+pub mod logging;
 pub mod policy;
+pub mod reload;
 pub mod server;
 pub mod signature;
 
-use config::Settings;
-use deadletter::{DeadLetterSink, DirSink};
+use config::{Live, Settings};
+use deliver::Fleet;
 use journal::Journal;
 use lifecycle::Lifecycle;
-use std::collections::HashMap;
+use reload::Reloader;
 use std::path::PathBuf;
 use std::sync::Arc;
 use tokio::net::TcpListener;
@@ -34,18 +36,21 @@ pub enum RunError {
     Setup(String),
 }
 
+/// Where the config in force came from, so that a reload can read it again.
+pub struct ConfigSource {
+    pub path: PathBuf,
+    /// The text `settings` were loaded from.
+    pub text: String,
+}
+
 /// Runs courier until SIGTERM or SIGINT, then shuts down gracefully.
-pub async fn run(settings: Settings) -> Result<(), RunError> {
-    let settings = Arc::new(settings);
+pub async fn run(settings: Settings, source: ConfigSource) -> Result<(), RunError> {
     let prometheus = admin::metrics::install().map_err(RunError::Setup)?;
     let names: Vec<String> = settings
         .destinations
         .iter()
         .map(|d| d.name.clone())
         .collect();
-    for name in &names {
-        admin::metrics::register(name);
-    }
     let j = &settings.journal;
     let (journal, recovered) = Journal::open(
         &j.dir,
@@ -69,53 +74,32 @@ pub async fn run(settings: Settings) -> Result<(), RunError> {
         .map_err(|e| RunError::Listen(settings.admin_listen, "admin_listen", e))?;
     let lifecycle = Arc::new(Lifecycle::default());
     let client = deliver::build_client().map_err(RunError::Setup)?;
-
-    let mut sinks: HashMap<PathBuf, Arc<dyn DeadLetterSink>> = HashMap::new();
-    let mut dispatchers = tokio::task::JoinSet::new();
-    let mut healths = HashMap::new();
-    for dest in &settings.destinations {
-        let sink = dest.dead_letter.as_ref().map(|root| {
-            sinks
-                .entry(root.clone())
-                .or_insert_with(|| Arc::new(DirSink::new(root.clone())))
-                .clone()
-        });
-        let reader = journal
-            .reader()
-            .map_err(|e| RunError::Setup(format!("cannot open a journal reader: {e}")))?;
-        let state = journal
-            .destination(&dest.name)
-            .ok_or_else(|| RunError::Setup(format!("no journal state for {}", dest.name)))?;
-        let health = Arc::new(deliver::health::Health::new(
-            dest.probation.clone(),
-            dest.rate_limit_per_second,
-        ));
-        healths.insert(dest.name.clone(), health.clone());
-        let ctx = deliver::settle_ctx(dest.clone(), journal.clone(), sink, client.clone(), health);
-        dispatchers.spawn(deliver::Dispatcher::new(ctx, reader, state, lifecycle.clone()).run());
-    }
+    let fleet = Arc::new(Fleet::new(journal.clone(), client, lifecycle.clone()));
+    fleet.apply(&settings).map_err(RunError::Setup)?;
+    let live = Arc::new(Live::from_pointee(settings));
 
     let ingress = Arc::new(ingress::Ingress::new(
-        settings.clone(),
+        live.clone(),
         journal.clone(),
         lifecycle.clone(),
     ));
     let admin = Arc::new(admin::Admin {
-        settings: settings.clone(),
+        settings: live.clone(),
         journal: journal.clone(),
         lifecycle: lifecycle.clone(),
         prometheus,
-        healths,
+        fleet: fleet.clone(),
         reader: journal
             .reader()
             .map_err(|e| RunError::Setup(format!("cannot open a journal reader: {e}")))?,
     });
+    let listen = live.load().listen;
     let ingress_addr = ingress_listener
         .local_addr()
-        .map_err(|e| RunError::Listen(settings.listen, "listen", e))?;
+        .map_err(|e| RunError::Listen(listen, "listen", e))?;
     let admin_addr = admin_listener
         .local_addr()
-        .map_err(|e| RunError::Listen(settings.admin_listen, "admin_listen", e))?;
+        .map_err(|e| RunError::Listen(listen, "admin_listen", e))?;
     let servers = [
         tokio::spawn(server::serve(
             ingress_listener,
@@ -134,21 +118,20 @@ pub async fn run(settings: Settings) -> Result<(), RunError> {
             lifecycle.stop_servers.clone(),
         )),
     ];
+    let reloader = Reloader::new(source.path, source.text, live.clone(), fleet.clone());
+    let reloads = tokio::spawn(reload::run(reloader, lifecycle.stop_dispatch.clone()));
     lifecycle.set_ready();
     tracing::info!(ingress = %ingress_addr, admin = %admin_addr, destinations = names.len(), "courier listening");
 
     wait_for_signal().await;
-    tracing::info!(grace = ?settings.shutdown_grace, "shutting down: refusing new events, finishing attempts in flight");
+    let grace = live.load().shutdown_grace;
+    tracing::info!(grace = %config::units::format_duration(grace), "shutting down: refusing new events, finishing attempts in flight");
     lifecycle.drain();
-    let drained = tokio::time::timeout(settings.shutdown_grace, async {
-        while dispatchers.join_next().await.is_some() {}
-    })
-    .await;
-    if drained.is_err() {
+    let _ = reloads.await;
+    if !fleet.stop(grace).await {
         tracing::warn!(
             "shutdown grace ran out; attempts still in flight are abandoned and retried after restart"
         );
-        dispatchers.abort_all();
     }
     journal.close().await;
     lifecycle.stop_servers.cancel();

@@ -1,12 +1,15 @@
 //! The `courier` command line (SPEC §1). Errors become one sentence on
 //! stderr and an exit code: 1 for bad config or arguments, 2 at run time.
+//! Once `courier run` has read its config, that sentence is a log line in
+//! the configured format (JSON stays JSON); before, the format is not known
+//! and the sentence is plain text.
 
 use clap::{Parser, Subcommand};
-use courier::config::{self, LogFormat, ProcessEnv, Purpose};
+use courier::config::{self, ProcessEnv, Purpose};
 use courier::policy::Plan;
 use courier::policy::limits::PlannedAttempt;
 use std::fmt::Write as _;
-use std::io::{IsTerminal, Write as _};
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -100,40 +103,40 @@ fn check(path: &Path) -> ExitCode {
 }
 
 fn run(path: &Path) -> ExitCode {
-    let loaded = match load(path, Purpose::Run) {
+    let loaded = config::read(path).and_then(|text| {
+        Ok((
+            config::load_text(path, &text, Purpose::Run, &ProcessEnv)?,
+            text,
+        ))
+    });
+    let (loaded, text) = match loaded {
         Ok(l) => l,
-        Err(code) => return code,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(1);
+        }
     };
-    init_logging(&loaded.settings.log);
+    courier::logging::init(&loaded.settings.log);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
     {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("courier: cannot start the runtime: {e}");
+            tracing::error!("cannot start the runtime: {e}");
             return ExitCode::from(2);
         }
     };
-    match runtime.block_on(courier::run(loaded.settings)) {
+    let source = courier::ConfigSource {
+        path: path.to_path_buf(),
+        text,
+    };
+    match runtime.block_on(courier::run(loaded.settings, source)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("courier: {e}");
+            tracing::error!("{e}");
             ExitCode::from(2)
         }
-    }
-}
-
-fn init_logging(log: &config::settings::LogSettings) {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("COURIER_LOG").unwrap_or_else(|_| {
-        tracing_subscriber::EnvFilter::new(format!("warn,courier={}", log.level))
-    });
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    match log.format {
-        LogFormat::Json => builder.json().init(),
-        LogFormat::Text => builder.with_ansi(std::io::stderr().is_terminal()).init(),
     }
 }
 

@@ -8,11 +8,17 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use std::convert::Infallible;
 use std::future::Future;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 pub type Body = Full<Bytes>;
+
+/// The peer of the connection a request came on, in the request's
+/// extensions: handlers log who asked (SPEC §6, a rejected request).
+#[derive(Debug, Clone, Copy)]
+pub struct RemoteAddr(pub SocketAddr);
 
 /// Serves `handler` on `listener` until `stop` is cancelled; open
 /// connections are then shut down gracefully.
@@ -23,7 +29,7 @@ where
 {
     let tracker = tokio_util::task::TaskTracker::new();
     loop {
-        let (stream, _) = tokio::select! {
+        let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(s) => s,
                 Err(e) => {
@@ -38,7 +44,8 @@ where
         let handler = handler.clone();
         let stop = stop.clone();
         tracker.spawn(async move {
-            let service = hyper::service::service_fn(move |req| {
+            let service = hyper::service::service_fn(move |mut req: Request<Incoming>| {
+                req.extensions_mut().insert(RemoteAddr(peer));
                 let fut = handler(req);
                 async move { Ok::<_, Infallible>(fut.await) }
             });

@@ -64,7 +64,12 @@ async fn a_success_after_the_timeout_completes_the_event_and_cancels_the_retry()
         .await,
         Some(1.0)
     );
-    assert!(courier.logs().contains("late answer"), "{}", courier.logs());
+    let logs = courier.logs();
+    assert!(
+        logs.lines()
+            .any(|l| l.contains(" delivered ") && l.contains("late=true")),
+        "no `delivered … late=true` line:\n{logs}"
+    );
     receiver.assert_quiet(1, Duration::from_millis(300)).await;
 }
 

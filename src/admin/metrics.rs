@@ -20,6 +20,9 @@ pub const CORRUPT: &str = "courier_journal_corrupt_records_total";
 pub const DEDUPLICATED: &str = "courier_events_deduplicated_total";
 pub const DEDUPE_EVICTED: &str = "courier_dedupe_evicted_total";
 pub const UNMATCHED: &str = "courier_events_unmatched_total";
+pub const RELOAD_FAILURES: &str = "courier_config_reload_failures_total";
+pub const RELOAD_SUCCESS_AT: &str = "courier_config_last_reload_success_timestamp_seconds";
+pub const RELOAD_OK: &str = "courier_config_last_reload_successful";
 
 const BUCKETS: [f64; 14] = [
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
@@ -67,7 +70,32 @@ pub fn install() -> Result<PrometheusHandle, String> {
         UNMATCHED,
         "Events posted to a topic that matched no subscriber: acknowledged, not stored."
     );
+    metrics::describe_counter!(
+        RELOAD_FAILURES,
+        "Config reloads refused (invalid file): the config in force stays."
+    );
+    metrics::describe_gauge!(
+        RELOAD_SUCCESS_AT,
+        "When the config in force was loaded (start or last good reload), in seconds since the epoch."
+    );
+    metrics::describe_gauge!(
+        RELOAD_OK,
+        "1 if the last reload (or the start) succeeded, else 0."
+    );
+    counter!(RELOAD_FAILURES).increment(0);
+    config_loaded();
     Ok(handle)
+}
+
+/// The config in force was loaded now (at start, or by a good reload).
+pub fn config_loaded() {
+    gauge!(RELOAD_SUCCESS_AT).set(crate::clock::now_ms() as f64 / 1000.0);
+    gauge!(RELOAD_OK).set(1.0);
+}
+
+pub fn config_refused() {
+    counter!(RELOAD_FAILURES).increment(1);
+    gauge!(RELOAD_OK).set(0.0);
 }
 
 /// Creates a destination's counters at 0, so that `/metrics` lists them

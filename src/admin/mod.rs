@@ -1,11 +1,13 @@
 //! The admin surface (SPEC §5): health, readiness, Prometheus metrics, and
 //! the destinations API (state, pause, resume).
 
+pub mod auth;
 pub mod metrics;
 
 use crate::clock;
-use crate::config::Settings;
-use crate::deliver::health::{Health, PauseReason};
+use crate::config::Live;
+use crate::deliver::Fleet;
+use crate::deliver::health::PauseReason;
 use crate::journal::{Journal, Reader};
 use crate::lifecycle::Lifecycle;
 use crate::server::{Body, json};
@@ -15,24 +17,32 @@ use http_body_util::Full;
 use hyper::body::Incoming;
 use metrics_exporter_prometheus::PrometheusHandle;
 use serde_json::{Value, json};
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 pub struct Admin {
-    pub settings: Arc<Settings>,
+    pub settings: Arc<Live>,
     pub journal: Journal,
     pub lifecycle: Arc<Lifecycle>,
     pub prometheus: PrometheusHandle,
-    pub healths: HashMap<String, Arc<Health>>,
+    pub fleet: Arc<Fleet>,
     pub reader: Reader,
 }
 
 impl Admin {
     pub async fn handle(&self, req: Request<Incoming>) -> Response<Body> {
         let path = req.uri().path().to_string();
+        if let Some(denied) = self.deny(&req) {
+            return denied;
+        }
         let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
         match (req.method(), segments.as_slice()) {
+            // A failed journal refuses every write until restart: tell the
+            // liveness probe, so that the kubelet restarts the container.
+            (&Method::GET, ["healthz"]) if self.journal.failed() => json(
+                StatusCode::SERVICE_UNAVAILABLE,
+                &json!({ "status": "journal failed" }),
+            ),
             (&Method::GET, ["healthz"]) => json(StatusCode::OK, &json!({ "status": "ok" })),
             (&Method::GET, ["readyz"]) => {
                 if self.lifecycle.ready() && !self.journal.failed() {
@@ -56,12 +66,35 @@ impl Admin {
         }
     }
 
+    /// Mutating calls (any method but GET and HEAD, checked before routing,
+    /// so that nothing about the API is learnt without the token) need the
+    /// bearer token when one is configured.
+    fn deny(&self, req: &Request<Incoming>) -> Option<Response<Body>> {
+        let settings = self.settings.load();
+        let token = settings.admin_token.as_ref()?;
+        if matches!(*req.method(), Method::GET | Method::HEAD) || token.authorizes(req.headers()) {
+            return None;
+        }
+        tracing::info!(method = %req.method(), path = req.uri().path(), "admin call refused: missing or wrong bearer token");
+        let mut resp = json(
+            StatusCode::UNAUTHORIZED,
+            &json!({ "error": "this admin call needs `Authorization: Bearer <token>`, the token in the variable named by admin_token_env", "reason": "unauthorized" }),
+        );
+        resp.headers_mut().insert(
+            http::header::WWW_AUTHENTICATE,
+            http::HeaderValue::from_static("Bearer realm=\"courier-admin\""),
+        );
+        Some(resp)
+    }
+
     fn metrics(&self) -> Response<Body> {
-        for d in &self.settings.destinations {
-            let probation = self.healths.get(&d.name).is_some_and(|h| h.on_probation());
-            if let Some(state) = self.journal.destination(&d.name) {
+        // Every destination the journal knows, configured or orphaned by a
+        // reload: events left waiting must show on a dashboard.
+        for name in self.journal.destination_names() {
+            let probation = self.fleet.health(&name).is_some_and(|h| h.on_probation());
+            if let Some(state) = self.journal.destination(&name) {
                 metrics::pending(
-                    &d.name,
+                    &name,
                     state.pending.load(Ordering::Relaxed),
                     state.bytes.load(Ordering::Relaxed),
                     probation,
@@ -76,13 +109,18 @@ impl Admin {
         resp
     }
 
+    /// Configured destinations, then orphaned ones: events kept in the
+    /// journal for a destination a reload removed, delivered again if it
+    /// comes back.
     async fn destinations(&self) -> Response<Body> {
         let now = clock::now_ms();
+        let settings = self.settings.load();
         let mut out = Vec::new();
-        for d in &self.settings.destinations {
-            let (Some(health), Some(state)) =
-                (self.healths.get(&d.name), self.journal.destination(&d.name))
-            else {
+        for d in &settings.destinations {
+            let (Some(health), Some(state)) = (
+                self.fleet.health(&d.name),
+                self.journal.destination(&d.name),
+            ) else {
                 continue;
             };
             let v = health.view();
@@ -100,13 +138,33 @@ impl Admin {
                 "last_attempt": v.last_attempt_ms.map(clock::rfc3339),
             }));
         }
+        let mut orphaned = self.journal.destination_names();
+        orphaned.retain(|name| settings.destination(name).is_none());
+        orphaned.sort();
+        for name in orphaned {
+            let pending = self
+                .journal
+                .destination(&name)
+                .map_or(0, |s| s.pending.load(Ordering::Relaxed));
+            if pending == 0 {
+                continue;
+            }
+            let oldest = self.reader.oldest_accepted(&name).await.ok().flatten();
+            out.push(json!({
+                "name": name,
+                "state": "orphaned",
+                "pending": pending,
+                "in_flight": 0,
+                "oldest_pending_age_s": oldest.map(|t| now.saturating_sub(t) as f64 / 1000.0),
+            }));
+        }
         json(StatusCode::OK, &json!({ "destinations": out }))
     }
 
     fn pause_or_resume(&self, name: &str, action: &str) -> Response<Body> {
-        let Some(health) = self.healths.get(name) else {
-            let names: Vec<&str> = self
-                .settings
+        let Some(health) = self.fleet.health(name) else {
+            let settings = self.settings.load();
+            let names: Vec<&str> = settings
                 .destinations
                 .iter()
                 .map(|d| d.name.as_str())

@@ -19,6 +19,9 @@ use position::PositionIndex;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
+/// The settings in force: swapped whole by a reload, read once per request.
+pub type Live = arc_swap::ArcSwap<Settings>;
+
 /// A config that passed every check.
 pub struct Loaded {
     pub settings: Settings,
@@ -43,11 +46,33 @@ impl fmt::Display for ConfigError {
 impl std::error::Error for ConfigError {}
 
 pub fn load(path: &Path, purpose: Purpose, env: &dyn Env) -> Result<Loaded, ConfigError> {
-    let file = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
-        lines: vec![format!("{file}: cannot read the config file: {e}")],
-    })?;
-    parse(&file, &text, base_dir(path), purpose, env)
+    load_text(path, &read(path)?, purpose, env)
+}
+
+pub fn read(path: &Path) -> Result<String, ConfigError> {
+    std::fs::read_to_string(path).map_err(|e| ConfigError {
+        lines: vec![format!(
+            "{}: cannot read the config file: {e}",
+            path.display()
+        )],
+    })
+}
+
+/// Checks `text`, read from `path` (which names it in messages and anchors
+/// its relative paths).
+pub fn load_text(
+    path: &Path,
+    text: &str,
+    purpose: Purpose,
+    env: &dyn Env,
+) -> Result<Loaded, ConfigError> {
+    parse(
+        &path.display().to_string(),
+        text,
+        base_dir(path),
+        purpose,
+        env,
+    )
 }
 
 fn base_dir(path: &Path) -> PathBuf {

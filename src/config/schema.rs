@@ -22,8 +22,9 @@ pub struct RawConfig {
     pub listen: String,
     #[serde(default = "default_admin_listen")]
     pub admin_listen: String,
+    /// The name of the environment variable holding the admin bearer token.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub admin_token_env: Unsupported,
+    pub admin_token_env: Option<String>,
     /// Relative journal and dead-letter paths resolve here (`state_dir.rs`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub state_dir: Option<String>,

@@ -2,6 +2,7 @@
 //! raw config by `validate`; every value here is known to be in range.
 
 use super::schema::{LogFormat, Schema, SyncMode};
+use crate::admin::auth::AdminToken;
 use crate::event_path::EventPath;
 use crate::policy::probation::ProbationPolicy;
 use crate::policy::{Limits, Schedule, StatusPolicy};
@@ -16,6 +17,8 @@ use std::time::Duration;
 pub struct Settings {
     pub listen: SocketAddr,
     pub admin_listen: SocketAddr,
+    /// `None`: mutating admin calls are open (only allowed on loopback).
+    pub admin_token: Option<AdminToken>,
     pub shutdown_grace: Duration,
     pub log: LogSettings,
     pub journal: JournalSettings,
@@ -57,14 +60,14 @@ pub struct Subscription {
     pub subject_case_sensitive: bool,
 }
 
-#[derive(Debug)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct LogSettings {
     pub format: LogFormat,
     pub level: String,
     pub bodies: bool,
 }
 
-#[derive(Debug)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct JournalSettings {
     pub dir: PathBuf,
     pub max_bytes: u64,

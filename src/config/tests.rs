@@ -17,6 +17,8 @@ fn env() -> FakeEnv {
         ("WHSEC_A", "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"),
         ("WHSEC_B", "c2Vjb25kIGtleQ=="),
         ("WHSEC_BAD", "whsec_hunter2!!"),
+        ("ADMIN_TOKEN", "t0ken-for-admin"),
+        ("BLANK", "  "),
     ]))
 }
 
@@ -709,6 +711,76 @@ fn an_empty_state_dir_key_is_an_error() {
     let e = one_error(&format!("state_dir: ''\n{STATE}"));
     assert!(
         e.starts_with("c.yaml:1:12: state_dir: must not be empty"),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_pod_address_for_admin_needs_a_token() {
+    let open = GOOD.replace(
+        "listen: 127.0.0.1:8080",
+        "listen: 127.0.0.1:8080\nadmin_listen: 0.0.0.0:9090",
+    );
+    let e = one_error(&open);
+    assert!(
+        e.starts_with("c.yaml:2:15: admin_listen: `0.0.0.0:9090` is not a loopback address, so admin_token_env is required"),
+        "{e}"
+    );
+    let with = open.replace(
+        "admin_listen: 0.0.0.0:9090",
+        "admin_listen: 0.0.0.0:9090\nadmin_token_env: ADMIN_TOKEN",
+    );
+    let loaded = parse("c.yaml", &with, ".".into(), Purpose::Run, &env()).expect("valid");
+    let token = loaded.settings.admin_token.expect("a token");
+    let mut h = http::HeaderMap::new();
+    h.insert(
+        "authorization",
+        http::HeaderValue::from_static("Bearer t0ken-for-admin"),
+    );
+    assert!(token.authorizes(&h));
+    assert!(!loaded.effective.contains("t0ken"), "{}", loaded.effective);
+    assert!(
+        loaded.effective.contains("admin_token_env: ADMIN_TOKEN"),
+        "{}",
+        loaded.effective
+    );
+    // Loopback needs no token; a token there is still honoured.
+    let lo = parse("c.yaml", GOOD, ".".into(), Purpose::Run, &env()).expect("valid");
+    assert!(lo.settings.admin_token.is_none());
+}
+
+#[test]
+fn an_admin_token_variable_must_be_set_and_not_blank() {
+    let cfg = |var: &str| {
+        GOOD.replace(
+            "listen: 127.0.0.1:8080",
+            &format!("listen: 127.0.0.1:8080\nadmin_token_env: {var}"),
+        )
+    };
+    let e = one_error(&cfg("NOT_SET_ANYWHERE"));
+    assert!(
+        e.starts_with(
+            "c.yaml:2:18: admin_token_env: environment variable NOT_SET_ANYWHERE is not set"
+        ),
+        "{e}"
+    );
+    let checked = parse(
+        "c.yaml",
+        &cfg("NOT_SET_ANYWHERE"),
+        ".".into(),
+        Purpose::Check,
+        &env(),
+    )
+    .expect("check passes");
+    assert_eq!(checked.warnings.len(), 1, "{:?}", checked.warnings);
+    let e = one_error(&cfg("BLANK"));
+    assert!(
+        e.contains("admin_token_env: environment variable BLANK is empty"),
+        "{e}"
+    );
+    let e = one_error(&cfg("\"\""));
+    assert!(
+        e.contains("admin_token_env: must name an environment variable"),
         "{e}"
     );
 }

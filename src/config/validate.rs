@@ -7,6 +7,7 @@ use super::schema::{
 };
 use super::settings::*;
 use super::units::Dur;
+use crate::admin::auth::AdminToken;
 use crate::event_path::EventPath;
 use crate::policy::classify::Codes;
 use crate::policy::probation::ProbationPolicy;
@@ -187,7 +188,7 @@ pub fn check(
             format!("`{admin_listen}` is also `listen`: use two different ports"),
         );
     }
-    c.unsupported("admin_token_env", &raw.admin_token_env, "a later issue");
+    let admin_token = admin_token(&mut c, raw.admin_token_env.as_deref(), admin_listen);
     let shutdown_grace = c.range_dur(
         "shutdown_grace",
         raw.shutdown_grace,
@@ -252,6 +253,7 @@ pub fn check(
     let settings = Settings {
         listen,
         admin_listen,
+        admin_token,
         shutdown_grace,
         log: LogSettings {
             format: raw.log.format,
@@ -275,6 +277,37 @@ pub fn check(
         warnings: c.warnings,
         state_dir: c.state_dir,
     })
+}
+
+/// The admin token from `admin_token_env`. Without one, the admin API must
+/// stay on loopback: on a pod address anyone in the cluster could pause
+/// destinations (SPEC §5).
+fn admin_token(c: &mut Checker, var: Option<&str>, admin_listen: SocketAddr) -> Option<AdminToken> {
+    let Some(var) = var else {
+        if !admin_listen.ip().is_loopback() {
+            c.err(
+                "admin_listen",
+                format!("`{admin_listen}` is not a loopback address, so admin_token_env is required: set it to the name of an environment variable holding a bearer token for mutating admin calls"),
+            );
+        }
+        return None;
+    };
+    if var.trim().is_empty() {
+        c.err(
+            "admin_token_env",
+            "must name an environment variable, like COURIER_ADMIN_TOKEN",
+        );
+        return None;
+    }
+    let token = c.env_var("admin_token_env".into(), var)?;
+    if token.trim().is_empty() {
+        c.err(
+            "admin_token_env",
+            format!("environment variable {var} is empty: it must hold the admin bearer token"),
+        );
+        return None;
+    }
+    Some(AdminToken::new(&token))
 }
 
 fn destination(

@@ -15,11 +15,12 @@ use super::settle::{self, Ctx, Unit};
 use crate::admin::metrics;
 use crate::clock;
 use crate::journal::{Change, DestinationState, Reader, StoreError, StoredEvent};
-use crate::lifecycle::Lifecycle;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::sync::watch;
 use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
 
 use super::health::Gate;
 
@@ -32,9 +33,12 @@ const MAX_BATCH_WINDOW: usize = 16_384;
 
 pub struct Dispatcher {
     ctx: Arc<Ctx>,
+    /// A reloaded config's context, taken before the next attempt.
+    updates: watch::Receiver<Arc<Ctx>>,
     reader: Reader,
     state: Arc<DestinationState>,
-    lifecycle: Arc<Lifecycle>,
+    /// Cancelled at shutdown, or when a reload removes the destination.
+    stop: CancellationToken,
 }
 
 /// Events read from the journal and not yet settled: queued or in flight.
@@ -47,37 +51,48 @@ struct Held {
 
 impl Dispatcher {
     pub fn new(
-        ctx: Ctx,
+        mut updates: watch::Receiver<Arc<Ctx>>,
         reader: Reader,
         state: Arc<DestinationState>,
-        lifecycle: Arc<Lifecycle>,
+        stop: CancellationToken,
     ) -> Self {
+        let ctx = updates.borrow_and_update().clone();
         Dispatcher {
-            ctx: Arc::new(ctx),
+            ctx,
+            updates,
             reader,
             state,
-            lifecycle,
+            stop,
         }
     }
 
     /// Runs until shutdown begins, then waits for attempts in flight (the
     /// caller bounds that wait by `shutdown_grace`).
-    pub async fn run(self) {
-        let concurrency = self.ctx.dest.concurrency;
-        let batching = self.ctx.dest.batch;
-        // Events held ready; refilled when a quarter is left. Without
-        // batching: four per attempt slot, refilled below `concurrency`.
-        let window = (concurrency * 4 * batching.max_events)
-            .min(MAX_BATCH_WINDOW)
-            .max(concurrency * 4);
-        let stop = self.lifecycle.stop_dispatch.clone();
+    pub async fn run(mut self) {
+        let stop = self.stop.clone();
         let mut held = Held::default();
         let mut tasks = JoinSet::new();
         // The earliest TTL deadline of any pending event. An event whose
         // next attempt lies beyond it (a retry hours ahead, a TTL lowered
         // since, a pause) must still be dead-lettered at the deadline.
         let mut expiry_at = Some(0);
+        let mut updates_open = true;
+        // `changed()` marks the new context seen: remember to take it.
+        let mut updated = false;
         loop {
+            if std::mem::take(&mut updated) || self.updates.has_changed().unwrap_or(false) {
+                // Attempts in flight finish under the context they started with.
+                self.ctx = self.updates.borrow_and_update().clone();
+                // The TTL may have changed: look for expired events again.
+                expiry_at = Some(0);
+            }
+            let concurrency = self.ctx.dest.concurrency;
+            let batching = self.ctx.dest.batch;
+            // Events held ready; refilled when a quarter is left. Without
+            // batching: four per attempt slot, refilled below `concurrency`.
+            let window = (concurrency * 4 * batching.max_events)
+                .min(MAX_BATCH_WINDOW)
+                .max(concurrency * 4);
             let mut wake_at = None;
             if held.ready.len() < window / 4 && !stop.is_cancelled() {
                 wake_at = self.refill(&mut held, window).await;
@@ -178,6 +193,10 @@ impl Dispatcher {
                             held.seqs.remove(&seq);
                         }
                     }
+                }
+                changed = self.updates.changed(), if updates_open && !stop.is_cancelled() => {
+                    updates_open = changed.is_ok();
+                    updated = updates_open;
                 }
                 _ = sleep, if wake_at.is_some() => {}
                 _ = stop.cancelled(), if !stop.is_cancelled() => {}

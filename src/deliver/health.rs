@@ -83,6 +83,21 @@ impl Health {
         }
     }
 
+    /// Applies a reloaded config's probation policy and rate limit. The
+    /// probation in force is restarted only when its policy changed.
+    pub fn reconfigure(&self, probation: &ProbationPolicy, rate_per_second: Option<u32>) {
+        let mut s = self.lock();
+        if s.probation.policy() != probation {
+            s.probation = Probation::new(probation.clone());
+        }
+        let rate = rate_per_second.map(RateLimit::per_second);
+        if s.rate.as_ref().map(RateLimit::interval) != rate.as_ref().map(RateLimit::interval) {
+            s.rate = rate;
+        }
+        drop(s);
+        self.wake.notify_one();
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
         // The state is plain data: a panic elsewhere cannot leave it torn.
         self.inner.lock().unwrap_or_else(|p| p.into_inner())

@@ -9,6 +9,7 @@
 //! waiting for its TTL) leaves the batch.
 
 use super::health::{Health, PauseReason};
+use super::outcome_log::{self, Confirmed};
 use super::request;
 use super::stack::{AttemptService, Attempted, LateAnswer};
 use crate::admin::metrics;
@@ -36,7 +37,9 @@ pub struct Ctx {
     pub sink: Option<Arc<dyn DeadLetterSink>>,
     pub stack: AttemptService,
     pub health: Arc<Health>,
-    pub late: LateCompleted,
+    /// Shared by every version of the context a reload makes, so that a
+    /// late answer still cancels a retry read under the old one.
+    pub late: Arc<LateCompleted>,
 }
 
 /// What one attempt carries.
@@ -114,7 +117,7 @@ pub async fn expire(ctx: &Ctx, ev: StoredEvent) -> bool {
         last_status: ev.last_status,
         last_attempt_ms: ev.last_attempt_ms,
     };
-    dead_letter(ctx, &[(&ev, facts)]).await
+    dead_letter(ctx, &[(&ev, facts)], ev.batch.as_deref()).await
 }
 
 async fn settle(
@@ -140,7 +143,7 @@ async fn settle(
         tracing::warn!(destination = %dest.name, outcome, until = %clock::rfc3339(until), "endpoint on probation: no attempts until then, then one probe");
     }
     let id = batch.as_deref().unwrap_or(evs[0].event.id.as_str());
-    tracing::debug!(destination = %dest.name, id, events = n, attempt = number, outcome, status = ?a.status, error = ?a.error, "attempt");
+    tracing::debug!(destination = %dest.name, id = %id, events = n, attempt = number, outcome = %outcome, status = a.status, error = a.error.as_deref(), "attempt");
     let retry_at = |min_delay: Duration| {
         let base = dest.schedule.delay_before(number + 1).max(min_delay);
         let delay = jittered(base, dest.jitter, &mut rand::rng()).max(min_delay);
@@ -149,6 +152,10 @@ async fn settle(
     let next: Box<dyn Fn(&StoredEvent) -> Next + Send + Sync> = match a.classified.verdict {
         Verdict::Delivered => {
             metrics::delivered(&dest.name, n);
+            for ev in &evs {
+                let (attempts, batch) = (ev.attempts + 1, batch.as_deref());
+                outcome_log::delivered(ev, attempts, a.status, batch, Confirmed::InTime);
+            }
             return apply(ctx, evs.iter().map(delete).collect()).await;
         }
         Verdict::DeadLetter => Box::new(|_| Next::DeadLetter(Reason::NonRetriableStatus)),
@@ -204,7 +211,7 @@ async fn settle(
     if !changes.is_empty() {
         kept = apply(ctx, changes).await;
         if kept && let Some(late) = a.late.take() {
-            watch_late_answer(ctx, waiting, late);
+            watch_late_answer(ctx, waiting, batch.clone(), late);
         }
     }
     if !dead.is_empty() {
@@ -221,7 +228,7 @@ async fn settle(
                 (ev, facts)
             })
             .collect();
-        kept &= dead_letter(ctx, &facts).await;
+        kept &= dead_letter(ctx, &facts, batch.as_deref()).await;
     }
     kept
 }
@@ -243,7 +250,12 @@ fn delete_if(ev: &StoredEvent, only_if_attempts: Option<u32>) -> Change {
 /// rescheduled, but a success that still arrives within the window
 /// completes them all (a batch is all or nothing), and their retry is
 /// cancelled if it has not gone out yet.
-fn watch_late_answer(ctx: &Arc<Ctx>, evs: Vec<(StoredEvent, u32)>, late: LateAnswer) {
+fn watch_late_answer(
+    ctx: &Arc<Ctx>,
+    evs: Vec<(StoredEvent, u32)>,
+    batch: Option<String>,
+    late: LateAnswer,
+) {
     let ctx = ctx.clone();
     tokio::spawn(async move {
         let Ok(status) = late.await else { return };
@@ -256,8 +268,10 @@ fn watch_late_answer(ctx: &Arc<Ctx>, evs: Vec<(StoredEvent, u32)>, late: LateAns
             .map(|(ev, attempts)| delete_if(ev, Some(*attempts)))
             .collect();
         if ctx.journal.apply(changes).await.is_ok() {
-            let id = &evs[0].0.event.id;
-            tracing::info!(destination = %ctx.dest.name, id = %id, events = evs.len(), status, "late answer: delivered after its timeout; retry cancelled");
+            for (ev, attempts) in &evs {
+                let batch = batch.as_deref();
+                outcome_log::delivered(ev, *attempts, Some(status), batch, Confirmed::Late);
+            }
             metrics::delivered(&ctx.dest.name, evs.len() as u64);
         }
     });
@@ -314,14 +328,14 @@ async fn apply(ctx: &Ctx, changes: Vec<Change>) -> bool {
 
 /// Writes the dead letters durably (one sink write for all of them), then
 /// deletes the events. Without a sink the events are dropped and counted.
-async fn dead_letter(ctx: &Ctx, items: &[(&StoredEvent, Facts<'_>)]) -> bool {
+/// `batch`: the batch of their last attempt, for the log.
+async fn dead_letter(ctx: &Ctx, items: &[(&StoredEvent, Facts<'_>)], batch: Option<&str>) -> bool {
     let dest = &ctx.dest.name;
     match &ctx.sink {
         None => {
             for (ev, facts) in items {
-                let reason = facts.reason.as_str();
-                tracing::warn!(destination = %dest, id = %ev.event.id, reason, "no dead-letter sink: event dropped");
-                metrics::dropped(dest, reason);
+                outcome_log::dropped(ev, facts, batch);
+                metrics::dropped(dest, facts.reason.as_str());
             }
         }
         Some(sink) => {
@@ -354,9 +368,8 @@ async fn dead_letter(ctx: &Ctx, items: &[(&StoredEvent, Facts<'_>)]) -> bool {
                 tokio::time::sleep(SINK_RETRY).await;
             }
             for (ev, facts) in items {
-                let reason = facts.reason.as_str();
-                tracing::info!(destination = %dest, id = %ev.event.id, reason, attempts = facts.attempts, "dead-lettered");
-                metrics::dead_lettered(dest, reason);
+                outcome_log::dead_lettered(ev, facts, batch);
+                metrics::dead_lettered(dest, facts.reason.as_str());
             }
         }
     }

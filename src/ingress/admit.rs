@@ -2,12 +2,12 @@
 //! limits, parse the body by the schema into events, wait for the journal's
 //! commit of all of them (for a topic: of every subscriber's copy).
 
-use super::{forward, reply, schema, topic};
+use super::{forward, rejection, reply, schema, topic};
 use crate::admin::metrics;
-use crate::config::{DestinationSettings, Schema, Settings, TopicSettings};
+use crate::config::{DestinationSettings, Live, Schema, TopicSettings};
 use crate::journal::{Appended, Header, Journal, NewEvent};
 use crate::lifecycle::Lifecycle;
-use crate::server::Body;
+use crate::server::{Body, RemoteAddr};
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
@@ -15,11 +15,10 @@ use hyper::body::Incoming;
 use std::sync::Arc;
 
 pub struct Ingress {
-    settings: Arc<Settings>,
+    /// Read once per request: a reload swaps it between requests.
+    settings: Arc<Live>,
     journal: Journal,
     lifecycle: Arc<Lifecycle>,
-    names: Vec<String>,
-    topic_names: Vec<String>,
 }
 
 /// Where a request goes: names are unique across both (checked at load).
@@ -45,35 +44,42 @@ impl Route {
 }
 
 impl Ingress {
-    pub fn new(settings: Arc<Settings>, journal: Journal, lifecycle: Arc<Lifecycle>) -> Self {
-        let names = settings
-            .destinations
-            .iter()
-            .map(|d| d.name.clone())
-            .collect();
-        let topic_names = settings.topics.iter().map(|t| t.name.clone()).collect();
+    pub fn new(settings: Arc<Live>, journal: Journal, lifecycle: Arc<Lifecycle>) -> Self {
         Ingress {
             settings,
             journal,
             lifecycle,
-            names,
-            topic_names,
         }
     }
 
+    /// Answers one request; a refusal is counted and logged with its sender.
     pub async fn handle(&self, req: Request<Incoming>) -> Response<Body> {
+        let remote = req.extensions().get::<RemoteAddr>().copied();
+        let resp = self.admit(req).await;
+        rejection::record(&resp, remote);
+        resp
+    }
+
+    async fn admit(&self, req: Request<Incoming>) -> Response<Body> {
         let path = req.uri().path();
         let trimmed = path.strip_prefix('/').unwrap_or(path);
         let (name, rest) = match trimmed.find('/') {
             Some(i) => (&trimmed[..i], &trimmed[i..]),
             None => (trimmed, ""),
         };
-        let route = if let Some(d) = self.settings.destination(name) {
+        let settings = self.settings.load();
+        let route = if let Some(d) = settings.destination(name) {
             Route::Destination(d.clone())
-        } else if let Some(t) = self.settings.topic(name) {
+        } else if let Some(t) = settings.topic(name) {
             Route::Topic(t.clone())
         } else {
-            return reply::unknown_destination(name, &self.names, &self.topic_names);
+            let names: Vec<String> = settings
+                .destinations
+                .iter()
+                .map(|d| d.name.clone())
+                .collect();
+            let topics: Vec<String> = settings.topics.iter().map(|t| t.name.clone()).collect();
+            return reply::unknown_destination(name, &names, &topics);
         };
         let name = route.name();
         if !matches!(*req.method(), Method::POST | Method::PUT | Method::PATCH) {
@@ -102,7 +108,7 @@ impl Ingress {
                 Some(5),
             );
         }
-        let limit = self.settings.ingress.max_body_bytes;
+        let limit = settings.ingress.max_body_bytes;
         let too_large = || {
             reply::reject(
                 name,
@@ -177,7 +183,7 @@ impl Ingress {
                     Some(Ok(events)) => events
                         .into_iter()
                         .map(|e| {
-                            tracing::debug!(destination = %name, id = %e.id, event_type = %e.event_type, subject = ?e.subject, "event parsed");
+                            tracing::debug!(destination = %name, id = %e.id, event_type = %e.event_type, subject = e.subject.as_deref(), "event parsed");
                             (e.id, e.body)
                         })
                         .collect(),
@@ -221,7 +227,7 @@ impl Ingress {
         let fan = topic::fan_out(topic, events);
         for c in &fan.copies {
             let e = &events[c.event];
-            tracing::debug!(topic = %topic.name, destination = %c.destination, id = %e.id, event_type = %e.event_type, subject = ?e.subject, "event copied");
+            tracing::debug!(topic = %topic.name, destination = %c.destination, id = %e.id, event_type = %e.event_type, subject = e.subject.as_deref(), "event copied");
         }
         let copies: Vec<NewEvent> = fan
             .copies

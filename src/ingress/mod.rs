@@ -4,6 +4,7 @@
 
 mod admit;
 mod forward;
+mod rejection;
 mod reply;
 mod schema;
 mod topic;

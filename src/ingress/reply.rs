@@ -1,7 +1,8 @@
-//! Every answer ingress gives, as JSON (SPEC §3).
+//! Every answer ingress gives, as JSON (SPEC §3). A refusal carries a
+//! `Rejection`, for `rejection::record` to count and log.
 
+use super::rejection::Rejection;
 use super::schema::SchemaError;
-use crate::admin::metrics;
 use crate::journal::JournalError;
 use crate::server::{Body, json};
 use http::{HeaderValue, Response, StatusCode};
@@ -40,7 +41,7 @@ pub fn fanned_out(
     json(StatusCode::ACCEPTED, &body)
 }
 
-/// A refusal: counted by `reason`, with `Retry-After` when waiting helps.
+/// A refusal, by `reason`, with `Retry-After` when waiting helps.
 pub fn reject(
     destination: &str,
     status: StatusCode,
@@ -48,8 +49,9 @@ pub fn reject(
     message: String,
     retry_after: Option<u32>,
 ) -> Response<Body> {
-    metrics::rejected(destination, reason);
     let mut resp = json(status, &json!({ "error": message, "reason": reason }));
+    resp.extensions_mut()
+        .insert(Rejection::new(destination, reason));
     if let Some(secs) = retry_after {
         resp.headers_mut()
             .insert(http::header::RETRY_AFTER, HeaderValue::from(secs));
@@ -61,7 +63,6 @@ pub fn reject(
 /// `index` and `field` when the error is about one.
 pub fn schema_error(destination: &str, e: &SchemaError) -> Response<Body> {
     let reason = e.reason();
-    metrics::rejected(destination, reason);
     let mut body = json!({ "error": e.to_string(), "reason": reason });
     if let Some(index) = e.index() {
         body["index"] = json!(index);
@@ -69,7 +70,10 @@ pub fn schema_error(destination: &str, e: &SchemaError) -> Response<Body> {
     if let Some(field) = e.field() {
         body["field"] = json!(field);
     }
-    json(e.status(), &body)
+    let mut resp = json(e.status(), &body);
+    resp.extensions_mut()
+        .insert(Rejection::new(destination, reason));
+    resp
 }
 
 pub fn journal_error(destination: &str, e: &JournalError) -> Response<Body> {
@@ -94,14 +98,17 @@ pub fn unknown_destination(
     destinations: &[String],
     topics: &[String],
 ) -> Response<Body> {
-    metrics::rejected("", "unknown_destination");
-    json(
+    let reason = "unknown_destination";
+    let mut resp = json(
         StatusCode::NOT_FOUND,
         &json!({
             "error": format!("unknown destination or topic `{name}`: post to /<destination> or /<topic> with one of the configured names"),
-            "reason": "unknown_destination",
+            "reason": reason,
             "destinations": destinations,
             "topics": topics,
         }),
-    )
+    );
+    resp.extensions_mut()
+        .insert(Rejection::unknown(name, reason));
+    resp
 }

@@ -518,6 +518,7 @@ fn write(
 /// After a commit: frees the bytes of deleted events and wakes the
 /// dispatchers whose events became visible.
 fn account(events: &[Logged], changes: &[Change], deleted: &HashSet<i64>, shared: &Shared) {
+    let states = shared.destinations.load();
     for c in changes {
         if let Change::Delete {
             seq,
@@ -533,7 +534,7 @@ fn account(events: &[Logged], changes: &[Change], deleted: &HashSet<i64>, shared
                 });
             };
             sub(&shared.pending_bytes, *size);
-            if let Some(d) = shared.destination(destination) {
+            if let Some(d) = states.get(destination) {
                 sub(&d.pending, 1);
                 sub(&d.bytes, *size);
             }
@@ -542,7 +543,7 @@ fn account(events: &[Logged], changes: &[Change], deleted: &HashSet<i64>, shared
     let mut woken = HashSet::new();
     for l in events {
         if woken.insert(l.event.destination.as_str())
-            && let Some(d) = shared.destination(&l.event.destination)
+            && let Some(d) = states.get(&l.event.destination)
         {
             d.notify.notify_one();
         }

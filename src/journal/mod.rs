@@ -27,6 +27,7 @@ pub use store::{DestinationSummary, FILE, StoreError};
 
 use crate::admin::metrics;
 use crate::clock;
+use arc_swap::ArcSwap;
 use dedupe::{Check, Claim, Dedupe};
 use indexer::{Indexer, ToIndexer};
 use intake::{LogReader, LogWriter};
@@ -136,12 +137,14 @@ pub(crate) struct Shared {
     dedupe: Option<Arc<Mutex<Dedupe>>>,
     failed: Mutex<Option<String>>,
     closed: AtomicBool,
-    destinations: HashMap<String, Arc<DestinationState>>,
+    /// Copied on write: a reload adds a destination rarely, every group
+    /// commit reads the map.
+    destinations: ArcSwap<HashMap<String, Arc<DestinationState>>>,
 }
 
 impl Shared {
-    fn destination(&self, name: &str) -> Option<&Arc<DestinationState>> {
-        self.destinations.get(name)
+    fn destination(&self, name: &str) -> Option<Arc<DestinationState>> {
+        self.destinations.load().get(name).cloned()
     }
 }
 
@@ -250,7 +253,7 @@ impl Journal {
             dedupe,
             failed: Mutex::new(None),
             closed: AtomicBool::new(false),
-            destinations: states,
+            destinations: ArcSwap::from_pointee(states),
         });
         let (tx, rx) = mpsc::channel(QUEUE);
         let (to_indexer, from_writer) = std::sync::mpsc::channel();
@@ -411,7 +414,24 @@ impl Journal {
     }
 
     pub fn destination(&self, name: &str) -> Option<Arc<DestinationState>> {
-        self.shared.destination(name).cloned()
+        self.shared.destination(name)
+    }
+
+    /// The counters of `name`, created for a destination added by a reload
+    /// before any event of it can be accepted.
+    pub fn add_destination(&self, name: &str) -> Arc<DestinationState> {
+        self.shared.destinations.rcu(|map| {
+            let mut map = HashMap::clone(map);
+            map.entry(name.to_string()).or_default();
+            map
+        });
+        self.shared.destination(name).unwrap_or_default()
+    }
+
+    /// Every destination the journal has counters for: configured now, or
+    /// holding events from an earlier config.
+    pub fn destination_names(&self) -> Vec<String> {
+        self.shared.destinations.load().keys().cloned().collect()
     }
 
     /// A read connection for one dispatcher.

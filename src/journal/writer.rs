@@ -197,10 +197,11 @@ fn release(cmds: &[Command], shared: &Shared) {
 /// at the 202: an app that hung up before its answer still has its event.
 fn account(group: &[Command], shared: &Shared) {
     let mut accepted: HashMap<&str, u64> = HashMap::new();
+    let states = shared.destinations.load();
     for cmd in group {
         if let Command::Append { events, .. } = cmd {
             for e in events {
-                if let Some(d) = shared.destination(&e.destination) {
+                if let Some(d) = states.get(&e.destination) {
                     d.pending.fetch_add(1, Ordering::Relaxed);
                     d.bytes.fetch_add(e.size(), Ordering::Relaxed);
                 }

@@ -95,6 +95,10 @@ impl Probation {
     }
 
     /// May an attempt start at `now_ms`?
+    pub fn policy(&self) -> &ProbationPolicy {
+        &self.policy
+    }
+
     pub fn admit(&self, now_ms: u64) -> Admit {
         match self.until_ms {
             Some(until) if now_ms < until => Admit::WaitUntil(until),

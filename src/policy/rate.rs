@@ -19,6 +19,12 @@ impl RateLimit {
         }
     }
 
+    /// The spacing between attempts: two limiters with the same one are the
+    /// same setting.
+    pub fn interval(&self) -> u64 {
+        self.interval_us
+    }
+
     /// Takes a slot at `now_us` if one is free; else how long to wait.
     pub fn try_take(&mut self, now_us: u64) -> Result<(), Duration> {
         if now_us < self.next_us {

@@ -1,0 +1,85 @@
+//! The one log line per final outcome of an event (SPEC §6, README
+//! "Logs"): `delivered`, `dead-lettered` or `dropped`, each a fixed
+//! message so operators can grep for it, with the same fields:
+//! `destination`, `id`, `attempts`, the last `status` (left out when the
+//! last attempt got no answer, or there was none), `outcome`,
+//! `since_accept_ms`, and `batch` when the last attempt was a batch. A
+//! batch of N events ends N events, so it gives N lines: each event's id
+//! can be found with one grep, whether or not it went in a batch.
+//!
+//! Never a header; the body only with `log.bodies` and only on the lines
+//! of events given up (`dead-lettered`, `dropped`), where it helps.
+
+use crate::clock;
+use crate::deadletter::Facts;
+use crate::journal::StoredEvent;
+use crate::logging;
+use crate::policy::Outcome;
+
+/// How a delivery was confirmed.
+pub(super) enum Confirmed {
+    /// By the attempt's own answer.
+    InTime,
+    /// By an answer that came after the attempt's timeout, within
+    /// `late_answer_window`.
+    Late,
+}
+
+/// `attempts` counts the attempt that succeeded.
+pub(super) fn delivered(
+    ev: &StoredEvent,
+    attempts: u32,
+    status: Option<u16>,
+    batch: Option<&str>,
+    confirmed: Confirmed,
+) {
+    let late = matches!(confirmed, Confirmed::Late).then_some(true);
+    tracing::info!(
+        destination = %ev.event.destination,
+        id = %ev.event.id,
+        attempts,
+        status,
+        outcome = %Outcome::Delivered.as_str(),
+        since_accept_ms = since_accept(ev),
+        batch,
+        late,
+        "delivered"
+    );
+}
+
+pub(super) fn dead_lettered(ev: &StoredEvent, facts: &Facts, batch: Option<&str>) {
+    let body = logging::body(&ev.event.body);
+    tracing::info!(
+        destination = %ev.event.destination,
+        id = %ev.event.id,
+        attempts = facts.attempts,
+        status = facts.last_status,
+        outcome = %facts.last_outcome,
+        reason = %facts.reason.as_str(),
+        since_accept_ms = since_accept(ev),
+        batch,
+        body = body.as_deref(),
+        "dead-lettered"
+    );
+}
+
+/// Given up with no dead-letter sink: the event is gone, hence `warn`.
+pub(super) fn dropped(ev: &StoredEvent, facts: &Facts, batch: Option<&str>) {
+    let body = logging::body(&ev.event.body);
+    tracing::warn!(
+        destination = %ev.event.destination,
+        id = %ev.event.id,
+        attempts = facts.attempts,
+        status = facts.last_status,
+        outcome = %facts.last_outcome,
+        reason = %facts.reason.as_str(),
+        since_accept_ms = since_accept(ev),
+        batch,
+        body = body.as_deref(),
+        "dropped"
+    );
+}
+
+fn since_accept(ev: &StoredEvent) -> u64 {
+    clock::now_ms().saturating_sub(ev.event.accepted_ms)
+}
