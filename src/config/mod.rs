@@ -5,12 +5,14 @@ mod position;
 mod retry;
 pub mod schema;
 pub mod settings;
+mod state_dir;
 mod topics;
 pub mod units;
 mod validate;
 
 pub use schema::{LogFormat, Schema, SyncMode};
 pub use settings::{DestinationSettings, Settings, Subscription, Target, TopicSettings};
+pub use state_dir::STATE_DIR_ENV;
 pub use validate::{Env, ProcessEnv, Purpose};
 
 use position::PositionIndex;
@@ -105,7 +107,7 @@ pub fn parse(
     Ok(Loaded {
         settings: checked.settings,
         warnings: checked.warnings.iter().map(at).collect(),
-        effective: effective_yaml(raw),
+        effective: effective_yaml(raw, &checked.state_dir),
     })
 }
 
@@ -123,7 +125,10 @@ fn serde_line(file: &str, e: &serde_norway::Error) -> String {
     }
 }
 
-fn effective_yaml(mut raw: schema::RawConfig) -> String {
+/// `state_dir` is shown resolved (key, `COURIER_STATE_DIR` or the config's
+/// folder), so `check` tells where the journal will really be.
+fn effective_yaml(mut raw: schema::RawConfig, state_dir: &Path) -> String {
+    raw.state_dir = Some(state_dir.display().to_string());
     for d in raw.destinations.values_mut() {
         if d.status.no_retry.is_empty() {
             d.status.no_retry = crate::policy::classify::DEFAULT_NO_RETRY

@@ -25,6 +25,9 @@ pub struct RawConfig {
     /// The name of the environment variable holding the admin bearer token.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub admin_token_env: Option<String>,
+    /// Relative journal and dead-letter paths resolve here (`state_dir.rs`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state_dir: Option<String>,
     #[serde(default = "default_shutdown_grace")]
     pub shutdown_grace: Dur,
     #[serde(default)]

@@ -1,5 +1,6 @@
 use super::*;
 use std::collections::HashMap;
+use std::path::{Path, PathBuf};
 
 struct FakeEnv(HashMap<&'static str, &'static str>);
 impl Env for FakeEnv {
@@ -615,6 +616,103 @@ fn unknown_keys_in_a_topic_or_subscriber_are_refused() {
         "    schema: eventgrid\n    filter: {}\n",
     ));
     assert!(e.contains("topics.shop: unknown field `filter`"), "{e}");
+}
+
+/// Relative data paths, one destination on the global sink and one with
+/// its own; an absolute journal path that `state_dir` must not move.
+const STATE: &str = "\
+journal: { dir: ./data/journal }
+dead_letter: { dir: data/dead-letter }
+destinations:
+  a: { url: http://127.0.0.1:9/a }
+  b: { url: http://127.0.0.1:9/b, dead_letter: { dir: ./own } }
+";
+
+/// Journal dir, `a`'s and `b`'s dead-letter dirs, and the effective config,
+/// for a config in /etc/courier with `extra` keys and `COURIER_STATE_DIR`.
+fn state_paths(extra: &str, var: Option<&'static str>) -> (PathBuf, PathBuf, PathBuf, String) {
+    let env = FakeEnv(var.map(|v| (STATE_DIR_ENV, v)).into_iter().collect());
+    let text = format!("{extra}{STATE}");
+    let loaded = parse("c.yaml", &text, "/etc/courier".into(), Purpose::Run, &env)
+        .unwrap_or_else(|e| panic!("rejected: {e}\n{text}"));
+    let s = &loaded.settings;
+    let sink = |name: &str| {
+        s.destination(name)
+            .and_then(|d| d.dead_letter.clone())
+            .unwrap_or_else(|| panic!("{name} has no sink"))
+    };
+    (
+        s.journal.dir.clone(),
+        sink("a"),
+        sink("b"),
+        loaded.effective,
+    )
+}
+
+#[test]
+fn without_state_dir_relative_paths_resolve_in_the_config_folder() {
+    let (journal, a, b, effective) = state_paths("", None);
+    assert_eq!(journal, Path::new("/etc/courier/data/journal"));
+    assert_eq!(a, Path::new("/etc/courier/data/dead-letter"));
+    assert_eq!(b, Path::new("/etc/courier/own"));
+    assert!(
+        effective.contains("state_dir: /etc/courier\n"),
+        "{effective}"
+    );
+}
+
+#[test]
+fn the_state_dir_variable_moves_relative_paths_when_the_key_is_absent() {
+    let (journal, a, b, effective) = state_paths("", Some("/var/lib/courier"));
+    assert_eq!(journal, Path::new("/var/lib/courier/data/journal"));
+    assert_eq!(a, Path::new("/var/lib/courier/data/dead-letter"));
+    assert_eq!(b, Path::new("/var/lib/courier/own"));
+    assert!(
+        effective.contains("state_dir: /var/lib/courier\n"),
+        "{effective}"
+    );
+}
+
+#[test]
+fn the_state_dir_key_wins_over_the_variable() {
+    let (journal, a, b, _) = state_paths("state_dir: /srv/state\n", Some("/var/lib/courier"));
+    assert_eq!(journal, Path::new("/srv/state/data/journal"));
+    assert_eq!(a, Path::new("/srv/state/data/dead-letter"));
+    assert_eq!(b, Path::new("/srv/state/own"));
+}
+
+#[test]
+fn a_relative_state_dir_resolves_in_the_config_folder() {
+    let (journal, a, b, effective) = state_paths("state_dir: ./state\n", None);
+    assert_eq!(journal, Path::new("/etc/courier/state/data/journal"));
+    assert_eq!(a, Path::new("/etc/courier/state/data/dead-letter"));
+    assert_eq!(b, Path::new("/etc/courier/state/own"));
+    assert!(
+        effective.contains("state_dir: /etc/courier/state\n"),
+        "{effective}"
+    );
+}
+
+#[test]
+fn an_empty_state_dir_variable_counts_as_unset() {
+    let (journal, ..) = state_paths("", Some(" "));
+    assert_eq!(journal, Path::new("/etc/courier/data/journal"));
+}
+
+#[test]
+fn absolute_data_paths_ignore_the_state_dir() {
+    let text = format!("state_dir: /srv/state\n{STATE}").replace("./data/journal", "/j");
+    let loaded = parse("c.yaml", &text, ".".into(), Purpose::Run, &env()).expect("valid");
+    assert_eq!(loaded.settings.journal.dir, Path::new("/j"));
+}
+
+#[test]
+fn an_empty_state_dir_key_is_an_error() {
+    let e = one_error(&format!("state_dir: ''\n{STATE}"));
+    assert!(
+        e.starts_with("c.yaml:1:12: state_dir: must not be empty"),
+        "{e}"
+    );
 }
 
 #[test]

@@ -48,6 +48,8 @@ pub enum Purpose {
 pub struct Checked {
     pub settings: Settings,
     pub warnings: Vec<Problem>,
+    /// Where relative data paths were resolved (`state_dir.rs`).
+    pub state_dir: PathBuf,
 }
 
 const MAX_HEADERS: usize = 10;
@@ -65,7 +67,8 @@ const RESERVED_HEADERS: [&str; 7] = [
 pub(super) struct Checker<'a> {
     problems: Vec<Problem>,
     warnings: Vec<Problem>,
-    base_dir: &'a Path,
+    /// Relative journal and dead-letter paths are taken from here.
+    state_dir: PathBuf,
     env: &'a dyn Env,
     purpose: Purpose,
 }
@@ -150,24 +153,30 @@ impl Checker<'_> {
         let joined = if p.is_absolute() {
             p.to_path_buf()
         } else {
-            self.base_dir.join(p)
+            self.state_dir.join(p)
         };
         // `././journal` reads badly in messages; components() drops inner `.`.
         joined.components().collect()
     }
 }
 
-/// Checks `raw`; relative paths are taken from `base_dir` (the config file's folder).
+/// Checks `raw`; relative data paths are taken from the state folder, which
+/// defaults to `base_dir` (the config file's folder).
 pub fn check(
     raw: &RawConfig,
     base_dir: &Path,
     env: &dyn Env,
     purpose: Purpose,
 ) -> Result<Checked, Vec<Problem>> {
+    let (state_dir, state_problem) =
+        match super::state_dir::resolve(raw.state_dir.as_deref(), base_dir, env) {
+            Ok(dir) => (dir, None),
+            Err(p) => (base_dir.to_path_buf(), Some(p)),
+        };
     let mut c = Checker {
-        problems: Vec::new(),
+        problems: state_problem.into_iter().collect(),
         warnings: Vec::new(),
-        base_dir,
+        state_dir,
         env,
         purpose,
     };
@@ -266,6 +275,7 @@ pub fn check(
     Ok(Checked {
         settings,
         warnings: c.warnings,
+        state_dir: c.state_dir,
     })
 }
 
