@@ -215,7 +215,7 @@ fn bad_configs() -> Vec<Bad> {
             name: "unknown_key",
             yaml: yaml_with_dest("    timout: 5s\n"),
             at: "timout",
-            says: vec!["destinations.orders", "unknown field `timout`", "`timeout`"],
+            says: vec!["destinations.orders", "unknown key `timout`", "timeout,"],
         },
         Bad {
             name: "max_attempts",
@@ -383,6 +383,67 @@ where
         out.push(h.await.expect("task"));
     }
     out
+}
+
+/// Bad input of every kind in one file: a duplicate destination, typos in
+/// two destinations, a wrong type and a range, all in one run, in line order,
+/// worded without Rust types.
+#[tokio::test]
+async fn check_reports_duplicates_typos_types_and_ranges_together_in_line_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = yaml_with_dest(
+        "    timout: 5s\n    concurrency: many\n  billing:\n    url: http://127.0.0.1:9/b\n    retyr: {}\n    batch: { max_events: 5001 }\n  orders:\n    url: http://127.0.0.1:9/again\n",
+    );
+    let path = write(dir.path(), "bad_input.yaml", &yaml);
+    let out = check(&path).await;
+    assert_eq!(out.code, 1, "{}", out.show());
+    let file = path.display().to_string();
+    let at = |needle: &str| {
+        let (line, col) = pos_of(&yaml, needle);
+        format!("{file}:{line}:{col}: ")
+    };
+    // `orders:` is written twice: first on line 5, again above the `again` url.
+    let (again, _) = pos_of(&yaml, "/again");
+    let want = [
+        format!(
+            "{}destinations.orders: unknown key `timout`; expected one of url, mode,",
+            at("timout")
+        ),
+        format!(
+            "{}destinations.orders.concurrency: expected a whole number, found \"many\"",
+            at("many")
+        ),
+        format!(
+            "{}destinations.billing: unknown key `retyr`; expected one of url, mode,",
+            at("retyr")
+        ),
+        format!(
+            "{}destinations.billing.batch.max_events: 5001 is out of range",
+            at("5001")
+        ),
+        format!(
+            "{file}:{}:3: destinations.orders: duplicate key; first given at 5:3",
+            again - 1
+        ),
+    ];
+    let lines: Vec<&str> = out
+        .stderr
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .collect();
+    assert_eq!(lines.len(), want.len(), "{}", out.show());
+    for (line, want) in lines.iter().zip(&want) {
+        assert!(
+            line.starts_with(want.as_str()),
+            "want {want:?}:\n{}",
+            out.show()
+        );
+        for word in [
+            "u32", "u64", "usize", "struct", "enum", "Option", "Vec", "sequence",
+        ] {
+            assert!(!line.contains(word), "{word}:\n{}", out.show());
+        }
+    }
 }
 
 #[tokio::test]

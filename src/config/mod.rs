@@ -1,11 +1,13 @@
 //! The config file (SPEC §2): parse, check every range, and report every
 //! problem with `file:line:column`, the key path, the value and what is allowed.
 
+mod messages;
 mod position;
 mod retry;
 pub mod schema;
 pub mod settings;
 mod state_dir;
+mod structure;
 mod topics;
 pub mod units;
 mod validate;
@@ -15,7 +17,7 @@ pub use settings::{DestinationSettings, Settings, Subscription, Target, TopicSet
 pub use state_dir::STATE_DIR_ENV;
 pub use validate::{Env, ProcessEnv, Purpose};
 
-use position::PositionIndex;
+use position::{Pos, PositionIndex};
 use std::fmt;
 use std::path::{Path, PathBuf};
 
@@ -82,6 +84,10 @@ fn base_dir(path: &Path) -> PathBuf {
     }
 }
 
+/// Checks a config: duplicate keys, then every structural error (unknown
+/// keys, wrong types), then ranges and cross-field rules on what could be
+/// read, all reported together in line order. Only a YAML syntax error stops
+/// the checks early.
 pub fn parse(
     file: &str,
     text: &str,
@@ -89,39 +95,106 @@ pub fn parse(
     purpose: Purpose,
     env: &dyn Env,
 ) -> Result<Loaded, ConfigError> {
-    let raw: schema::RawConfig = serde_norway::from_str(text).map_err(|e| ConfigError {
-        lines: vec![serde_line(file, &e)],
-    })?;
     let index = PositionIndex::build(text);
-    let at = |p: &validate::Problem| {
-        let pos = index
-            .find(&p.path)
-            .map(|pos| format!("{}:{}", pos.line, pos.col))
-            .unwrap_or_else(|| "1:1".into());
-        format!("{file}:{pos}: {}: {}", p.path, p.message)
+    let mut report = Report::default();
+    for d in &index.duplicates {
+        let message = format!(
+            "duplicate key; first given at {}:{}",
+            d.first.line, d.first.col
+        );
+        report.add(Some(d.at), &d.path, &message);
+    }
+    let structure = match structure::read::<schema::RawConfig>(text) {
+        Ok(s) => s,
+        Err(e) => {
+            report.syntax(&e);
+            return Err(report.into_error(file));
+        }
     };
-    let checked =
-        validate::check(&raw, &base_dir, env, purpose).map_err(|problems| ConfigError {
-            lines: problems.iter().map(at).collect(),
-        })?;
-    Ok(Loaded {
-        settings: checked.settings,
-        warnings: checked.warnings.iter().map(at).collect(),
-        effective: effective_yaml(raw, &checked.state_dir),
-    })
+    for f in &structure.errors {
+        let at = if f.at_key {
+            index.find_key(&f.locate)
+        } else {
+            index.find(&f.locate)
+        };
+        report.add(at, &f.path, &f.message);
+    }
+    let Some(raw) = structure.value else {
+        return Err(report.into_error(file));
+    };
+    let at = |p: &validate::Problem| {
+        let pos = index.find(&p.path).unwrap_or(Pos { line: 1, col: 1 });
+        format!("{file}:{}:{}: {}: {}", pos.line, pos.col, p.path, p.message)
+    };
+    match validate::check(&raw, &base_dir, env, purpose) {
+        Err(problems) => {
+            let follow = |p: &&validate::Problem| structure.cut.iter().any(|c| related(&p.path, c));
+            for p in problems.iter().filter(|p| !follow(p)) {
+                report.add(index.find(&p.path), &p.path, &p.message);
+            }
+            Err(report.into_error(file))
+        }
+        Ok(checked) if report.is_empty() => Ok(Loaded {
+            settings: checked.settings,
+            warnings: checked.warnings.iter().map(at).collect(),
+            effective: effective_yaml(raw, &checked.state_dir),
+        }),
+        Ok(_) => Err(report.into_error(file)),
+    }
 }
 
-/// serde's message with its position moved to the front, `file:line:col:`.
-fn serde_line(file: &str, e: &serde_norway::Error) -> String {
-    let msg = e.to_string();
-    match e.location() {
-        Some(loc) => {
-            let msg = msg
-                .rfind(" at line ")
-                .map_or(msg.as_str(), |cut| &msg[..cut]);
-            format!("{file}:{}:{}: {msg}", loc.line(), loc.column())
+/// Whether a problem at `path` may only be a consequence of the bad value
+/// cut at `cut` (a default stood in for it): at, under or above it.
+fn related(path: &str, cut: &str) -> bool {
+    let under = |a: &str, b: &str| {
+        b.is_empty() || a == b || a.strip_prefix(b).is_some_and(|r| r.starts_with(['.', '[']))
+    };
+    under(path, cut) || under(cut, path)
+}
+
+/// The problems of one file, each with its position, printed in line order.
+#[derive(Default)]
+struct Report {
+    lines: Vec<(Pos, String)>,
+}
+
+impl Report {
+    fn add(&mut self, at: Option<Pos>, path: &str, message: &str) {
+        let at = at.unwrap_or(Pos { line: 1, col: 1 });
+        let text = if path.is_empty() {
+            message.to_string()
+        } else {
+            format!("{path}: {message}")
+        };
+        self.lines.push((at, text));
+    }
+
+    /// A syntax error: serde_norway's own message and position.
+    fn syntax(&mut self, e: &serde_norway::Error) {
+        let msg = e.to_string();
+        let msg = msg
+            .rfind(" at line ")
+            .map_or(msg.as_str(), |cut| &msg[..cut]);
+        let at = e.location().map(|l| Pos {
+            line: l.line(),
+            col: l.column(),
+        });
+        self.add(at, "", msg);
+    }
+
+    fn is_empty(&self) -> bool {
+        self.lines.is_empty()
+    }
+
+    fn into_error(mut self, file: &str) -> ConfigError {
+        self.lines.sort_by_key(|(at, _)| (at.line, at.col));
+        ConfigError {
+            lines: self
+                .lines
+                .into_iter()
+                .map(|(at, text)| format!("{file}:{}:{}: {text}", at.line, at.col))
+                .collect(),
         }
-        None => format!("{file}: {msg}"),
     }
 }
 

@@ -1,7 +1,8 @@
-//! Where each key path sits in the YAML text, so that errors found after
-//! deserialization (ranges, cross-field rules) can still name `line:column`.
-//! serde gives positions only for the first structural error; this index is
-//! built from the parser's events and covers every value.
+//! Where each key path sits in the YAML text, so that every error (structural
+//! or found after deserialization) can name `line:column`: serde's own
+//! positions are lost once the tree is re-read after pruning (see `structure`).
+//! Built from the parser's events, it also finds keys given twice in one
+//! mapping, which serde would silently resolve (the last wins).
 
 use saphyr_parser::{Event, Parser};
 use std::collections::HashMap;
@@ -13,14 +14,31 @@ pub struct Pos {
     pub col: usize,
 }
 
+/// A key written twice in one mapping: where, and where it was first given.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Duplicate {
+    pub path: String,
+    pub at: Pos,
+    pub first: Pos,
+}
+
 #[derive(Default)]
 pub struct PositionIndex {
     values: HashMap<String, Pos>,
+    keys: HashMap<String, Pos>,
+    pub duplicates: Vec<Duplicate>,
 }
 
 enum Frame {
-    Map { path: String, key: Option<String> },
-    Seq { path: String, next: usize },
+    Map {
+        path: String,
+        key: Option<String>,
+        seen: HashMap<String, Pos>,
+    },
+    Seq {
+        path: String,
+        next: usize,
+    },
 }
 
 impl PositionIndex {
@@ -37,9 +55,21 @@ impl PositionIndex {
             };
             match event {
                 Event::Scalar(value, ..) => {
-                    if let Some(Frame::Map { key, .. }) = stack.last_mut()
+                    if let Some(Frame::Map { path, key, seen }) = stack.last_mut()
                         && key.is_none()
                     {
+                        let full = join(path, &value);
+                        match seen.get(value.as_ref()) {
+                            Some(&first) => index.duplicates.push(Duplicate {
+                                path: full,
+                                at: pos,
+                                first,
+                            }),
+                            None => {
+                                seen.insert(value.to_string(), pos);
+                                index.keys.entry(full).or_insert(pos);
+                            }
+                        }
                         *key = Some(value.into_owned());
                         continue;
                     }
@@ -49,7 +79,11 @@ impl PositionIndex {
                 Event::MappingStart(..) => {
                     let path = child_path(&mut stack);
                     index.values.entry(path.clone()).or_insert(pos);
-                    stack.push(Frame::Map { path, key: None });
+                    stack.push(Frame::Map {
+                        path,
+                        key: None,
+                        seen: HashMap::new(),
+                    });
                 }
                 Event::SequenceStart(..) => {
                     let path = child_path(&mut stack);
@@ -66,6 +100,12 @@ impl PositionIndex {
             }
         }
         index
+    }
+
+    /// The position of the key that ends `path` (where an unknown key is
+    /// reported), else that of its value.
+    pub fn find_key(&self, path: &str) -> Option<Pos> {
+        self.keys.get(path).copied().or_else(|| self.find(path))
     }
 
     /// The position of `path`, or of its nearest written ancestor (a missing
@@ -86,19 +126,21 @@ impl PositionIndex {
 fn child_path(stack: &mut [Frame]) -> String {
     match stack.last_mut() {
         None => String::new(),
-        Some(Frame::Map { path, key }) => {
-            let k = key.take().unwrap_or_default();
-            if path.is_empty() {
-                k
-            } else {
-                format!("{path}.{k}")
-            }
-        }
+        Some(Frame::Map { path, key, .. }) => join(path, &key.take().unwrap_or_default()),
         Some(Frame::Seq { path, next }) => {
             let p = format!("{path}[{next}]");
             *next += 1;
             p
         }
+    }
+}
+
+/// `parent.key`, or `key` at the top level: the form serde's paths take.
+fn join(parent: &str, key: &str) -> String {
+    if parent.is_empty() {
+        key.to_string()
+    } else {
+        format!("{parent}.{key}")
     }
 }
 
@@ -123,5 +165,34 @@ mod tests {
             idx.find("destinations.orders.timeout"),
             Some(Pos { line: 4, col: 5 })
         );
+    }
+
+    #[test]
+    fn finds_keys_given_twice_with_both_positions() {
+        let text = "a: 1\nd:\n  x: { u: 1, u: 2 }\n  x: {}\na: 3\n";
+        let idx = PositionIndex::build(text);
+        let at = |line, col| Pos { line, col };
+        assert_eq!(
+            idx.duplicates,
+            vec![
+                Duplicate {
+                    path: "d.x.u".into(),
+                    at: at(3, 14),
+                    first: at(3, 8)
+                },
+                Duplicate {
+                    path: "d.x".into(),
+                    at: at(4, 3),
+                    first: at(3, 3)
+                },
+                Duplicate {
+                    path: "a".into(),
+                    at: at(5, 1),
+                    first: at(1, 1)
+                },
+            ]
+        );
+        assert_eq!(idx.find_key("d.x"), Some(at(3, 3)));
+        assert_eq!(idx.find("d.x"), Some(at(3, 6)));
     }
 }

@@ -94,7 +94,7 @@ fn secret_literal_values_are_masked_in_the_effective_config() {
 fn unknown_key_names_path_line_and_column() {
     let e = one_error(&GOOD.replace("    timeout: 5s", "    timeout: 5s\n    timout: 5s"));
     assert!(
-        e.starts_with("c.yaml:6:5: destinations.orders: unknown field `timout`"),
+        e.starts_with("c.yaml:6:5: destinations.orders: unknown key `timout`; expected one of url, mode, schema, timeout, "),
         "{e}"
     );
 }
@@ -450,7 +450,7 @@ fn yaml_syntax_and_type_errors_have_positions() {
     assert!(e.starts_with("c.yaml:"), "{e}");
     let e = one_error(&GOOD.replace("max_attempts: 3", "max_attempts: many"));
     assert!(
-        e.starts_with("c.yaml:8:21: destinations.orders.retry.max_attempts: invalid type"),
+        e == "c.yaml:8:21: destinations.orders.retry.max_attempts: expected a whole number, found \"many\"",
         "{e}"
     );
 }
@@ -608,14 +608,17 @@ fn empty_filter_strings_are_refused() {
 fn unknown_keys_in_a_topic_or_subscriber_are_refused() {
     let e = one_error(&TOPICS.replace("audit: {}", "audit: { subject_begins: /x }"));
     assert!(
-        e.contains("topics.shop.subscribers.audit: unknown field `subject_begins`"),
+        e.contains("topics.shop.subscribers.audit: unknown key `subject_begins`; expected one of event_types, subject_begins_with"),
         "{e}"
     );
     let e = one_error(&TOPICS.replace(
         "    schema: eventgrid\n",
         "    schema: eventgrid\n    filter: {}\n",
     ));
-    assert!(e.contains("topics.shop: unknown field `filter`"), "{e}");
+    assert!(
+        e.contains("topics.shop: unknown key `filter`; expected one of schema, subscribers"),
+        "{e}"
+    );
 }
 
 /// Relative data paths, one destination on the global sink and one with
@@ -783,4 +786,172 @@ fn an_admin_token_variable_must_be_set_and_not_blank() {
         e.contains("admin_token_env: must name an environment variable"),
         "{e}"
     );
+}
+
+// ------------------------------------------------- the config as bad input
+
+#[test]
+fn a_destination_given_twice_names_both_positions() {
+    let text = format!("{GOOD}  orders:\n    url: https://other.example.com/\n");
+    assert_eq!(
+        one_error(&text),
+        "c.yaml:15:3: destinations.orders: duplicate key; first given at 3:3"
+    );
+}
+
+#[test]
+fn a_header_given_twice_names_both_positions() {
+    let text = GOOD.replace(
+        "      X-Tenant: { value: acme }\n",
+        "      X-Tenant: { value: acme }\n      X-Tenant: { value: other }\n",
+    );
+    assert_eq!(
+        one_error(&text),
+        "c.yaml:15:7: destinations.orders.headers.X-Tenant: duplicate key; first given at 14:7"
+    );
+}
+
+#[test]
+fn a_top_level_key_or_a_field_given_twice_names_both_positions() {
+    let text = format!("{GOOD}listen: 127.0.0.1:8081\n");
+    assert_eq!(
+        one_error(&text),
+        "c.yaml:15:1: listen: duplicate key; first given at 1:1"
+    );
+    let text = GOOD.replace("    timeout: 5s\n", "    timeout: 5s\n    timeout: 6s\n");
+    assert_eq!(
+        one_error(&text),
+        "c.yaml:6:5: destinations.orders.timeout: duplicate key; first given at 5:5"
+    );
+}
+
+#[test]
+fn typos_in_two_destinations_are_both_reported_in_line_order() {
+    let text = format!(
+        "{}  billing:\n    url: https://hooks.example.com/billing\n    retyr: {{ max_attempts: 3 }}\n",
+        GOOD.replace("    timeout: 5s", "    timout: 5s")
+    );
+    let e = errors(&text);
+    assert_eq!(e.len(), 2, "{e:#?}");
+    assert!(
+        e[0].starts_with(
+            "c.yaml:5:5: destinations.orders: unknown key `timout`; expected one of url, "
+        ),
+        "{e:#?}"
+    );
+    assert!(
+        e[1].starts_with(
+            "c.yaml:17:5: destinations.billing: unknown key `retyr`; expected one of url, "
+        ),
+        "{e:#?}"
+    );
+}
+
+#[test]
+fn a_typo_and_an_out_of_range_value_are_reported_together() {
+    let text = GOOD.replace("max_attempts: 3", "max_attempts: 31").replace(
+        "listen: 127.0.0.1:8080",
+        "listen: 127.0.0.1:8080\nlsiten: 127.0.0.1:8081",
+    );
+    let e = errors(&text);
+    assert_eq!(e.len(), 2, "{e:#?}");
+    assert!(
+        e[0].starts_with(
+            "c.yaml:2:1: unknown key `lsiten`; expected one of listen, admin_listen, "
+        ),
+        "{e:#?}"
+    );
+    assert_eq!(
+        e[1],
+        "c.yaml:9:21: destinations.orders.retry.max_attempts: 31 is out of range: allowed 1..=30"
+    );
+}
+
+#[test]
+fn a_bad_value_is_not_reported_again_as_a_consequence() {
+    // The cut `timeout` falls back to its default; nothing more is said of it.
+    let text = GOOD.replace("    timeout: 5s", "    timeout: [5s]\n    concurrency: 0");
+    let e = errors(&text);
+    assert_eq!(e.len(), 2, "{e:#?}");
+    assert_eq!(
+        e[0],
+        "c.yaml:5:14: destinations.orders.timeout: expected a duration like 10s, found a list"
+    );
+    assert!(
+        e[1].starts_with("c.yaml:6:18: destinations.orders.concurrency: 0 is out of range"),
+        "{e:#?}"
+    );
+}
+
+/// Words of Rust that must never reach a user.
+const RUST_WORDS: [&str; 8] = [
+    "u32",
+    "u64",
+    "usize",
+    "struct",
+    "enum",
+    "Option",
+    "Vec",
+    "expected a sequence",
+];
+
+#[test]
+fn type_errors_are_worded_for_people_not_in_rust_types() {
+    let cases = [
+        (
+            GOOD.replace("max_attempts: 3", "max_attempts: three"),
+            "c.yaml:8:21: destinations.orders.retry.max_attempts: expected a whole number, found \"three\"",
+        ),
+        (
+            GOOD.replace("    timeout: 5s", "    timeout: 1.5"),
+            "c.yaml:5:14: destinations.orders.timeout: expected a duration like 10s, found `1.5`",
+        ),
+        (
+            format!("journal:\n  max_bytes: [1]\n{GOOD}"),
+            "c.yaml:2:14: journal.max_bytes: expected a size like 64KiB or a number of bytes, found a list",
+        ),
+        (
+            GOOD.replace("no_retry: [400, 5xx]", "no_retry: 400"),
+            "c.yaml:10:17: destinations.orders.status.no_retry: expected a list, found `400`",
+        ),
+        (
+            format!("journal: ./data\n{GOOD}"),
+            "c.yaml:1:10: journal: expected a mapping, found \"./data\"",
+        ),
+        (
+            GOOD.replace(
+                "    timeout: 5s",
+                "    concurrency: [1]\n    mode: { a: 1 }",
+            ),
+            "c.yaml:5:18: destinations.orders.concurrency: expected a whole number, found a list\n\
+             c.yaml:6:11: destinations.orders.mode: expected a single word, found a mapping",
+        ),
+        (
+            format!("log: {{ bodies: yes }}\n{GOOD}"),
+            "c.yaml:1:16: log.bodies: expected true or false, found \"yes\"",
+        ),
+        (
+            GOOD.replace(
+                "min_delay: { 408: 2m, \"500-599\": 1s }",
+                "min_delay: { [408]: 2m }",
+            ),
+            "c.yaml:11:18: destinations.orders.status.min_delay: expected a status code like 404, 5xx or 500-599",
+        ),
+    ];
+    for (text, want) in cases {
+        let got = errors(&text).join("\n");
+        assert_eq!(got, want);
+        for word in RUST_WORDS {
+            assert!(!got.contains(word), "{word} in {got}");
+        }
+    }
+}
+
+#[test]
+fn a_second_bad_key_after_a_syntax_error_is_not_needed_but_the_syntax_error_has_a_position() {
+    let e = one_error("listen: [unclosed\nbogus: 1\n");
+    assert!(e.starts_with("c.yaml:"), "{e}");
+    for word in RUST_WORDS {
+        assert!(!e.contains(word), "{word} in {e}");
+    }
 }

@@ -15,7 +15,7 @@ impl<'de> Deserialize<'de> for Dur {
         impl de::Visitor<'_> for V {
             type Value = Dur;
             fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a duration with a unit, like 250ms, 10s, 5m or 24h")
+                f.write_str("a duration like 10s")
             }
             fn visit_str<E: de::Error>(self, s: &str) -> Result<Dur, E> {
                 parse_duration(s).map(Dur).map_err(E::custom)
@@ -81,7 +81,7 @@ impl<'de> Deserialize<'de> for Size {
         impl de::Visitor<'_> for V {
             type Value = Size;
             fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a size in bytes, like 1048576 or 1MiB")
+                f.write_str("a size like 64KiB or a number of bytes")
             }
             fn visit_u64<E: de::Error>(self, n: u64) -> Result<Size, E> {
                 Ok(Size(n))
