@@ -77,7 +77,11 @@ where
         let stop = stop.clone();
         tracker.spawn(async move {
             let _slot = slot;
-            if !first_byte(&stream).await {
+            let first = tokio::select! {
+                first = first_byte(&stream) => first,
+                _ = stop.cancelled() => false,
+            };
+            if !first {
                 return;
             }
             let conn = builder.serve_connection(TokioIo::new(stream), service);
