@@ -21,6 +21,7 @@ use deliver::Fleet;
 use journal::Journal;
 use lifecycle::Lifecycle;
 use reload::Reloader;
+use std::convert::Infallible;
 use std::path::PathBuf;
 use std::sync::Arc;
 use tokio::net::TcpListener;
@@ -104,18 +105,20 @@ pub async fn run(settings: Settings, source: ConfigSource) -> Result<(), RunErro
     let servers = [
         tokio::spawn(server::serve(
             ingress_listener,
-            Arc::new(move |req| {
+            tower::service_fn(move |req| {
                 let ingress = ingress.clone();
-                async move { ingress.handle(req).await }
+                async move { Ok::<_, Infallible>(ingress.handle(req).await) }
             }),
+            server::Edge::INGRESS,
             lifecycle.stop_servers.clone(),
         )),
         tokio::spawn(server::serve(
             admin_listener,
-            Arc::new(move |req| {
+            tower::service_fn(move |req| {
                 let admin = admin.clone();
-                async move { admin.handle(req).await }
+                async move { Ok::<_, Infallible>(admin.handle(req).await) }
             }),
+            server::Edge::ADMIN,
             lifecycle.stop_servers.clone(),
         )),
     ];

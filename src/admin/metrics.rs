@@ -1,6 +1,7 @@
 //! Prometheus metrics (SPEC §5). Names live here only; other modules call
 //! these functions, so a metric cannot be misspelt at a call site.
 
+use crate::server::Edge;
 use metrics::{counter, gauge, histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use std::time::Duration;
@@ -23,6 +24,8 @@ pub const UNMATCHED: &str = "courier_events_unmatched_total";
 pub const RELOAD_FAILURES: &str = "courier_config_reload_failures_total";
 pub const RELOAD_SUCCESS_AT: &str = "courier_config_last_reload_success_timestamp_seconds";
 pub const RELOAD_OK: &str = "courier_config_last_reload_successful";
+pub const PANICS: &str = "courier_http_panics_total";
+pub const CONNECTIONS_REFUSED: &str = "courier_http_connections_refused_total";
 
 const BUCKETS: [f64; 14] = [
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
@@ -82,7 +85,19 @@ pub fn install() -> Result<PrometheusHandle, String> {
         RELOAD_OK,
         "1 if the last reload (or the start) succeeded, else 0."
     );
+    metrics::describe_counter!(
+        PANICS,
+        "Requests whose handler panicked (answered 500), by listener."
+    );
+    metrics::describe_counter!(
+        CONNECTIONS_REFUSED,
+        "Connections answered 503 and closed: the listener's connection cap was reached."
+    );
     counter!(RELOAD_FAILURES).increment(0);
+    for listener in [Edge::INGRESS.name, Edge::ADMIN.name] {
+        counter!(PANICS, "listener" => listener).increment(0);
+        counter!(CONNECTIONS_REFUSED, "listener" => listener).increment(0);
+    }
     config_loaded();
     Ok(handle)
 }
@@ -142,6 +157,14 @@ pub fn dropped(destination: &str, reason: &'static str) {
 
 pub fn rejected(destination: &str, reason: &'static str) {
     counter!(REJECTED, "destination" => destination.to_string(), "reason" => reason).increment(1);
+}
+
+pub fn http_panic(listener: &'static str) {
+    counter!(PANICS, "listener" => listener).increment(1);
+}
+
+pub fn connection_refused(listener: &'static str) {
+    counter!(CONNECTIONS_REFUSED, "listener" => listener).increment(1);
 }
 
 pub fn journal_sync(took: Duration) {

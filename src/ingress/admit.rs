@@ -7,7 +7,7 @@ use crate::admin::metrics;
 use crate::config::{DestinationSettings, Live, Schema, TopicSettings};
 use crate::journal::{Appended, Header, Journal, NewEvent};
 use crate::lifecycle::Lifecycle;
-use crate::server::{Body, RemoteAddr};
+use crate::server::{BODY_DEADLINE, Body, RemoteAddr};
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
@@ -146,7 +146,12 @@ impl Ingress {
             None => rest.to_string(),
         };
         let (head, body) = req.into_parts();
-        let body = match Limited::new(body, limit as usize).collect().await {
+        let read = Limited::new(body, limit as usize).collect();
+        let body = match tokio::time::timeout(BODY_DEADLINE, read).await {
+            Err(_) => return reply::body_timeout(name, BODY_DEADLINE),
+            Ok(read) => read,
+        };
+        let body = match body {
             Ok(b) => b.to_bytes(),
             Err(e) if e.is::<http_body_util::LengthLimitError>() => return too_large(),
             Err(e) => {

@@ -7,6 +7,7 @@ use crate::journal::JournalError;
 use crate::server::{Body, json};
 use http::{HeaderValue, Response, StatusCode};
 use serde_json::json;
+use std::time::Duration;
 
 /// `ids` are every event acknowledged; `duplicates` those among them that
 /// were already stored within `ingress.dedupe_window` (listed only if any).
@@ -56,6 +57,26 @@ pub fn reject(
         resp.headers_mut()
             .insert(http::header::RETRY_AFTER, HeaderValue::from(secs));
     }
+    resp
+}
+
+/// A body still incomplete at the deadline (`server::BODY_DEADLINE`):
+/// nothing is stored, and the connection is closed, as the rest of the body
+/// would otherwise be read as the next request.
+pub fn body_timeout(destination: &str, deadline: Duration) -> Response<Body> {
+    let message = format!(
+        "the request body did not arrive within {} s: nothing was stored",
+        deadline.as_secs()
+    );
+    let mut resp = reject(
+        destination,
+        StatusCode::REQUEST_TIMEOUT,
+        "body_timeout",
+        message,
+        None,
+    );
+    resp.headers_mut()
+        .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
     resp
 }
 
