@@ -533,7 +533,10 @@ async fn hanging_receiver_times_out() {
     let yaml = config(
         "orders",
         &format!("{}/hooks", rx.url()),
+        // No late-answer window: the last attempt's timeout ends delivery
+        // at once (with one, tests/late.rs: only when the window closes).
         "timeout: 200ms
+         late_answer_window: 0s
          retry: { schedule: [50ms], max_attempts: 1, jitter: 0 }",
     );
     let c = start(tmp.path(), &yaml).await;

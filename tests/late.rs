@@ -102,3 +102,109 @@ async fn with_the_window_off_a_late_success_does_not_count() {
         "the counter exists from the start and stays at 0"
     );
 }
+
+fn last_attempt_config(url: &str, window: &str) -> String {
+    support::config(
+        "orders",
+        url,
+        &format!(
+            "timeout: 200ms\nlate_answer_window: {window}\nretry: {{ schedule: [2s], max_attempts: 1, jitter: 0 }}"
+        ),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_success_on_the_last_attempt_completes_the_event() {
+    let receiver = Receiver::start(behavior(|_, _| {
+        Reply::status(200).delay(Duration::from_millis(600))
+    }))
+    .await;
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let courier = Courier::start(tmp.path(), &last_attempt_config(&receiver.url(), "2s")).await;
+    let r = support::post(
+        &courier.url("orders"),
+        "{}",
+        &[("idempotency-key", "last-1")],
+    )
+    .await;
+    assert_eq!(r.status, 202);
+    receiver.wait_for(1, Duration::from_secs(5)).await;
+    // Past the end of the window: had the event been dead-lettered at the
+    // timeout, or at the window's end, it would show by now.
+    tokio::time::sleep(Duration::from_millis(2600)).await;
+    let admin = courier.admin_url();
+    let dead = support::metric_sum(
+        &admin,
+        r#"courier_events_dead_lettered_total{destination="orders"}"#,
+    )
+    .await;
+    assert_eq!(
+        dead,
+        0.0,
+        "a late success was dead-lettered too\n{}",
+        courier.logs()
+    );
+    assert_eq!(
+        metric(
+            &admin,
+            r#"courier_events_delivered_total{destination="orders"}"#
+        )
+        .await,
+        Some(1.0),
+        "{}",
+        courier.logs()
+    );
+    assert_eq!(
+        metric(&admin, r#"courier_events_pending{destination="orders"}"#).await,
+        Some(0.0)
+    );
+    assert!(support::files_under(&support::dl_dir(&courier, "orders")).is_empty());
+    receiver.assert_quiet(1, Duration::from_millis(100)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_last_attempt_without_a_late_success_is_dead_lettered_when_the_window_closes() {
+    let receiver = Receiver::start(behavior(|_, _| Reply::hang())).await;
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let courier = Courier::start(tmp.path(), &last_attempt_config(&receiver.url(), "1500ms")).await;
+    let r = support::post(
+        &courier.url("orders"),
+        "{}",
+        &[("idempotency-key", "last-2")],
+    )
+    .await;
+    assert_eq!(r.status, 202);
+    receiver.wait_for(1, Duration::from_secs(5)).await;
+    let attempted = std::time::Instant::now();
+    // The timeout (200 ms) is long past; the window (1.5 s) is not.
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let admin = courier.admin_url();
+    let early = support::metric_sum(
+        &admin,
+        r#"courier_events_dead_lettered_total{destination="orders"}"#,
+    )
+    .await;
+    assert_eq!(
+        early,
+        0.0,
+        "dead-lettered before the late-answer window closed\n{}",
+        courier.logs()
+    );
+    let (_, records) =
+        support::wait_dead_letters(&courier, "orders", 1, Duration::from_secs(5)).await;
+    let waited = attempted.elapsed();
+    assert!(
+        waited >= Duration::from_millis(1200),
+        "dead-lettered after only {waited:?}"
+    );
+    assert_eq!(records.len(), 1, "{records:?}");
+    let rec = &records[0];
+    assert_eq!(
+        rec["deadLetterReason"], "MaxDeliveryAttemptsExceeded",
+        "{rec}"
+    );
+    assert_eq!(rec["deliveryAttempts"], 1, "{rec}");
+    assert_eq!(rec["lastDeliveryOutcome"], "TimedOut", "{rec}");
+    // No second attempt was made for it.
+    receiver.assert_quiet(1, Duration::from_millis(200)).await;
+}

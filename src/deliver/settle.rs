@@ -72,6 +72,12 @@ pub async fn run(ctx: &Arc<Ctx>, unit: Unit, probe: bool) -> bool {
             kept &= expire(ctx, ev).await;
             continue;
         }
+        // Its attempts are used up: it waited out the late-answer window of
+        // its last one (see `settle`), or a reload lowered `max_attempts`.
+        if ev.attempts >= ctx.dest.limits.max_attempts {
+            kept &= exhausted(ctx, ev).await;
+            continue;
+        }
         live.push(ev);
     }
     if live.is_empty() {
@@ -112,6 +118,22 @@ pub async fn expire(ctx: &Ctx, ev: StoredEvent) -> bool {
     };
     let facts = Facts {
         reason: Reason::TimeToLiveExceeded,
+        attempts: ev.attempts,
+        last_outcome: &outcome,
+        last_status: ev.last_status,
+        last_attempt_ms: ev.last_attempt_ms,
+    };
+    dead_letter(ctx, &[(&ev, facts)], ev.batch.as_deref()).await
+}
+
+/// Dead-letters an event with no attempt left, as its last attempt ended.
+async fn exhausted(ctx: &Ctx, ev: StoredEvent) -> bool {
+    let outcome = ev
+        .last_outcome
+        .clone()
+        .unwrap_or_else(|| Outcome::TimedOut.as_str().into());
+    let facts = Facts {
+        reason: Reason::MaxDeliveryAttemptsExceeded,
         attempts: ev.attempts,
         last_outcome: &outcome,
         last_status: ev.last_status,
@@ -182,16 +204,24 @@ async fn settle(
             })
         }
     };
+    // A last attempt that timed out may still be answered: its events wait
+    // out the late-answer window instead of being dead-lettered now; a
+    // success completes them, else they are dead-lettered when due.
+    let late_until = a
+        .late
+        .is_some()
+        .then(|| now + dest.late_answer_window.as_millis() as u64);
     let mut changes = Vec::new();
     let mut waiting = Vec::new();
     let mut dead = Vec::new();
     for ev in evs {
         let attempts = ev.attempts + 1;
-        let (due, batch) = match next(&ev) {
-            Next::RetryAt(due) => (due, batch.clone()),
+        let (due, batch) = match (next(&ev), late_until) {
+            (Next::RetryAt(due), _) => (due, batch.clone()),
             // Due only at its TTL, to be dead-lettered: out of the batch.
-            Next::ExpireAt(due) => (due, None),
-            Next::DeadLetter(reason) => {
+            (Next::ExpireAt(due), _) => (due, None),
+            (Next::DeadLetter(Reason::MaxDeliveryAttemptsExceeded), Some(until)) => (until, None),
+            (Next::DeadLetter(reason), _) => {
                 dead.push((ev, reason));
                 continue;
             }
