@@ -6,12 +6,14 @@ mod support;
 use std::time::Duration;
 use support::{Courier, Receiver, Reply, behavior, metric};
 
-fn config(url: &str, window: &str) -> String {
+/// A 200 ms timeout, the given late-answer window, retries 2 s apart and
+/// `max_attempts` attempts in all.
+fn config(url: &str, window: &str, max_attempts: u32) -> String {
     support::config(
         "orders",
         url,
         &format!(
-            "timeout: 200ms\nlate_answer_window: {window}\nretry: {{ schedule: [2s], jitter: 0 }}"
+            "timeout: 200ms\nlate_answer_window: {window}\nretry: {{ schedule: [2s], max_attempts: {max_attempts}, jitter: 0 }}"
         ),
     )
 }
@@ -23,7 +25,7 @@ async fn a_success_after_the_timeout_completes_the_event_and_cancels_the_retry()
     }))
     .await;
     let tmp = tempfile::tempdir().expect("tempdir");
-    let courier = Courier::start(tmp.path(), &config(&receiver.url(), "3m")).await;
+    let courier = Courier::start(tmp.path(), &config(&receiver.url(), "3m", 30)).await;
     let r = support::post(
         &courier.url("orders"),
         "{}",
@@ -80,7 +82,7 @@ async fn with_the_window_off_a_late_success_does_not_count() {
     }))
     .await;
     let tmp = tempfile::tempdir().expect("tempdir");
-    let courier = Courier::start(tmp.path(), &config(&receiver.url(), "0s")).await;
+    let courier = Courier::start(tmp.path(), &config(&receiver.url(), "0s", 30)).await;
     let r = support::post(&courier.url("orders"), "{}", &[]).await;
     assert_eq!(r.status, 202);
     receiver.wait_for(1, Duration::from_secs(5)).await;
@@ -103,16 +105,6 @@ async fn with_the_window_off_a_late_success_does_not_count() {
     );
 }
 
-fn last_attempt_config(url: &str, window: &str) -> String {
-    support::config(
-        "orders",
-        url,
-        &format!(
-            "timeout: 200ms\nlate_answer_window: {window}\nretry: {{ schedule: [2s], max_attempts: 1, jitter: 0 }}"
-        ),
-    )
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_late_success_on_the_last_attempt_completes_the_event() {
     let receiver = Receiver::start(behavior(|_, _| {
@@ -120,7 +112,7 @@ async fn a_late_success_on_the_last_attempt_completes_the_event() {
     }))
     .await;
     let tmp = tempfile::tempdir().expect("tempdir");
-    let courier = Courier::start(tmp.path(), &last_attempt_config(&receiver.url(), "2s")).await;
+    let courier = Courier::start(tmp.path(), &config(&receiver.url(), "2s", 1)).await;
     let r = support::post(
         &courier.url("orders"),
         "{}",
@@ -166,7 +158,7 @@ async fn a_late_success_on_the_last_attempt_completes_the_event() {
 async fn a_last_attempt_without_a_late_success_is_dead_lettered_when_the_window_closes() {
     let receiver = Receiver::start(behavior(|_, _| Reply::hang())).await;
     let tmp = tempfile::tempdir().expect("tempdir");
-    let courier = Courier::start(tmp.path(), &last_attempt_config(&receiver.url(), "1500ms")).await;
+    let courier = Courier::start(tmp.path(), &config(&receiver.url(), "1500ms", 1)).await;
     let r = support::post(
         &courier.url("orders"),
         "{}",
