@@ -18,22 +18,34 @@ fn config(url: &str, window: &str, max_attempts: u32) -> String {
     )
 }
 
+/// A courier on `config(…, window, max_attempts)` before a receiver that
+/// answers every request with `reply`, after one event (with
+/// `Idempotency-Key: key`) was accepted and its first attempt arrived.
+async fn one_attempt(
+    reply: Reply,
+    window: &str,
+    max_attempts: u32,
+    key: Option<&str>,
+) -> (tempfile::TempDir, Receiver, Courier) {
+    let receiver = Receiver::start(behavior(move |_, _| reply.clone())).await;
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let courier = Courier::start(tmp.path(), &config(&receiver.url(), window, max_attempts)).await;
+    let headers: Vec<(&str, &str)> = key.map(|k| ("idempotency-key", k)).into_iter().collect();
+    let r = support::post(&courier.url("orders"), "{}", &headers).await;
+    assert_eq!(r.status, 202, "{}", courier.logs());
+    receiver.wait_for(1, Duration::from_secs(5)).await;
+    (tmp, receiver, courier)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_success_after_the_timeout_completes_the_event_and_cancels_the_retry() {
-    let receiver = Receiver::start(behavior(|_, _| {
-        Reply::status(200).delay(Duration::from_millis(500))
-    }))
-    .await;
-    let tmp = tempfile::tempdir().expect("tempdir");
-    let courier = Courier::start(tmp.path(), &config(&receiver.url(), "3m", 30)).await;
-    let r = support::post(
-        &courier.url("orders"),
-        "{}",
-        &[("idempotency-key", "late-1")],
+    let (_tmp, receiver, courier) = one_attempt(
+        Reply::status(200).delay(Duration::from_millis(500)),
+        "3m",
+        30,
+        Some("late-1"),
     )
     .await;
-    assert_eq!(r.status, 202);
-    receiver.wait_for(1, Duration::from_secs(5)).await;
     // The retry would go out 10 s after the timeout (the TimedOut minimum);
     // the late 200 at 500 ms must cancel it: the event leaves the journal.
     let admin = courier.admin_url();
@@ -77,15 +89,13 @@ async fn a_success_after_the_timeout_completes_the_event_and_cancels_the_retry()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_the_window_off_a_late_success_does_not_count() {
-    let receiver = Receiver::start(behavior(|_, _| {
-        Reply::status(200).delay(Duration::from_millis(500))
-    }))
+    let (_tmp, _receiver, courier) = one_attempt(
+        Reply::status(200).delay(Duration::from_millis(500)),
+        "0s",
+        30,
+        None,
+    )
     .await;
-    let tmp = tempfile::tempdir().expect("tempdir");
-    let courier = Courier::start(tmp.path(), &config(&receiver.url(), "0s", 30)).await;
-    let r = support::post(&courier.url("orders"), "{}", &[]).await;
-    assert_eq!(r.status, 202);
-    receiver.wait_for(1, Duration::from_secs(5)).await;
     tokio::time::sleep(Duration::from_millis(800)).await;
     let admin = courier.admin_url();
     assert_eq!(
@@ -107,20 +117,13 @@ async fn with_the_window_off_a_late_success_does_not_count() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_late_success_on_the_last_attempt_completes_the_event() {
-    let receiver = Receiver::start(behavior(|_, _| {
-        Reply::status(200).delay(Duration::from_millis(600))
-    }))
-    .await;
-    let tmp = tempfile::tempdir().expect("tempdir");
-    let courier = Courier::start(tmp.path(), &config(&receiver.url(), "2s", 1)).await;
-    let r = support::post(
-        &courier.url("orders"),
-        "{}",
-        &[("idempotency-key", "last-1")],
+    let (_tmp, receiver, courier) = one_attempt(
+        Reply::status(200).delay(Duration::from_millis(600)),
+        "2s",
+        1,
+        Some("last-1"),
     )
     .await;
-    assert_eq!(r.status, 202);
-    receiver.wait_for(1, Duration::from_secs(5)).await;
     // Past the end of the window: had the event been dead-lettered at the
     // timeout, or at the window's end, it would show by now.
     tokio::time::sleep(Duration::from_millis(2600)).await;
@@ -156,17 +159,7 @@ async fn a_late_success_on_the_last_attempt_completes_the_event() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_last_attempt_without_a_late_success_is_dead_lettered_when_the_window_closes() {
-    let receiver = Receiver::start(behavior(|_, _| Reply::hang())).await;
-    let tmp = tempfile::tempdir().expect("tempdir");
-    let courier = Courier::start(tmp.path(), &config(&receiver.url(), "1500ms", 1)).await;
-    let r = support::post(
-        &courier.url("orders"),
-        "{}",
-        &[("idempotency-key", "last-2")],
-    )
-    .await;
-    assert_eq!(r.status, 202);
-    receiver.wait_for(1, Duration::from_secs(5)).await;
+    let (_tmp, receiver, courier) = one_attempt(Reply::hang(), "1500ms", 1, Some("last-2")).await;
     let attempted = std::time::Instant::now();
     // The timeout (200 ms) is long past; the window (1.5 s) is not.
     tokio::time::sleep(Duration::from_millis(800)).await;
