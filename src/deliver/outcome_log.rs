@@ -47,37 +47,35 @@ pub(super) fn delivered(
     );
 }
 
+/// The line of an event given up: the same fields at `info` or `warn`
+/// (tracing's level must be known where the event is written).
+macro_rules! given_up {
+    ($level:expr, $message:literal, $ev:expr, $facts:expr, $batch:expr) => {{
+        let (ev, facts) = ($ev, $facts);
+        let body = logging::body(&ev.event.body);
+        tracing::event!(
+            $level,
+            destination = %ev.event.destination,
+            id = %ev.event.id,
+            attempts = facts.attempts,
+            status = facts.last_status,
+            outcome = %facts.last_outcome,
+            reason = %facts.reason.as_str(),
+            since_accept_ms = since_accept(ev),
+            batch = $batch,
+            body = body.as_deref(),
+            $message
+        )
+    }};
+}
+
 pub(super) fn dead_lettered(ev: &StoredEvent, facts: &Facts, batch: Option<&str>) {
-    let body = logging::body(&ev.event.body);
-    tracing::info!(
-        destination = %ev.event.destination,
-        id = %ev.event.id,
-        attempts = facts.attempts,
-        status = facts.last_status,
-        outcome = %facts.last_outcome,
-        reason = %facts.reason.as_str(),
-        since_accept_ms = since_accept(ev),
-        batch,
-        body = body.as_deref(),
-        "dead-lettered"
-    );
+    given_up!(tracing::Level::INFO, "dead-lettered", ev, facts, batch);
 }
 
 /// Given up with no dead-letter sink: the event is gone, hence `warn`.
 pub(super) fn dropped(ev: &StoredEvent, facts: &Facts, batch: Option<&str>) {
-    let body = logging::body(&ev.event.body);
-    tracing::warn!(
-        destination = %ev.event.destination,
-        id = %ev.event.id,
-        attempts = facts.attempts,
-        status = facts.last_status,
-        outcome = %facts.last_outcome,
-        reason = %facts.reason.as_str(),
-        since_accept_ms = since_accept(ev),
-        batch,
-        body = body.as_deref(),
-        "dropped"
-    );
+    given_up!(tracing::Level::WARN, "dropped", ev, facts, batch);
 }
 
 fn since_accept(ev: &StoredEvent) -> u64 {
