@@ -359,3 +359,129 @@ async fn events_acknowledged_after_a_clean_restart_survive_sigkill() {
         courier.logs()
     );
 }
+
+/// Copies the journal's SQLite files while courier is stopped (SIGSTOP), so
+/// that putting them back later rolls SQLite back to before the events that
+/// follow: they are then in the intake log only, as after a crash that beat
+/// the indexer.
+fn snapshot_sqlite(courier: &mut Courier, journal: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).expect("snapshot dir");
+    courier.signal(libc::SIGSTOP);
+    for f in ["journal.db", "journal.db-wal"] {
+        if journal.join(f).exists() {
+            std::fs::copy(journal.join(f), to.join(f)).expect("copy");
+        }
+    }
+    courier.signal(libc::SIGCONT);
+}
+
+fn restore_sqlite(from: &std::path::Path, journal: &std::path::Path) {
+    for f in ["journal.db", "journal.db-wal", "journal.db-shm"] {
+        let _ = std::fs::remove_file(journal.join(f));
+        if from.join(f).exists() {
+            std::fs::copy(from.join(f), journal.join(f)).expect("restore");
+        }
+    }
+}
+
+fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).expect("mkdir");
+    for entry in std::fs::read_dir(from).expect("list") {
+        let entry = entry.expect("entry");
+        std::fs::copy(entry.path(), to.join(entry.file_name())).expect("copy");
+    }
+}
+
+/// Twenty events acknowledged and in the intake log only; then the log's
+/// active segment is truncated. The start must refuse, naming the file and
+/// the 20 events, and `journal inspect` must say the same; the same journal
+/// without the damage delivers all twenty (so the 20 really were there).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_truncated_intake_log_tail_stops_the_start_and_names_the_lost_events() {
+    let (_closed, port) = support::setup::refusing_port();
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let url = format!("http://127.0.0.1:{port}");
+    let mut courier = Courier::start(
+        tmp.path(),
+        &config(&url, "").replace("schedule: [100ms]", "schedule: [1h]"),
+    )
+    .await;
+    let journal = tmp.path().join("journal");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    snapshot_sqlite(&mut courier, &journal, &tmp.path().join("before"));
+    for i in 0..20 {
+        let r = client::post(
+            &courier.url("orders"),
+            "{}",
+            &[("idempotency-key", &format!("t{i}"))],
+        )
+        .await;
+        assert_eq!(r.status, 202, "{}", r.text());
+    }
+    courier.kill();
+    restore_sqlite(&tmp.path().join("before"), &journal);
+    let undamaged = tmp.path().join("undamaged");
+    copy_dir(&journal, &undamaged);
+
+    let segments: Vec<_> = std::fs::read_dir(&journal)
+        .expect("list")
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("intake-"))
+        })
+        .collect();
+    let active = segments.iter().max().expect("a segment");
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(active)
+        .and_then(|f| f.set_len(0))
+        .expect("truncate the active segment");
+
+    let config_path = courier.config_path().display().to_string();
+    let out = support::run_cli(None, &["run", "-c", &config_path], &[]).await;
+    assert_eq!(out.code, 2, "{}", out.show());
+    assert!(
+        out.stderr.contains("lost 20 acknowledged events"),
+        "{}",
+        out.show()
+    );
+    assert!(
+        out.stderr.contains(&active.display().to_string()),
+        "names {}: {}",
+        active.display(),
+        out.show()
+    );
+    let inspect = support::run_cli(
+        None,
+        &[
+            "journal",
+            "inspect",
+            "--dir",
+            &journal.display().to_string(),
+        ],
+        &[],
+    )
+    .await;
+    assert_eq!(inspect.code, 2, "{}", inspect.show());
+    assert!(
+        inspect
+            .stdout
+            .contains("20 acknowledged events are missing"),
+        "{}",
+        inspect.show()
+    );
+
+    // The control: the same files, undamaged, deliver every one.
+    let receiver = Receiver::ok().await;
+    let other = tempfile::tempdir().expect("tempdir");
+    std::fs::rename(&undamaged, other.path().join("journal")).expect("move");
+    let courier = Courier::start(other.path(), &config(&receiver.url(), "")).await;
+    let got = receiver.wait_for(20, Duration::from_secs(10)).await;
+    let ids: HashSet<String> = got
+        .iter()
+        .filter_map(|r| r.header("webhook-id").map(str::to_string))
+        .collect();
+    assert_eq!(ids.len(), 20, "{}", courier.logs());
+}

@@ -34,16 +34,31 @@ pub fn inspect(dir: &Path) -> Result<Inspection, OpenError> {
     let mut unindexed = 0;
     let mut reader = LogReader::new(dir);
     let mut at = store::intake_pos(&conn).map_err(|e| OpenError::Open(path.clone(), e))?;
+    let mut next_seq = store::next_seq(&conn).map_err(|e| OpenError::Open(path.clone(), e))?;
     loop {
         match reader.read(at) {
             Ok(intake::Read::Record(events, next)) => {
                 for l in events {
                     unindexed += 1;
+                    next_seq = next_seq.max(l.seq + 1);
                     add_pending(&mut summary, &l.event);
                 }
                 at = next;
             }
-            Ok(intake::Read::End) => break,
+            Ok(intake::Read::End) => {
+                // What the start would refuse: a log ending before its mark.
+                match intake::Mark::read(dir) {
+                    Ok(Some(mark)) if mark.end > at => corrupt.push(format!(
+                        "{} acknowledged events are missing from the intake log: they should follow position {at} in {}, which is truncated, damaged or missing (acknowledged up to position {})",
+                        (mark.next_seq - next_seq).max(0),
+                        intake::segment_for(dir, at).display(),
+                        mark.end
+                    )),
+                    Ok(_) => {}
+                    Err(e) => corrupt.push(e.to_string()),
+                }
+                break;
+            }
             Err(e) => {
                 corrupt.push(e.to_string());
                 break;

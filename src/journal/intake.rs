@@ -20,6 +20,12 @@
 //! padded with zeros to a multiple of 4 KiB. The lsn inside the header is
 //! what makes a recycled segment's old records (and the zeros after the last
 //! record) read as "end of log".
+//!
+//! A record lost at the tail (a truncated or deleted segment, a damaged last
+//! record) reads as a clean end. So after every commit the writer also puts
+//! the log's acknowledged end in `intake.mark`, a file of its own that no
+//! damage to a segment can shorten: a start that finds the log ending before
+//! the mark knows that acknowledged events are gone, and says so.
 
 use super::record::{Header, NewEvent, decode_headers, encode_headers};
 use std::fs::{File, OpenOptions};
@@ -44,6 +50,72 @@ pub struct Logged {
     /// The headers as encoded in the record (and in the journal row), so
     /// the indexer does not encode them again.
     pub encoded_headers: Vec<u8>,
+}
+
+/// The mark's file name, beside the segments.
+pub const MARK: &str = "intake.mark";
+const MARK_MAGIC: u32 = 0x4352_4d31; // "CRM1"
+
+/// What the writer had acknowledged when it last wrote the mark: the log's
+/// end after the last synced record, and the seq the next event would get.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Mark {
+    pub end: u64,
+    pub next_seq: i64,
+}
+
+impl Mark {
+    fn encode(&self) -> [u8; 24] {
+        let mut b = [0u8; 24];
+        b[0..4].copy_from_slice(&MARK_MAGIC.to_le_bytes());
+        b[8..16].copy_from_slice(&self.end.to_le_bytes());
+        b[16..24].copy_from_slice(&self.next_seq.to_le_bytes());
+        let crc = crc32c::crc32c(&b[8..24]);
+        b[4..8].copy_from_slice(&crc.to_le_bytes());
+        b
+    }
+
+    /// `None` for anything but a whole mark (a missing or torn file).
+    fn decode(b: &[u8]) -> Option<Mark> {
+        let b: &[u8; 24] = b.get(..24)?.try_into().ok()?;
+        let [m0, m1, m2, m3, c0, c1, c2, c3, rest @ ..] = *b;
+        let [e0, e1, e2, e3, e4, e5, e6, e7, s @ ..] = rest;
+        if u32::from_le_bytes([m0, m1, m2, m3]) != MARK_MAGIC
+            || u32::from_le_bytes([c0, c1, c2, c3]) != crc32c::crc32c(&rest)
+        {
+            return None;
+        }
+        Some(Mark {
+            end: u64::from_le_bytes([e0, e1, e2, e3, e4, e5, e6, e7]),
+            next_seq: i64::from_le_bytes(s),
+        })
+    }
+
+    /// The mark in `dir`: `Ok(None)` when there is none (a journal that
+    /// never wrote one); `Err` only when it exists and cannot be read.
+    pub fn read(dir: &Path) -> io::Result<Option<Mark>> {
+        match std::fs::read(dir.join(MARK)) {
+            Ok(b) => match Mark::decode(&b) {
+                Some(m) => Ok(Some(m)),
+                None => Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("{} is damaged", dir.join(MARK).display()),
+                )),
+            },
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// The segment that holds (or should hold) `lsn`: the last one starting at
+/// or before it, or the name it would have.
+pub fn segment_for(dir: &Path, lsn: u64) -> PathBuf {
+    segments(dir)
+        .ok()
+        .and_then(|s| s.into_iter().rev().find(|(start, _, _)| *start <= lsn))
+        .map(|(_, _, path)| path)
+        .unwrap_or_else(|| dir.join(name(lsn)))
 }
 
 fn name(start: u64) -> String {
@@ -182,13 +254,15 @@ pub struct LogWriter {
     retired: Vec<(u64, u64)>,
     spares: Vec<PathBuf>,
     buf: Vec<u8>,
+    mark: File,
 }
 
 impl LogWriter {
     /// A writer that starts a fresh segment at `pos`. Existing segment files
     /// that end at or before `pos` become spares (the caller has made their
-    /// records durable elsewhere).
-    pub fn open(dir: &Path, pos: u64) -> io::Result<LogWriter> {
+    /// records durable elsewhere). The mark is set to `pos` and `next_seq`
+    /// and synced first, so it never claims more than the log will hold.
+    pub fn open(dir: &Path, pos: u64, next_seq: i64) -> io::Result<LogWriter> {
         let mut spares = Vec::new();
         for (start, size, path) in segments(dir)? {
             if start + size > pos {
@@ -203,14 +277,31 @@ impl LogWriter {
                 std::fs::remove_file(&path)?;
             }
         }
-        Ok(LogWriter {
+        let mark = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(dir.join(MARK))?;
+        let writer = LogWriter {
             dir: dir.to_path_buf(),
             current: None,
             pos,
             retired: Vec::new(),
             spares,
             buf: Vec::with_capacity(1 << 20),
-        })
+            mark,
+        };
+        writer.acknowledge(Mark { end: pos, next_seq })?;
+        writer.mark.sync_all()?;
+        File::open(dir)?.sync_all()?;
+        Ok(writer)
+    }
+
+    /// Records that everything up to `mark.end` is acknowledged. One small
+    /// write in place, not synced: it must outlive the process, not the
+    /// machine, and after a power loss a lagging mark only claims less.
+    pub fn acknowledge(&self, mark: Mark) -> io::Result<()> {
+        self.mark.write_all_at(&mark.encode(), 0)
     }
 
     /// The lsn after the last record written.
@@ -588,7 +679,7 @@ mod tests {
     #[test]
     fn records_round_trip_with_every_field() {
         let tmp = tempfile::tempdir().expect("tempdir");
-        let mut w = LogWriter::open(tmp.path(), 0).expect("open");
+        let mut w = LogWriter::open(tmp.path(), 0, 1).expect("open");
         let (p, n) = group(1..4);
         let end = w.append(&p, n).expect("append");
         assert_eq!(end % ALIGN, 0);
@@ -607,7 +698,7 @@ mod tests {
     #[test]
     fn a_torn_last_record_is_the_end_of_the_log() {
         let tmp = tempfile::tempdir().expect("tempdir");
-        let mut w = LogWriter::open(tmp.path(), 0).expect("open");
+        let mut w = LogWriter::open(tmp.path(), 0, 1).expect("open");
         let (p, n) = group(1..3);
         let first_end = w.append(&p, n).expect("append");
         let (p, n) = group(3..5);
@@ -626,7 +717,7 @@ mod tests {
     #[test]
     fn a_damaged_record_with_later_records_is_corruption_not_the_end() {
         let tmp = tempfile::tempdir().expect("tempdir");
-        let mut w = LogWriter::open(tmp.path(), 0).expect("open");
+        let mut w = LogWriter::open(tmp.path(), 0, 1).expect("open");
         for i in 0..3 {
             let (p, n) = group(i * 10..i * 10 + 2);
             w.append(&p, n).expect("append");
@@ -645,7 +736,7 @@ mod tests {
     #[test]
     fn records_go_on_in_the_next_segment_and_recycled_segments_read_as_empty() {
         let tmp = tempfile::tempdir().expect("tempdir");
-        let mut w = LogWriter::open(tmp.path(), 0).expect("open");
+        let mut w = LogWriter::open(tmp.path(), 0, 1).expect("open");
         // Records of ~1 MiB: 15 fit a 16 MiB segment, the 16th rotates.
         let big = NewEvent {
             body: Bytes::from(vec![b'x'; 1024 * 1024 - 200]),
@@ -677,7 +768,7 @@ mod tests {
     #[test]
     fn a_damaged_last_record_of_a_segment_is_corruption_not_a_skip() {
         let tmp = tempfile::tempdir().expect("tempdir");
-        let mut w = LogWriter::open(tmp.path(), 0).expect("open");
+        let mut w = LogWriter::open(tmp.path(), 0, 1).expect("open");
         let big = NewEvent {
             body: Bytes::from(vec![b'x'; 1024 * 1024 - 200]),
             ..event(0)
@@ -706,7 +797,7 @@ mod tests {
     #[test]
     fn a_missing_segment_in_the_middle_is_corruption_not_the_end() {
         let tmp = tempfile::tempdir().expect("tempdir");
-        let mut w = LogWriter::open(tmp.path(), 0).expect("open");
+        let mut w = LogWriter::open(tmp.path(), 0, 1).expect("open");
         let big = NewEvent {
             body: Bytes::from(vec![b'x'; 1024 * 1024 - 200]),
             ..event(0)
@@ -726,7 +817,7 @@ mod tests {
     #[test]
     fn a_group_larger_than_a_segment_gets_its_own() {
         let tmp = tempfile::tempdir().expect("tempdir");
-        let mut w = LogWriter::open(tmp.path(), 0).expect("open");
+        let mut w = LogWriter::open(tmp.path(), 0, 1).expect("open");
         let huge = NewEvent {
             body: Bytes::from(vec![b'y'; SEGMENT as usize + 10]),
             ..event(0)
@@ -741,10 +832,10 @@ mod tests {
     #[test]
     fn opening_refuses_segments_past_the_resume_position() {
         let tmp = tempfile::tempdir().expect("tempdir");
-        let mut w = LogWriter::open(tmp.path(), 0).expect("open");
+        let mut w = LogWriter::open(tmp.path(), 0, 1).expect("open");
         let (p, n) = group(1..2);
         w.append(&p, n).expect("append");
-        assert!(LogWriter::open(tmp.path(), 4096).is_err());
-        assert!(LogWriter::open(tmp.path(), SEGMENT).is_ok());
+        assert!(LogWriter::open(tmp.path(), 4096, 1).is_err());
+        assert!(LogWriter::open(tmp.path(), SEGMENT, 1).is_ok());
     }
 }

@@ -87,6 +87,20 @@ pub enum OpenError {
         "cannot replay the journal's intake log in {0}: {1}. Courier will not start and discard acknowledged events: restore the directory from a backup, or move the damaged intake-*.log file aside (giving up the events in it and after it); journal.db keeps everything else"
     )]
     Intake(PathBuf, String),
+    #[error(
+        "the journal's intake log in {dir} lost {events} acknowledged events: they should follow position {end} in {file}, which is truncated, damaged or missing (the log was acknowledged up to position {acknowledged}). Courier will not start and discard them: restore {file} from a backup; or, to give them up and start, remove {dir}/intake.mark"
+    )]
+    TailLost {
+        dir: PathBuf,
+        file: PathBuf,
+        events: i64,
+        end: u64,
+        acknowledged: u64,
+    },
+    #[error(
+        "{0} is missing, but its directory holds the intake log of an earlier journal: journal.db was deleted or moved. Restore it from a backup; or, to start empty, move intake.mark and the intake-*.log files aside too"
+    )]
+    DbMissing(PathBuf),
 }
 
 /// A change to an event after an attempt (or a TTL expiry).
@@ -193,6 +207,19 @@ impl Journal {
             LockError::Held(lock_path) => OpenError::Locked(path.clone(), lock_path),
             LockError::Open(lock_path, e) => OpenError::Dir(lock_path, e),
         })?;
+        let intake_err = |e: std::io::Error| OpenError::Intake(dir.to_path_buf(), e.to_string());
+        let mark = match intake::Mark::read(dir) {
+            Ok(m) => m,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot check the intake log for a lost tail");
+                None
+            }
+        };
+        if !path.exists()
+            && (mark.is_some() || !intake::segments(dir).map_err(intake_err)?.is_empty())
+        {
+            return Err(OpenError::DbMissing(path));
+        }
         let conn = store::open_writer(&path).map_err(|e| OpenError::Open(path.clone(), e))?;
         if let Some(problem) =
             store::integrity_problem(&conn).map_err(|e| OpenError::Open(path.clone(), e))?
@@ -204,7 +231,27 @@ impl Journal {
         let indexed = indexer
             .recover()
             .map_err(|e| OpenError::Intake(dir.to_path_buf(), e.to_string()))?;
-        let intake_err = |e: std::io::Error| OpenError::Intake(dir.to_path_buf(), e.to_string());
+        let conn = indexer.conn();
+        let next_seq = store::next_seq(conn).map_err(|e| OpenError::Open(path.clone(), e))?;
+        // Checked before `resume_at` records the new position: a refused
+        // start leaves the evidence for the next one.
+        if let Some(mark) = mark
+            && mark.end > indexed
+        {
+            let lost = OpenError::TailLost {
+                dir: dir.to_path_buf(),
+                file: intake::segment_for(dir, indexed),
+                events: (mark.next_seq - next_seq).max(0),
+                end: indexed,
+                acknowledged: mark.end,
+            };
+            if full_sync {
+                return Err(lost);
+            }
+            // With `sync: os` a crash of the machine may lose the tail, as
+            // that setting allows; said loudly, not a reason to stay down.
+            tracing::error!(error = %lost, "journal.sync is os: starting without them");
+        }
         // The log resumes after every segment there is: what they hold is
         // indexed and synced now, so they are all free for reuse.
         let resume = intake::segments(dir)
@@ -215,9 +262,9 @@ impl Journal {
         indexer
             .resume_at(resume)
             .map_err(|e| OpenError::Intake(dir.to_path_buf(), e.to_string()))?;
-        let log = LogWriter::open(dir, resume).map_err(intake_err)?;
+        let next_seq = next_seq.max(mark.map_or(0, |m| m.next_seq));
+        let log = LogWriter::open(dir, resume, next_seq).map_err(intake_err)?;
         let conn = indexer.conn();
-        let next_seq = store::next_seq(conn).map_err(|e| OpenError::Open(path.clone(), e))?;
         let summary = store::summary(conn).map_err(|e| OpenError::Open(path.clone(), e))?;
         let dedupe = match dedupe_ms {
             Some(window) => {

@@ -18,19 +18,171 @@ fn event(i: u64) -> NewEvent {
     }
 }
 
-/// Writes groups straight into the intake log, as the writer does before
-/// the indexer has seen them (a crash right after the 202s).
+/// Writes groups straight into the intake log of a new journal, as the
+/// writer does before the indexer has seen them (a crash right after the
+/// 202s), marking each as acknowledged.
 fn log_only(dir: &Path, groups: &[std::ops::Range<i64>]) {
-    let mut w = LogWriter::open(dir, 0).expect("open log");
+    drop(store::open_writer(&dir.join(FILE)).expect("create journal.db"));
+    let mut w = LogWriter::open(dir, 0, 1).expect("open log");
     for g in groups {
         let mut payload = Vec::new();
         for seq in g.clone() {
             intake::encode(&mut payload, seq, &event(seq as u64));
         }
-        w.append(&payload, g.clone().count() as u32)
+        let end = w
+            .append(&payload, g.clone().count() as u32)
             .expect("append");
+        w.sync().expect("sync");
+        w.acknowledge(intake::Mark {
+            end,
+            next_seq: g.end,
+        })
+        .expect("mark");
     }
-    w.sync().expect("sync");
+}
+
+fn only_segment(dir: &Path) -> PathBuf {
+    let segments = intake::segments(dir).expect("list");
+    assert_eq!(segments.len(), 1, "{segments:?}");
+    segments[0].2.clone()
+}
+
+fn open_refused(dir: &Path) -> OpenError {
+    match open(dir) {
+        Err(e) => e,
+        Ok(_) => panic!("a start that would lose acknowledged events must be refused"),
+    }
+}
+
+/// Three groups of 2, 3 and 3 events, one 4 KiB record each; the tail is
+/// then damaged in each way a disk or an operator can.
+#[tokio::test]
+async fn a_lost_tail_of_acknowledged_events_stops_the_start_with_its_count() {
+    type Damage = fn(&Path);
+    let cases: [(&str, Damage, i64); 4] = [
+        (
+            "truncated to the last record",
+            |seg| {
+                let f = std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(seg)
+                    .expect("open");
+                f.set_len(2 * 4096).expect("truncate");
+            },
+            3,
+        ),
+        (
+            "truncated to zero",
+            |seg| {
+                let f = std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(seg)
+                    .expect("open");
+                f.set_len(0).expect("truncate");
+            },
+            8,
+        ),
+        (
+            "deleted",
+            |seg| std::fs::remove_file(seg).expect("remove"),
+            8,
+        ),
+        (
+            "a flipped byte in the last record",
+            |seg| {
+                let f = std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(seg)
+                    .expect("open");
+                f.write_all_at(b"\xff", 2 * 4096 + 40).expect("flip");
+            },
+            3,
+        ),
+    ];
+    for (how, damage, lost) in cases {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        log_only(tmp.path(), &[1..3, 3..6, 6..9]);
+        let seg = only_segment(tmp.path());
+        damage(&seg);
+        for attempt in ["first", "second"] {
+            match open_refused(tmp.path()) {
+                OpenError::TailLost { events, file, .. } => {
+                    assert_eq!(events, lost, "{how}, {attempt} start");
+                    assert_eq!(file, seg, "{how}: the file named");
+                }
+                other => panic!("{how}: {other}"),
+            }
+        }
+        let report = inspect_closed(tmp.path()).await;
+        let said = report.corrupt.join("\n");
+        assert!(
+            said.contains(&format!("{lost} acknowledged events are missing")),
+            "{how}: inspect says {said:?}"
+        );
+        // The operator gives them up explicitly: the rest starts.
+        std::fs::remove_file(tmp.path().join(intake::MARK)).expect("remove the mark");
+        let (journal, summary) = reopen(tmp.path()).await;
+        assert_eq!(
+            summary.iter().map(|s| s.pending).sum::<u64>(),
+            8 - lost as u64,
+            "{how}"
+        );
+        journal.close().await;
+    }
+}
+
+#[tokio::test]
+async fn with_sync_os_a_lost_tail_is_reported_and_the_start_goes_on() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    log_only(tmp.path(), &[1..3, 3..6]);
+    std::fs::remove_file(only_segment(tmp.path())).expect("remove");
+    let (journal, summary) = Journal::open(tmp.path(), false, 1 << 30, None, &["orders".into()])
+        .expect("sync: os starts");
+    assert_eq!(summary.len(), 0);
+    // Seqs go on after the lost ones: none is handed out twice.
+    journal.append(vec![event(9)]).await.expect("append");
+    journal.close().await;
+    drop(journal);
+    let conn = Connection::open(tmp.path().join(FILE)).expect("open db");
+    let seq: i64 = conn
+        .query_row("SELECT seq FROM events", [], |r| r.get(0))
+        .expect("one row");
+    assert_eq!(seq, 6);
+}
+
+/// Once SQLite holds them, the log's segments are only a cache: losing them
+/// loses nothing, and the start must not cry wolf.
+#[tokio::test]
+async fn a_lost_segment_whose_events_sqlite_holds_is_no_loss() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let (journal, _) = open(tmp.path()).expect("open");
+    journal
+        .append((1..=4).map(event).collect())
+        .await
+        .expect("append");
+    journal.close().await;
+    drop(journal);
+    for (_, _, seg) in intake::segments(tmp.path()).expect("list") {
+        std::fs::remove_file(seg).expect("remove");
+    }
+    let (journal, summary) = reopen(tmp.path()).await;
+    assert_eq!(summary[0].pending, 4);
+    journal.close().await;
+}
+
+#[tokio::test]
+async fn a_deleted_journal_db_beside_its_intake_log_is_named_not_taken_for_damage() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    log_only(tmp.path(), &[1..2, 2..3]);
+    std::fs::remove_file(tmp.path().join(FILE)).expect("remove journal.db");
+    let err = open_refused(tmp.path());
+    assert!(matches!(err, OpenError::DbMissing(_)), "{err}");
+    let said = err.to_string();
+    assert!(said.contains("journal.db was deleted or moved"), "{said}");
+    assert!(
+        !tmp.path().join(FILE).exists(),
+        "a refused start creates nothing"
+    );
 }
 
 fn open(dir: &Path) -> Result<(Journal, Vec<DestinationSummary>), OpenError> {

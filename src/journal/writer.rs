@@ -123,6 +123,12 @@ impl Writer {
         match written {
             Ok(end) => {
                 self.next_seq = seq;
+                let mark = intake::Mark { end, next_seq: seq };
+                if let Err(e) = self.log.acknowledge(mark) {
+                    // The events are durable; only the check for a lost
+                    // tail at the next start is weaker until the next write.
+                    tracing::warn!(error = %e, "cannot update the intake log's mark");
+                }
                 Ok(end)
             }
             Err(AppendError::DiskFull) => {
