@@ -314,6 +314,32 @@ async fn every_event_ends_exactly_once_and_dead_letters_name_the_last_answer() {
                 .collect::<Vec<_>>()
         );
 
+        // Each line names the attempt the receiver answered 200; an answer
+        // the receiver held back past courier's timeout (`Late`, 300 ms
+        // after it) is confirmed as late, through the late-answer window.
+        let mut late_confirmed = 0;
+        for line in &delivered_lines {
+            let id = line["id"].as_str().unwrap_or_default();
+            let requests = &by_event[id];
+            let last = requests[requests.len() - 1].action;
+            check_eq!(
+                c,
+                (line["attempts"].as_u64(), line["status"].as_u64()),
+                (Some(requests.len() as u64), Some(200)),
+                "seed {seed}: {dest}: {id}: `delivered` line {line} vs the receiver's {} requests, last {last:?}",
+                requests.len()
+            );
+            if last == Action::Late {
+                check_eq!(
+                    c,
+                    line["late"],
+                    Value::Bool(true),
+                    "seed {seed}: {dest}: {id} was answered only after the timeout: {line}"
+                );
+                late_confirmed += 1;
+            }
+        }
+
         // What was given up, and why, as courier wrote it down: the
         // dead-letter records (alpha) or the `dropped` lines (beta).
         let given_up: Vec<(String, Value, u64, Value)> = if dest == "alpha" {
@@ -413,7 +439,7 @@ async fn every_event_ends_exactly_once_and_dead_letters_name_the_last_answer() {
                 m
             });
         summary.push(format!(
-            "{dest}: accepted {accepted}, delivered {delivered}, dead-lettered {dead}, dropped {dropped}; \
+            "{dest}: accepted {accepted}, delivered {delivered} ({late_confirmed} by a late answer), dead-lettered {dead}, dropped {dropped}; \
              requests {} {actions:?}; given up by last outcome {by_outcome:?}",
             rx.records().len()
         ));
