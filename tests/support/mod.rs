@@ -1,13 +1,14 @@
 #![allow(dead_code, unused_imports)]
-//! Test support for courier: a webhook `Receiver`, the `Courier` child
-//! process harness, HTTP `client` helpers and a `load` generator; for the
-//! end-to-end tests, `checks` (`fail!`, `check!`, `check_eq!` and bounded
-//! waits), `deadletters` readers, `setup` helpers and `python` (independent
-//! checkers from PyPI).
+//! Test support for courier: a webhook `Receiver` (and `chaos`, one that
+//! misbehaves at random), the `Courier` child process harness, HTTP `client`
+//! helpers and a `load` generator; for the end-to-end tests, `checks`
+//! (`fail!`, `check!`, `check_eq!` and bounded waits), `deadletters`
+//! readers, `setup` helpers and `python` (independent checkers from PyPI).
 //!
 //! Used by the integration tests (`mod support;`) and by
 //! `benches/courier_bench.rs` (`#[path = "../tests/support/mod.rs"] mod support;`).
 
+pub mod chaos;
 pub mod checks;
 pub mod client;
 pub mod courier;
