@@ -11,8 +11,8 @@
 
 use super::intake::{LogReader, Logged, Read, ReadError};
 use super::store::{self, QUARANTINED};
-use super::{Change, JournalError, Shared};
-use rusqlite::{Connection, ErrorCode, params};
+use super::{Change, DiskError, JournalError, Shared};
+use rusqlite::{Connection, params};
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -74,9 +74,13 @@ pub(super) enum IndexError {
     Sqlite(#[from] rusqlite::Error),
 }
 
-impl IndexError {
+impl super::DiskError for IndexError {
     fn disk_full(&self) -> bool {
-        matches!(self, IndexError::Sqlite(e) if e.sqlite_error_code() == Some(ErrorCode::DiskFull))
+        match self {
+            IndexError::Sqlite(e) => e.disk_full(),
+            IndexError::Log(ReadError::Io(e)) => e.disk_full(),
+            IndexError::Log(_) => false,
+        }
     }
 }
 
@@ -274,13 +278,21 @@ impl Indexer {
                 match self.sync() {
                     Ok(()) => shared.durable_pos.store(self.durable, Ordering::Release),
                     // The log still holds the rows: try again shortly.
-                    Err(e) if e.disk_full() => retry = true,
+                    Err(e) if e.disk_full() => {
+                        shared.full();
+                        retry = true;
+                    }
                     Err(e) => {
                         self.failure(&e, &shared);
                     }
                 }
             }
-            if self.last_checkpoint.elapsed() >= CHECKPOINT_EVERY {
+            if shared.disk_full.load(Ordering::Acquire) && !retry {
+                // On a full disk the WAL must give back what each commit
+                // took, or it keeps the room the intake log needs.
+                let _ = self.conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)");
+                self.last_checkpoint = Instant::now();
+            } else if self.last_checkpoint.elapsed() >= CHECKPOINT_EVERY {
                 // Under sustained load the background checkpointer never
                 // catches up, so the WAL could never restart; from here no
                 // frame can arrive during the checkpoint.
@@ -362,6 +374,7 @@ impl Indexer {
                 }
                 Err(e) => {
                     let err = if e.disk_full() {
+                        shared.full();
                         JournalError::DiskFull
                     } else {
                         self.failure(&e, shared)

@@ -222,7 +222,7 @@ fn padded(len: usize) -> u64 {
     (HEADER + len).div_ceil(ALIGN as usize) as u64 * ALIGN
 }
 
-fn is_disk_full(e: &io::Error) -> bool {
+pub(super) fn is_disk_full(e: &io::Error) -> bool {
     e.raw_os_error() == Some(libc::ENOSPC) || e.raw_os_error() == Some(libc::EDQUOT)
 }
 

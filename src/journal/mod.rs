@@ -17,6 +17,7 @@ mod inspect;
 mod intake;
 mod reader;
 pub mod record;
+mod reserve;
 mod store;
 mod writer;
 
@@ -31,6 +32,7 @@ use arc_swap::ArcSwap;
 use dedupe::{Check, Claim, Dedupe};
 use indexer::{Indexer, ToIndexer};
 use intake::{LogReader, LogWriter};
+use reserve::Reserve;
 use rusqlite::Connection;
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -98,9 +100,30 @@ pub enum OpenError {
         acknowledged: u64,
     },
     #[error(
+        "the disk holding the journal {0} is full ({1} bytes free): free space on that volume or give it more room (journal.max_bytes of pending events and about as much again), then start courier again. Nothing was changed and no event was lost"
+    )]
+    DiskFull(PathBuf, u64),
+    #[error(
         "{0} is missing, but its directory holds the intake log of an earlier journal: journal.db was deleted or moved. Restore it from a backup; or, to start empty, move intake.mark and the intake-*.log files aside too"
     )]
     DbMissing(PathBuf),
+}
+
+/// Errors that may mean the disk is full rather than damaged.
+trait DiskError {
+    fn disk_full(&self) -> bool;
+}
+
+impl DiskError for std::io::Error {
+    fn disk_full(&self) -> bool {
+        intake::is_disk_full(self)
+    }
+}
+
+impl DiskError for rusqlite::Error {
+    fn disk_full(&self) -> bool {
+        self.sqlite_error_code() == Some(rusqlite::ErrorCode::DiskFull)
+    }
 }
 
 /// A change to an event after an attempt (or a TTL expiry).
@@ -150,6 +173,10 @@ pub(crate) struct Shared {
     pending_bytes: AtomicU64,
     dedupe: Option<Arc<Mutex<Dedupe>>>,
     failed: Mutex<Option<String>>,
+    /// Set at ENOSPC: ingress answers 507 without touching the disk until
+    /// the reserve can be taken back.
+    disk_full: AtomicBool,
+    reserve: Reserve,
     closed: AtomicBool,
     /// Copied on write: a reload adds a destination rarely, every group
     /// commit reads the map.
@@ -157,6 +184,31 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
+    /// The disk is full: stop taking events, give SQLite the reserve.
+    fn full(&self) {
+        if !self.disk_full.swap(true, Ordering::AcqRel) {
+            self.reserve.release();
+            tracing::warn!(
+                dir = %self.dir.display(),
+                released = self.reserve.size(),
+                "the journal's disk is full: ingress answers 507 until there is room again; deliveries go on in the reserve"
+            );
+        }
+    }
+
+    /// Whether ingress may write again: only once the reserve is back.
+    fn room(&self) -> bool {
+        if !self.disk_full.load(Ordering::Acquire) {
+            return true;
+        }
+        if !self.reserve.take() {
+            return false;
+        }
+        self.disk_full.store(false, Ordering::Release);
+        tracing::info!(dir = %self.dir.display(), "the journal's disk has room again: accepting events");
+        true
+    }
+
     fn destination(&self, name: &str) -> Option<Arc<DestinationState>> {
         self.destinations.load().get(name).cloned()
     }
@@ -220,7 +272,16 @@ impl Journal {
         {
             return Err(OpenError::DbMissing(path));
         }
-        let conn = store::open_writer(&path).map_err(|e| OpenError::Open(path.clone(), e))?;
+        // The last run's reserve is this start's room to recover in.
+        let reserve = Reserve::new(dir).map_err(|e| OpenError::Dir(dir.to_path_buf(), e))?;
+        reserve.release();
+        let full = |e: &dyn DiskError| {
+            e.disk_full().then(|| {
+                OpenError::DiskFull(dir.to_path_buf(), reserve::space(dir).map_or(0, |s| s.1))
+            })
+        };
+        let conn = store::open_writer(&path)
+            .map_err(|e| full(&e).unwrap_or(OpenError::Open(path.clone(), e)))?;
         if let Some(problem) =
             store::integrity_problem(&conn).map_err(|e| OpenError::Open(path.clone(), e))?
         {
@@ -230,7 +291,7 @@ impl Journal {
             .map_err(|e| OpenError::Open(path.clone(), e))?;
         let indexed = indexer
             .recover()
-            .map_err(|e| OpenError::Intake(dir.to_path_buf(), e.to_string()))?;
+            .map_err(|e| full(&e).unwrap_or(OpenError::Intake(dir.to_path_buf(), e.to_string())))?;
         let conn = indexer.conn();
         let next_seq = store::next_seq(conn).map_err(|e| OpenError::Open(path.clone(), e))?;
         // Checked before `resume_at` records the new position: a refused
@@ -261,9 +322,10 @@ impl Journal {
             .fold(indexed, u64::max);
         indexer
             .resume_at(resume)
-            .map_err(|e| OpenError::Intake(dir.to_path_buf(), e.to_string()))?;
+            .map_err(|e| full(&e).unwrap_or(OpenError::Intake(dir.to_path_buf(), e.to_string())))?;
         let next_seq = next_seq.max(mark.map_or(0, |m| m.next_seq));
-        let log = LogWriter::open(dir, resume, next_seq).map_err(intake_err)?;
+        let log = LogWriter::open(dir, resume, next_seq)
+            .map_err(|e| full(&e).unwrap_or_else(|| intake_err(e)))?;
         let conn = indexer.conn();
         let summary = store::summary(conn).map_err(|e| OpenError::Open(path.clone(), e))?;
         let dedupe = match dedupe_ms {
@@ -299,6 +361,9 @@ impl Journal {
             pending_bytes: AtomicU64::new(total),
             dedupe,
             failed: Mutex::new(None),
+            // Without room for the reserve, ingress starts at 507.
+            disk_full: AtomicBool::new(!reserve.take()),
+            reserve,
             closed: AtomicBool::new(false),
             destinations: ArcSwap::from_pointee(states),
         });

@@ -103,6 +103,9 @@ impl Writer {
         if let Some(reason) = self.shared.failed.lock().ok().and_then(|f| f.clone()) {
             return Err(JournalError::Failed(reason));
         }
+        if !self.shared.room() {
+            return Err(JournalError::DiskFull);
+        }
         payload.clear();
         let mut seq = self.next_seq;
         for cmd in group {
@@ -133,6 +136,7 @@ impl Writer {
             }
             Err(AppendError::DiskFull) => {
                 self.log.drop_spares();
+                self.shared.full();
                 Err(JournalError::DiskFull)
             }
             Err(AppendError::TooLarge) => Err(JournalError::Full {
