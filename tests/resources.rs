@@ -183,3 +183,58 @@ async fn the_soft_open_file_limit_is_raised_to_the_hard_limit() {
         "the raise is logged with the old value"
     );
 }
+
+/// Unmounts on drop, so that a failing check leaves no mount behind.
+struct Unmount(std::path::PathBuf);
+
+impl Drop for Unmount {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.0).status();
+    }
+}
+
+/// A journal directory that exists but cannot be written: the message names
+/// the lock file, not "cannot create the journal directory".
+#[tokio::test]
+async fn a_read_only_journal_directory_is_named_as_such() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let journal = dir.path().join("journal");
+    std::fs::create_dir(&journal).expect("mkdir");
+    // Root ignores permission bits: a read-only mount stops it instead.
+    let _unmount = if unsafe { libc::geteuid() } == 0 {
+        let mounted = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "ro,size=64k", "tmpfs"])
+            .arg(&journal)
+            .status();
+        if !matches!(mounted, Ok(s) if s.success()) {
+            eprintln!("skipped: running as root and cannot mount a read-only tmpfs ({mounted:?})");
+            return;
+        }
+        Some(Unmount(journal.clone()))
+    } else {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&journal, std::fs::Permissions::from_mode(0o555)).expect("chmod");
+        None
+    };
+    let yaml = dir.path().join("courier.yaml");
+    std::fs::write(&yaml, config("hooks", "http://127.0.0.1:9", "")).expect("write config");
+    let out = support::run_cli(None, &["run", "-c", &yaml.to_string_lossy()], &[]).await;
+    let text = format!("{}{}", out.stdout, out.stderr);
+    let lock = journal.join("courier.lock");
+    assert_eq!(out.code, 2, "{}", out.show());
+    assert!(
+        text.contains(&format!("cannot create the lock file {}", lock.display())),
+        "{}",
+        out.show()
+    );
+    assert!(
+        text.contains("journal.dir must be writable"),
+        "{}",
+        out.show()
+    );
+    assert!(
+        !text.contains("cannot create the journal directory"),
+        "{}",
+        out.show()
+    );
+}
