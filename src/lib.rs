@@ -7,6 +7,7 @@ pub mod config;
 pub mod deadletter;
 pub mod deliver;
 pub mod event_path;
+mod fd_limit;
 mod ingress;
 pub mod journal;
 pub mod lifecycle;
@@ -46,6 +47,7 @@ pub struct ConfigSource {
 
 /// Runs courier until SIGTERM or SIGINT, then shuts down gracefully.
 pub async fn run(settings: Settings, source: ConfigSource) -> Result<(), RunError> {
+    fd_limit::raise();
     let hangups = reload::hangups();
     let prometheus = admin::metrics::install().map_err(RunError::Setup)?;
     let names: Vec<String> = settings
@@ -75,8 +77,8 @@ pub async fn run(settings: Settings, source: ConfigSource) -> Result<(), RunErro
         .await
         .map_err(|e| RunError::Listen(settings.admin_listen, "admin_listen", e))?;
     let lifecycle = Arc::new(Lifecycle::default());
-    let client = deliver::build_client().map_err(RunError::Setup)?;
-    let fleet = Arc::new(Fleet::new(journal.clone(), client, lifecycle.clone()));
+    let connector = deliver::build_connector().map_err(RunError::Setup)?;
+    let fleet = Arc::new(Fleet::new(journal.clone(), connector, lifecycle.clone()));
     fleet.apply(&settings).map_err(RunError::Setup)?;
     let live = Arc::new(Live::from_pointee(settings));
 

@@ -10,6 +10,11 @@
 //! - `custom`: an Event Grid envelope plus the original request (method,
 //!   path, forwarded headers) at the top level.
 //!
+//! Header values are kept byte for byte: a UTF-8 value is a JSON string, a
+//! value that is not UTF-8 (HTTP allows any octet but control characters)
+//! is `{"base64": "<its bytes>"}`, since a string would have to replace its
+//! bytes with U+FFFD and replay could not rebuild the request.
+//!
 //! The event's bytes are kept when it fits on one line (the fields are
 //! spliced in before its closing brace), so replay sends the same bytes; a
 //! multi-line event, or one that already has a field of the same name, is
@@ -116,11 +121,19 @@ fn event_record(e: &NewEvent, facts: &Facts, names: &Names) -> Option<String> {
     Some(line)
 }
 
+/// One header value: a string when it is UTF-8, else its bytes in base64.
+fn header_value(bytes: &[u8]) -> Value {
+    match std::str::from_utf8(bytes) {
+        Ok(text) => Value::String(text.to_owned()),
+        Err(_) => json!({ "base64": base64::engine::general_purpose::STANDARD.encode(bytes) }),
+    }
+}
+
 /// The forwarded headers as an object; a repeated header becomes a list.
 fn headers_json(e: &NewEvent) -> Map<String, Value> {
     let mut headers = Map::new();
     for (name, value) in &e.headers {
-        let v = Value::String(String::from_utf8_lossy(value).into_owned());
+        let v = header_value(value);
         match headers.get_mut(name) {
             Some(Value::Array(list)) => list.push(v),
             Some(first) => *first = Value::Array(vec![first.take(), v]),
@@ -307,6 +320,57 @@ mod tests {
                 .expect("json");
         assert_eq!(v["eventType"], "Courier.Custom");
         assert_eq!(v["data_base64"], "cGxhaW4=");
+    }
+
+    /// What a replay does with a recorded header value.
+    fn decode(v: &Value) -> Option<Vec<u8>> {
+        match v {
+            Value::String(s) => Some(s.as_bytes().to_vec()),
+            Value::Object(o) => base64::engine::general_purpose::STANDARD
+                .decode(o.get("base64")?.as_str()?)
+                .ok(),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn header_values_round_trip_byte_for_byte() {
+        let values: [&[u8]; 5] = [
+            b"",
+            b"plain",
+            "caf\u{e9}".as_bytes(),
+            b"\xff\xfe",
+            b"ok\x80",
+        ];
+        for bytes in values {
+            assert_eq!(
+                decode(&header_value(bytes)).as_deref(),
+                Some(bytes),
+                "{bytes:?}"
+            );
+        }
+        // UTF-8 stays a plain string, as before.
+        assert_eq!(header_value("caf\u{e9}".as_bytes()), json!("caf\u{e9}"));
+        assert_eq!(header_value(b"\xff\xfe"), json!({"base64": "//4="}));
+        let e = NewEvent {
+            headers: vec![
+                ("x-bin".into(), b"a\xffb".to_vec()),
+                ("x-bin".into(), b"text".to_vec()),
+            ],
+            ..event(b"{}")
+        };
+        let v: Value = serde_json::from_str(&custom_record(&e, &facts())).expect("json");
+        let list = v["headers"]["x-bin"]
+            .as_array()
+            .expect("a repeated header is a list");
+        assert_eq!(decode(&list[0]).as_deref(), Some(&b"a\xffb"[..]));
+        assert_eq!(decode(&list[1]).as_deref(), Some(&b"text"[..]));
+        let v: Value =
+            serde_json::from_str(&record(Schema::Eventgrid, &e, &facts())).expect("json");
+        assert_eq!(
+            v["courierRequest"]["headers"]["x-bin"][0],
+            json!({"base64": "Yf9i"})
+        );
     }
 
     #[test]

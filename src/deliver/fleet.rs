@@ -14,7 +14,7 @@
 use super::dispatcher::Dispatcher;
 use super::health::Health;
 use super::settle::{Ctx, LateCompleted};
-use super::{HttpsClient, stack};
+use super::{Connector, HttpsClient, stack};
 use crate::admin::metrics;
 use crate::config::{DestinationSettings, Settings};
 use crate::deadletter::{DeadLetterSink, DirSink};
@@ -30,7 +30,7 @@ use tokio_util::sync::CancellationToken;
 
 pub struct Fleet {
     journal: Journal,
-    client: HttpsClient,
+    connector: Connector,
     lifecycle: Arc<Lifecycle>,
     inner: Mutex<Inner>,
 }
@@ -44,6 +44,9 @@ struct Inner {
     /// its pause, probation and late answers.
     healths: HashMap<String, (Arc<Health>, Arc<LateCompleted>)>,
     sinks: HashMap<PathBuf, Arc<dyn DeadLetterSink>>,
+    /// Each destination's connection pool and the `concurrency` it was
+    /// sized for; a reload keeps the pool unless that changed.
+    clients: HashMap<String, (usize, HttpsClient)>,
 }
 
 struct Running {
@@ -61,10 +64,10 @@ struct Task {
 }
 
 impl Fleet {
-    pub fn new(journal: Journal, client: HttpsClient, lifecycle: Arc<Lifecycle>) -> Fleet {
+    pub fn new(journal: Journal, connector: Connector, lifecycle: Arc<Lifecycle>) -> Fleet {
         Fleet {
             journal,
-            client,
+            connector,
             lifecycle,
             inner: Mutex::default(),
         }
@@ -111,11 +114,21 @@ impl Fleet {
                     .or_insert_with(|| Arc::new(DirSink::new(root.clone())))
                     .clone()
             });
+            let client = match inner.clients.get(name) {
+                Some((sized, client)) if *sized == dest.concurrency => client.clone(),
+                _ => {
+                    let client = self.connector.client(dest.concurrency);
+                    inner
+                        .clients
+                        .insert(name.clone(), (dest.concurrency, client.clone()));
+                    client
+                }
+            };
             let ctx = Arc::new(Ctx {
                 dest: dest.clone(),
                 journal: self.journal.clone(),
                 sink,
-                stack: stack::build(dest, self.client.clone()),
+                stack: stack::build(dest, client),
                 health,
                 late,
             });
@@ -150,6 +163,7 @@ impl Fleet {
             if let Some(running) = inner.running.remove(name) {
                 running.stop.cancel();
                 inner.retiring.insert(name.clone(), running.task);
+                inner.clients.remove(name);
             }
         }
         removed

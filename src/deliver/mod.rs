@@ -12,5 +12,5 @@ mod settle;
 mod shape;
 pub mod stack;
 
-pub use client::{HttpsClient, build_client};
+pub use client::{Connector, HttpsClient, build_connector};
 pub use fleet::Fleet;

@@ -73,6 +73,8 @@ pub enum JournalError {
 pub enum OpenError {
     #[error("cannot create the journal directory {0}: {1}")]
     Dir(PathBuf, std::io::Error),
+    #[error("cannot create the lock file {0}: {1}; journal.dir must be writable by courier")]
+    Lock(PathBuf, std::io::Error),
     #[error("the journal {0} is in use by another courier process (lock held on {1})")]
     Locked(PathBuf, PathBuf),
     #[error("no journal at {0}: courier has not run with this journal.dir, or the path is wrong")]
@@ -257,7 +259,7 @@ impl Journal {
         let path = dir.join(FILE);
         let lock_file = lock(dir).map_err(|e| match e {
             LockError::Held(lock_path) => OpenError::Locked(path.clone(), lock_path),
-            LockError::Open(lock_path, e) => OpenError::Dir(lock_path, e),
+            LockError::Open(lock_path, e) => OpenError::Lock(lock_path, e),
         })?;
         let intake_err = |e: std::io::Error| OpenError::Intake(dir.to_path_buf(), e.to_string());
         let mark = match intake::Mark::read(dir) {
