@@ -341,7 +341,7 @@ async fn apply(ctx: &Ctx, changes: Vec<Change>) -> bool {
     loop {
         match ctx.journal.apply(changes.clone()).await {
             Ok(()) => return true,
-            Err(e @ (JournalError::DiskFull | JournalError::Busy))
+            Err(e @ (JournalError::DiskFull | JournalError::Busy | JournalError::Strained(_)))
                 if tokio::time::Instant::now() < give_up =>
             {
                 tracing::warn!(destination = %ctx.dest.name, error = %e, "journal cannot record a delivery update yet; retrying");

@@ -226,16 +226,41 @@ pub(super) fn is_disk_full(e: &io::Error) -> bool {
     e.raw_os_error() == Some(libc::ENOSPC) || e.raw_os_error() == Some(libc::EDQUOT)
 }
 
-/// Why an append failed: the disk is full (nothing was written that could
-/// be taken for a record, try later), or anything else (refuse writes).
+/// Errors that pass by themselves: out of descriptors or memory for a
+/// moment, an interrupted call. Nothing was written that could be taken
+/// for a record, so the same append can simply be tried again.
+pub(super) fn is_transient(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EMFILE | libc::ENFILE | libc::ENOMEM | libc::EINTR | libc::EAGAIN)
+    )
+}
+
+/// Why an append failed: the disk is full or a transient error (nothing
+/// was written that could be taken for a record, try later), or anything
+/// else (refuse writes).
 #[derive(Debug, thiserror::Error)]
 pub enum AppendError {
     #[error("the disk is full")]
     DiskFull,
     #[error("a group of events over 4 GiB")]
     TooLarge,
+    #[error("{0}")]
+    Transient(io::Error),
     #[error(transparent)]
-    Io(#[from] io::Error),
+    Io(io::Error),
+}
+
+impl From<io::Error> for AppendError {
+    fn from(e: io::Error) -> AppendError {
+        if is_disk_full(&e) {
+            AppendError::DiskFull
+        } else if is_transient(&e) {
+            AppendError::Transient(e)
+        } else {
+            AppendError::Io(e)
+        }
+    }
 }
 
 struct Segment {
@@ -338,15 +363,7 @@ impl LogWriter {
         self.buf.extend_from_slice(&count.to_le_bytes());
         self.buf.extend_from_slice(payload);
         self.buf.resize(need as usize, 0);
-        seg.file
-            .write_all_at(&self.buf, lsn - seg.start)
-            .map_err(|e| {
-                if is_disk_full(&e) {
-                    AppendError::DiskFull
-                } else {
-                    AppendError::Io(e)
-                }
-            })?;
+        seg.file.write_all_at(&self.buf, lsn - seg.start)?;
         self.pos = lsn + need;
         Ok(self.pos)
     }

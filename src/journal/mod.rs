@@ -64,6 +64,8 @@ pub enum JournalError {
     Failed(String),
     #[error("the journal's queue is full")]
     Busy,
+    #[error("the journal cannot write right now ({0}); try again shortly")]
+    Strained(String),
     #[error("courier is shutting down")]
     Closed,
 }

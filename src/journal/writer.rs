@@ -18,6 +18,13 @@ use tokio::sync::{mpsc, oneshot};
 /// Upper bounds of one group, so one record cannot grow without end.
 const MAX_GROUP: usize = 4096;
 const MAX_GROUP_BYTES: u64 = 8 * 1024 * 1024;
+/// Pauses between tries of an append that met a transient error.
+const TRANSIENT_PAUSES: [std::time::Duration; 4] = [
+    std::time::Duration::from_millis(20),
+    std::time::Duration::from_millis(40),
+    std::time::Duration::from_millis(80),
+    std::time::Duration::from_millis(160),
+];
 
 pub(super) struct Writer {
     pub log: LogWriter,
@@ -117,9 +124,21 @@ impl Writer {
             }
         }
         let count = (seq - self.next_seq) as u32;
-        let written = self.log.append(payload, count).and_then(|end| {
+        let mut written = self.log.append(payload, count);
+        // Bounded: a few tries within ~0.3 s, then this group gets a 503
+        // and the next one tries again; the journal stays healthy.
+        for pause in TRANSIENT_PAUSES {
+            let Err(AppendError::Transient(e)) = &written else {
+                break;
+            };
+            tracing::warn!(error = %e, "the journal cannot write yet; retrying");
+            std::thread::sleep(pause);
+            written = self.log.append(payload, count);
+        }
+        // A failed fdatasync fails the journal whatever its errno.
+        let written = written.and_then(|end| {
             if self.full_sync {
-                self.log.sync()?;
+                self.log.sync().map_err(AppendError::Io)?;
             }
             Ok(end)
         });
@@ -139,6 +158,7 @@ impl Writer {
                 self.shared.full();
                 Err(JournalError::DiskFull)
             }
+            Err(AppendError::Transient(e)) => Err(JournalError::Strained(e.to_string())),
             Err(AppendError::TooLarge) => Err(JournalError::Full {
                 pending: payload.len() as u64,
                 limit: u32::MAX as u64,
