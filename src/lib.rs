@@ -7,6 +7,8 @@ pub mod config;
 pub mod deadletter;
 pub mod deliver;
 pub mod event_path;
+#[doc(hidden)]
+pub mod fuzzing;
 mod ingress;
 pub mod journal;
 pub mod lifecycle;

@@ -103,7 +103,7 @@ pub struct Malformed {
     index: usize,
 }
 
-fn decode(lsn: u64, mut p: &[u8], count: usize) -> Result<Vec<Logged>, Malformed> {
+pub fn decode(lsn: u64, mut p: &[u8], count: usize) -> Result<Vec<Logged>, Malformed> {
     let mut out = Vec::with_capacity(count);
     for index in 0..count {
         let bad = Malformed { lsn, index };
