@@ -8,6 +8,8 @@ pub mod deadletter;
 pub mod deliver;
 pub mod event_path;
 mod fd_limit;
+#[doc(hidden)]
+pub mod fuzzing;
 mod ingress;
 pub mod journal;
 pub mod lifecycle;

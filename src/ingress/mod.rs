@@ -6,7 +6,7 @@ mod admit;
 mod forward;
 mod rejection;
 mod reply;
-mod schema;
+pub(crate) mod schema;
 mod topic;
 
 pub use admit::Ingress;

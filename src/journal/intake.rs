@@ -175,8 +175,14 @@ pub struct Malformed {
     index: usize,
 }
 
-fn decode(lsn: u64, mut p: &[u8], count: usize) -> Result<Vec<Logged>, Malformed> {
-    let mut out = Vec::with_capacity(count);
+/// The fewest bytes one encoded event takes: seq, accepted_ms and six lengths.
+const MIN_EVENT: usize = 8 + 8 + 6 * 4;
+
+pub fn decode(lsn: u64, mut p: &[u8], count: usize) -> Result<Vec<Logged>, Malformed> {
+    // `count` comes from the record header: a damaged one whose CRC still
+    // matches must not reserve memory for billions of events (found by
+    // fuzz/intake_decode); the payload cannot hold more than this.
+    let mut out = Vec::with_capacity(count.min(p.len() / MIN_EVENT));
     for index in 0..count {
         let bad = Malformed { lsn, index };
         let mut take = |n: usize| -> Result<&[u8], Malformed> {

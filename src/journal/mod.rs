@@ -14,7 +14,7 @@
 mod dedupe;
 mod indexer;
 mod inspect;
-mod intake;
+pub(crate) mod intake;
 mod reader;
 pub mod record;
 mod reserve;

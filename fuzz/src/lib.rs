@@ -1,0 +1,223 @@
+//! What each fuzz target does with one input, shared by the targets in
+//! `fuzz_targets/` and by `tests/fuzz_corpus.rs` (which includes this file
+//! with `#[path]`), so that every committed seed and crash is replayed by a
+//! plain `cargo test` on stable, with the same checks as under libFuzzer.
+//!
+//! Each function returns normally for any input; a panic is a finding.
+//! Beyond "no panic", each asserts what must hold of a successful parse.
+
+use bytes::Bytes;
+use courier::config::{self, Env, Purpose};
+use courier::fuzzing::{self, Event, Read};
+use courier::journal::record::{decode_headers, encode_headers};
+use courier::policy::classify::{RETRY_AFTER_CAP, parse_retry_after};
+use http::{HeaderMap, HeaderName, HeaderValue};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+/// A fixed environment, so runs repeat. Names ending in `_UNSET` are
+/// missing; `WHSEC*` hold a valid signing secret; any other name holds a
+/// value that names it. That reaches both the "variable set" and "variable
+/// missing" paths of every `*_env` key and `from_env` header.
+struct FuzzEnv;
+
+impl Env for FuzzEnv {
+    fn get(&self, name: &str) -> Option<String> {
+        if name.ends_with("_UNSET") {
+            None
+        } else if name.starts_with("WHSEC") {
+            Some("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw".into())
+        } else {
+            Some(format!("value-of-{name}"))
+        }
+    }
+}
+
+/// (a) YAML text to validated settings or an error, as `courier check`
+/// does. A config that loads has an effective YAML, which must load again
+/// without panicking (masked secrets may make it invalid; that is fine).
+pub fn config(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    let base = PathBuf::from("/fuzz-config-dir");
+    for purpose in [Purpose::Check, Purpose::Run] {
+        if let Ok(loaded) = config::parse("fuzz.yaml", text, base.clone(), purpose, &FuzzEnv) {
+            let _ = config::parse(
+                "effective.yaml",
+                &loaded.effective,
+                base.clone(),
+                purpose,
+                &FuzzEnv,
+            );
+        }
+    }
+}
+
+/// (b) One ingress request of an `eventgrid` or `cloudevents` destination.
+/// The input reads as text: a first line naming the schema (starting with
+/// `e`: eventgrid, else cloudevents), header lines `name: value`, an empty
+/// line, then the body. Accepted events must each be a JSON object that the
+/// same schema accepts again, alone, in structured mode, with the same id,
+/// type and subject: that is what delivery and dead letters send on.
+pub fn ingress(data: &[u8]) {
+    let (head, body) = match find(data, b"\n\n") {
+        Some(at) => (&data[..at], &data[at + 2..]),
+        None => (data, &[][..]),
+    };
+    let mut lines = head.split(|&b| b == b'\n');
+    let schema = match lines.next().and_then(|l| l.first()) {
+        Some(b'e') => config::Schema::Eventgrid,
+        _ => config::Schema::Cloudevents,
+    };
+    let mut headers = HeaderMap::new();
+    for line in lines {
+        let Some(colon) = line.iter().position(|&b| b == b':') else {
+            continue;
+        };
+        let (name, value) = (line[..colon].trim_ascii(), line[colon + 1..].trim_ascii());
+        if let (Ok(n), Ok(v)) = (HeaderName::from_bytes(name), HeaderValue::from_bytes(value)) {
+            headers.append(n, v);
+        }
+    }
+    let body = Bytes::copy_from_slice(body);
+    let Some(Ok(events)) = fuzzing::ingress_schema(schema, &headers, &body) else {
+        return;
+    };
+    assert!(!events.is_empty(), "an accepted request holds events");
+    for e in &events {
+        let again = reparse(schema, e);
+        assert_eq!(again.len(), 1);
+        let a = &again[0];
+        assert_eq!(
+            (&a.id, &a.event_type, &a.subject),
+            (&e.id, &e.event_type, &e.subject),
+            "event {:?} reads differently on its own",
+            String::from_utf8_lossy(&e.body)
+        );
+    }
+}
+
+fn reparse(schema: config::Schema, e: &Event) -> Vec<Event> {
+    let value: serde_json::Value = serde_json::from_slice(&e.body).expect("event body is JSON");
+    assert!(value.is_object(), "event body is an object");
+    let mut headers = HeaderMap::new();
+    let media = match schema {
+        config::Schema::Eventgrid => "application/json",
+        _ => "application/cloudevents+json",
+    };
+    headers.insert(http::header::CONTENT_TYPE, HeaderValue::from_static(media));
+    match fuzzing::ingress_schema(schema, &headers, &e.body) {
+        Some(Ok(events)) => events,
+        other => panic!(
+            "event {:?} is refused on its own: {other:?}",
+            String::from_utf8_lossy(&e.body)
+        ),
+    }
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}
+
+/// (c) A `Retry-After` value as a response carries it: header bytes, taken
+/// only if they are a valid header value and visible ASCII (as
+/// `deliver::stack::classify` reads them), against a few clocks including
+/// the extremes. A hint never exceeds the cap.
+pub fn retry_after(data: &[u8]) {
+    let Ok(value) = HeaderValue::from_bytes(data) else {
+        return;
+    };
+    let Ok(text) = value.to_str() else {
+        return;
+    };
+    let epoch = SystemTime::UNIX_EPOCH;
+    for now in [
+        epoch,
+        epoch + Duration::from_secs(1_780_000_000),
+        epoch + Duration::from_secs(253_402_300_799), // 9999-12-31T23:59:59Z
+    ] {
+        if let Some(d) = parse_retry_after(text, now) {
+            assert!(d <= RETRY_AFTER_CAP, "{text:?} gave {d:?}");
+        }
+    }
+}
+
+/// (d) The events of one intake log record: `[count u32 LE][payload]`.
+/// Whatever decodes must encode back to exactly the payload (the codec is
+/// canonical), and its header block must decode to the same headers.
+pub fn intake_decode(data: &[u8]) {
+    let Some((count, payload)) = data.split_first_chunk::<4>() else {
+        return;
+    };
+    let count = u32::from_le_bytes(*count) as usize;
+    let Ok(logged) = fuzzing::intake_decode(0, payload, count) else {
+        return;
+    };
+    assert_eq!(logged.len(), count);
+    let mut again = Vec::with_capacity(payload.len());
+    for l in &logged {
+        assert_eq!(encode_headers(&l.event.headers), l.encoded_headers);
+        fuzzing::intake_encode(&mut again, l.seq, &l.event);
+    }
+    assert_eq!(again, payload, "decode then encode changed the record");
+}
+
+/// (d) The journal's forwarded-header block: decode, then encode must give
+/// the input back.
+pub fn headers(data: &[u8]) {
+    if let Ok(h) = decode_headers(data) {
+        assert_eq!(encode_headers(&h), data);
+    }
+}
+
+/// The record layout of `journal/intake.rs`, repeated here so the harness
+/// can give mutated records a valid checksum: without it libFuzzer would
+/// almost never get past the CRC into the event decoder.
+const MAGIC: u32 = 0x4352_5231;
+const HEADER: usize = 24;
+const ALIGN: usize = 4096;
+
+/// (d) A whole intake log segment read by `LogReader` from lsn 0 to its
+/// end, as recovery and `courier inspect` do. The input is the segment file;
+/// before it is written, every 4 KiB slot whose header has the magic, its
+/// own lsn and a length that fits gets its CRC recomputed ("resealed"), so
+/// that mutations reach the decoder; other slots stay as damaged as given.
+pub fn intake_log(dir: &Path, data: &[u8]) {
+    let mut seg = data.to_vec();
+    reseal(&mut seg);
+    let path = dir.join("intake-0000000000000000.log");
+    std::fs::write(&path, &seg).expect("write segment");
+    let mut reader = fuzzing::LogReader::new(dir);
+    let mut at = 0u64;
+    for _ in 0..=seg.len() / ALIGN {
+        match reader.read(at) {
+            Ok(Read::Record(_, next)) => {
+                assert!(next > at, "the reader went back from {at} to {next}");
+                at = next;
+            }
+            Ok(Read::End) | Err(_) => break,
+        }
+    }
+}
+
+/// Recomputes the CRC of every plausible record in `seg` (see `intake_log`).
+pub fn reseal(seg: &mut [u8]) {
+    let word = |b: &[u8], i: usize| u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"));
+    let mut off = 0;
+    while off + HEADER <= seg.len() {
+        let head = &seg[off..off + HEADER];
+        let len = word(head, 4) as usize;
+        let lsn = u64::from_le_bytes(head[8..16].try_into().expect("8 bytes"));
+        let count = word(head, 20);
+        if word(head, 0) == MAGIC && lsn == off as u64 && off + HEADER + len <= seg.len() {
+            let payload = &seg[off + HEADER..off + HEADER + len];
+            let c = crc32c::crc32c(&lsn.to_le_bytes());
+            let c = crc32c::crc32c_append(c, &(len as u32).to_le_bytes());
+            let c = crc32c::crc32c_append(c, &count.to_le_bytes());
+            let c = crc32c::crc32c_append(c, payload);
+            seg[off + 16..off + 20].copy_from_slice(&c.to_le_bytes());
+        }
+        off += ALIGN;
+    }
+}
