@@ -238,3 +238,99 @@ async fn a_read_only_journal_directory_is_named_as_such() {
         out.show()
     );
 }
+
+/// Sets courier's open-file limit with prlimit(2); returns the old one.
+fn set_nofile(pid: u32, limit: Option<libc::rlimit>) -> libc::rlimit {
+    let mut old = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    let new = limit.as_ref().map_or(std::ptr::null(), |l| l as *const _);
+    // SAFETY: prlimit on our own child; `new` is null or points at a live value.
+    let rc = unsafe { libc::prlimit(pid as libc::pid_t, libc::RLIMIT_NOFILE, new, &mut old) };
+    assert_eq!(rc, 0, "prlimit: {}", std::io::Error::last_os_error());
+    old
+}
+
+/// One request on an already open keep-alive connection (a new one could
+/// not be accepted while courier has no descriptor to spare).
+async fn post_on(conn: &mut tokio::net::TcpStream, path: &str, body: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let req = format!(
+        "POST {path} HTTP/1.1\r\nhost: courier\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    conn.write_all(req.as_bytes()).await.expect("send");
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    // Bounded by the timeout and the answer's length.
+    let read = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            let n = conn.read(&mut chunk).await.expect("read");
+            assert!(n > 0, "courier closed the connection");
+            buf.extend_from_slice(&chunk[..n]);
+            let text = String::from_utf8_lossy(&buf).to_string();
+            if let Some((head, rest)) = text.split_once("\r\n\r\n") {
+                let len = head
+                    .lines()
+                    .find_map(|l| {
+                        l.to_ascii_lowercase()
+                            .strip_prefix("content-length:")
+                            .map(|v| v.trim().to_string())
+                    })
+                    .and_then(|v| v.parse::<usize>().ok())
+                    .unwrap_or(0);
+                if rest.len() >= len {
+                    let status = head
+                        .split(' ')
+                        .nth(1)
+                        .and_then(|s| s.parse().ok())
+                        .unwrap_or(0);
+                    return (status, rest.to_string());
+                }
+            }
+        }
+    });
+    read.await.expect("an answer within 10 s")
+}
+
+/// Out of descriptors when the journal opens its first intake segment: a
+/// 503 that says to try again, not a journal failed until restart; once
+/// descriptors are free the same connection gets a 202, the event is
+/// delivered, and /healthz stayed 200.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn running_out_of_descriptors_is_a_retry_not_a_failed_journal() {
+    let receiver = support::Receiver::ok().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let c = Courier::start(dir.path(), &config("orders", &receiver.url(), "")).await;
+    let mut conn = tokio::net::TcpStream::connect(c.ingress_addr())
+        .await
+        .expect("connect");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let open = std::fs::read_dir(format!("/proc/{}/fd", c.pid()))
+        .expect("list fds")
+        .count() as u64;
+    // The soft limit only: raising a hard limit back needs CAP_SYS_RESOURCE.
+    let old = set_nofile(c.pid(), None);
+    set_nofile(
+        c.pid(),
+        Some(libc::rlimit {
+            rlim_cur: open - 2,
+            rlim_max: old.rlim_max,
+        }),
+    );
+    let (status, body) = post_on(&mut conn, "/orders", "{\"n\":1}").await;
+    set_nofile(c.pid(), Some(old));
+    check_eq!(c, status, 503, "{body}");
+    check!(
+        c,
+        body.contains("journal_unavailable"),
+        "a transient error, not a failed journal: {body}"
+    );
+    let (status, body) = post_on(&mut conn, "/orders", "{\"n\":2}").await;
+    check_eq!(c, status, 202, "descriptors are free again: {body}");
+    let health = support::get(&format!("{}/healthz", c.admin_url())).await;
+    check_eq!(c, health.status, 200, "{}", health.text());
+    let got = receiver.wait_for(1, Duration::from_secs(10)).await;
+    check_eq!(c, got[0].body.as_ref(), b"{\"n\":2}".as_slice());
+}

@@ -101,7 +101,11 @@ pub fn journal_error(destination: &str, e: &JournalError) -> Response<Body> {
     let (status, reason, retry) = match e {
         JournalError::Full { .. } => (StatusCode::SERVICE_UNAVAILABLE, "journal_full", Some(5)),
         JournalError::Busy => (StatusCode::SERVICE_UNAVAILABLE, "journal_busy", Some(1)),
-        JournalError::Strained(_) => (StatusCode::SERVICE_UNAVAILABLE, "journal_unavailable", Some(1)),
+        JournalError::Strained(_) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "journal_unavailable",
+            Some(1),
+        ),
         JournalError::Closed => (StatusCode::SERVICE_UNAVAILABLE, "shutting_down", Some(5)),
         JournalError::Failed(_) => (StatusCode::SERVICE_UNAVAILABLE, "journal_failed", Some(30)),
         JournalError::DiskFull => (StatusCode::INSUFFICIENT_STORAGE, "disk_full", Some(30)),

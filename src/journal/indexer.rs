@@ -74,6 +74,22 @@ pub(super) enum IndexError {
     Sqlite(#[from] rusqlite::Error),
 }
 
+impl IndexError {
+    /// Out of descriptors or memory for a moment, or a lock held by a
+    /// reader: retried, never a reason to fail the journal.
+    fn transient(&self) -> bool {
+        use rusqlite::ErrorCode::{CannotOpen, DatabaseBusy, DatabaseLocked, OutOfMemory};
+        match self {
+            IndexError::Sqlite(e) => matches!(
+                e.sqlite_error_code(),
+                Some(CannotOpen | OutOfMemory | DatabaseBusy | DatabaseLocked)
+            ),
+            IndexError::Log(ReadError::Io(e)) => super::intake::is_transient(e),
+            IndexError::Log(_) => false,
+        }
+    }
+}
+
 impl super::DiskError for IndexError {
     fn disk_full(&self) -> bool {
         match self {
@@ -282,6 +298,7 @@ impl Indexer {
                         shared.full();
                         retry = true;
                     }
+                    Err(e) if e.transient() => retry = true,
                     Err(e) => {
                         self.failure(&e, &shared);
                     }
@@ -329,7 +346,7 @@ impl Indexer {
     }
 
     /// Indexes up to `target` and applies `applies`; false when a full disk
-    /// left work to retry.
+    /// or a transient error left work to retry.
     fn step(
         &mut self,
         target: u64,
@@ -347,6 +364,12 @@ impl Indexer {
             let read = self.read_chunk(Some(target));
             let (events, end, done) = match read {
                 Ok(r) => r,
+                Err(e) if e.transient() => {
+                    for (_, reply) in applies {
+                        let _ = reply.send(Err(JournalError::Strained(e.to_string())));
+                    }
+                    return false;
+                }
                 Err(e) => {
                     let err = self.failure(&e, shared);
                     for (_, reply) in applies {
@@ -376,13 +399,15 @@ impl Indexer {
                     let err = if e.disk_full() {
                         shared.full();
                         JournalError::DiskFull
+                    } else if e.transient() {
+                        JournalError::Strained(e.to_string())
                     } else {
                         self.failure(&e, shared)
                     };
                     for (_, reply) in applies {
                         let _ = reply.send(Err(err.clone()));
                     }
-                    return !e.disk_full();
+                    return !(e.disk_full() || e.transient());
                 }
             }
             if done {
