@@ -65,17 +65,26 @@ impl Drop for SmallDisk {
 
 const BODY: usize = 16 * 1024;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_full_disk_gets_507_and_courier_recovers_by_itself_losing_nothing() {
+/// A courier whose journal is on a small tmpfs, delivering to a receiver
+/// that answers 503 until `open`, and remembers the ids it answered 200.
+struct Setup {
+    disk: SmallDisk,
+    open: Arc<AtomicBool>,
+    delivered: Arc<Mutex<HashSet<String>>>,
+    _receiver: Receiver,
+    courier: Courier,
+    _tmp: tempfile::TempDir,
+}
+
+async fn setup() -> Option<Setup> {
     let tmp = tempfile::tempdir().expect("tempdir");
     let disk = match SmallDisk::mount(&tmp.path().join("fs"), "8m") {
         Ok(d) => d,
         Err(why) => {
             println!("skipped: cannot mount a small tmpfs here ({why})");
-            return;
+            return None;
         }
     };
-    // 503 until the gate opens; the ids it answered 200 are delivered.
     let open = Arc::new(AtomicBool::new(false));
     let delivered = Arc::new(Mutex::new(HashSet::new()));
     let (gate, sink) = (open.clone(), delivered.clone());
@@ -104,19 +113,29 @@ destinations:
         disk.0.display(),
         receiver.url()
     );
-    let mut courier = Courier::start(tmp.path(), &config).await;
-    disk.fill(2 * 1024 * 1024);
-    let body = format!("{{\"pad\":\"{}\"}}", "x".repeat(BODY));
-    let mut acked = HashSet::new();
+    let courier = Courier::start(tmp.path(), &config).await;
+    Some(Setup {
+        disk,
+        open,
+        delivered,
+        _receiver: receiver,
+        courier,
+        _tmp: tmp,
+    })
+}
+
+fn body() -> String {
+    format!("{{\"pad\":\"{}\"}}", "x".repeat(BODY))
+}
+
+/// Leaves 2 MiB, then posts until the first 507, which must say why.
+async fn fill_with_events(s: &Setup, acked: &mut HashSet<String>) {
+    s.disk.fill(2 * 1024 * 1024);
+    let url = s.courier.url("orders");
     let mut full = None;
     for i in 0..1000 {
         let id = format!("e{i}");
-        let r = client::post(
-            &courier.url("orders"),
-            body.clone(),
-            &[("idempotency-key", &id)],
-        )
-        .await;
+        let r = client::post(&url, body(), &[("idempotency-key", &id)]).await;
         match r.status {
             202 => {
                 acked.insert(id);
@@ -125,10 +144,10 @@ destinations:
                 full = Some(r);
                 break;
             }
-            other => panic!("unexpected {other}: {}\n{}", r.text(), courier.logs()),
+            other => panic!("unexpected {other}: {}\n{}", r.text(), s.courier.logs()),
         }
     }
-    let full = full.unwrap_or_else(|| panic!("the disk never filled\n{}", courier.logs()));
+    let full = full.unwrap_or_else(|| panic!("the disk never filled\n{}", s.courier.logs()));
     assert!(
         acked.len() > 10,
         "only {} accepted before the disk filled",
@@ -140,7 +159,36 @@ destinations:
         err["error"].as_str().is_some_and(|e| e.contains("disk")),
         "{err}"
     );
-    let healthz = format!("{}/healthz", courier.admin_url());
+}
+
+/// Opens the receiver and waits until every acknowledged id got its 200.
+async fn all_delivered(s: &Setup, acked: &HashSet<String>) {
+    s.open.store(true, Ordering::Relaxed);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut got = HashSet::new();
+    // Bounded by the deadline.
+    while Instant::now() < deadline {
+        got = s.delivered.lock().expect("delivered ids").clone();
+        if acked.is_subset(&got) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let missing: Vec<_> = acked.difference(&got).collect();
+    assert!(
+        missing.is_empty(),
+        "{} acknowledged events never delivered: {missing:?}\n{}",
+        missing.len(),
+        s.courier.logs()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_gets_507_and_courier_recovers_by_itself_losing_nothing() {
+    let Some(mut s) = setup().await else { return };
+    let mut acked = HashSet::new();
+    fill_with_events(&s, &mut acked).await;
+    let healthz = format!("{}/healthz", s.courier.admin_url());
     assert_eq!(
         client::get(&healthz).await.status,
         200,
@@ -149,9 +197,9 @@ destinations:
 
     // SIGKILL, and the disk filled to the last byte: with the reserve gone
     // (given to SQLite at the 507), the start cannot recover and says why.
-    courier.kill();
-    disk.fill(0);
-    let config_path = courier.config_path().display().to_string();
+    s.courier.kill();
+    s.disk.fill(0);
+    let config_path = s.courier.config_path().display().to_string();
     let out = run_cli(None, &["run", "-c", &config_path], &[]).await;
     assert_eq!(out.code, 2, "{}", out.show());
     assert!(out.stderr.contains("is full"), "{}", out.show());
@@ -163,23 +211,23 @@ destinations:
 
     // Room again: the start takes its reserve back. Then SIGKILL, the disk
     // fills up to the last byte, and the reserve is the start's room.
-    disk.free();
-    courier.restart().await;
-    courier.kill();
-    disk.fill(0);
-    courier.restart().await;
-    let r = client::post(&courier.url("orders"), body.clone(), &[]).await;
-    assert_eq!(r.status, 507, "{}\n{}", r.text(), courier.logs());
+    s.disk.free();
+    s.courier.restart().await;
+    s.courier.kill();
+    s.disk.fill(0);
+    s.courier.restart().await;
+    let r = client::post(&s.courier.url("orders"), body(), &[]).await;
+    assert_eq!(r.status, 507, "{}\n{}", r.text(), s.courier.logs());
 
     // Room again: ingress comes back by itself.
-    disk.free();
+    s.disk.free();
     let freed = Instant::now();
     let mut back = None;
     for n in 0..300 {
         let id = format!("after{n}");
         let r = client::post(
-            &courier.url("orders"),
-            body.clone(),
+            &s.courier.url("orders"),
+            body(),
             &[("idempotency-key", &id)],
         )
         .await;
@@ -194,7 +242,7 @@ destinations:
     let back = back.unwrap_or_else(|| {
         panic!(
             "ingress stayed at 507 after space was freed\n{}",
-            courier.logs()
+            s.courier.logs()
         )
     });
     println!(
@@ -202,27 +250,24 @@ destinations:
         back.as_millis()
     );
 
-    // The receiver recovers too: every acknowledged event arrives.
-    open.store(true, Ordering::Relaxed);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let mut got = HashSet::new();
-    // Bounded by the deadline.
-    while Instant::now() < deadline {
-        got = delivered.lock().expect("delivered ids").clone();
-        if acked.is_subset(&got) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let missing: Vec<_> = acked.difference(&got).collect();
-    assert!(
-        missing.is_empty(),
-        "{} acknowledged events never delivered: {missing:?}\n{}",
-        missing.len(),
-        courier.logs()
-    );
+    all_delivered(&s, &acked).await;
+    s.courier.terminate();
+    let status = s.courier.wait_exit(Duration::from_secs(7)).await;
+    assert!(status.success(), "{status}\n{}", s.courier.logs());
+}
 
-    courier.terminate();
-    let status = courier.wait_exit(Duration::from_secs(7)).await;
-    assert!(status.success(), "{status}\n{}", courier.logs());
+/// SIGTERM on a full disk keeps to its grace and loses nothing: the next
+/// start, once there is room, delivers every acknowledged event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_on_a_full_disk_exits_within_its_grace() {
+    let Some(mut s) = setup().await else { return };
+    let mut acked = HashSet::new();
+    fill_with_events(&s, &mut acked).await;
+    s.courier.terminate();
+    // shutdown_grace 2s, plus the journal's close.
+    let status = s.courier.wait_exit(Duration::from_secs(7)).await;
+    assert!(status.success(), "{status}\n{}", s.courier.logs());
+    s.disk.free();
+    s.courier.restart().await;
+    all_delivered(&s, &acked).await;
 }
