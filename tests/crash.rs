@@ -388,6 +388,10 @@ fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
     std::fs::create_dir_all(to).expect("mkdir");
     for entry in std::fs::read_dir(from).expect("list") {
         let entry = entry.expect("entry");
+        // The disk reserve is only space, 64 MiB of it.
+        if entry.file_name() == "reserve" {
+            continue;
+        }
         std::fs::copy(entry.path(), to.join(entry.file_name())).expect("copy");
     }
 }

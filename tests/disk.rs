@@ -76,9 +76,9 @@ struct Setup {
     _tmp: tempfile::TempDir,
 }
 
-async fn setup() -> Option<Setup> {
+async fn setup(size: &str) -> Option<Setup> {
     let tmp = tempfile::tempdir().expect("tempdir");
-    let disk = match SmallDisk::mount(&tmp.path().join("fs"), "8m") {
+    let disk = match SmallDisk::mount(&tmp.path().join("fs"), size) {
         Ok(d) => d,
         Err(why) => {
             println!("skipped: cannot mount a small tmpfs here ({why})");
@@ -128,9 +128,8 @@ fn body() -> String {
     format!("{{\"pad\":\"{}\"}}", "x".repeat(BODY))
 }
 
-/// Leaves 2 MiB, then posts until the first 507, which must say why.
+/// Posts until the first 507, which must say why.
 async fn fill_with_events(s: &Setup, acked: &mut HashSet<String>) {
-    s.disk.fill(2 * 1024 * 1024);
     let url = s.courier.url("orders");
     let mut full = None;
     for i in 0..1000 {
@@ -185,8 +184,11 @@ async fn all_delivered(s: &Setup, acked: &HashSet<String>) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_disk_gets_507_and_courier_recovers_by_itself_losing_nothing() {
-    let Some(mut s) = setup().await else { return };
+    let Some(mut s) = setup("8m").await else {
+        return;
+    };
     let mut acked = HashSet::new();
+    s.disk.fill(2 * 1024 * 1024);
     fill_with_events(&s, &mut acked).await;
     let healthz = format!("{}/healthz", s.courier.admin_url());
     assert_eq!(
@@ -260,8 +262,11 @@ async fn a_full_disk_gets_507_and_courier_recovers_by_itself_losing_nothing() {
 /// start, once there is room, delivers every acknowledged event.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_on_a_full_disk_exits_within_its_grace() {
-    let Some(mut s) = setup().await else { return };
+    let Some(mut s) = setup("8m").await else {
+        return;
+    };
     let mut acked = HashSet::new();
+    s.disk.fill(2 * 1024 * 1024);
     fill_with_events(&s, &mut acked).await;
     s.courier.terminate();
     // shutdown_grace 2s, plus the journal's close.
@@ -270,4 +275,40 @@ async fn sigterm_on_a_full_disk_exits_within_its_grace() {
     s.disk.free();
     s.courier.restart().await;
     all_delivered(&s, &acked).await;
+}
+
+/// The disk filled by courier's own backlog (the receiver down), with no
+/// operator to free anything: once the receiver is back and the backlog is
+/// delivered, the space goes back to the volume and ingress
+/// opens again by itself. Red before ingress kept room for SQLite: the
+/// backlog's WAL frames could then not be checkpointed into journal.db, and
+/// no delivery could be recorded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_disk_filled_by_the_backlog_opens_again_once_it_is_delivered() {
+    let Some(s) = setup("8m").await else { return };
+    let mut acked = HashSet::new();
+    fill_with_events(&s, &mut acked).await;
+    all_delivered(&s, &acked).await;
+    let drained = Instant::now();
+    let url = s.courier.url("orders");
+    let mut back = None;
+    for _ in 0..200 {
+        let r = client::post(&url, body(), &[]).await;
+        if r.status == 202 {
+            back = Some(drained.elapsed());
+            break;
+        }
+        assert_eq!(r.status, 507, "{}", r.text());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let back = back.unwrap_or_else(|| {
+        panic!(
+            "ingress stayed at 507 after the backlog was delivered\n{}",
+            s.courier.logs()
+        )
+    });
+    println!(
+        "ingress accepted again {} ms after the backlog was delivered",
+        back.as_millis()
+    );
 }

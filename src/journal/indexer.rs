@@ -32,6 +32,8 @@ const RETRY_FULL: Duration = Duration::from_millis(100);
 /// Events per transaction, so a long replay commits as it goes.
 const CHUNK_EVENTS: usize = 8192;
 const CHUNK_BYTES: u64 = 32 * 1024 * 1024;
+/// On a full disk: each commit's WAL growth must fit what is left.
+const FULL_CHUNK_BYTES: u64 = 256 * 1024;
 /// How often dedupe keys older than the window leave the `seen` table.
 const EXPIRE_SEEN_EVERY: Duration = Duration::from_secs(10);
 
@@ -63,6 +65,8 @@ pub(super) struct Indexer {
     last_checkpoint: Instant,
     last_expiry: Instant,
     last_commit: Instant,
+    /// When a transient error was last logged: retries come every 100 ms.
+    last_strain: Option<Instant>,
 }
 
 /// Why indexing stopped.
@@ -77,7 +81,7 @@ pub(super) enum IndexError {
 impl IndexError {
     /// Out of descriptors or memory for a moment, or a lock held by a
     /// reader: retried, never a reason to fail the journal.
-    fn transient(&self) -> bool {
+    pub fn transient(&self) -> bool {
         use rusqlite::ErrorCode::{CannotOpen, DatabaseBusy, DatabaseLocked, OutOfMemory};
         match self {
             IndexError::Sqlite(e) => matches!(
@@ -119,6 +123,7 @@ impl Indexer {
             last_checkpoint: Instant::now(),
             last_expiry: Instant::now(),
             last_commit: Instant::now(),
+            last_strain: None,
         })
     }
 
@@ -130,7 +135,7 @@ impl Indexer {
     /// commit, and syncs. Returns the log's end.
     pub fn recover(&mut self) -> Result<u64, IndexError> {
         loop {
-            let (events, end, done) = self.read_chunk(None)?;
+            let (events, end, done) = self.read_chunk(None, CHUNK_BYTES)?;
             if !events.is_empty() || end != self.indexed {
                 self.commit(&events, &[], end)?;
             }
@@ -155,12 +160,16 @@ impl Indexer {
 
     /// Reads records from `indexed` up to `target` (or the log's end), at
     /// most one chunk; `done` when nothing is left.
-    fn read_chunk(&mut self, target: Option<u64>) -> Result<(Vec<Logged>, u64, bool), IndexError> {
+    fn read_chunk(
+        &mut self,
+        target: Option<u64>,
+        chunk_bytes: u64,
+    ) -> Result<(Vec<Logged>, u64, bool), IndexError> {
         let mut events = Vec::new();
         let mut bytes = 0;
         let mut at = self.indexed;
         while target.is_none_or(|t| at < t) {
-            if events.len() >= CHUNK_EVENTS || bytes >= CHUNK_BYTES {
+            if events.len() >= CHUNK_EVENTS || bytes >= chunk_bytes {
                 return Ok((events, at, false));
             }
             match self.reader.read(at)? {
@@ -298,15 +307,20 @@ impl Indexer {
                         shared.full();
                         retry = true;
                     }
-                    Err(e) if e.transient() => retry = true,
+                    Err(e) if e.transient() => {
+                        self.strained(&e);
+                        retry = true;
+                    }
                     Err(e) => {
                         self.failure(&e, &shared);
                     }
                 }
             }
             if shared.disk_full.load(Ordering::Acquire) && !retry {
-                // On a full disk the WAL must give back what each commit
-                // took, or it keeps the room the intake log needs.
+                // On a full disk the pages of delivered events and the WAL
+                // must go back to the volume, or they keep the room the
+                // intake log needs.
+                let _ = self.conn.execute_batch("PRAGMA incremental_vacuum");
                 let _ = self.conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)");
                 self.last_checkpoint = Instant::now();
             } else if self.last_checkpoint.elapsed() >= CHECKPOINT_EVERY {
@@ -360,11 +374,24 @@ impl Indexer {
             }
             return true;
         }
+        // On a full disk, deliveries are recorded on their own first:
+        // deleting rows frees pages that indexing the backlog then reuses,
+        // where one commit of both would fail as a whole, again and again.
+        // The backlog follows in small commits, each checkpointed away.
+        let full = shared.disk_full.load(Ordering::Acquire);
+        let deliveries_first = full && !applies.is_empty();
+        let target = if deliveries_first {
+            self.indexed
+        } else {
+            target
+        };
+        let chunk = if full { FULL_CHUNK_BYTES } else { CHUNK_BYTES };
         loop {
-            let read = self.read_chunk(Some(target));
+            let read = self.read_chunk(Some(target), chunk);
             let (events, end, done) = match read {
                 Ok(r) => r,
                 Err(e) if e.transient() => {
+                    self.strained(&e);
                     for (_, reply) in applies {
                         let _ = reply.send(Err(JournalError::Strained(e.to_string())));
                     }
@@ -400,6 +427,7 @@ impl Indexer {
                         shared.full();
                         JournalError::DiskFull
                     } else if e.transient() {
+                        self.strained(&e);
                         JournalError::Strained(e.to_string())
                     } else {
                         self.failure(&e, shared)
@@ -411,8 +439,19 @@ impl Indexer {
                 }
             }
             if done {
-                return true;
+                return !deliveries_first;
             }
+        }
+    }
+
+    /// Logs a transient error at most every 10 s while it lasts.
+    fn strained(&mut self, e: &IndexError) {
+        if self
+            .last_strain
+            .is_none_or(|at| at.elapsed() >= Duration::from_secs(10))
+        {
+            tracing::warn!(error = %e, "the journal cannot index yet; retrying");
+            self.last_strain = Some(Instant::now());
         }
     }
 

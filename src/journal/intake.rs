@@ -109,13 +109,19 @@ impl Mark {
 }
 
 /// The segment that holds (or should hold) `lsn`: the last one starting at
-/// or before it, or the name it would have.
+/// or before it; the one after it when that one is whole and `lsn` is its
+/// end; or the name it would have.
 pub fn segment_for(dir: &Path, lsn: u64) -> PathBuf {
-    segments(dir)
+    match segments(dir)
         .ok()
         .and_then(|s| s.into_iter().rev().find(|(start, _, _)| *start <= lsn))
-        .map(|(_, _, path)| path)
-        .unwrap_or_else(|| dir.join(name(lsn)))
+    {
+        Some((start, size, _)) if size >= SEGMENT && lsn >= start + size => {
+            dir.join(name(start + size))
+        }
+        Some((_, _, path)) => path,
+        None => dir.join(name(lsn)),
+    }
 }
 
 fn name(start: u64) -> String {
@@ -302,7 +308,7 @@ impl LogWriter {
                     path.display()
                 )));
             }
-            if spares.len() < SPARES {
+            if spares.len() < SPARES && size >= SEGMENT {
                 spares.push(path);
             } else {
                 std::fs::remove_file(&path)?;
@@ -336,7 +342,6 @@ impl LogWriter {
     }
 
     /// The lsn after the last record written.
-    #[cfg(test)]
     pub fn end(&self) -> u64 {
         self.pos
     }
@@ -353,22 +358,23 @@ impl LogWriter {
             .as_ref()
             .is_some_and(|s| self.pos + need <= s.start + s.size);
         if !fits {
-            self.rotate(need)?;
+            // The new segment becomes current only once the record is in
+            // it: after a failed write the next group still goes where the
+            // reader looks for it (the rest of the old segment).
+            let next = self.next_segment(need)?;
+            frame(&mut self.buf, next.start, payload, count, need);
+            next.file.write_all_at(&self.buf, 0)?;
+            self.pos = next.start + need;
+            if let Some(old) = self.current.replace(next) {
+                self.retired.push((old.start, old.size));
+            }
+            return Ok(self.pos);
         }
         let Some(seg) = &self.current else {
             return Err(AppendError::Io(io::Error::other("no segment")));
         };
         let lsn = self.pos;
-        self.buf.clear();
-        self.buf.extend_from_slice(&MAGIC.to_le_bytes());
-        self.buf
-            .extend_from_slice(&(payload.len() as u32).to_le_bytes());
-        self.buf.extend_from_slice(&lsn.to_le_bytes());
-        let crc = record_crc(lsn, count, payload);
-        self.buf.extend_from_slice(&crc.to_le_bytes());
-        self.buf.extend_from_slice(&count.to_le_bytes());
-        self.buf.extend_from_slice(payload);
-        self.buf.resize(need as usize, 0);
+        frame(&mut self.buf, lsn, payload, count, need);
         seg.file.write_all_at(&self.buf, lsn - seg.start)?;
         self.pos = lsn + need;
         Ok(self.pos)
@@ -384,7 +390,8 @@ impl LogWriter {
 
     /// Segments wholly before `durable` (whose events SQLite has synced)
     /// are kept as spares or removed.
-    pub fn recycle(&mut self, durable: u64) -> io::Result<()> {
+    /// On a full disk (`keep` false) none is kept: the space goes back.
+    pub fn recycle(&mut self, durable: u64, keep: bool) -> io::Result<()> {
         while let Some(&(start, size)) = self.retired.first() {
             if start + size > durable {
                 break;
@@ -392,7 +399,7 @@ impl LogWriter {
             self.retired.remove(0);
             let path = self.dir.join(name(start));
             // A small segment (made on a nearly full disk) is not worth keeping.
-            if self.spares.len() < SPARES && size >= SEGMENT {
+            if keep && self.spares.len() < SPARES && size >= SEGMENT {
                 self.spares.push(path);
             } else {
                 std::fs::remove_file(&path)?;
@@ -408,7 +415,9 @@ impl LogWriter {
         }
     }
 
-    fn rotate(&mut self, need: u64) -> Result<(), AppendError> {
+    /// The segment after the current one, created (or a spare renamed)
+    /// with its name durable, not yet current.
+    fn next_segment(&mut self, need: u64) -> Result<Segment, AppendError> {
         let start = match &self.current {
             Some(s) => s.start + s.size,
             None => self.pos,
@@ -423,12 +432,7 @@ impl LogWriter {
         // acknowledged.
         File::open(&self.dir)?.sync_all()?;
         let size = file.metadata()?.len();
-        if let Some(old) = self.current.take() {
-            self.retired.push((old.start, old.size));
-        }
-        self.current = Some(Segment { start, size, file });
-        self.pos = start;
-        Ok(())
+        Ok(Segment { start, size, file })
     }
 
     fn take_spare(&mut self, size: u64, path: &Path) -> io::Result<Option<File>> {
@@ -443,6 +447,18 @@ impl LogWriter {
         std::fs::rename(&spare, path)?;
         Ok(Some(OpenOptions::new().read(true).write(true).open(path)?))
     }
+}
+
+/// The record for `payload` at `lsn`, padded to `need` bytes, into `buf`.
+fn frame(buf: &mut Vec<u8>, lsn: u64, payload: &[u8], count: u32, need: u64) {
+    buf.clear();
+    buf.extend_from_slice(&MAGIC.to_le_bytes());
+    buf.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+    buf.extend_from_slice(&lsn.to_le_bytes());
+    buf.extend_from_slice(&record_crc(lsn, count, payload).to_le_bytes());
+    buf.extend_from_slice(&count.to_le_bytes());
+    buf.extend_from_slice(payload);
+    buf.resize(need as usize, 0);
 }
 
 /// A new segment of `size` bytes, allocated up front so that records never
@@ -777,7 +793,7 @@ mod tests {
         assert_eq!(end, w.end());
         // Everything durable elsewhere: the old segments become spares and
         // are reused; their old records must not be read as new ones.
-        w.recycle(w.end()).expect("recycle");
+        w.recycle(w.end(), true).expect("recycle");
         let from = w.end();
         let (p, n) = group(100..101);
         for _ in 0..20 {

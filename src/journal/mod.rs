@@ -104,9 +104,13 @@ pub enum OpenError {
         acknowledged: u64,
     },
     #[error(
-        "the disk holding the journal {0} is full ({1} bytes free): free space on that volume or give it more room (journal.max_bytes of pending events and about as much again), then start courier again. Nothing was changed and no event was lost"
+        "the disk holding the journal {0} is full ({1} bytes free): free space on that volume or give it more room (journal.max_bytes of pending events and about as much again), then start courier again. No event was lost"
     )]
     DiskFull(PathBuf, u64),
+    #[error(
+        "cannot replay the journal's intake log in {0} right now ({1}): this passes by itself, nothing is damaged. Start courier again"
+    )]
+    Retry(PathBuf, String),
     #[error(
         "{0} is missing, but its directory holds the intake log of an earlier journal: journal.db was deleted or moved. Restore it from a backup; or, to start empty, move intake.mark and the intake-*.log files aside too"
     )]
@@ -180,6 +184,7 @@ pub(crate) struct Shared {
     /// Set at ENOSPC: ingress answers 507 without touching the disk until
     /// the reserve can be taken back.
     disk_full: AtomicBool,
+    disk_turn: Mutex<()>,
     reserve: Reserve,
     closed: AtomicBool,
     /// Copied on write: a reload adds a destination rarely, every group
@@ -190,12 +195,16 @@ pub(crate) struct Shared {
 impl Shared {
     /// The disk is full: stop taking events, give SQLite the reserve.
     fn full(&self) {
+        let Ok(_turn) = self.disk_turn.lock() else {
+            return;
+        };
         if !self.disk_full.swap(true, Ordering::AcqRel) {
             self.reserve.release();
             tracing::warn!(
                 dir = %self.dir.display(),
                 released = self.reserve.size(),
-                "the journal's disk is full: ingress answers 507 until there is room again; deliveries go on in the reserve"
+                needed = self.reserve.needed(),
+                "the journal's disk is full: ingress answers 507 until `needed` bytes are free; deliveries go on in the released reserve"
             );
         }
     }
@@ -205,7 +214,15 @@ impl Shared {
         if !self.disk_full.load(Ordering::Acquire) {
             return true;
         }
-        if !self.reserve.take() {
+        // One transition at a time: a `full` from the indexer between the
+        // take and the flag would otherwise leave no reserve and no flag.
+        let Ok(_turn) = self.disk_turn.lock() else {
+            return false;
+        };
+        if !self.disk_full.load(Ordering::Acquire) {
+            return true;
+        }
+        if matches!(self.reserve.take(), reserve::Taken::NoRoom { .. }) {
             return false;
         }
         self.disk_full.store(false, Ordering::Release);
@@ -242,6 +259,9 @@ pub struct Journal {
 /// ids before it gives up with 503.
 const DEDUPE_ROUNDS: usize = 64;
 
+/// Free bytes below which a failed start is put down to a full disk.
+const NEARLY_FULL: u64 = 64 * 1024;
+
 /// Commands queued beyond this are refused with 503 rather than held.
 const QUEUE: usize = 16_384;
 
@@ -267,7 +287,7 @@ impl Journal {
         let mark = match intake::Mark::read(dir) {
             Ok(m) => m,
             Err(e) => {
-                tracing::warn!(error = %e, "cannot check the intake log for a lost tail");
+                tracing::error!(error = %e, "cannot check the intake log for a lost tail");
                 None
             }
         };
@@ -279,10 +299,12 @@ impl Journal {
         // The last run's reserve is this start's room to recover in.
         let reserve = Reserve::new(dir).map_err(|e| OpenError::Dir(dir.to_path_buf(), e))?;
         reserve.release();
+        // SQLite may report a full disk as another I/O error (a -shm file
+        // it cannot size): with next to nothing free, it is the disk.
         let full = |e: &dyn DiskError| {
-            e.disk_full().then(|| {
-                OpenError::DiskFull(dir.to_path_buf(), reserve::space(dir).map_or(0, |s| s.1))
-            })
+            let free = reserve::space(dir).map_or(u64::MAX, |s| s.1);
+            (e.disk_full() || free < NEARLY_FULL)
+                .then(|| OpenError::DiskFull(dir.to_path_buf(), free))
         };
         let conn = store::open_writer(&path)
             .map_err(|e| full(&e).unwrap_or(OpenError::Open(path.clone(), e)))?;
@@ -293,9 +315,15 @@ impl Journal {
         }
         let mut indexer = Indexer::new(conn, LogReader::new(dir), full_sync, dedupe_ms)
             .map_err(|e| OpenError::Open(path.clone(), e))?;
-        let indexed = indexer
-            .recover()
-            .map_err(|e| full(&e).unwrap_or(OpenError::Intake(dir.to_path_buf(), e.to_string())))?;
+        let indexed = indexer.recover().map_err(|e| {
+            full(&e).unwrap_or_else(|| {
+                if e.transient() {
+                    OpenError::Retry(dir.to_path_buf(), e.to_string())
+                } else {
+                    OpenError::Intake(dir.to_path_buf(), e.to_string())
+                }
+            })
+        })?;
         let conn = indexer.conn();
         let next_seq = store::next_seq(conn).map_err(|e| OpenError::Open(path.clone(), e))?;
         // Checked before `resume_at` records the new position: a refused
@@ -315,7 +343,9 @@ impl Journal {
             }
             // With `sync: os` a crash of the machine may lose the tail, as
             // that setting allows; said loudly, not a reason to stay down.
-            tracing::error!(error = %lost, "journal.sync is os: starting without them");
+            if let OpenError::TailLost { events, file, .. } = &lost {
+                tracing::error!(events, file = %file.display(), "the intake log lost acknowledged events, as journal.sync: os allows after a machine crash; starting without them");
+            }
         }
         // The log resumes after every segment there is: what they hold is
         // indexed and synced now, so they are all free for reuse.
@@ -356,6 +386,18 @@ impl Journal {
             state.bytes.store(s.bytes, Ordering::Relaxed);
             total += s.bytes;
         }
+        // Without room for the reserve, ingress starts at 507, and says so.
+        let without_room = match reserve.take() {
+            reserve::Taken::Held => false,
+            reserve::Taken::Unsupported => {
+                tracing::warn!(dir = %dir.display(), "the journal's file system cannot preallocate: no disk reserve, so a full disk may need a restart to recover");
+                false
+            }
+            reserve::Taken::NoRoom { free, needed } => {
+                tracing::warn!(dir = %dir.display(), free, needed, "the journal's disk has no room for its reserve: ingress answers 507 until `needed` bytes are free");
+                true
+            }
+        };
         let shared = Arc::new(Shared {
             _lock: lock_file,
             dir: dir.to_path_buf(),
@@ -365,8 +407,8 @@ impl Journal {
             pending_bytes: AtomicU64::new(total),
             dedupe,
             failed: Mutex::new(None),
-            // Without room for the reserve, ingress starts at 507.
-            disk_full: AtomicBool::new(!reserve.take()),
+            disk_full: AtomicBool::new(without_room),
+            disk_turn: Mutex::new(()),
             reserve,
             closed: AtomicBool::new(false),
             destinations: ArcSwap::from_pointee(states),

@@ -27,6 +27,17 @@ pub(super) struct Reserve {
     size: u64,
 }
 
+/// What `take` found.
+#[derive(Debug, PartialEq)]
+pub(super) enum Taken {
+    /// The reserve is held and the volume has room beyond it.
+    Held,
+    /// The file system cannot preallocate: no reserve, but room.
+    Unsupported,
+    /// Not enough room: `free` bytes of the `needed`.
+    NoRoom { free: u64, needed: u64 },
+}
+
 impl Reserve {
     pub fn new(dir: &Path) -> io::Result<Reserve> {
         let (total, _) = space(dir)?;
@@ -40,6 +51,12 @@ impl Reserve {
         self.size
     }
 
+    /// The free bytes ingress needs to open again: the reserve, and as much
+    /// again (at most a segment) for the intake log to write into.
+    pub fn needed(&self) -> u64 {
+        self.size + self.size.min(super::intake::SEGMENT)
+    }
+
     /// Gives the space back to the volume.
     pub fn release(&self) {
         if let Err(e) = std::fs::remove_file(&self.path)
@@ -49,17 +66,19 @@ impl Reserve {
         }
     }
 
-    /// Takes the reserve back if the volume has room for it twice over;
-    /// false (holding nothing) otherwise.
-    pub fn take(&self) -> bool {
-        if std::fs::metadata(&self.path).is_ok_and(|m| m.len() >= self.size) {
-            return true;
-        }
+    /// Takes the reserve (again) if the volume has `needed` bytes free.
+    pub fn take(&self) -> Taken {
         let dir = self.path.parent().unwrap_or(Path::new("."));
-        if !space(dir).is_ok_and(|(_, free)| free >= 2 * self.size) {
-            return false;
+        let free = space(dir).map_or(0, |(_, free)| free);
+        let held = std::fs::metadata(&self.path).map_or(0, |m| m.len());
+        // A reserve still held counts as free: it is about to be rewritten.
+        if free + held < self.needed() {
+            return Taken::NoRoom {
+                free: free + held,
+                needed: self.needed(),
+            };
         }
-        let taken = OpenOptions::new()
+        let allocated = OpenOptions::new()
             .write(true)
             .create(true)
             .truncate(true)
@@ -73,10 +92,20 @@ impl Reserve {
                     Err(io::Error::last_os_error())
                 }
             });
-        if taken.is_err() {
-            self.release();
+        match allocated {
+            Ok(()) => Taken::Held,
+            Err(e) => {
+                self.release();
+                if e.raw_os_error() == Some(libc::EOPNOTSUPP) {
+                    Taken::Unsupported
+                } else {
+                    Taken::NoRoom {
+                        free,
+                        needed: self.needed(),
+                    }
+                }
+            }
         }
-        taken.is_ok()
     }
 }
 
@@ -104,9 +133,18 @@ mod tests {
         let r = Reserve::new(tmp.path()).expect("reserve");
         let (total, _) = space(tmp.path()).expect("space");
         assert_eq!(r.size(), (total / 16).clamp(MIN, MAX));
-        assert!(r.take(), "a volume with room gives the reserve");
+        assert_eq!(
+            r.take(),
+            Taken::Held,
+            "a volume with room gives the reserve"
+        );
         let held = std::fs::metadata(tmp.path().join(FILE)).expect("reserve file");
         assert_eq!(held.len(), r.size());
+        assert_eq!(
+            r.take(),
+            Taken::Held,
+            "taking a held reserve again keeps it"
+        );
         r.release();
         assert!(!tmp.path().join(FILE).exists());
         r.release();

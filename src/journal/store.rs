@@ -52,6 +52,9 @@ pub enum StoreError {
 /// durable, and the indexer syncs (`set_full_sync`) when it must.
 pub fn open_writer(path: &Path) -> Result<Connection, rusqlite::Error> {
     let conn = Connection::open(path)?;
+    // Takes effect for a new file only (an older journal would need a
+    // VACUUM): lets a full disk get back the pages of delivered events.
+    conn.pragma_update(None, "auto_vacuum", "INCREMENTAL")?;
     conn.pragma_update(None, "journal_mode", "WAL")?;
     conn.pragma_update(None, "synchronous", "NORMAL")?;
     // Checkpoints run on their own thread: inside the writer they stall

@@ -7,6 +7,7 @@
 
 use super::indexer::ToIndexer;
 use super::intake::{self, AppendError, LogWriter};
+use super::reserve;
 use super::{Command, JournalError, NewEvent, Shared};
 use crate::admin::metrics;
 use std::collections::HashMap;
@@ -73,10 +74,9 @@ impl Writer {
         if group.is_empty() {
             return;
         }
-        if let Err(e) = self
-            .log
-            .recycle(self.shared.durable_pos.load(Ordering::Acquire))
-        {
+        let durable = self.shared.durable_pos.load(Ordering::Acquire);
+        let keep = !self.shared.disk_full.load(Ordering::Acquire);
+        if let Err(e) = self.log.recycle(durable, keep) {
             tracing::warn!(error = %e, "cannot recycle intake log segments; will retry");
         }
         let started = Instant::now();
@@ -110,7 +110,7 @@ impl Writer {
         if let Some(reason) = self.shared.failed.lock().ok().and_then(|f| f.clone()) {
             return Err(JournalError::Failed(reason));
         }
-        if !self.shared.room() {
+        if !self.shared.room() || !self.sqlite_keeps_room(group) {
             return Err(JournalError::DiskFull);
         }
         payload.clear();
@@ -165,6 +165,28 @@ impl Writer {
             }),
             Err(AppendError::Io(e)) => Err(self.fail(e.to_string())),
         }
+    }
+
+    /// Whether the volume keeps room, after this group, for SQLite to take
+    /// in what the log holds and checkpoint its WAL (which grows journal.db
+    /// by as much): with less, a full disk would leave SQLite unable to
+    /// record the deliveries that free space, and nothing would move.
+    /// Below it the disk counts as full before it is.
+    fn sqlite_keeps_room(&self, group: &[Command]) -> bool {
+        let Ok((_, free)) = reserve::space(&self.shared.dir) else {
+            return true;
+        };
+        let durable = self.shared.durable_pos.load(Ordering::Acquire);
+        let backlog = self.log.end().saturating_sub(durable);
+        let wal =
+            std::fs::metadata(self.shared.path.with_extension("db-wal")).map_or(0, |m| m.len());
+        let group: u64 = group.iter().map(Command::size).sum();
+        let keep = 2 * (backlog + group) + wal;
+        if free >= group + keep {
+            return true;
+        }
+        self.shared.full();
+        false
     }
 
     fn fail(&self, reason: String) -> JournalError {
