@@ -160,6 +160,31 @@ async fn fill_with_events(s: &Setup, acked: &mut HashSet<String>) {
     );
 }
 
+/// Polls until ingress takes an event again (at most 10 s); prints how
+/// long after `since` that was, and returns the event's id.
+async fn accepted_again(s: &Setup, since: &str) -> String {
+    let start = Instant::now();
+    for n in 0..200 {
+        let id = format!("again{n}");
+        let r = client::post(
+            &s.courier.url("orders"),
+            body(),
+            &[("idempotency-key", &id)],
+        )
+        .await;
+        if r.status == 202 {
+            println!(
+                "ingress accepted again {} ms after {since}",
+                start.elapsed().as_millis()
+            );
+            return id;
+        }
+        assert_eq!(r.status, 507, "{}", r.text());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("ingress stayed at 507 after {since}\n{}", s.courier.logs());
+}
+
 /// Opens the receiver and waits until every acknowledged id got its 200.
 async fn all_delivered(s: &Setup, acked: &HashSet<String>) {
     s.open.store(true, Ordering::Relaxed);
@@ -223,34 +248,8 @@ async fn a_full_disk_gets_507_and_courier_recovers_by_itself_losing_nothing() {
 
     // Room again: ingress comes back by itself.
     s.disk.free();
-    let freed = Instant::now();
-    let mut back = None;
-    for n in 0..300 {
-        let id = format!("after{n}");
-        let r = client::post(
-            &s.courier.url("orders"),
-            body(),
-            &[("idempotency-key", &id)],
-        )
-        .await;
-        if r.status == 202 {
-            acked.insert(id);
-            back = Some(freed.elapsed());
-            break;
-        }
-        assert_eq!(r.status, 507, "{}", r.text());
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let back = back.unwrap_or_else(|| {
-        panic!(
-            "ingress stayed at 507 after space was freed\n{}",
-            s.courier.logs()
-        )
-    });
-    println!(
-        "ingress accepted again {} ms after space was freed",
-        back.as_millis()
-    );
+    let id = accepted_again(&s, "space was freed").await;
+    acked.insert(id);
 
     all_delivered(&s, &acked).await;
     s.courier.terminate();
@@ -289,26 +288,5 @@ async fn a_disk_filled_by_the_backlog_opens_again_once_it_is_delivered() {
     let mut acked = HashSet::new();
     fill_with_events(&s, &mut acked).await;
     all_delivered(&s, &acked).await;
-    let drained = Instant::now();
-    let url = s.courier.url("orders");
-    let mut back = None;
-    for _ in 0..200 {
-        let r = client::post(&url, body(), &[]).await;
-        if r.status == 202 {
-            back = Some(drained.elapsed());
-            break;
-        }
-        assert_eq!(r.status, 507, "{}", r.text());
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let back = back.unwrap_or_else(|| {
-        panic!(
-            "ingress stayed at 507 after the backlog was delivered\n{}",
-            s.courier.logs()
-        )
-    });
-    println!(
-        "ingress accepted again {} ms after the backlog was delivered",
-        back.as_millis()
-    );
+    accepted_again(&s, "the backlog was delivered").await;
 }
