@@ -127,11 +127,7 @@ pub async fn run(settings: Settings, source: ConfigSource) -> Result<(), RunErro
         )),
     ];
     let reloader = Reloader::new(source.path, source.text, live.clone(), fleet.clone());
-    let reloads = tokio::spawn(reload::run(
-        reloader,
-        hangups,
-        lifecycle.stop_dispatch.clone(),
-    ));
+    let reloads = reload::spawn(reloader, hangups, lifecycle.stop_dispatch.clone());
     lifecycle.set_ready();
     tracing::info!(ingress = %ingress_addr, admin = %admin_addr, destinations = names.len(), "courier listening");
 

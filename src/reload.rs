@@ -196,10 +196,29 @@ pub fn hangups() -> Option<Signal> {
 }
 
 /// Reloads on SIGHUP and on changes in the config's folder until `stop`.
-pub async fn run(mut reloader: Reloader, mut hup: Option<Signal>, stop: CancellationToken) {
-    let (tx, mut changed) = mpsc::channel::<()>(1);
-    // Dropped at the end of this function, which ends the watch.
-    let _watcher = watch_folder(&reloader.path, tx);
+/// The watch is in place when this returns, before courier says it is
+/// listening: an edit written right after that is seen.
+pub fn spawn(
+    reloader: Reloader,
+    hup: Option<Signal>,
+    stop: CancellationToken,
+) -> tokio::task::JoinHandle<()> {
+    let (tx, changed) = mpsc::channel::<()>(1);
+    let watcher = watch_folder(&reloader.path, tx.clone());
+    // An edit between the start's read and the watch: one look covers it
+    // (an unchanged file is no reload).
+    let _ = tx.try_send(());
+    tokio::spawn(run(reloader, hup, stop, watcher, changed))
+}
+
+async fn run(
+    mut reloader: Reloader,
+    mut hup: Option<Signal>,
+    stop: CancellationToken,
+    // Held until the end of this function, which ends the watch.
+    _watcher: Option<notify::RecommendedWatcher>,
+    mut changed: mpsc::Receiver<()>,
+) {
     loop {
         tokio::select! {
             Some(()) = async { hup.as_mut()?.recv().await }, if hup.is_some() => {
