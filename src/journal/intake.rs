@@ -485,19 +485,12 @@ fn create(path: &Path, size: u64, need: u64) -> Result<File, AppendError> {
 }
 
 fn allocate(file: &File, len: u64) -> io::Result<()> {
-    use std::os::fd::AsRawFd;
-    // SAFETY: a valid descriptor owned by `file`.
-    let rc = unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, len as libc::off_t) };
-    if rc == 0 {
-        return Ok(());
-    }
-    let e = io::Error::last_os_error();
-    if e.raw_os_error() == Some(libc::EOPNOTSUPP) {
+    match super::reserve::fallocate(file, len) {
         // A file system without fallocate: a sized (sparse) file; a full
         // disk then shows up at the write, as DiskFull.
-        return file.set_len(len);
+        Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => file.set_len(len),
+        other => other,
     }
-    Err(e)
 }
 
 fn record_crc(lsn: u64, count: u32, payload: &[u8]) -> u32 {

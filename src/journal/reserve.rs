@@ -4,12 +4,15 @@
 //! SQLite needs room to index what the intake log holds, to record
 //! deliveries (which is what frees space) and to checkpoint its WAL. Without
 //! room for those, a full disk deadlocks, and whatever an operator frees is
-//! taken by the next retried SQLite write before ingress can use it. So the
-//! journal keeps `reserve`, a preallocated file, and deletes it at the first
-//! ENOSPC and at every start (a start on a full disk has room to recover).
-//! Ingress opens again only once the volume has room for the reserve twice
-//! over: the reserve is taken back first, so the next fill finds it again.
-//! The same pattern as CockroachDB's ballast file.
+//! taken by the next retried SQLite write before ingress can use it. The
+//! writer keeps SQLite's own room (it answers 507 before a group would leave
+//! less than SQLite needs, see `writer`); this file is for whatever else
+//! fills the volume meanwhile. The journal keeps `reserve`, a preallocated
+//! file, and deletes it when the disk fills and at every start (a start on a
+//! full disk has room to recover). Ingress opens again only once the volume
+//! has room for the reserve and as much again (at most a segment): the
+//! reserve is taken back first, so the next fill finds it again. The same
+//! pattern as CockroachDB's ballast file.
 
 use std::fs::OpenOptions;
 use std::io;
@@ -83,15 +86,7 @@ impl Reserve {
             .create(true)
             .truncate(true)
             .open(&self.path)
-            .and_then(|f| {
-                // SAFETY: a valid descriptor owned by `f`.
-                let rc = unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, self.size as libc::off_t) };
-                if rc == 0 {
-                    Ok(())
-                } else {
-                    Err(io::Error::last_os_error())
-                }
-            });
+            .and_then(|f| fallocate(&f, self.size));
         match allocated {
             Ok(()) => Taken::Held,
             Err(e) => {
@@ -106,6 +101,18 @@ impl Reserve {
                 }
             }
         }
+    }
+}
+
+/// Allocates `len` bytes of `file` on the disk, so that writing them can
+/// never fail for space; EOPNOTSUPP where the file system cannot.
+pub(super) fn fallocate(file: &std::fs::File, len: u64) -> io::Result<()> {
+    // SAFETY: a valid descriptor owned by `file`.
+    let rc = unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, len as libc::off_t) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
     }
 }
 
