@@ -1,5 +1,8 @@
-//! One dispatcher per destination. It pulls due events from the journal
-//! (a bounded window, never the whole backlog), asks the destination's
+//! One dispatcher per destination. It takes fresh events from the
+//! destination's ready queue (the journal's fast path, in memory) and
+//! reads due ones from the index (a bounded window, never the whole
+//! backlog) only when the index has news: rows added, a retry due, an
+//! attempt rescheduled. It asks the destination's
 //! `Health` before every attempt (pause, Retry-After hold, probation, rate
 //! limit), keeps at most `concurrency` attempts in flight, and sleeps until
 //! the next due time, a new event, a finished attempt, or a resume. While
@@ -11,7 +14,7 @@
 //! batch is one attempt for `concurrency`, the rate limit and probation.
 
 use super::batch;
-use super::settle::{self, Ctx, Unit};
+use super::settle::{self, Ctx, Settled, Unit};
 use crate::admin::metrics;
 use crate::clock;
 use crate::journal::{Change, DestinationState, Reader, StoreError, StoredEvent};
@@ -71,7 +74,11 @@ impl Dispatcher {
     pub async fn run(mut self) {
         let stop = self.stop.clone();
         let mut held = Held::default();
-        let mut tasks = JoinSet::new();
+        let mut tasks: JoinSet<Settled> = JoinSet::new();
+        // Whether the index may hold due events this dispatcher has not
+        // read, and when its next one falls due.
+        let mut look = true;
+        let mut index_due: Option<u64> = None;
         // The earliest TTL deadline of any pending event. An event whose
         // next attempt lies beyond it (a retry hours ahead, a TTL lowered
         // since, a pause) must still be dead-lettered at the deadline.
@@ -85,6 +92,7 @@ impl Dispatcher {
                 self.ctx = self.updates.borrow_and_update().clone();
                 // The TTL may have changed: look for expired events again.
                 expiry_at = Some(0);
+                look = true;
             }
             let concurrency = self.ctx.dest.concurrency;
             let batching = self.ctx.dest.batch;
@@ -93,9 +101,14 @@ impl Dispatcher {
             let window = (concurrency * 4 * batching.max_events)
                 .min(MAX_BATCH_WINDOW)
                 .max(concurrency * 4);
-            let mut wake_at = None;
+            if index_due.is_some_and(|t| clock::now_ms() >= t) {
+                look = true;
+            }
             if held.ready.len() < window / 4 && !stop.is_cancelled() {
-                wake_at = self.refill(&mut held, window).await;
+                if look {
+                    (index_due, look) = self.refill(&mut held, window).await;
+                }
+                self.take_fresh(&mut held, window);
                 // Events arriving at an empty destination set the first deadline.
                 if expiry_at.is_none() {
                     expiry_at = held
@@ -168,7 +181,7 @@ impl Dispatcher {
                 _ => None,
             };
             let expiry = expiry_at.filter(|_| !stop.is_cancelled());
-            wake_at = [wake_at, until, expiry].into_iter().flatten().min();
+            let wake_at = [index_due, until, expiry].into_iter().flatten().min();
             if stop.is_cancelled() && tasks.is_empty() {
                 return;
             }
@@ -176,13 +189,18 @@ impl Dispatcher {
                 Duration::from_millis(t.saturating_sub(clock::now_ms()))
             }));
             tokio::select! {
-                _ = self.state.notify.notified(), if !stop.is_cancelled() => {}
+                _ = self.state.notify.notified(), if !stop.is_cancelled() => look = true,
+                _ = self.state.fresh.notified(), if !stop.is_cancelled() => {}
                 _ = self.ctx.health.wake.notified(), if !stop.is_cancelled() => {}
                 Some(done) = tasks.join_next_with_id(), if !tasks.is_empty() => {
                     let (id, release) = match done {
-                        Ok((id, release)) => (id, release),
+                        Ok((id, settled)) => {
+                            look |= settled.rescheduled;
+                            (id, settled.release)
+                        }
                         Err(e) => {
                             tracing::error!(destination = %self.ctx.dest.name, error = %e, "an attempt task failed");
+                            look = true;
                             (e.id(), true)
                         }
                     };
@@ -204,9 +222,9 @@ impl Dispatcher {
         }
     }
 
-    /// Reads due events into the ready queue; returns when to look again if
-    /// nothing more is due now.
-    async fn refill(&self, held: &mut Held, window: usize) -> Option<u64> {
+    /// Reads due events from the index into the ready queue. Returns when
+    /// the index's next event falls due, and whether more are due now.
+    async fn refill(&self, held: &mut Held, window: usize) -> (Option<u64>, bool) {
         let name = &self.ctx.dest.name;
         let now = clock::now_ms();
         let want = window.saturating_sub(held.ready.len());
@@ -215,24 +233,48 @@ impl Dispatcher {
                 let more = rows.len() == want;
                 self.take(held, rows).await;
                 if more {
-                    return None;
+                    return (None, true);
                 }
                 match self.reader.next_due_after(name, now).await {
-                    Ok(t) => t,
-                    Err(e) => self.read_failed(&e, now),
+                    Ok(t) => (t, false),
+                    Err(e) => (self.read_failed(&e, now), false),
                 }
             }
-            Err(e) => self.read_failed(&e, now),
+            Err(e) => (self.read_failed(&e, now), false),
         }
     }
 
+    /// Takes events the journal put in memory, oldest first, up to the window.
+    fn take_fresh(&self, held: &mut Held, window: usize) {
+        let want = window.saturating_sub(held.ready.len());
+        let fresh = match self.state.ready.lock() {
+            Ok(mut ready) => ready.take(want),
+            Err(_) => return,
+        };
+        for ev in fresh {
+            // Already read from the index: this copy is the same event.
+            if held.seqs.insert(ev.seq) {
+                held.ready.push_back(ev);
+            }
+        }
+    }
+
+    /// Adds rows read from the index; the ready queue forgets them, so the
+    /// same event is never held twice.
     async fn take(&self, held: &mut Held, rows: Vec<Result<StoredEvent, StoreError>>) {
+        let mut taken = Vec::with_capacity(rows.len());
         for row in rows {
             match row {
-                Ok(ev) if held.seqs.insert(ev.seq) => held.ready.push_back(ev),
+                Ok(ev) if held.seqs.insert(ev.seq) => {
+                    taken.push(ev.seq);
+                    held.ready.push_back(ev);
+                }
                 Ok(_) => {}
                 Err(e) => self.quarantine(&e).await,
             }
+        }
+        if let Ok(mut ready) = self.state.ready.lock() {
+            ready.remove(taken);
         }
     }
 
@@ -243,7 +285,7 @@ impl Dispatcher {
 
     /// Dead-letters every event whose TTL has run out, queued or still in
     /// the journal, whatever its next due time; returns the next deadline.
-    async fn expire_overdue(&self, held: &mut Held, tasks: &mut JoinSet<bool>) -> Option<u64> {
+    async fn expire_overdue(&self, held: &mut Held, tasks: &mut JoinSet<Settled>) -> Option<u64> {
         let dest = &self.ctx.dest;
         let now = clock::now_ms();
         let ttl = dest.limits.ttl.as_millis() as u64;
@@ -262,7 +304,7 @@ impl Dispatcher {
         for ev in expired {
             let seq = ev.seq;
             let ctx = self.ctx.clone();
-            let handle = tasks.spawn(async move { settle::expire(&ctx, ev).await });
+            let handle = tasks.spawn(async move { Settled::done(settle::expire(&ctx, ev).await) });
             held.running.insert(handle.id(), vec![seq]);
         }
         match self.reader.oldest_accepted(&dest.name).await {

@@ -50,11 +50,28 @@ pub struct Unit {
     pub batch: Option<String>,
 }
 
-/// `false` when the journal refused a change: the unit's events must stay
-/// out of this process's dispatch (they are retried after a restart).
+/// How a unit's turn ended, for its dispatcher.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Settled {
+    /// `false` when the journal refused a change: the unit's events must
+    /// stay out of this process's dispatch (they are retried after a restart).
+    pub release: bool,
+    /// Some event got a later due time: the index has news for the timer.
+    pub rescheduled: bool,
+}
+
+impl Settled {
+    pub fn done(release: bool) -> Self {
+        Settled {
+            release,
+            rescheduled: false,
+        }
+    }
+}
+
 /// `probe`: this attempt is the one probe after a probation; if no attempt
 /// is made after all, another unit may probe.
-pub async fn run(ctx: &Arc<Ctx>, unit: Unit, probe: bool) -> bool {
+pub async fn run(ctx: &Arc<Ctx>, unit: Unit, probe: bool) -> Settled {
     let no_attempt = || {
         if probe {
             ctx.health.probe_cancelled();
@@ -82,7 +99,7 @@ pub async fn run(ctx: &Arc<Ctx>, unit: Unit, probe: bool) -> bool {
     }
     if live.is_empty() {
         no_attempt();
-        return kept;
+        return Settled::done(kept);
     }
     let built = match (&batch, live.as_slice()) {
         (Some(id), evs) => request::build_batch(&ctx.dest, evs, id),
@@ -96,13 +113,17 @@ pub async fn run(ctx: &Arc<Ctx>, unit: Unit, probe: bool) -> bool {
             // Only a row edited by hand gets here: ingress stores valid requests.
             tracing::error!(destination = %ctx.dest.name, id = %live[0].event.id, error = %e, "stored request cannot be rebuilt; quarantining it");
             let changes = live.iter().map(|ev| Change::Quarantine { seq: ev.seq });
-            return apply(ctx, changes.collect()).await && kept;
+            return Settled::done(apply(ctx, changes.collect(), Durable::Now).await && kept);
         }
     };
     ctx.health.in_flight.fetch_add(1, Ordering::Relaxed);
     let Ok(attempted) = ctx.stack.clone().oneshot(request).await;
     ctx.health.in_flight.fetch_sub(1, Ordering::Relaxed);
-    settle(ctx, live, batch, attempted, probe).await && kept
+    let settled = settle(ctx, live, batch, attempted, probe).await;
+    Settled {
+        release: settled.release && kept,
+        ..settled
+    }
 }
 
 /// Dead-letters an event whose TTL ran out before its next attempt. One
@@ -148,7 +169,7 @@ async fn settle(
     batch: Option<String>,
     mut a: Attempted,
     probe: bool,
-) -> bool {
+) -> Settled {
     let dest = &ctx.dest;
     let n = evs.len() as u64;
     // The attempt's number, which picks the schedule's delay.
@@ -178,7 +199,8 @@ async fn settle(
                 let (attempts, batch) = (ev.attempts + 1, batch.as_deref());
                 outcome_log::delivered(ev, attempts, a.status, batch, Confirmed::InTime);
             }
-            return apply(ctx, evs.iter().map(delete).collect()).await;
+            let changes = evs.iter().map(delete).collect();
+            return Settled::done(apply(ctx, changes, Durable::Lazily).await);
         }
         Verdict::DeadLetter => Box::new(|_| Next::DeadLetter(Reason::NonRetriableStatus)),
         // The receiver asks to be disabled: pause the destination; its
@@ -238,8 +260,9 @@ async fn settle(
         waiting.push((ev, attempts));
     }
     let mut kept = true;
-    if !changes.is_empty() {
-        kept = apply(ctx, changes).await;
+    let rescheduled = !changes.is_empty();
+    if rescheduled {
+        kept = apply(ctx, changes, Durable::Lazily).await;
         if kept && let Some(late) = a.late.take() {
             watch_late_answer(ctx, waiting, batch.clone(), late);
         }
@@ -260,7 +283,10 @@ async fn settle(
             .collect();
         kept &= dead_letter(ctx, &facts, batch.as_deref()).await;
     }
-    kept
+    Settled {
+        release: kept,
+        rescheduled,
+    }
 }
 
 fn delete(ev: &StoredEvent) -> Change {
@@ -297,7 +323,7 @@ fn watch_late_answer(
             .iter()
             .map(|(ev, attempts)| delete_if(ev, Some(*attempts)))
             .collect();
-        if ctx.journal.apply(changes).await.is_ok() {
+        if ctx.journal.settle(changes).await.is_ok() {
             for (ev, attempts) in &evs {
                 let batch = batch.as_deref();
                 outcome_log::delivered(ev, *attempts, Some(status), batch, Confirmed::Late);
@@ -332,14 +358,28 @@ impl LateCompleted {
     }
 }
 
+/// When a change must be durable.
+#[derive(Clone, Copy)]
+enum Durable {
+    /// Before the caller goes on: a dead letter's delete, a quarantine.
+    Now,
+    /// Within the journal's sync interval: a delivery or a reschedule,
+    /// which a crash only repeats.
+    Lazily,
+}
+
 /// Records `changes`, waiting out a full disk or queue: the event is held
 /// meanwhile (neither re-sent nor lost). `false` after a lasting failure:
 /// the event stays pending in the journal and is taken up after a restart.
-async fn apply(ctx: &Ctx, changes: Vec<Change>) -> bool {
+async fn apply(ctx: &Ctx, changes: Vec<Change>, durable: Durable) -> bool {
     let mut wait = Duration::from_millis(100);
     let give_up = tokio::time::Instant::now() + PERSIST_FOR;
     loop {
-        match ctx.journal.apply(changes.clone()).await {
+        let recorded = match durable {
+            Durable::Now => ctx.journal.apply(changes.clone()).await,
+            Durable::Lazily => ctx.journal.settle(changes.clone()).await,
+        };
+        match recorded {
             Ok(()) => return true,
             Err(e @ (JournalError::DiskFull | JournalError::Busy | JournalError::Strained(_)))
                 if tokio::time::Instant::now() < give_up =>
@@ -403,5 +443,6 @@ async fn dead_letter(ctx: &Ctx, items: &[(&StoredEvent, Facts<'_>)], batch: Opti
             }
         }
     }
-    apply(ctx, items.iter().map(|(ev, _)| delete(ev)).collect()).await
+    let changes = items.iter().map(|(ev, _)| delete(ev)).collect();
+    apply(ctx, changes, Durable::Now).await
 }

@@ -2,18 +2,22 @@
 //! dispatchers find due events, and commits their state changes (delivered,
 //! rescheduled, quarantined).
 //!
-//! Row inserts are commits with synchronous=NORMAL: the intake log keeps the
-//! events until a synced commit covers them, which happens at least every
-//! `DURABLE_EVERY`; only then may the writer recycle the log's segments.
-//! State changes after attempts are synced before their callers hear back
-//! (with `sync: always`), as before: a dead letter already written must not
-//! come back after a crash.
+//! The index holds what waits: the indexer stays `LAG` behind the log, so
+//! an event delivered from the ready queue within that time is never
+//! inserted (`Skip`). Row inserts, deliveries and reschedules are commits
+//! with synchronous=NORMAL, synced at least every `DURABLE_EVERY`: the
+//! intake log keeps the events until a synced commit covers them, and only
+//! then may the writer recycle its segments; a delivery or reschedule lost
+//! in a crash is an extra attempt, which at-least-once allows. A dead
+//! letter's delete and a quarantine are synced before their callers hear
+//! back (with `sync: always`): a dead letter already written must not come
+//! back after a crash.
 
 use super::intake::{LogReader, Logged, Read, ReadError};
 use super::store::{self, QUARANTINED};
 use super::{Change, DiskError, JournalError, Shared};
 use rusqlite::{Connection, params};
-use std::collections::HashSet;
+use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
@@ -22,7 +26,40 @@ use tokio::sync::oneshot;
 
 /// How long indexed rows may stay unsynced in SQLite (the intake log still
 /// holds them): bounds the log's size and the replay after a crash.
-const DURABLE_EVERY: Duration = Duration::from_millis(200);
+/// Also how long a delivery may stay unsynced: with the lag, the window in
+/// which a crash makes a delivered event go out again (about 200 ms).
+const DURABLE_EVERY: Duration = Duration::from_millis(100);
+/// How far the indexer stays behind the log: an event delivered from
+/// memory sooner than this never becomes a row.
+const LAG: Duration = Duration::from_millis(100);
+/// Stretches both, so that tests can kill courier inside those windows
+/// every time rather than by luck.
+const PACE_ENV: &str = "COURIER_JOURNAL_LAG_MS";
+
+/// The indexer's lag and sync interval.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) struct Pace {
+    lag: Duration,
+    durable_every: Duration,
+}
+
+impl Pace {
+    pub fn from_env() -> Pace {
+        let ms = std::env::var(PACE_ENV)
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok());
+        match ms {
+            Some(ms) => Pace {
+                lag: Duration::from_millis(ms),
+                durable_every: Duration::from_millis(ms),
+            },
+            None => Pace {
+                lag: LAG,
+                durable_every: DURABLE_EVERY,
+            },
+        }
+    }
+}
 /// How often the indexer checkpoints, which lets the WAL restart.
 const CHECKPOINT_EVERY: Duration = Duration::from_secs(1);
 /// New rows are committed at most this often (state changes at once).
@@ -44,6 +81,8 @@ pub(super) enum ToIndexer {
     Written(u64),
     Apply {
         changes: Vec<Change>,
+        /// Synced before the reply (with `sync: always`).
+        sync: bool,
         reply: Reply,
     },
     Close {
@@ -59,9 +98,12 @@ pub(super) struct Indexer {
     /// The lsn up to which they are synced.
     durable: u64,
     full_sync: bool,
+    pace: Pace,
     /// `ingress.dedupe_window` in ms: the keys of indexed events go to `seen`.
     dedupe_ms: Option<u64>,
     last_durable: Instant,
+    /// Changes committed since the last sync.
+    dirty: bool,
     last_checkpoint: Instant,
     last_expiry: Instant,
     last_commit: Instant,
@@ -109,6 +151,7 @@ impl Indexer {
         conn: Connection,
         reader: LogReader,
         full_sync: bool,
+        pace: Pace,
         dedupe_ms: Option<u64>,
     ) -> Result<Indexer, rusqlite::Error> {
         let indexed = store::intake_pos(&conn)?;
@@ -118,8 +161,10 @@ impl Indexer {
             indexed,
             durable: indexed,
             full_sync,
+            pace,
             dedupe_ms,
             last_durable: Instant::now(),
+            dirty: false,
             last_checkpoint: Instant::now(),
             last_expiry: Instant::now(),
             last_commit: Instant::now(),
@@ -137,7 +182,7 @@ impl Indexer {
         loop {
             let (events, end, done) = self.read_chunk(None, CHUNK_BYTES)?;
             if !events.is_empty() || end != self.indexed {
-                self.commit(&events, &[], end)?;
+                self.commit(&events, &vec![true; events.len()], &[], false, end)?;
             }
             if done {
                 break;
@@ -192,19 +237,29 @@ impl Indexer {
         Ok((events, at, true))
     }
 
-    /// One transaction: the rows of `events`, the `changes`, the new log
-    /// position. Returns the seqs that deletes removed.
+    /// One transaction: the rows of `events` marked in `insert`, the
+    /// `changes`, the new log position; synced if `sync`. Returns the seqs
+    /// that deletes removed.
     fn commit(
         &mut self,
         events: &[Logged],
+        insert: &[bool],
         changes: &[Change],
+        sync: bool,
         end: u64,
     ) -> Result<HashSet<i64>, IndexError> {
-        let full = self.full_sync && !changes.is_empty();
+        let full = self.full_sync && sync;
         if full {
             store::set_full_sync(&self.conn, true)?;
         }
-        let result = write(&self.conn, events, changes, end, self.dedupe_ms.is_some());
+        let result = write(
+            &self.conn,
+            events,
+            insert,
+            changes,
+            end,
+            self.dedupe_ms.is_some(),
+        );
         if result.is_err() {
             let _ = self.conn.execute_batch("ROLLBACK");
             if full {
@@ -214,6 +269,7 @@ impl Indexer {
         let deleted = result?;
         self.indexed = end;
         self.last_commit = Instant::now();
+        self.dirty |= !changes.is_empty();
         if full {
             self.synced();
             if let Err(e) = store::set_full_sync(&self.conn, false) {
@@ -242,7 +298,13 @@ impl Indexer {
 
     fn synced(&mut self) {
         self.durable = self.indexed;
+        self.dirty = false;
         self.last_durable = Instant::now();
+    }
+
+    /// Rows or changes committed but not yet synced.
+    fn unsynced(&self) -> bool {
+        self.durable < self.indexed || self.dirty
     }
 
     pub fn spawn(self, rx: Receiver<ToIndexer>, shared: Arc<Shared>) -> std::io::Result<()> {
@@ -257,15 +319,23 @@ impl Indexer {
 
     fn run(mut self, rx: Receiver<ToIndexer>, shared: Arc<Shared>) {
         let mut target = self.indexed;
+        // Log ends the writer reported, and when: indexed once `lag` old.
+        let mut written: VecDeque<(Instant, u64)> = VecDeque::new();
         let mut retry = false;
         loop {
-            let wait = if retry {
+            let mut wait = if retry {
                 RETRY_FULL
-            } else if self.durable < self.indexed {
-                DURABLE_EVERY.saturating_sub(self.last_durable.elapsed())
+            } else if self.unsynced() {
+                self.pace
+                    .durable_every
+                    .saturating_sub(self.last_durable.elapsed())
             } else {
                 CHECKPOINT_EVERY
             };
+            if let Some((at, _)) = written.front() {
+                let due = (*at + self.pace.lag).max(self.last_commit + INDEX_EVERY);
+                wait = wait.min(due.saturating_duration_since(Instant::now()));
+            }
             let mut applies = Vec::new();
             let mut close = None;
             let first = match rx.recv_timeout(wait) {
@@ -273,33 +343,41 @@ impl Indexer {
                 Err(RecvTimeoutError::Timeout) => None,
                 Err(RecvTimeoutError::Disconnected) => return,
             };
-            let mut urgent = false;
             for msg in first
                 .into_iter()
                 .chain(std::iter::from_fn(|| rx.try_recv().ok()).take(4096))
             {
-                urgent |= take(msg, &mut target, &mut applies, &mut close);
-            }
-            // New rows alone may wait a little to share a commit: each commit
-            // rewrites the same index pages into the WAL, and that write
-            // volume is what delays the intake log's fdatasync.
-            let linger = INDEX_EVERY.saturating_sub(self.last_commit.elapsed());
-            if !urgent && !linger.is_zero() {
-                let until = Instant::now() + linger;
-                // Bounded by `until`.
-                while let Some(left) = until.checked_duration_since(Instant::now()) {
-                    match rx.recv_timeout(left) {
-                        Ok(msg) => {
-                            if take(msg, &mut target, &mut applies, &mut close) {
-                                break;
-                            }
-                        }
-                        Err(_) => break,
-                    }
+                match msg {
+                    ToIndexer::Written(lsn) => written.push_back((Instant::now(), lsn)),
+                    ToIndexer::Apply {
+                        changes,
+                        sync,
+                        reply,
+                    } => applies.push((changes, sync, reply)),
+                    ToIndexer::Close { reply } => close = Some(reply),
                 }
             }
+            // A reschedule, a dead letter or a quarantine may concern an
+            // event the indexer has not reached: catch up with the log
+            // first. A delivery (`Journal::settle`) reaches here only for
+            // a claimed record, whose row exists by now.
+            let catch_up = close.is_some()
+                || applies.iter().any(|(changes, sync, _)| {
+                    *sync || changes.iter().any(|c| !matches!(c, Change::Delete { .. }))
+                });
+            // New rows share a commit: each rewrites the same index pages
+            // into the WAL, and that write volume delays the log's fdatasync.
+            let now = Instant::now();
+            let index_now = now >= self.last_commit + INDEX_EVERY;
+            while let Some(&(at, lsn)) = written.front() {
+                if !catch_up && !(index_now && now >= at + self.pace.lag) {
+                    break;
+                }
+                target = target.max(lsn);
+                written.pop_front();
+            }
             retry = !self.step(target, applies, &shared);
-            if self.durable < self.indexed && self.last_durable.elapsed() >= DURABLE_EVERY {
+            if self.unsynced() && self.last_durable.elapsed() >= self.pace.durable_every {
                 match self.sync() {
                     Ok(()) => shared.durable_pos.store(self.durable, Ordering::Release),
                     // The log still holds the rows: try again shortly.
@@ -364,12 +442,12 @@ impl Indexer {
     fn step(
         &mut self,
         target: u64,
-        mut applies: Vec<(Vec<Change>, Reply)>,
+        mut applies: Vec<(Vec<Change>, bool, Reply)>,
         shared: &Shared,
     ) -> bool {
         let failed = shared.failed.lock().ok().and_then(|f| f.clone());
         if let Some(reason) = failed {
-            for (_, reply) in applies {
+            for (_, _, reply) in applies {
                 let _ = reply.send(Err(JournalError::Failed(reason.clone())));
             }
             return true;
@@ -392,14 +470,14 @@ impl Indexer {
                 Ok(r) => r,
                 Err(e) if e.transient() => {
                     self.strained(&e);
-                    for (_, reply) in applies {
+                    for (_, _, reply) in applies {
                         let _ = reply.send(Err(JournalError::Strained(e.to_string())));
                     }
                     return false;
                 }
                 Err(e) => {
                     let err = self.failure(&e, shared);
-                    for (_, reply) in applies {
+                    for (_, _, reply) in applies {
                         let _ = reply.send(Err(err.clone()));
                     }
                     return true;
@@ -407,18 +485,26 @@ impl Indexer {
             };
             let changes: Vec<Change> = applies
                 .iter()
-                .flat_map(|(c, _)| c.iter().cloned())
+                .flat_map(|(c, _, _)| c.iter().cloned())
                 .collect();
+            let sync = applies.iter().any(|(_, sync, _)| *sync);
             if events.is_empty() && changes.is_empty() && end == self.indexed {
                 return true;
             }
-            match self.commit(&events, &changes, end) {
+            let insert = match shared.skip.lock() {
+                Ok(mut skip) => skip.claim(events.iter().map(|l| l.seq)),
+                Err(_) => vec![true; events.len()],
+            };
+            match self.commit(&events, &insert, &changes, sync, end) {
                 Ok(deleted) => {
-                    account(&events, &changes, &deleted, shared);
+                    if let Ok(mut skip) = shared.skip.lock() {
+                        skip.committed();
+                    }
+                    account(&events, &insert, &changes, &deleted, shared);
                     if self.durable == self.indexed {
                         shared.durable_pos.store(self.durable, Ordering::Release);
                     }
-                    for (_, reply) in applies.drain(..) {
+                    for (_, _, reply) in applies.drain(..) {
                         let _ = reply.send(Ok(()));
                     }
                 }
@@ -432,7 +518,7 @@ impl Indexer {
                     } else {
                         self.failure(&e, shared)
                     };
-                    for (_, reply) in applies {
+                    for (_, _, reply) in applies {
                         let _ = reply.send(Err(err.clone()));
                     }
                     return !(e.disk_full() || e.transient());
@@ -465,29 +551,6 @@ impl Indexer {
     }
 }
 
-/// Files one message; true when it should not wait (a change, the close).
-fn take(
-    msg: ToIndexer,
-    target: &mut u64,
-    applies: &mut Vec<(Vec<Change>, Reply)>,
-    close: &mut Option<oneshot::Sender<()>>,
-) -> bool {
-    match msg {
-        ToIndexer::Written(lsn) => {
-            *target = (*target).max(lsn);
-            false
-        }
-        ToIndexer::Apply { changes, reply } => {
-            applies.push((changes, reply));
-            true
-        }
-        ToIndexer::Close { reply } => {
-            *close = Some(reply);
-            true
-        }
-    }
-}
-
 /// Indexing and checkpoints are catch-up work: under a burst the threads
 /// that answer the app go first, and the intake log holds the difference.
 pub(super) fn lower_priority() {
@@ -502,6 +565,7 @@ pub(super) fn lower_priority() {
 fn write(
     conn: &Connection,
     events: &[Logged],
+    insert_mask: &[bool],
     changes: &[Change],
     end: u64,
     dedupe: bool,
@@ -513,11 +577,14 @@ fn write(
             "INSERT INTO events (seq, id, destination, method, path, headers, body, accepted_ms, crc, attempts, next_due_ms)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, 0, ?8)",
         )?;
-        for Logged {
-            seq,
-            event: e,
-            encoded_headers: headers,
-        } in events
+        for (
+            Logged {
+                seq,
+                event: e,
+                encoded_headers: headers,
+            },
+            _,
+        ) in events.iter().zip(insert_mask).filter(|(_, keep)| **keep)
         {
             let crc =
                 super::record::crc(&e.id, &e.destination, &e.method, &e.path, headers, &e.body);
@@ -593,8 +660,14 @@ fn write(
 }
 
 /// After a commit: frees the bytes of deleted events and wakes the
-/// dispatchers whose events became visible.
-fn account(events: &[Logged], changes: &[Change], deleted: &HashSet<i64>, shared: &Shared) {
+/// dispatchers whose events became rows.
+fn account(
+    events: &[Logged],
+    inserted: &[bool],
+    changes: &[Change],
+    deleted: &HashSet<i64>,
+    shared: &Shared,
+) {
     let states = shared.destinations.load();
     for c in changes {
         if let Change::Delete {
@@ -605,20 +678,11 @@ fn account(events: &[Logged], changes: &[Change], deleted: &HashSet<i64>, shared
         } = c
             && deleted.contains(seq)
         {
-            let sub = |v: &std::sync::atomic::AtomicU64, n: u64| {
-                let _ = v.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |x| {
-                    Some(x.saturating_sub(n))
-                });
-            };
-            sub(&shared.pending_bytes, *size);
-            if let Some(d) = states.get(destination) {
-                sub(&d.pending, 1);
-                sub(&d.bytes, *size);
-            }
+            shared.forget(states.get(destination).map(Arc::as_ref), *size);
         }
     }
     let mut woken = HashSet::new();
-    for l in events {
+    for (l, _) in events.iter().zip(inserted).filter(|(_, i)| **i) {
         if woken.insert(l.event.destination.as_str())
             && let Some(d) = states.get(&l.event.destination)
         {

@@ -16,13 +16,16 @@ mod indexer;
 mod inspect;
 pub(crate) mod intake;
 mod reader;
+pub mod ready;
 pub mod record;
 mod reserve;
+mod skip;
 mod store;
 mod writer;
 
 pub use inspect::{Inspection, inspect};
 pub use reader::Reader;
+pub use ready::ReadyQueue;
 pub use record::{Header, NewEvent, StoredEvent};
 pub use store::{DestinationSummary, FILE, StoreError};
 
@@ -34,6 +37,7 @@ use indexer::{Indexer, ToIndexer};
 use intake::{LogReader, LogWriter};
 use reserve::Reserve;
 use rusqlite::Connection;
+use skip::Skip;
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -160,13 +164,17 @@ pub enum Change {
 }
 
 /// Counters of one destination's pending events, kept in memory so that
-/// admission and metrics never query the file.
+/// admission and metrics never query the file, and its fast path.
 #[derive(Default)]
 pub struct DestinationState {
     pub pending: AtomicU64,
     pub bytes: AtomicU64,
-    /// Woken after a commit that added events for this destination.
+    /// Woken after a commit that added rows for this destination.
     pub notify: Notify,
+    /// Events durable in the log, not yet taken by the dispatcher.
+    pub ready: Mutex<ReadyQueue>,
+    /// Woken when the writer put events in `ready`.
+    pub fresh: Notify,
 }
 
 pub(crate) struct Shared {
@@ -186,6 +194,8 @@ pub(crate) struct Shared {
     disk_full: AtomicBool,
     disk_turn: Mutex<()>,
     reserve: Reserve,
+    /// Deliveries of events the indexer has not reached.
+    skip: Mutex<Skip>,
     closed: AtomicBool,
     /// Copied on write: a reload adds a destination rarely, every group
     /// commit reads the map.
@@ -232,6 +242,20 @@ impl Shared {
 
     fn destination(&self, name: &str) -> Option<Arc<DestinationState>> {
         self.destinations.load().get(name).cloned()
+    }
+
+    /// An event of `size` bytes left the journal: its bytes are free.
+    fn forget(&self, destination: Option<&DestinationState>, size: u64) {
+        let sub = |v: &AtomicU64, n: u64| {
+            let _ = v.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |x| {
+                Some(x.saturating_sub(n))
+            });
+        };
+        sub(&self.pending_bytes, size);
+        if let Some(d) = destination {
+            sub(&d.pending, 1);
+            sub(&d.bytes, size);
+        }
     }
 }
 
@@ -313,8 +337,14 @@ impl Journal {
         {
             return Err(OpenError::Integrity(path, problem));
         }
-        let mut indexer = Indexer::new(conn, LogReader::new(dir), full_sync, dedupe_ms)
-            .map_err(|e| OpenError::Open(path.clone(), e))?;
+        let mut indexer = Indexer::new(
+            conn,
+            LogReader::new(dir),
+            full_sync,
+            indexer::Pace::from_env(),
+            dedupe_ms,
+        )
+        .map_err(|e| OpenError::Open(path.clone(), e))?;
         let indexed = indexer.recover().map_err(|e| {
             full(&e).unwrap_or_else(|| {
                 if e.transient() {
@@ -410,6 +440,7 @@ impl Journal {
             disk_full: AtomicBool::new(without_room),
             disk_turn: Mutex::new(()),
             reserve,
+            skip: Mutex::new(Skip::new(next_seq - 1)),
             closed: AtomicBool::new(false),
             destinations: ArcSwap::from_pointee(states),
         });
@@ -523,13 +554,54 @@ impl Journal {
         rx.await.unwrap_or(Err(JournalError::Closed))
     }
 
-    /// Applies changes after attempts; returns once committed. They go
+    /// Applies changes that must survive a crash once this returns (with
+    /// `sync: always`): a dead letter's delete, a quarantine. They go
     /// straight to the indexer, never behind a burst of ingress.
     pub async fn apply(&self, changes: Vec<Change>) -> Result<(), JournalError> {
         self.writable()?;
+        self.to_indexer(changes, true).await
+    }
+
+    /// Records deliveries and reschedules: committed when this returns, so
+    /// a dispatcher never reads a delivered event back, and synced within
+    /// `DURABLE_EVERY` (a crash before then delivers those events again,
+    /// or retries them one attempt behind, as at-least-once allows). A
+    /// delivery of an event the indexer has not reached costs no write.
+    pub async fn settle(&self, changes: Vec<Change>) -> Result<(), JournalError> {
+        self.writable()?;
+        let mut rest = Vec::new();
+        {
+            let mut skip = self.shared.skip.lock().map_err(|_| JournalError::Closed)?;
+            let states = self.shared.destinations.load();
+            for c in changes {
+                match &c {
+                    Change::Delete {
+                        seq,
+                        destination,
+                        size,
+                        only_if_attempts: None,
+                    } if skip.delivered(*seq) => {
+                        let state = states.get(destination).map(Arc::as_ref);
+                        self.shared.forget(state, *size);
+                    }
+                    _ => rest.push(c),
+                }
+            }
+        }
+        if rest.is_empty() {
+            return Ok(());
+        }
+        self.to_indexer(rest, false).await
+    }
+
+    async fn to_indexer(&self, changes: Vec<Change>, sync: bool) -> Result<(), JournalError> {
         let (reply, rx) = oneshot::channel();
         self.indexer
-            .send(ToIndexer::Apply { changes, reply })
+            .send(ToIndexer::Apply {
+                changes,
+                sync,
+                reply,
+            })
             .map_err(|_| JournalError::Closed)?;
         rx.await.map_err(|_| JournalError::Closed)?
     }

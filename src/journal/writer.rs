@@ -8,7 +8,7 @@
 use super::indexer::ToIndexer;
 use super::intake::{self, AppendError, LogWriter};
 use super::reserve;
-use super::{Command, JournalError, NewEvent, Shared};
+use super::{Command, DestinationState, JournalError, NewEvent, Shared, StoredEvent};
 use crate::admin::metrics;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -79,13 +79,17 @@ impl Writer {
         if let Err(e) = self.log.recycle(durable, keep) {
             tracing::warn!(error = %e, "cannot recycle intake log segments; will retry");
         }
+        let first_seq = self.next_seq;
         let started = Instant::now();
         let result = self.write(group, payload);
         metrics::journal_sync(started.elapsed());
         match &result {
             Ok(end) => {
                 account(group, &self.shared);
+                // The indexer hears of them first: a change to one of them
+                // (sent once a dispatcher took it) must find it in the log.
                 let _ = self.indexer.send(ToIndexer::Written(*end));
+                make_ready(group, first_seq, &self.shared);
             }
             Err(_) => release(group, &self.shared),
         }
@@ -263,5 +267,55 @@ fn account(group: &[Command], shared: &Shared) {
     }
     for (destination, n) in accepted {
         metrics::accepted(destination, n);
+    }
+}
+
+/// The fast path: each durable event goes to its destination's ready
+/// queue, from which the first attempt is sent without reading SQLite.
+/// The seqs are those `write` gave, in the same order. Under the skip
+/// lock, which the indexer takes to claim records: an event already
+/// claimed is (or is about to be) a row, where its dispatcher finds it,
+/// so it must not be handed out a second time from memory.
+fn make_ready(group: &mut [Command], first_seq: i64, shared: &Shared) {
+    let states = shared.destinations.load();
+    let Ok(skip) = shared.skip.lock() else {
+        return;
+    };
+    let mut seq = first_seq;
+    let mut woken: Vec<&DestinationState> = Vec::new();
+    for cmd in group {
+        let Command::Append { events, .. } = cmd else {
+            continue;
+        };
+        for event in std::mem::take(events) {
+            let this = seq;
+            seq += 1;
+            let Some(state) = states.get(&event.destination) else {
+                continue;
+            };
+            if skip.claimed(this) {
+                continue;
+            }
+            let ev = StoredEvent {
+                seq: this,
+                next_due_ms: event.accepted_ms,
+                event,
+                attempts: 0,
+                last_outcome: None,
+                last_status: None,
+                last_attempt_ms: None,
+                batch: None,
+            };
+            let held = match state.ready.lock() {
+                Ok(mut ready) => ready.push(ev),
+                Err(_) => false,
+            };
+            if held && !woken.iter().any(|w| std::ptr::eq(*w, state.as_ref())) {
+                woken.push(state);
+            }
+        }
+    }
+    for state in woken {
+        state.fresh.notify_one();
     }
 }
