@@ -524,6 +524,39 @@ async fn unreachable_receiver_is_a_socket_error() {
     .await;
 }
 
+/// A destination whose host name cannot resolve (`.invalid` never does,
+/// RFC 6761; no packet leaves the machine) is a `ResolutionError`, as the
+/// real resolver's error reaches the classifier, not a hand-made one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unresolvable_host_is_a_resolution_error() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let yaml = config(
+        "orders",
+        "http://courier-test.invalid/hooks",
+        "timeout: 10s\nretry: { schedule: [50ms], max_attempts: 1, jitter: 0 }",
+    );
+    let c = start(tmp.path(), &yaml).await;
+    accept(
+        &c,
+        "orders",
+        br#"{"n":8}"#,
+        &[("Idempotency-Key", "evt-unresolvable")],
+    )
+    .await;
+    let dead = dead_letters(&c, "orders", 1, Duration::from_secs(15)).await;
+    let d = &dead[0];
+    check_eq!(c, d["id"], "evt-unresolvable");
+    check_eq!(c, d["deliveryAttempts"], 1);
+    check_eq!(c, d["lastDeliveryOutcome"], "ResolutionError");
+    wait_metric(
+        &c,
+        r#"courier_delivery_attempts_total{destination="orders",outcome="ResolutionError"}"#,
+        1.0,
+        PROMPT,
+    )
+    .await;
+}
+
 // 8 ------------------------------------------------------------------------
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

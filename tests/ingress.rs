@@ -377,6 +377,16 @@ async fn journal_max_bytes_holds_under_concurrent_requests() {
         c.logs()
     );
     assert_eq!(accepted(&c).await, ok as f64);
+    // And no fewer than fit: with `ok` events of the same size stored, a
+    // refused one would not have fitted either (admission must not refuse
+    // while the journal has room, e.g. by leaking reservations).
+    assert!(ok >= 1, "none of 20 events accepted; logs:\n{}", c.logs());
+    let per_event = bytes / ok as f64;
+    assert!(
+        ok == 20 || bytes + per_event > 2048.0,
+        "only {ok} of 20 accepted with {bytes} of 2048 bytes used: room was left for one more ({per_event} bytes each)\nlogs:\n{}",
+        c.logs()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -251,19 +251,94 @@ async fn a_damaged_record_before_good_ones_stops_the_start() {
     assert!(err.contains("damaged"), "{err}");
 }
 
+/// Commands waiting in the writer's queue.
+fn queued(journal: &Journal) -> usize {
+    journal.tx.max_capacity() - journal.tx.capacity()
+}
+
+/// Polls (at most 5 s) until `cond` holds.
+async fn until(what: &str, mut cond: impl FnMut() -> bool) {
+    for _ in 0..2500 {
+        if cond() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    panic!("timed out waiting until {what}");
+}
+
+/// The event counts of the records in the intake log, in order.
+fn records(dir: &Path) -> Vec<usize> {
+    let segments = intake::segments(dir).expect("list segments");
+    let mut lsn = segments.first().map_or(0, |s| s.0);
+    let mut reader = LogReader::new(dir);
+    let mut counts = Vec::new();
+    // Bounded: far more turns than records here.
+    for _ in 0..1000 {
+        match reader.read(lsn).expect("read the intake log") {
+            intake::Read::Record(events, after) => {
+                counts.push(events.len());
+                lsn = after;
+            }
+            intake::Read::End => return counts,
+        }
+    }
+    panic!("more than 1000 records: {counts:?}");
+}
+
+/// The writer is held (in its check for room, behind the disk-full turn)
+/// with one append in hand while 49 more queue up; once let go it writes
+/// the one, then the 49 as a single record: two records, 1 and 49 events.
 #[tokio::test]
 async fn a_group_of_appends_is_one_record_and_every_waiter_hears() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let (journal, _) = open(tmp.path()).expect("open");
-    let appends: Vec<_> = (0..50)
+    let (held_tx, held_rx) = std::sync::mpsc::channel();
+    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+    let shared = journal.shared.clone();
+    let holder = std::thread::spawn(move || {
+        let turn = shared.disk_turn.lock().expect("disk turn");
+        shared.disk_full.store(true, Ordering::Release);
+        held_tx.send(()).expect("say held");
+        let _ = go_rx.recv();
+        shared.disk_full.store(false, Ordering::Release);
+        drop(turn);
+    });
+    held_rx.recv().expect("the writer is held");
+
+    let first = event(0);
+    journal
+        .shared
+        .pending_bytes
+        .fetch_add(first.size(), Ordering::AcqRel);
+    let (reply, first_heard) = oneshot::channel();
+    journal
+        .send(Command::Append {
+            events: vec![first],
+            claims: Vec::new(),
+            reply,
+        })
+        .expect("queue the first append");
+    until("the writer took the first append", || queued(&journal) == 0).await;
+    let appends: Vec<_> = (1..50)
         .map(|i| {
             let j = journal.clone();
             tokio::spawn(async move { j.append(vec![event(i)]).await })
         })
         .collect();
+    until("49 appends wait in the queue", || queued(&journal) == 49).await;
+    go_tx.send(()).expect("let the writer go");
+    holder.join().expect("holder thread");
+
+    assert_eq!(first_heard.await.expect("first reply"), Ok(()));
     for a in appends {
         assert_eq!(a.await.expect("task"), Ok(Appended::default()));
     }
+    assert_eq!(
+        records(tmp.path()),
+        vec![1, 49],
+        "one record per group: the one in hand, then all 49 queued"
+    );
     assert_eq!(
         journal
             .destination("orders")

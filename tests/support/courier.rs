@@ -47,6 +47,9 @@ fn lock(logs: &Logs) -> MutexGuard<'_, String> {
 /// A running (or exited) `courier run` child process.
 pub struct Courier {
     bin: PathBuf,
+    /// A command courier runs under (e.g. `strace -f -o FILE --`); empty:
+    /// none. With one, `pid()` and the signals go to the wrapper.
+    wrapper: Vec<String>,
     dir: PathBuf,
     config: PathBuf,
     env: Vec<(String, String)>,
@@ -80,6 +83,21 @@ impl Courier {
         config_yaml: &str,
         env: &[(&str, &str)],
     ) -> Courier {
+        Courier::start_wrapped(&[], bin, dir, config_yaml, env).await
+    }
+
+    /// Like [`start_with_env`](Self::start_with_env), running
+    /// `WRAPPER... BIN run -c CONFIG` (e.g. `wrapper = ["strace", "-f",
+    /// "-o", FILE, "--"]`). Signals and `kill()` go to the wrapper, which
+    /// must pass them on (strace kills the command it started when it gets
+    /// SIGTERM).
+    pub async fn start_wrapped(
+        wrapper: &[&str],
+        bin: impl AsRef<Path>,
+        dir: &Path,
+        config_yaml: &str,
+        env: &[(&str, &str)],
+    ) -> Courier {
         let config = dir.join("courier.yaml");
         std::fs::write(&config, config_yaml)
             .unwrap_or_else(|e| panic!("write {}: {e}", config.display()));
@@ -89,9 +107,11 @@ impl Courier {
             .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
             .collect();
         let bin = bin.as_ref().to_path_buf();
-        let (child, drains) = spawn(&bin, dir, &config, &env, &logs);
+        let wrapper: Vec<String> = wrapper.iter().map(|w| (*w).to_owned()).collect();
+        let (child, drains) = spawn(&bin, &wrapper, dir, &config, &env, &logs);
         let mut courier = Courier {
             bin,
+            wrapper,
             dir: dir.to_path_buf(),
             config,
             env,
@@ -119,7 +139,14 @@ impl Courier {
             logs.push_str("=== courier restart ===\n");
             logs.len()
         };
-        let (child, drains) = spawn(&self.bin, &self.dir, &self.config, &self.env, &self.logs);
+        let (child, drains) = spawn(
+            &self.bin,
+            &self.wrapper,
+            &self.dir,
+            &self.config,
+            &self.env,
+            &self.logs,
+        );
         self.child = child;
         self.drains = drains;
         self.exit = None;
@@ -307,8 +334,8 @@ impl Drop for Courier {
     }
 }
 
-fn command(bin: &Path, env: &[(String, String)]) -> Command {
-    let mut cmd = Command::new(bin);
+fn command(program: &Path, env: &[(String, String)]) -> Command {
+    let mut cmd = Command::new(program);
     for (key, _) in std::env::vars_os() {
         let k = key.to_string_lossy();
         if k == "RUST_LOG" || k.starts_with("COURIER_") {
@@ -323,12 +350,21 @@ fn command(bin: &Path, env: &[(String, String)]) -> Command {
 
 fn spawn(
     bin: &Path,
+    wrapper: &[String],
     dir: &Path,
     config: &Path,
     env: &[(String, String)],
     logs: &Logs,
 ) -> (Child, Vec<JoinHandle<()>>) {
-    let mut child = command(bin, env)
+    let mut cmd = match wrapper.split_first() {
+        Some((program, args)) => {
+            let mut cmd = command(Path::new(program), env);
+            cmd.args(args).arg(bin);
+            cmd
+        }
+        None => command(bin, env),
+    };
+    let mut child = cmd
         .arg("run")
         .arg("-c")
         .arg(config)
@@ -337,7 +373,7 @@ fn spawn(
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .unwrap_or_else(|e| panic!("cannot spawn {}: {e}", bin.display()));
+        .unwrap_or_else(|e| panic!("cannot spawn {} (wrapper {wrapper:?}): {e}", bin.display()));
     let stdout = child.stdout.take().expect("stdout is piped");
     let stderr = child.stderr.take().expect("stderr is piped");
     let drains = vec![drain(stdout, logs.clone()), drain(stderr, logs.clone())];

@@ -2,8 +2,10 @@
 //! webhook endpoint courier delivers to.
 
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -12,6 +14,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::{Notify, watch};
 use tokio::task::{JoinHandle, JoinSet};
@@ -25,6 +28,11 @@ pub struct Received {
     pub path_and_query: String,
     pub headers: HeaderMap,
     pub body: Bytes,
+    /// When the socket write that ended the answer to this request returned:
+    /// the answer was then in the client's kernel (loopback). `None` while
+    /// unanswered, when the connection was cut before the answer was written,
+    /// or when recording was off. See [`Receiver::answered_within_life`].
+    pub answered: Option<Instant>,
 }
 
 impl Received {
@@ -46,6 +54,20 @@ impl Received {
     /// The body as (lossy) UTF-8 text.
     pub fn text(&self) -> String {
         String::from_utf8_lossy(&self.body).into_owned()
+    }
+
+    /// Whether this request was answered in full within one life of the
+    /// client process: its answer was written, and no kill (given as
+    /// `(just before the kill signal, once the process was reaped)`) falls
+    /// between its arrival and the end of its answer. A request a kill cut
+    /// off does not count as delivered: the client never learnt the outcome.
+    pub fn answered_within_life(&self, kills: &[(Instant, Instant)]) -> bool {
+        let Some(answered) = self.answered else {
+            return false;
+        };
+        kills
+            .iter()
+            .all(|(signalled, reaped)| answered < *signalled || self.at > *reaped)
     }
 }
 
@@ -324,13 +346,20 @@ async fn serve(listener: TcpListener, state: Arc<State>, mut shutdown: watch::Re
                     continue;
                 };
                 let _ = stream.set_nodelay(true);
+                let unwritten = Unwritten::default();
+                let io = Stamping {
+                    inner: stream,
+                    unwritten: unwritten.clone(),
+                    state: state.clone(),
+                };
                 let state = state.clone();
                 let mut shutdown = shutdown.clone();
                 conns.spawn(async move {
-                    let service = service_fn(move |req| handle(state.clone(), req));
+                    let service =
+                        service_fn(move |req| handle(state.clone(), unwritten.clone(), req));
                     let conn = hyper::server::conn::http1::Builder::new()
                         .keep_alive(true)
-                        .serve_connection(TokioIo::new(stream), service);
+                        .serve_connection(TokioIo::new(io), service);
                     tokio::select! {
                         _ = conn => {}
                         _ = shutdown.changed() => {}
@@ -346,8 +375,9 @@ async fn serve(listener: TcpListener, state: Arc<State>, mut shutdown: watch::Re
 
 async fn handle(
     state: Arc<State>,
+    unwritten: Unwritten,
     req: Request<Incoming>,
-) -> Result<Response<Full<Bytes>>, hyper::Error> {
+) -> Result<Response<Answer>, hyper::Error> {
     let (parts, body) = req.into_parts();
     let body = body.collect().await?.to_bytes();
     let received = Received {
@@ -360,14 +390,15 @@ async fn handle(
             .unwrap_or_else(|| "/".to_owned()),
         headers: parts.headers,
         body,
+        answered: None,
     };
-    let index = if state.recording.load(Ordering::SeqCst) {
+    let (index, slot) = if state.recording.load(Ordering::SeqCst) {
         let mut records = state.records();
         let index = state.seen.fetch_add(1, Ordering::SeqCst);
         records.push(received.clone());
-        index
+        (index, Some(records.len() - 1))
     } else {
-        state.seen.fetch_add(1, Ordering::SeqCst)
+        (state.seen.fetch_add(1, Ordering::SeqCst), None)
     };
     {
         let mut last = state.last_at.lock().unwrap_or_else(|p| p.into_inner());
@@ -386,11 +417,14 @@ async fn handle(
     if !reply.delay.is_zero() {
         tokio::time::sleep(reply.delay).await;
     }
-    Ok(build_response(reply))
+    Ok(build_response(reply, slot.map(|slot| (unwritten, slot))))
 }
 
-fn build_response(reply: Reply) -> Response<Full<Bytes>> {
-    let mut resp = Response::new(Full::new(reply.body));
+fn build_response(reply: Reply, written: Option<(Unwritten, usize)>) -> Response<Answer> {
+    let mut resp = Response::new(Answer {
+        body: Full::new(reply.body),
+        written,
+    });
     *resp.status_mut() = StatusCode::from_u16(reply.status)
         .unwrap_or_else(|_| panic!("Reply::status: invalid status code {}", reply.status));
     for (name, value) in reply.headers {
@@ -401,4 +435,126 @@ fn build_response(reply: Reply) -> Response<Full<Bytes>> {
         resp.headers_mut().append(name, value);
     }
     resp
+}
+
+/// Per connection: the records whose answer hyper has taken whole (its body
+/// was dropped) but not yet written to the socket.
+type Unwritten = Arc<Mutex<Vec<usize>>>;
+
+fn unwritten(u: &Unwritten) -> MutexGuard<'_, Vec<usize>> {
+    u.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A reply body that, once hyper is done with it, marks its record as
+/// waiting for the socket write that ends the answer. hyper 1's HTTP/1
+/// dispatcher drops a body as soon as its last frame is buffered, before it
+/// flushes, so the next successful write on the connection carries the end
+/// of this answer (answers here are small: one write).
+struct Answer {
+    body: Full<Bytes>,
+    written: Option<(Unwritten, usize)>,
+}
+
+impl hyper::body::Body for Answer {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<hyper::body::Frame<Bytes>, Self::Error>>> {
+        Pin::new(&mut self.get_mut().body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
+impl Drop for Answer {
+    fn drop(&mut self) {
+        if let Some((u, slot)) = self.written.take() {
+            unwritten(&u).push(slot);
+        }
+    }
+}
+
+/// The connection's socket; stamps `Received::answered` on the records
+/// whose answers a successful write has just completed.
+struct Stamping {
+    inner: tokio::net::TcpStream,
+    unwritten: Unwritten,
+    state: Arc<State>,
+}
+
+impl Stamping {
+    fn stamp(&self) {
+        let slots = std::mem::take(&mut *unwritten(&self.unwritten));
+        if slots.is_empty() {
+            return;
+        }
+        let now = Instant::now();
+        let mut records = self.state.records();
+        for slot in slots {
+            if let Some(r) = records.get_mut(slot) {
+                r.answered = Some(now);
+            }
+        }
+    }
+
+    fn stamp_if_written(&self, result: &Poll<std::io::Result<usize>>) {
+        if matches!(result, Poll::Ready(Ok(n)) if *n > 0) {
+            self.stamp();
+        }
+    }
+}
+
+impl AsyncRead for Stamping {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Stamping {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let this = self.get_mut();
+        let result = Pin::new(&mut this.inner).poll_write(cx, buf);
+        this.stamp_if_written(&result);
+        result
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        let this = self.get_mut();
+        let result = Pin::new(&mut this.inner).poll_write_vectored(cx, bufs);
+        this.stamp_if_written(&result);
+        result
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
 }
