@@ -637,7 +637,7 @@ async fn courier_steps(
         let pass = proxy.map(|p| rate >= min * p.rate && p99 <= 2.0 * p.p99);
         let detail = proxy.map_or("no nginx proxy baseline".into(), |p| {
             format!(
-                "{rate:.0}/s = {:.2}x proxy (≥ {min}), p99 {p99:.2} ms = {:.2}x proxy's (≤ 2)",
+                "{rate:.0}/s = {:.3}x proxy (≥ {min}), p99 {p99:.2} ms = {:.3}x proxy's (≤ 2)",
                 rate / p.rate,
                 p99 / p.p99
             )
@@ -668,7 +668,7 @@ async fn courier_steps(
                             let pass = ratio(rate, direct).map(|r| r >= min);
                             let detail = ratio(rate, direct)
                                 .map_or("no nginx direct baseline".into(), |r| {
-                                    format!("{rate:.0} events/s = {r:.2}x direct (≥ {min})")
+                                    format!("{rate:.0} events/s = {r:.3}x direct (≥ {min})")
                                 });
                             let name = format!("drain, max_events {max_events}");
                             budgets.push(budget(format!("{label} {name}"), pass, detail));
