@@ -1,10 +1,20 @@
--- wrk script for courier: POSTs a 1 KiB JSON event (same body as courier_bench).
--- Step b (accept only): pause delivery first, then load the ingress:
+-- wrk script of courier_bench: POSTs a 1 KiB JSON event (the same body as
+-- tests/support's json_body(1024, 0)) and, when the run ends, prints one
+-- `courier_bench:` line that the bench parses (wrk's own --latency output
+-- stops at p99). By hand, accept only (pause delivery first):
 --   curl -fsS -X POST http://127.0.0.1:9090/v1/destinations/bench/pause
---   wrk -t2 -c64 -d10s -s benches/post.lua http://127.0.0.1:8080/bench
+--   wrk -t2 -c50 -d10s --latency -s benches/post.lua http://127.0.0.1:8080/bench
 --   curl -fsS -X POST http://127.0.0.1:9090/v1/destinations/bench/resume
 local head = '{"kind":"bench","seq":0,"pad":"'
 local tail = '"}'
 wrk.method = "POST"
 wrk.headers["Content-Type"] = "application/json"
 wrk.body = head .. string.rep("x", 1024 - #head - #tail) .. tail
+
+function done(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format(
+    "courier_bench: requests=%d duration_us=%d non_2xx=%d socket_errors=%d p50_us=%d p99_us=%d p999_us=%d\n",
+    summary.requests, summary.duration, e.status, e.connect + e.read + e.write + e.timeout,
+    latency:percentile(50), latency:percentile(99), latency:percentile(99.9)))
+end
