@@ -40,7 +40,7 @@ destinations:
   orders:
     url: http://127.0.0.1:{port}/hooks
     concurrency: 8
-    retry: {{ schedule: [200ms], max_attempts: 1000, jitter: 0 }}
+    retry: {{ schedule: [1s], max_attempts: 30, jitter: 0 }}
     probation: {{ after_failures: 0 }}
 "
     );
@@ -70,11 +70,11 @@ destinations:
     assert_eq!(posted.len(), total);
 
     drop(socket);
-    let receiver = (Receiver::start_on(
+    let receiver = Receiver::start_on(
         ([127, 0, 0, 1], port).into(),
         behavior(|_, _| Reply::status(200)),
     )
-    .await);
+    .await;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
     let seen = loop {
         let mut seen: HashMap<String, Vec<bytes::Bytes>> = HashMap::new();

@@ -370,7 +370,8 @@ impl Indexer {
             let now = Instant::now();
             let index_now = now >= self.last_commit + INDEX_EVERY;
             while let Some(&(at, lsn)) = written.front() {
-                if !catch_up && !(index_now && now >= at + self.pace.lag) {
+                let old = index_now && now >= at + self.pace.lag;
+                if !(catch_up || old) {
                     break;
                 }
                 target = target.max(lsn);
