@@ -20,6 +20,7 @@ use crate::clock;
 use crate::journal::{Change, DestinationState, Reader, StoreError, StoredEvent};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
@@ -79,6 +80,8 @@ impl Dispatcher {
         // read, and when its next one falls due.
         let mut look = true;
         let mut index_due: Option<u64> = None;
+        // Whether the last attempt went through (not rescheduled).
+        let mut answering = true;
         // The earliest TTL deadline of any pending event. An event whose
         // next attempt lies beyond it (a retry hours ahead, a TTL lowered
         // since, a pause) must still be dead-lettered at the deadline.
@@ -103,6 +106,7 @@ impl Dispatcher {
                 .max(concurrency * 4);
             if index_due.is_some_and(|t| clock::now_ms() >= t) {
                 look = true;
+                index_due = None;
             }
             if held.ready.len() < window / 4 && !stop.is_cancelled() {
                 if look {
@@ -172,6 +176,9 @@ impl Dispatcher {
                 let handle = tasks.spawn(async move { settle::run(&ctx, unit, probe).await });
                 held.running.insert(handle.id(), seqs);
             }
+            // Ingress is paced only while this destination is delivering.
+            let flowing = journal_ok && answering && gated.is_none() && !stop.is_cancelled();
+            self.state.flowing.store(flowing, Ordering::Relaxed);
             let overdue = expiry_at.is_some_and(|t| clock::now_ms() >= t);
             if overdue && !stop.is_cancelled() {
                 expiry_at = self.expire_overdue(&mut held, &mut tasks).await;
@@ -181,7 +188,8 @@ impl Dispatcher {
                 _ => None,
             };
             let expiry = expiry_at.filter(|_| !stop.is_cancelled());
-            let wake_at = [index_due, until, expiry].into_iter().flatten().min();
+            let due = index_due.filter(|_| !stop.is_cancelled());
+            let wake_at = [due, until, expiry].into_iter().flatten().min();
             if stop.is_cancelled() && tasks.is_empty() {
                 return;
             }
@@ -196,6 +204,7 @@ impl Dispatcher {
                     let (id, release) = match done {
                         Ok((id, settled)) => {
                             look |= settled.rescheduled;
+                            answering = !settled.rescheduled;
                             (id, settled.release)
                         }
                         Err(e) => {
@@ -229,8 +238,7 @@ impl Dispatcher {
         let now = clock::now_ms();
         let want = window.saturating_sub(held.ready.len());
         match self.reader.due(name, now, want, &held.seqs).await {
-            Ok(rows) => {
-                let more = rows.len() == want;
+            Ok((rows, more)) => {
                 self.take(held, rows).await;
                 if more {
                     return (None, true);
@@ -251,6 +259,9 @@ impl Dispatcher {
             Ok(mut ready) => ready.take(want),
             Err(_) => return,
         };
+        if !fresh.is_empty() {
+            self.state.room.notify_waiters();
+        }
         for ev in fresh {
             // Already read from the index: this copy is the same event.
             if held.seqs.insert(ev.seq) {

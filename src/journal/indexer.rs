@@ -75,6 +75,14 @@ const FULL_CHUNK_BYTES: u64 = 256 * 1024;
 const EXPIRE_SEEN_EVERY: Duration = Duration::from_secs(10);
 
 type Reply = oneshot::Sender<Result<(), JournalError>>;
+/// Changes, whether they must be synced before the reply, and the reply.
+type Apply = (Vec<Change>, bool, Reply);
+
+fn reply_all(applies: Vec<Apply>, result: &Result<(), JournalError>) {
+    for (_, _, reply) in applies {
+        let _ = reply.send(result.clone());
+    }
+}
 
 pub(super) enum ToIndexer {
     /// The log holds records up to this lsn.
@@ -97,6 +105,8 @@ pub(super) struct Indexer {
     indexed: u64,
     /// The lsn up to which they are synced.
     durable: u64,
+    /// Every event up to this seq is a row, or was delivered and skipped.
+    rows_through: i64,
     full_sync: bool,
     pace: Pace,
     /// `ingress.dedupe_window` in ms: the keys of indexed events go to `seen`.
@@ -160,6 +170,7 @@ impl Indexer {
             reader,
             indexed,
             durable: indexed,
+            rows_through: 0,
             full_sync,
             pace,
             dedupe_ms,
@@ -174,6 +185,11 @@ impl Indexer {
 
     pub fn conn(&self) -> &Connection {
         &self.conn
+    }
+
+    /// After recovery: every event below `next_seq` is a row or gone.
+    pub fn rows_below(&mut self, next_seq: i64) {
+        self.rows_through = next_seq - 1;
     }
 
     /// At start: indexes every record the log holds after the last synced
@@ -440,56 +456,59 @@ impl Indexer {
 
     /// Indexes up to `target` and applies `applies`; false when a full disk
     /// or a transient error left work to retry.
-    fn step(
-        &mut self,
-        target: u64,
-        mut applies: Vec<(Vec<Change>, bool, Reply)>,
-        shared: &Shared,
-    ) -> bool {
+    ///
+    /// A change may concern an event whose record the indexer has not
+    /// reached (an attempt sent from the ready queue): it is committed with
+    /// the chunk that reaches `target`, once its row exists, never before.
+    fn step(&mut self, target: u64, applies: Vec<Apply>, shared: &Shared) -> bool {
         let failed = shared.failed.lock().ok().and_then(|f| f.clone());
         if let Some(reason) = failed {
-            for (_, _, reply) in applies {
-                let _ = reply.send(Err(JournalError::Failed(reason.clone())));
-            }
+            reply_all(applies, &Err(JournalError::Failed(reason)));
             return true;
         }
-        // On a full disk, deliveries are recorded on their own first:
-        // deleting rows frees pages that indexing the backlog then reuses,
-        // where one commit of both would fail as a whole, again and again.
-        // The backlog follows in small commits, each checkpointed away.
         let full = shared.disk_full.load(Ordering::Acquire);
-        let deliveries_first = full && !applies.is_empty();
-        let target = if deliveries_first {
-            self.indexed
-        } else {
-            target
-        };
         let chunk = if full { FULL_CHUNK_BYTES } else { CHUNK_BYTES };
+        let mut applies = applies;
+        if full {
+            // On a full disk, changes to existing rows are recorded on their
+            // own first: deleting rows frees pages that indexing the backlog
+            // then reuses, where one commit of both would fail as a whole,
+            // again and again. The backlog follows in small commits, each
+            // checkpointed away.
+            let (rows, later): (Vec<Apply>, Vec<Apply>) = applies
+                .into_iter()
+                .partition(|(changes, _, _)| changes.iter().all(|c| c.seq() <= self.rows_through));
+            if !rows.is_empty() {
+                let done = self.commit_alone(rows, shared);
+                if later.is_empty() || !done {
+                    reply_all(later, &Err(JournalError::DiskFull));
+                    // The backlog's turn comes at the next step, shortly.
+                    return false;
+                }
+            }
+            applies = later;
+        }
         loop {
-            let read = self.read_chunk(Some(target), chunk);
-            let (events, end, done) = match read {
+            let (events, end, done) = match self.read_chunk(Some(target), chunk) {
                 Ok(r) => r,
                 Err(e) if e.transient() => {
                     self.strained(&e);
-                    for (_, _, reply) in applies {
-                        let _ = reply.send(Err(JournalError::Strained(e.to_string())));
-                    }
+                    reply_all(applies, &Err(JournalError::Strained(e.to_string())));
                     return false;
                 }
                 Err(e) => {
                     let err = self.failure(&e, shared);
-                    for (_, _, reply) in applies {
-                        let _ = reply.send(Err(err.clone()));
-                    }
+                    reply_all(applies, &Err(err));
                     return true;
                 }
             };
-            let changes: Vec<Change> = applies
-                .iter()
-                .flat_map(|(c, _, _)| c.iter().cloned())
-                .collect();
-            let sync = applies.iter().any(|(_, sync, _)| *sync);
+            let (changes, sync) = if done {
+                self.changes_of(&applies)
+            } else {
+                (Vec::new(), false)
+            };
             if events.is_empty() && changes.is_empty() && end == self.indexed {
+                reply_all(applies, &Ok(()));
                 return true;
             }
             let insert = match shared.skip.lock() {
@@ -498,36 +517,74 @@ impl Indexer {
             };
             match self.commit(&events, &insert, &changes, sync, end) {
                 Ok(deleted) => {
+                    if let Some(last) = events.last() {
+                        self.rows_through = self.rows_through.max(last.seq);
+                    }
                     if let Ok(mut skip) = shared.skip.lock() {
-                        skip.committed();
+                        skip.committed(self.rows_through);
                     }
                     account(&events, &insert, &changes, &deleted, shared);
                     if self.durable == self.indexed {
                         shared.durable_pos.store(self.durable, Ordering::Release);
                     }
-                    for (_, _, reply) in applies.drain(..) {
-                        let _ = reply.send(Ok(()));
+                    if done {
+                        reply_all(applies, &Ok(()));
+                        return true;
                     }
                 }
                 Err(e) => {
-                    let err = if e.disk_full() {
-                        shared.full();
-                        JournalError::DiskFull
-                    } else if e.transient() {
-                        self.strained(&e);
-                        JournalError::Strained(e.to_string())
-                    } else {
-                        self.failure(&e, shared)
-                    };
-                    for (_, _, reply) in applies {
-                        let _ = reply.send(Err(err.clone()));
-                    }
+                    let err = self.commit_error(&e, shared);
+                    reply_all(applies, &Err(err));
                     return !(e.disk_full() || e.transient());
                 }
             }
-            if done {
-                return !deliveries_first;
+        }
+    }
+
+    /// Commits changes to existing rows without indexing more; false when
+    /// it failed (the callers have heard why).
+    fn commit_alone(&mut self, applies: Vec<Apply>, shared: &Shared) -> bool {
+        let (changes, sync) = self.changes_of(&applies);
+        match self.commit(&[], &[], &changes, sync, self.indexed) {
+            Ok(deleted) => {
+                account(&[], &[], &changes, &deleted, shared);
+                reply_all(applies, &Ok(()));
+                true
             }
+            Err(e) => {
+                let err = self.commit_error(&e, shared);
+                reply_all(applies, &Err(err));
+                false
+            }
+        }
+    }
+
+    /// The changes of `applies` and whether their commit must be synced:
+    /// asked for, or a retry due within the sync interval, so that quick
+    /// retries cannot pile up unsynced attempts (after a crash the count is
+    /// at most one behind).
+    fn changes_of(&self, applies: &[Apply]) -> (Vec<Change>, bool) {
+        let soon = crate::clock::now_ms() + self.pace.durable_every.as_millis() as u64;
+        let changes: Vec<Change> = applies
+            .iter()
+            .flat_map(|(c, _, _)| c.iter().cloned())
+            .collect();
+        let sync = applies.iter().any(|(_, sync, _)| *sync)
+            || changes.iter().any(
+                |c| matches!(c, Change::Reschedule { next_due_ms, .. } if *next_due_ms < soon),
+            );
+        (changes, sync)
+    }
+
+    fn commit_error(&mut self, e: &IndexError, shared: &Shared) -> JournalError {
+        if e.disk_full() {
+            shared.full();
+            JournalError::DiskFull
+        } else if e.transient() {
+            self.strained(e);
+            JournalError::Strained(e.to_string())
+        } else {
+            self.failure(e, shared)
         }
     }
 

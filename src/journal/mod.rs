@@ -11,6 +11,7 @@
 //! On start, whatever the log holds beyond SQLite's last synced commit is
 //! indexed again before anything else runs.
 
+mod backpressure;
 mod dedupe;
 mod indexer;
 mod inspect;
@@ -163,6 +164,16 @@ pub enum Change {
     Quarantine { seq: i64 },
 }
 
+impl Change {
+    pub fn seq(&self) -> i64 {
+        match self {
+            Change::Delete { seq, .. }
+            | Change::Reschedule { seq, .. }
+            | Change::Quarantine { seq } => *seq,
+        }
+    }
+}
+
 /// Counters of one destination's pending events, kept in memory so that
 /// admission and metrics never query the file, and its fast path.
 #[derive(Default)]
@@ -175,6 +186,11 @@ pub struct DestinationState {
     pub ready: Mutex<ReadyQueue>,
     /// Woken when the writer put events in `ready`.
     pub fresh: Notify,
+    /// Woken (all waiters) when the dispatcher took events from `ready`.
+    pub room: Notify,
+    /// Set by the dispatcher while it is sending (not paused, on
+    /// probation or held by a Retry-After): only then is ingress paced.
+    pub flowing: AtomicBool,
 }
 
 pub(crate) struct Shared {
@@ -428,6 +444,7 @@ impl Journal {
                 true
             }
         };
+        indexer.rows_below(next_seq);
         let shared = Arc::new(Shared {
             _lock: lock_file,
             dir: dir.to_path_buf(),
@@ -477,6 +494,7 @@ impl Journal {
     /// stored within it are left out, and reported.
     pub async fn append(&self, events: Vec<NewEvent>) -> Result<Appended, JournalError> {
         self.writable()?;
+        backpressure::keep_pace(&self.shared, &events).await;
         let Some(dedupe) = &self.shared.dedupe else {
             self.store(events, Vec::new()).await?;
             return Ok(Appended::default());
@@ -580,9 +598,12 @@ impl Journal {
                         destination,
                         size,
                         only_if_attempts: None,
-                    } if skip.delivered(*seq) => {
-                        let state = states.get(destination).map(Arc::as_ref);
-                        self.shared.forget(state, *size);
+                    } if !skip.claimed(*seq) => {
+                        // A retried `settle` may bring it twice: counted once.
+                        if skip.delivered(*seq) {
+                            let state = states.get(destination).map(Arc::as_ref);
+                            self.shared.forget(state, *size);
+                        }
                     }
                     _ => rest.push(c),
                 }

@@ -35,23 +35,27 @@ impl Reader {
     }
 
     /// Up to `limit` due events of `destination`, skipping those in `held`
-    /// without reading their rows.
+    /// without reading their rows (plus the rest of a stored batch the
+    /// limit cut through), and whether more may be due.
     pub async fn due(
         &self,
         destination: &str,
         now_ms: u64,
         limit: usize,
         held: &HashSet<i64>,
-    ) -> Result<Vec<Result<StoredEvent, StoreError>>, rusqlite::Error> {
+    ) -> Result<(Vec<Result<StoredEvent, StoreError>>, bool), rusqlite::Error> {
         let d = destination.to_string();
         let scan = limit + held.len();
         let seqs = self
             .with(move |c| store::due_seqs(c, &d, now_ms, scan))
             .await?;
+        // Counted before loading: a row deleted meanwhile (a late answer)
+        // must not make the rest look like the end.
+        let more = seqs.iter().filter(|s| !held.contains(s)).count() >= limit;
         let mut rows = self.load_unheld(seqs, held, limit).await?;
         self.add_batch_siblings(destination, now_ms, held, &mut rows)
             .await?;
-        Ok(rows)
+        Ok((rows, more))
     }
 
     /// A stored batch is retried whole: when the scan's limit cut through

@@ -74,6 +74,11 @@ impl ReadyQueue {
         }
     }
 
+    /// Past seven eighths of the bound: ingress should wait for room.
+    pub fn nearly_full(&self) -> bool {
+        self.bytes >= self.limit / 8 * 7
+    }
+
     pub fn len(&self) -> usize {
         self.events.len()
     }
@@ -118,8 +123,10 @@ mod tests {
         let one = event(1, 100).event.size();
         let mut q = ReadyQueue::new(3 * one);
         assert!(q.push(event(1, 100)));
+        assert!(!q.nearly_full());
         assert!(q.push(event(2, 100)));
         assert!(q.push(event(3, 100)));
+        assert!(q.nearly_full());
         assert!(!q.push(event(4, 100)), "a fourth event passes the bound");
         assert_eq!(q.len(), 3);
         assert_eq!(q.bytes(), 3 * one);

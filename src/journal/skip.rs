@@ -27,14 +27,12 @@ impl Skip {
         }
     }
 
-    /// Records the delivery of `seq` if its record is not claimed yet;
-    /// `false`: it is (or will be) a row, to be deleted by the indexer.
+    /// Records the delivery of `seq`, whose record must not be claimed yet
+    /// (else it is, or will be, a row for the indexer to delete); `false`
+    /// when it was recorded before.
     pub fn delivered(&mut self, seq: i64) -> bool {
-        if self.claimed(seq) {
-            return false;
-        }
-        self.delivered.insert(seq);
-        true
+        debug_assert!(!self.claimed(seq));
+        self.delivered.insert(seq)
     }
 
     /// Whether the indexer has taken the record of `seq`.
@@ -54,9 +52,11 @@ impl Skip {
             .collect()
     }
 
-    /// After a commit: the skipped seqs up to `claimed` are settled.
-    pub fn committed(&mut self) {
-        let rest = self.delivered.split_off(&(self.claimed + 1));
+    /// After a commit of the records up to `seq`: the deliveries skipped
+    /// there are settled. Claimed records beyond it (a commit that failed)
+    /// keep theirs, to be skipped again.
+    pub fn committed(&mut self, seq: i64) {
+        let rest = self.delivered.split_off(&(seq + 1));
         self.delivered = rest;
     }
 
@@ -71,14 +71,22 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_delivery_before_the_claim_is_skipped_and_one_after_is_a_delete() {
+    fn a_delivery_before_the_claim_is_skipped_and_one_after_is_for_the_indexer() {
         let mut s = Skip::new(10);
-        assert!(!s.delivered(10), "seq 10 is already a row");
+        assert!(s.claimed(10), "seq 10 is already a row");
+        assert!(!s.claimed(12));
         assert!(s.delivered(12));
         assert_eq!(s.claim([11, 12, 13]), vec![true, false, true]);
-        assert!(!s.delivered(13), "claimed: the indexer inserts it");
         assert!(s.claimed(13) && !s.claimed(14));
         assert!(s.delivered(14));
+    }
+
+    #[test]
+    fn the_same_delivery_twice_is_recorded_once() {
+        let mut s = Skip::new(0);
+        assert!(s.delivered(5));
+        assert!(!s.delivered(5), "a retried settle must not count it again");
+        assert_eq!(s.len(), 1);
     }
 
     #[test]
@@ -88,7 +96,22 @@ mod tests {
         assert_eq!(s.claim([1, 2, 3]), vec![true, false, true]);
         // The commit failed: the same records are claimed again.
         assert_eq!(s.claim([1, 2, 3]), vec![true, false, true]);
-        s.committed();
+        s.committed(3);
+        assert_eq!(s.len(), 0);
+    }
+
+    #[test]
+    fn a_smaller_commit_after_a_failed_one_keeps_the_rest_skipped() {
+        let mut s = Skip::new(0);
+        for seq in [2, 6] {
+            assert!(s.delivered(seq));
+        }
+        // Records 1..=8 claimed, their commit failed; then only 1..=4 made it.
+        assert_eq!(s.claim(1..=8).iter().filter(|i| !**i).count(), 2);
+        s.committed(4);
+        assert_eq!(s.len(), 1);
+        assert_eq!(s.claim(5..=8), vec![true, false, true, true]);
+        s.committed(8);
         assert_eq!(s.len(), 0);
     }
 
@@ -102,10 +125,10 @@ mod tests {
             s.claim([1, 2, 3, 4, 5]),
             vec![true, true, false, true, true]
         );
-        s.committed();
+        s.committed(5);
         assert_eq!(s.len(), 2, "7 and 9 wait for their records");
         assert_eq!(s.claim([6, 7, 8, 9]), vec![true, false, true, false]);
-        s.committed();
+        s.committed(9);
         assert_eq!(s.len(), 0);
     }
 }

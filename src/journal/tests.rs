@@ -200,7 +200,8 @@ async fn events_only_in_the_intake_log_are_indexed_at_open_and_seqs_go_on() {
     let due = reader
         .due("orders", u64::MAX / 2, 100, &HashSet::new())
         .await
-        .expect("due");
+        .expect("due")
+        .0;
     let got: Vec<(i64, NewEvent)> = due
         .into_iter()
         .map(|r| r.map(|s| (s.seq, s.event)).expect("sound row"))
@@ -417,7 +418,8 @@ async fn a_journal_from_before_batching_gets_the_batch_column() {
         due = reader
             .due("orders", u64::MAX / 2, 10, &HashSet::new())
             .await
-            .expect("due");
+            .expect("due")
+            .0;
         if !due.is_empty() {
             break;
         }
@@ -455,7 +457,8 @@ async fn a_stored_batch_is_read_whole_even_when_the_scan_limit_cuts_it() {
     let due = reader
         .due("orders", 5_000, 4, &HashSet::new())
         .await
-        .expect("due");
+        .expect("due")
+        .0;
     let got: Vec<(i64, Option<String>)> = due
         .into_iter()
         .map(|r| r.map(|e| (e.seq, e.batch)).expect("sound row"))
@@ -474,7 +477,7 @@ async fn a_stored_batch_is_read_whole_even_when_the_scan_limit_cuts_it() {
     );
     // Held siblings are not read twice; not yet due ones not at all.
     let held: HashSet<i64> = [1, 2, 3, 5].into();
-    let due = reader.due("orders", 5_000, 1, &held).await.expect("due");
+    let due = reader.due("orders", 5_000, 1, &held).await.expect("due").0;
     let seqs: Vec<i64> = due
         .iter()
         .filter_map(|r| r.as_ref().ok())
@@ -484,13 +487,14 @@ async fn a_stored_batch_is_read_whole_even_when_the_scan_limit_cuts_it() {
     let due = reader
         .due("orders", 1_999, 10, &HashSet::new())
         .await
-        .expect("due");
+        .expect("due")
+        .0;
     assert_eq!(due.len(), 3, "the batch is not due before 2000");
     journal
         .apply(vec![reschedule(6, None)])
         .await
         .expect("apply");
-    let due = reader.due("orders", 5_000, 10, &held).await.expect("due");
+    let due = reader.due("orders", 5_000, 10, &held).await.expect("due").0;
     let batches: Vec<Option<String>> = due
         .into_iter()
         .filter_map(|r| r.ok())

@@ -287,7 +287,7 @@ fn make_ready(group: &mut [Command], first_seq: i64, shared: &Shared) {
         let Command::Append { events, .. } = cmd else {
             continue;
         };
-        for event in std::mem::take(events) {
+        for mut event in std::mem::take(events) {
             let this = seq;
             seq += 1;
             let Some(state) = states.get(&event.destination) else {
@@ -296,6 +296,10 @@ fn make_ready(group: &mut [Command], first_seq: i64, shared: &Shared) {
             if skip.claimed(this) {
                 continue;
             }
+            // Its own bytes: the body may be a slice of a large request
+            // (an array post, a topic's fan-out), which must not stay alive
+            // for one small event.
+            event.body = bytes::Bytes::copy_from_slice(&event.body);
             let ev = StoredEvent {
                 seq: this,
                 next_due_ms: event.accepted_ms,

@@ -1,0 +1,44 @@
+//! Ingress keeps pace with delivery. While a destination is delivering
+//! (its last attempt was not retried, and its dispatcher is not held back
+//! by a pause, a probation or a Retry-After) but its ready queue is nearly
+//! full, courier is not keeping
+//! up with the app: an append for it waits for room, at most `MAX_WAIT`,
+//! before it is stored anyway (then it waits in the index). The app's
+//! requests slow down to the delivery rate instead of the journal filling
+//! towards `journal.max_bytes`. A destination that is held back is not
+//! paced, nor one whose endpoint fails: buffering events through an
+//! outage is courier's job.
+
+use super::{DestinationState, NewEvent, Shared};
+use std::collections::HashSet;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+/// The longest one append waits for a destination's ready queue.
+pub const MAX_WAIT: Duration = Duration::from_millis(500);
+
+/// Waits (bounded) until every destination of `events` that is
+/// delivering has room in its ready queue.
+pub(super) async fn keep_pace(shared: &Shared, events: &[NewEvent]) {
+    let names: HashSet<&str> = events.iter().map(|e| e.destination.as_str()).collect();
+    let deadline = tokio::time::Instant::now() + MAX_WAIT;
+    for name in names {
+        let Some(state) = shared.destination(name) else {
+            continue;
+        };
+        // Bounded by the deadline.
+        loop {
+            let room = state.room.notified();
+            if !behind(&state) {
+                break;
+            }
+            if tokio::time::timeout_at(deadline, room).await.is_err() {
+                break;
+            }
+        }
+    }
+}
+
+fn behind(state: &DestinationState) -> bool {
+    state.flowing.load(Ordering::Relaxed) && state.ready.lock().is_ok_and(|r| r.nearly_full())
+}
