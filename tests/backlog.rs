@@ -31,18 +31,12 @@ fn peak_rss_kib(pid: u32) -> u64 {
 async fn a_backlog_beyond_the_memory_bound_waits_in_the_index_and_is_all_delivered() {
     let (socket, port) = refusing_port();
     let tmp = tempfile::tempdir().expect("tempdir");
-    let yaml = format!(
-        "listen: 127.0.0.1:0
-admin_listen: 127.0.0.1:0
-journal: {{ dir: ./journal }}
-dead_letter: {{ dir: ./dl }}
-destinations:
-  orders:
-    url: http://127.0.0.1:{port}/hooks
-    concurrency: 8
-    retry: {{ schedule: [1s], max_attempts: 30, jitter: 0 }}
-    probation: {{ after_failures: 0 }}
-"
+    let yaml = support::config(
+        "orders",
+        &format!("http://127.0.0.1:{port}/hooks"),
+        "concurrency: 8
+         retry: { schedule: [1s], max_attempts: 30, jitter: 0 }
+         probation: { after_failures: 0 }",
     );
     let courier = Courier::start(tmp.path(), &yaml).await;
     let url = courier.url("orders");

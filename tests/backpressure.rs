@@ -13,18 +13,12 @@ const BODY: usize = 64 * 1024;
 const EVENTS: usize = 100;
 
 fn config(url: &str) -> String {
-    format!(
-        "listen: 127.0.0.1:0
-admin_listen: 127.0.0.1:0
-journal: {{ dir: ./journal }}
-dead_letter: {{ dir: ./dl }}
-destinations:
-  orders:
-    url: {url}/hooks
-    concurrency: 1
-    retry: {{ schedule: [10s], max_attempts: 30, jitter: 0 }}
-    probation: {{ after_failures: 0 }}
-"
+    support::config(
+        "orders",
+        &format!("{url}/hooks"),
+        "concurrency: 1
+         retry: { schedule: [10s], max_attempts: 30, jitter: 0 }
+         probation: { after_failures: 0 }",
     )
 }
 

@@ -19,7 +19,9 @@ use std::time::{Duration, Instant};
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use support::{Courier, Receiver, Reply, behavior, chaos, check, check_eq, client, fail, metric};
+use support::{
+    Courier, Receiver, Reply, behavior, chaos, check, check_eq, client, fail, metric, receiver,
+};
 
 const PUBLISHERS: usize = 4;
 /// The destination's `concurrency` in `config`.
@@ -286,40 +288,14 @@ async fn no_acknowledged_event_is_lost_across_repeated_sigkills() {
         torn.len(),
         &torn[..torn.len().min(5)]
     );
-    // Duplicates come only from what a kill left undecided. The journal
-    // records deliveries lazily: one answered within UNSYNCED before a kill
-    // (the indexer's lag plus its sync interval, 200 ms, with room for a
-    // loaded CI machine) may go out again after the restart; so may one
-    // cut off by the kill. Every earlier delivery of a repeated id must be
-    // such a one. The exception: a publisher whose post was cut off by the
+    // Duplicates come only from what a kill left undecided: a delivery
+    // answered within UNSYNCED before a kill (the indexer's lag plus its
+    // sync interval, 200 ms, with room for a loaded CI machine), or cut off
+    // by it. The exception: a publisher whose post was cut off by the
     // kill posts the same id again, and if that post reaches a courier
     // that has not journaled the id's dedupe key, the event is stored
     // twice; at most one per publisher per kill.
-    let mut by_id: HashMap<String, Vec<Option<Instant>>> = HashMap::new();
-    for r in rx.received() {
-        if r.answered_within_life(&kills) || r.answered.is_none() {
-            by_id
-                .entry(r.header("webhook-id").unwrap_or("").to_owned())
-                .or_default()
-                .push(r.answered);
-        }
-    }
-    let undecided = |answered: &Option<Instant>| {
-        answered.is_none_or(|at| {
-            kills
-                .iter()
-                .any(|(signalled, _)| at <= *signalled && *signalled - at <= UNSYNCED)
-        })
-    };
-    let unexplained: usize = by_id
-        .values_mut()
-        .map(|answers| {
-            answers.sort();
-            // `None` (cut off) sorts first; the last delivery needs no excuse.
-            let earlier = &answers[..answers.len().saturating_sub(1)];
-            earlier.iter().filter(|a| !undecided(a)).count()
-        })
-        .sum();
+    let unexplained = receiver::unexplained_repeats(&rx.received(), &kills, UNSYNCED);
     let bound = PUBLISHERS * kills.len();
     check!(
         c,

@@ -17,19 +17,15 @@ use support::{Courier, Receiver, Reply, behavior, client, courier_bin, json_body
 const STRETCHED: &str = "10000";
 
 fn config(url: &str, concurrency: usize) -> String {
-    format!(
-        "listen: 127.0.0.1:0
-admin_listen: 127.0.0.1:0
-journal: {{ dir: ./journal }}
-dead_letter: {{ dir: ./dl }}
-destinations:
-  orders:
-    url: {url}/hooks
-    concurrency: {concurrency}
-    retry: {{ schedule: [50ms], max_attempts: 30, jitter: 0 }}
-    status: {{ min_delay: {{ 5xx: 0s }} }}
-    probation: {{ after_failures: 0 }}
-"
+    support::config(
+        "orders",
+        &format!("{url}/hooks"),
+        &format!(
+            "concurrency: {concurrency}
+             retry: {{ schedule: [50ms], max_attempts: 30, jitter: 0 }}
+             status: {{ min_delay: {{ 5xx: 0s }} }}
+             probation: {{ after_failures: 0 }}"
+        ),
     )
 }
 

@@ -71,6 +71,45 @@ impl Received {
     }
 }
 
+/// How many deliveries were repeated without an excuse. The journal
+/// records deliveries lazily: a copy answered within `unsynced` before a
+/// kill (given as for [`Received::answered_within_life`]), or cut off by
+/// it, was undecided and may go out again after the restart. Every earlier
+/// copy of a repeated `webhook-id` must be such a one; each that is not
+/// counts.
+pub fn unexplained_repeats(
+    received: &[Received],
+    kills: &[(Instant, Instant)],
+    unsynced: Duration,
+) -> usize {
+    let mut by_id: std::collections::HashMap<&str, Vec<Option<Instant>>> =
+        std::collections::HashMap::new();
+    for r in received {
+        if r.answered.is_none() || r.answered_within_life(kills) {
+            by_id
+                .entry(r.header("webhook-id").unwrap_or(""))
+                .or_default()
+                .push(r.answered);
+        }
+    }
+    let undecided = |answered: &Option<Instant>| {
+        answered.is_none_or(|at| {
+            kills
+                .iter()
+                .any(|(signalled, _)| at <= *signalled && *signalled - at <= unsynced)
+        })
+    };
+    by_id
+        .values_mut()
+        .map(|answers| {
+            // `None` (cut off) sorts first; the last copy needs no excuse.
+            answers.sort();
+            let earlier = &answers[..answers.len().saturating_sub(1)];
+            earlier.iter().filter(|a| !undecided(a)).count()
+        })
+        .sum()
+}
+
 /// What the receiver answers to one request.
 #[derive(Clone, Debug)]
 pub struct Reply {
