@@ -296,6 +296,38 @@ async fn no_acknowledged_event_is_lost_across_repeated_sigkills() {
     // that has not journaled the id's dedupe key, the event is stored
     // twice; at most one per publisher per kill.
     let unexplained = receiver::unexplained_repeats(&rx.received(), &kills, UNSYNCED);
+    // The duplicate window as measured: how long before the kill that
+    // repeated it the first copy of a delivery was answered.
+    let mut copies: HashMap<String, Vec<Instant>> = HashMap::new();
+    for r in rx.received() {
+        if let Some(at) = r.answered.filter(|_| r.answered_within_life(&kills)) {
+            let id = r.header("webhook-id").unwrap_or("").to_owned();
+            copies.entry(id).or_default().push(at);
+        }
+    }
+    let ages: Vec<Duration> = copies
+        .values()
+        .filter(|c| c.len() > 1)
+        .filter_map(|c| {
+            // Copies on both sides of a kill; copies within one life are
+            // an id posted twice (a re-post after a cut-off answer).
+            let first = *c.iter().min()?;
+            let last = *c.iter().max()?;
+            kills
+                .iter()
+                .find(|(k, reaped)| *k >= first && last > *reaped)
+                .map(|(k, _)| *k - first)
+        })
+        .collect();
+    let window = ages.iter().max().copied().unwrap_or_default();
+    let late = ages
+        .iter()
+        .filter(|a| **a > Duration::from_millis(250))
+        .count();
+    println!(
+        "seed {seed}: repeated deliveries were answered at most {window:?} before their kill; {late} of {} more than 250 ms before",
+        ages.len()
+    );
     let bound = PUBLISHERS * kills.len();
     check!(
         c,
