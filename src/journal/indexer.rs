@@ -373,14 +373,15 @@ impl Indexer {
                     ToIndexer::Close { reply } => close = Some(reply),
                 }
             }
-            // A reschedule, a dead letter or a quarantine may concern an
-            // event the indexer has not reached: catch up with the log
-            // first. A delivery (`Journal::settle`) reaches here only for
-            // a claimed record, whose row exists by now.
+            // A change may concern an event the indexer has not made a row
+            // yet (an attempt sent from the ready queue): catch up with the
+            // log first. Changes to rows, e.g. a retry read from the index,
+            // leave the lag alone.
             let catch_up = close.is_some()
-                || applies.iter().any(|(changes, sync, _)| {
-                    *sync || changes.iter().any(|c| !matches!(c, Change::Delete { .. }))
-                });
+                || applies
+                    .iter()
+                    .flat_map(|(changes, _, _)| changes)
+                    .any(|c| c.seq() > self.rows_through);
             // New rows share a commit: each rewrites the same index pages
             // into the WAL, and that write volume delays the log's fdatasync.
             let now = Instant::now();

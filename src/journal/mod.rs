@@ -17,7 +17,7 @@ mod indexer;
 mod inspect;
 pub(crate) mod intake;
 mod reader;
-pub mod ready;
+mod ready;
 pub mod record;
 mod reserve;
 mod skip;

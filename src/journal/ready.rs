@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 /// Bytes of events held per destination. Enough for tens of thousands of
 /// small events to go out back to back; a paused or slow destination's
 /// backlog beyond it waits in the index, not in memory.
-pub const LIMIT: u64 = 4 * 1024 * 1024;
+const LIMIT: u64 = 4 * 1024 * 1024;
 
 pub struct ReadyQueue {
     /// By seq: taken oldest first, and removable by seq when the
@@ -79,14 +79,17 @@ impl ReadyQueue {
         self.bytes >= self.limit / 8 * 7
     }
 
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.events.len()
     }
 
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.events.is_empty()
     }
 
+    #[cfg(test)]
     pub fn bytes(&self) -> u64 {
         self.bytes
     }
