@@ -116,7 +116,7 @@ fn run(path: &Path) -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    courier::logging::init(&loaded.settings.log);
+    let _log = courier::logging::init(&loaded.settings.log);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -37,6 +37,10 @@ impl Reader {
     /// Up to `limit` due events of `destination`, skipping those in `held`
     /// without reading their rows (plus the rest of a stored batch the
     /// limit cut through), and whether more may be due.
+    ///
+    /// One read transaction for the scan and every row: in autocommit each
+    /// statement takes and drops the WAL read lock (an `fcntl` apiece),
+    /// which cost more than reading the rows in a backlog's drain.
     pub async fn due(
         &self,
         destination: &str,
@@ -45,55 +49,24 @@ impl Reader {
         held: &HashSet<i64>,
     ) -> Result<(Vec<Result<StoredEvent, StoreError>>, bool), rusqlite::Error> {
         let d = destination.to_string();
-        let scan = limit + held.len();
-        let seqs = self
-            .with(move |c| store::due_seqs(c, &d, now_ms, scan))
-            .await?;
-        // Counted before loading: a row deleted meanwhile (a late answer)
-        // must not make the rest look like the end.
-        let more = seqs.iter().filter(|s| !held.contains(s)).count() >= limit;
-        let mut rows = self.load_unheld(seqs, held, limit).await?;
-        self.add_batch_siblings(destination, now_ms, held, &mut rows)
-            .await?;
-        Ok((rows, more))
-    }
-
-    /// A stored batch is retried whole: when the scan's limit cut through
-    /// one, the rest of its events (due at the same time) are read too.
-    async fn add_batch_siblings(
-        &self,
-        destination: &str,
-        now_ms: u64,
-        held: &HashSet<i64>,
-        rows: &mut Vec<Result<StoredEvent, StoreError>>,
-    ) -> Result<(), rusqlite::Error> {
-        let batches: HashSet<String> = rows
-            .iter()
-            .filter_map(|r| r.as_ref().ok()?.batch.clone())
-            .collect();
-        if batches.is_empty() {
-            return Ok(());
-        }
-        let mut have: HashSet<i64> = rows
-            .iter()
-            .filter_map(|r| r.as_ref().ok().map(|e| e.seq))
-            .collect();
-        have.extend(held);
-        let d = destination.to_string();
-        let seqs = self
-            .with(move |c| {
-                let mut out = Vec::new();
-                for b in &batches {
-                    out.extend(store::batch_seqs(c, &d, b, now_ms)?);
-                }
-                Ok(out)
-            })
-            .await?;
-        let missing: Vec<i64> = seqs.into_iter().filter(|s| !have.contains(s)).collect();
-        if !missing.is_empty() {
-            rows.extend(self.with(move |c| store::load(c, &missing)).await?);
-        }
-        Ok(())
+        let held = held.clone();
+        self.with(move |c| {
+            let tx = c.unchecked_transaction()?;
+            let seqs = store::due_seqs(&tx, &d, now_ms, limit + held.len())?;
+            let fresh: Vec<i64> = seqs
+                .into_iter()
+                .filter(|s| !held.contains(s))
+                .take(limit)
+                .collect();
+            // Counted before loading: a row deleted meanwhile (a late
+            // answer) must not make the rest look like the end.
+            let more = fresh.len() >= limit;
+            let mut rows = store::load(&tx, &fresh)?;
+            add_batch_siblings(&tx, &d, now_ms, &held, &mut rows)?;
+            tx.finish()?;
+            Ok((rows, more))
+        })
+        .await
     }
 
     /// Up to `limit` events of `destination` accepted at or before
@@ -144,4 +117,39 @@ impl Reader {
         self.with(move |c| store::next_due_after(c, &d, now_ms))
             .await
     }
+}
+
+/// A stored batch is retried whole: when the scan's limit cut through one,
+/// the rest of its events (due at the same time) are read too.
+fn add_batch_siblings(
+    c: &Connection,
+    destination: &str,
+    now_ms: u64,
+    held: &HashSet<i64>,
+    rows: &mut Vec<Result<StoredEvent, StoreError>>,
+) -> Result<(), rusqlite::Error> {
+    let batches: HashSet<String> = rows
+        .iter()
+        .filter_map(|r| r.as_ref().ok()?.batch.clone())
+        .collect();
+    if batches.is_empty() {
+        return Ok(());
+    }
+    let mut have: HashSet<i64> = rows
+        .iter()
+        .filter_map(|r| r.as_ref().ok().map(|e| e.seq))
+        .collect();
+    have.extend(held);
+    let mut missing = Vec::new();
+    for b in &batches {
+        missing.extend(
+            store::batch_seqs(c, destination, b, now_ms)?
+                .into_iter()
+                .filter(|s| !have.contains(s)),
+        );
+    }
+    if !missing.is_empty() {
+        rows.extend(store::load(c, &missing)?);
+    }
+    Ok(())
 }
