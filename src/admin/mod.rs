@@ -8,7 +8,7 @@ use crate::clock;
 use crate::config::Live;
 use crate::deliver::Fleet;
 use crate::deliver::health::PauseReason;
-use crate::journal::{Journal, Reader};
+use crate::journal::{Journal, Pause, Reader};
 use crate::lifecycle::Lifecycle;
 use crate::server::{Body, json};
 use bytes::Bytes;
@@ -57,7 +57,7 @@ impl Admin {
             (&Method::GET, ["metrics"]) => self.metrics(),
             (&Method::GET, ["v1", "destinations"]) => self.destinations().await,
             (&Method::POST, ["v1", "destinations", name, action @ ("pause" | "resume")]) => {
-                self.pause_or_resume(name, action)
+                self.pause_or_resume(name, action).await
             }
             _ => json(
                 StatusCode::NOT_FOUND,
@@ -129,7 +129,8 @@ impl Admin {
                 "name": d.name,
                 "state": v.state,
                 "until": v.until_ms.map(clock::rfc3339),
-                "paused_by": v.paused.map(PauseReason::as_str),
+                "paused_by": v.paused.map(|(by, _)| by.as_str()),
+                "paused_at": v.paused.map(|(_, at)| clock::rfc3339(at)),
                 "pending": state.pending.load(Ordering::Relaxed),
                 "in_flight": v.in_flight,
                 "oldest_pending_age_s": oldest.map(|t| now.saturating_sub(t) as f64 / 1000.0),
@@ -161,7 +162,7 @@ impl Admin {
         json(StatusCode::OK, &json!({ "destinations": out }))
     }
 
-    fn pause_or_resume(&self, name: &str, action: &str) -> Response<Body> {
+    async fn pause_or_resume(&self, name: &str, action: &str) -> Response<Body> {
         let Some(health) = self.fleet.health(name) else {
             let settings = self.settings.load();
             let names: Vec<&str> = settings
@@ -174,10 +175,29 @@ impl Admin {
                 &json!({ "error": format!("unknown destination `{name}`"), "destinations": names }),
             );
         };
-        let body: Value = if action == "pause" {
-            health.pause(PauseReason::Operator);
+        // Recorded before it takes effect and is answered: a restart, even
+        // after SIGKILL, keeps what an operator was told.
+        let pause = (action == "pause").then(|| {
+            let since_ms = match health.view().paused {
+                Some((PauseReason::Operator, since)) => since,
+                _ => clock::now_ms(),
+            };
+            Pause {
+                by: PauseReason::Operator.as_str().into(),
+                since_ms,
+            }
+        });
+        if let Err(e) = self.journal.set_pause(name, pause.clone()).await {
+            tracing::error!(destination = %name, error = %e, "cannot record a pause or resume in the journal");
+            return json(
+                StatusCode::SERVICE_UNAVAILABLE,
+                &json!({ "error": format!("cannot record the {action} of `{name}` in the journal: {e}; nothing changed") }),
+            );
+        }
+        let body: Value = if let Some(pause) = pause {
+            health.pause(PauseReason::Operator, pause.since_ms);
             tracing::info!(destination = %name, "paused by operator");
-            json!({ "name": name, "state": "paused" })
+            json!({ "name": name, "state": "paused", "paused_at": clock::rfc3339(pause.since_ms) })
         } else {
             let was_paused = health.resume();
             tracing::info!(destination = %name, was_paused, "resumed by operator");

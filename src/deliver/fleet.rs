@@ -12,7 +12,7 @@
 //! reason.
 
 use super::dispatcher::Dispatcher;
-use super::health::Health;
+use super::health::{Health, PauseReason};
 use super::settle::{Ctx, LateCompleted};
 use super::{Connector, HttpsClient, stack};
 use crate::admin::metrics;
@@ -103,6 +103,7 @@ impl Fleet {
                 .entry(name.clone())
                 .or_insert_with(|| {
                     let health = Health::new(dest.probation.clone(), dest.rate_limit_per_second);
+                    restore_pause(&self.journal, name, &health);
                     (Arc::new(health), Arc::default())
                 })
                 .clone();
@@ -239,4 +240,18 @@ impl Fleet {
         }
         finished
     }
+}
+
+/// A pause recorded by an earlier run holds again: what an operator or a
+/// 410 stopped stays stopped across restarts.
+fn restore_pause(journal: &Journal, name: &str, health: &Health) {
+    let Some(pause) = journal.pause(name) else {
+        return;
+    };
+    let reason = PauseReason::parse(&pause.by).unwrap_or_else(|| {
+        tracing::warn!(destination = %name, by = %pause.by, "unknown pause reason in the journal: kept paused as by an operator");
+        PauseReason::Operator
+    });
+    health.pause(reason, pause.since_ms);
+    tracing::info!(destination = %name, by = reason.as_str(), since = %crate::clock::rfc3339(pause.since_ms), "destination paused since before this start: resume it through the admin API");
 }

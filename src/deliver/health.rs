@@ -27,6 +27,12 @@ impl PauseReason {
             PauseReason::Gone => "gone",
         }
     }
+
+    pub fn parse(s: &str) -> Option<PauseReason> {
+        [PauseReason::Operator, PauseReason::Gone]
+            .into_iter()
+            .find(|r| r.as_str() == s)
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -44,7 +50,8 @@ pub enum Gate {
 pub struct View {
     pub state: &'static str,
     pub until_ms: Option<u64>,
-    pub paused: Option<PauseReason>,
+    /// Who paused it, and when (ms since the epoch).
+    pub paused: Option<(PauseReason, u64)>,
     pub consecutive_failures: u32,
     pub last_outcome: Option<Outcome>,
     pub last_attempt_ms: Option<u64>,
@@ -53,7 +60,7 @@ pub struct View {
 
 struct Inner {
     probation: Probation,
-    paused: Option<PauseReason>,
+    paused: Option<(PauseReason, u64)>,
     hold_until_ms: Option<u64>,
     rate: Option<RateLimit>,
     last_outcome: Option<Outcome>,
@@ -157,11 +164,18 @@ impl Health {
         self.wake.notify_one();
     }
 
-    pub fn pause(&self, reason: PauseReason) {
+    /// Pauses from `since_ms` on; an operator's pause replaces a 410's.
+    /// Returns whether this changed who paused it.
+    pub fn pause(&self, reason: PauseReason, since_ms: u64) -> bool {
         let mut s = self.lock();
-        if s.paused.is_none() || reason == PauseReason::Operator {
-            s.paused = Some(reason);
+        let replace = match s.paused {
+            None => true,
+            Some((by, _)) => by != reason && reason == PauseReason::Operator,
+        };
+        if replace {
+            s.paused = Some((reason, since_ms));
         }
+        replace
     }
 
     /// Lifts a pause; returns whether one was in force.

@@ -16,7 +16,7 @@ use crate::admin::metrics;
 use crate::clock;
 use crate::config::DestinationSettings;
 use crate::deadletter::{DeadLetterSink, Facts, record};
-use crate::journal::{Change, Journal, JournalError, StoredEvent};
+use crate::journal::{Change, Journal, JournalError, Pause, StoredEvent};
 use crate::policy::schedule::jittered;
 use crate::policy::{Next, Outcome, Reason, Verdict};
 use std::collections::HashMap;
@@ -207,7 +207,9 @@ async fn settle(
         // events wait (these due again at once) and expire only at TTL.
         Verdict::Pause => {
             tracing::warn!(destination = %dest.name, "endpoint answered 410 Gone: destination paused until resumed");
-            ctx.health.pause(PauseReason::Gone);
+            if ctx.health.pause(PauseReason::Gone, now) {
+                record_gone(ctx, now).await;
+            }
             Box::new(move |ev| {
                 let deadline = dest.limits.deadline(ev.event.accepted_ms);
                 if now >= deadline {
@@ -286,6 +288,18 @@ async fn settle(
     Settled {
         release: kept,
         rescheduled,
+    }
+}
+
+/// A 410's pause, recorded so that a restart keeps it (the operator's is
+/// recorded by the admin API before it answers).
+async fn record_gone(ctx: &Ctx, since_ms: u64) {
+    let pause = Pause {
+        by: PauseReason::Gone.as_str().into(),
+        since_ms,
+    };
+    if let Err(e) = ctx.journal.set_pause(&ctx.dest.name, Some(pause)).await {
+        tracing::error!(destination = %ctx.dest.name, error = %e, "cannot record the 410's pause in the journal: a restart will resume this destination");
     }
 }
 

@@ -16,8 +16,8 @@
 use super::intake::{LogReader, Logged, Read, ReadError};
 use super::store::{self, QUARANTINED};
 use super::{Change, DiskError, JournalError, Shared};
-use rusqlite::{Connection, params};
-use std::collections::{HashSet, VecDeque};
+use rusqlite::{Connection, OptionalExtension, params};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
@@ -630,6 +630,8 @@ fn write(
     dedupe: bool,
 ) -> Result<HashSet<i64>, IndexError> {
     let mut deleted = HashSet::new();
+    // Per destination: events and bytes this commit adds (negative: removes).
+    let mut totals: HashMap<String, (i64, i64)> = HashMap::new();
     conn.execute_batch("BEGIN IMMEDIATE")?;
     {
         let mut insert = conn.prepare_cached(
@@ -647,6 +649,9 @@ fn write(
         {
             let crc =
                 super::record::crc(&e.id, &e.destination, &e.method, &e.path, headers, &e.body);
+            let t = totals.entry(e.destination.clone()).or_default();
+            t.0 += 1;
+            t.1 += (e.body.len() + headers.len() + e.path.len() + e.id.len()) as i64;
             insert.execute(params![
                 seq,
                 e.id,
@@ -669,9 +674,10 @@ fn write(
                 ])?;
             }
         }
-        let mut delete = conn.prepare_cached(
-            "DELETE FROM events WHERE seq = ?1 AND (?2 IS NULL OR attempts = ?2)",
-        )?;
+        let mut delete = conn.prepare_cached(&format!(
+            "DELETE FROM events WHERE seq = ?1 AND (?2 IS NULL OR attempts = ?2) RETURNING destination, {}",
+            store::ROW_BYTES
+        ))?;
         let mut reschedule = conn.prepare_cached(
             "UPDATE events SET attempts = ?2, next_due_ms = ?3, last_outcome = ?4, last_status = ?5, last_attempt_ms = ?6, batch = ?7 WHERE seq = ?1",
         )?;
@@ -684,8 +690,16 @@ fn write(
                     only_if_attempts,
                     ..
                 } => {
-                    if delete.execute(params![seq, only_if_attempts])? > 0 {
+                    let gone = delete
+                        .query_row(params![seq, only_if_attempts], |r| {
+                            Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?))
+                        })
+                        .optional()?;
+                    if let Some((destination, bytes)) = gone {
                         deleted.insert(*seq);
+                        let t = totals.entry(destination).or_default();
+                        t.0 -= 1;
+                        t.1 -= bytes;
                     }
                 }
                 Change::Reschedule {
@@ -712,6 +726,7 @@ fn write(
                 }
             }
         }
+        store::add_totals(conn, &totals)?;
         store::set_intake_pos(conn, end)?;
     }
     conn.execute_batch("COMMIT")?;

@@ -16,6 +16,7 @@ mod dedupe;
 mod indexer;
 mod inspect;
 pub(crate) mod intake;
+mod pauses;
 mod reader;
 mod ready;
 pub mod record;
@@ -25,6 +26,7 @@ mod store;
 mod writer;
 
 pub use inspect::{Inspection, inspect};
+pub use pauses::Pause;
 pub use reader::Reader;
 pub use ready::ReadyQueue;
 pub use record::{Header, NewEvent, StoredEvent};
@@ -36,6 +38,7 @@ use arc_swap::ArcSwap;
 use dedupe::{Check, Claim, Dedupe};
 use indexer::{Indexer, ToIndexer};
 use intake::{LogReader, LogWriter};
+use pauses::{Pauses, PausesError};
 use reserve::Reserve;
 use rusqlite::Connection;
 use skip::Skip;
@@ -120,6 +123,8 @@ pub enum OpenError {
         "{0} is missing, but its directory holds the intake log of an earlier journal: journal.db was deleted or moved. Restore it from a backup; or, to start empty, move intake.mark and the intake-*.log files aside too"
     )]
     DbMissing(PathBuf),
+    #[error(transparent)]
+    Pauses(#[from] PausesError),
 }
 
 /// Errors that may mean the disk is full rather than damaged.
@@ -216,6 +221,7 @@ pub(crate) struct Shared {
     /// Copied on write: a reload adds a destination rarely, every group
     /// commit reads the map.
     destinations: ArcSwap<HashMap<String, Arc<DestinationState>>>,
+    pauses: Pauses,
 }
 
 impl Shared {
@@ -461,6 +467,7 @@ impl Journal {
             }
         };
         indexer.rows_below(next_seq);
+        let pauses = Pauses::load(dir)?;
         let shared = Arc::new(Shared {
             _lock: lock_file,
             dir: dir.to_path_buf(),
@@ -476,6 +483,7 @@ impl Journal {
             skip: Mutex::new(Skip::new(next_seq - 1)),
             closed: AtomicBool::new(false),
             destinations: ArcSwap::from_pointee(states),
+            pauses,
         });
         let (tx, rx) = mpsc::channel(QUEUE);
         let (to_indexer, from_writer) = std::sync::mpsc::channel();
@@ -682,6 +690,21 @@ impl Journal {
 
     pub fn destination(&self, name: &str) -> Option<Arc<DestinationState>> {
         self.shared.destination(name)
+    }
+
+    /// The pause recorded for `destination` by this or an earlier run.
+    pub fn pause(&self, destination: &str) -> Option<Pause> {
+        self.shared.pauses.get(destination)
+    }
+
+    /// Records (`Some`) or lifts (`None`) a pause, durably: a restart,
+    /// even after SIGKILL, keeps what this returned `Ok` for.
+    pub async fn set_pause(&self, destination: &str, pause: Option<Pause>) -> std::io::Result<()> {
+        let shared = self.shared.clone();
+        let destination = destination.to_string();
+        tokio::task::spawn_blocking(move || shared.pauses.set(&destination, pause))
+            .await
+            .map_err(std::io::Error::other)?
     }
 
     /// The counters of `name`, created for a destination added by a reload
