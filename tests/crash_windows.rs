@@ -192,8 +192,11 @@ async fn events_beyond_the_memory_bound_while_the_index_is_behind_survive_sigkil
     );
     assert!(receiver.received().is_empty(), "paused, yet delivered");
     courier.kill();
-    // A pause does not outlive the process (yet): the restart delivers.
+    // The pause outlives the process: lifted after the restart, it delivers.
     courier.restart().await;
+    let resume = format!("{}/v1/destinations/orders/resume", courier.admin_url());
+    let r = client::post(&resume, "", &[]).await;
+    assert!(r.status < 300, "resume: {} {}", r.status, r.text());
     let seen = wait_delivered(&receiver, 0, &posted, 1, &courier).await;
     assert_bodies(&seen, &posted);
 }

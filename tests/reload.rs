@@ -395,7 +395,7 @@ async fn events_for_a_destination_added_by_reload_survive_sigkill() {
     write_atomic(c.config_path(), &two(&a.url(), &added.url()));
     wait_reloads(&c, 1).await;
     // Paused, so that every event is still pending when courier is killed;
-    // the pause is in memory and gone after the restart.
+    // the pause outlives the kill and is lifted after the restart.
     let pause = format!("{}/v1/destinations/audit/pause", c.admin_url());
     check_eq!(
         c,
@@ -415,6 +415,8 @@ async fn events_for_a_destination_added_by_reload_survive_sigkill() {
     c.kill();
     check_eq!(c, added.count(), 0);
     c.restart().await;
+    let resume = format!("{}/v1/destinations/audit/resume", c.admin_url());
+    check_eq!(c, post(&resume, "", &[]).await.status, 200);
     let got = requests(&c, &added, 20, PROMPT).await;
     let mut got = ids(&got);
     got.sort();

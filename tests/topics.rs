@@ -366,7 +366,8 @@ async fn every_copy_acknowledged_before_a_sigkill_is_delivered_after_restart() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let mut c = Courier::start(tmp.path(), &yaml).await;
     // Paused, so that nothing is delivered before the kill: every copy must
-    // come from the journal after the restart (a pause is not persisted).
+    // come from the journal after the restart (then the pauses, which
+    // outlive the kill, are lifted).
     for name in ["orders", "audit"] {
         let url = format!("{}/v1/destinations/{name}/pause", c.admin_url());
         let resp = request(Method::POST, &url, "", &[]).await;
@@ -405,6 +406,11 @@ async fn every_copy_acknowledged_before_a_sigkill_is_delivered_after_restart() {
         "delivered before the kill"
     );
     c.restart().await;
+    for name in ["orders", "audit"] {
+        let url = format!("{}/v1/destinations/{name}/resume", c.admin_url());
+        let resp = request(Method::POST, &url, "", &[]).await;
+        check_eq!(c, resp.status, 200, "{}", resp.text());
+    }
     // At least once: every copy arrives; a repeat would not be a loss.
     for (rx, want, who) in [
         (&orders, &want_orders, "orders"),
