@@ -4,6 +4,7 @@
 use super::DeadLetterSink;
 use std::fs::{File, OpenOptions};
 use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::PathBuf;
 use std::sync::Mutex;
 
@@ -37,7 +38,12 @@ impl DeadLetterSink for DirSink {
             // The destination folder's own entry must be durable too.
             File::open(&self.root)?.sync_all()?;
         }
-        let mut file = OpenOptions::new().create(true).append(true).open(&path)?;
+        // 0600: a record holds the app's body and headers, at rest.
+        let mut file = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .mode(0o600)
+            .open(&path)?;
         let mut buf = Vec::with_capacity(lines.iter().map(|l| l.len() + 1).sum());
         for line in lines {
             buf.extend_from_slice(line.as_bytes());
