@@ -649,9 +649,8 @@ fn write(
         {
             let crc =
                 super::record::crc(&e.id, &e.destination, &e.method, &e.path, headers, &e.body);
-            let t = totals.entry(e.destination.clone()).or_default();
-            t.0 += 1;
-            t.1 += (e.body.len() + headers.len() + e.path.len() + e.id.len()) as i64;
+            let bytes = e.body.len() + headers.len() + e.path.len() + e.id.len();
+            add(&mut totals, &e.destination, 1, bytes as i64);
             insert.execute(params![
                 seq,
                 e.id,
@@ -675,7 +674,7 @@ fn write(
             }
         }
         let mut delete = conn.prepare_cached(&format!(
-            "DELETE FROM events WHERE seq = ?1 AND (?2 IS NULL OR attempts = ?2) RETURNING destination, {}",
+            "DELETE FROM events WHERE seq = ?1 AND (?2 IS NULL OR attempts = ?2) RETURNING {}",
             store::ROW_BYTES
         ))?;
         let mut reschedule = conn.prepare_cached(
@@ -687,19 +686,17 @@ fn write(
             match c {
                 Change::Delete {
                     seq,
+                    destination,
                     only_if_attempts,
                     ..
                 } => {
+                    // The row's own bytes: what its insert added.
                     let gone = delete
-                        .query_row(params![seq, only_if_attempts], |r| {
-                            Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?))
-                        })
+                        .query_row(params![seq, only_if_attempts], |r| r.get::<_, i64>(0))
                         .optional()?;
-                    if let Some((destination, bytes)) = gone {
+                    if let Some(bytes) = gone {
                         deleted.insert(*seq);
-                        let t = totals.entry(destination).or_default();
-                        t.0 -= 1;
-                        t.1 -= bytes;
+                        add(&mut totals, destination, -1, -bytes);
                     }
                 }
                 Change::Reschedule {
@@ -731,6 +728,17 @@ fn write(
     }
     conn.execute_batch("COMMIT")?;
     Ok(deleted)
+}
+
+/// Adds to `destination`'s totals, allocating its name once per commit
+/// rather than once per event.
+fn add(totals: &mut HashMap<String, (i64, i64)>, destination: &str, events: i64, bytes: i64) {
+    match totals.get_mut(destination) {
+        Some(t) => *t = (t.0 + events, t.1 + bytes),
+        None => {
+            totals.insert(destination.to_string(), (events, bytes));
+        }
+    }
 }
 
 /// After a commit: frees the bytes of deleted events and wakes the

@@ -329,6 +329,9 @@ impl Journal {
             LockError::Held(lock_path) => OpenError::Locked(path.clone(), lock_path),
             LockError::Open(lock_path, e) => OpenError::Lock(lock_path, e),
         })?;
+        // Read before anything is written: a damaged file refuses the
+        // start with the journal untouched.
+        let pauses = Pauses::load(dir)?;
         let intake_err = |e: std::io::Error| OpenError::Intake(dir.to_path_buf(), e.to_string());
         let mark = match intake::Mark::read(dir) {
             Ok(m) => m,
@@ -467,7 +470,6 @@ impl Journal {
             }
         };
         indexer.rows_below(next_seq);
-        let pauses = Pauses::load(dir)?;
         let shared = Arc::new(Shared {
             _lock: lock_file,
             dir: dir.to_path_buf(),
