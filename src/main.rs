@@ -5,6 +5,7 @@
 //! and the sentence is plain text.
 
 use clap::{Parser, Subcommand};
+use courier::admin::client::{self, AdminClient, CliError};
 use courier::config::{self, ProcessEnv, Purpose};
 use courier::policy::Plan;
 use courier::policy::limits::PlannedAttempt;
@@ -44,10 +45,82 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Work on dead-lettered events through the admin API.
+    DeadLetters {
+        /// The admin listener (admin_listen).
+        #[arg(long, global = true, default_value = "http://127.0.0.1:9090")]
+        admin: String,
+        /// The variable holding the admin token (admin_token_env).
+        #[arg(long, global = true, default_value = "COURIER_ADMIN_TOKEN")]
+        token_env: String,
+        /// Print the API's JSON instead of a table.
+        #[arg(long, global = true)]
+        json: bool,
+        #[command(subcommand)]
+        command: DeadLetterCommand,
+    },
     /// Work on a stopped courier's journal.
     Journal {
         #[command(subcommand)]
         command: JournalCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum DeadLetterCommand {
+    /// List dead letters, newest first.
+    List {
+        #[arg(long)]
+        destination: Option<String>,
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+        /// NonRetriableStatus, MaxDeliveryAttemptsExceeded or TimeToLiveExceeded.
+        #[arg(long)]
+        reason: Option<String>,
+        /// Dead-lettered at or after (2026-11-22 or 2026-11-22T10:00:00Z).
+        #[arg(long)]
+        since: Option<String>,
+        /// Dead-lettered before.
+        #[arg(long)]
+        until: Option<String>,
+        /// List oldest first.
+        #[arg(long)]
+        oldest_first: bool,
+    },
+    /// Show one record (the newest with that id).
+    Show {
+        #[arg(long)]
+        destination: String,
+        id: String,
+    },
+    /// Put records back in the journal, with a fresh attempt count.
+    Replay {
+        #[arg(long)]
+        destination: String,
+        #[arg(required_unless_present = "all", conflicts_with = "all")]
+        ids: Vec<String>,
+        /// Every record not replayed yet (with --yes).
+        #[arg(long)]
+        all: bool,
+        #[arg(long)]
+        yes: bool,
+        /// With --all: only records with this reason.
+        #[arg(long, requires = "all")]
+        reason: Option<String>,
+        #[arg(long, requires = "all")]
+        since: Option<String>,
+        #[arg(long, requires = "all")]
+        until: Option<String>,
+    },
+    /// Remove a destination's records (of the days before --before).
+    Purge {
+        #[arg(long)]
+        destination: String,
+        /// A date: records of earlier days are removed.
+        #[arg(long)]
+        before: Option<String>,
+        #[arg(long)]
+        yes: bool,
     },
 }
 
@@ -77,10 +150,169 @@ fn main() -> ExitCode {
             destination,
             json,
         } => schedule(&config, &destination, json),
+        Command::DeadLetters {
+            admin,
+            token_env,
+            json,
+            command,
+        } => dead_letters(&admin, &token_env, json, command),
         Command::Journal {
             command: JournalCommand::Inspect { dir },
         } => inspect(&dir),
     }
+}
+
+fn dead_letters(admin: &str, token_env: &str, json: bool, command: DeadLetterCommand) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("courier: cannot start the runtime: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let token = std::env::var(token_env).ok();
+    match runtime.block_on(dead_letters_call(admin, token, json, command)) {
+        Ok(text) => {
+            emit(&text);
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("courier: {e}");
+            ExitCode::from(e.code())
+        }
+    }
+}
+
+async fn dead_letters_call(
+    admin: &str,
+    token: Option<String>,
+    json: bool,
+    command: DeadLetterCommand,
+) -> Result<String, CliError> {
+    use http::Method;
+    use serde_json::json;
+    let client = AdminClient::new(admin, token)?;
+    let pretty = |v: &serde_json::Value| format!("{v:#}\n");
+    let mut o = String::new();
+    match command {
+        DeadLetterCommand::List {
+            destination,
+            limit,
+            reason,
+            since,
+            until,
+            oldest_first,
+        } => {
+            let order = oldest_first.then(|| "oldest".to_string());
+            let filters = [
+                ("destination", destination),
+                ("reason", reason),
+                ("since", since),
+                ("until", until),
+                ("order", order),
+            ];
+            let items = client::list(&client, &filters, limit).await?;
+            if json {
+                return Ok(pretty(&json!({ "dead_letters": items })));
+            }
+            o.push_str(&client::table(&items));
+        }
+        DeadLetterCommand::Show { destination, id } => {
+            let path = format!(
+                "/v1/dead-letters/{}/{}",
+                client::segment(&destination),
+                client::segment(&id)
+            );
+            return Ok(pretty(&client.call(Method::GET, &path, None).await?));
+        }
+        DeadLetterCommand::Replay {
+            destination,
+            ids,
+            all,
+            yes,
+            reason,
+            since,
+            until,
+        } => {
+            if all && !yes {
+                return Err(CliError::Arguments(format!(
+                    "replaying every dead letter of `{destination}` needs --yes"
+                )));
+            }
+            let body = if all {
+                json!({ "destination": destination, "all": true, "reason": reason, "since": since, "until": until })
+            } else {
+                json!({ "destination": destination, "ids": ids })
+            };
+            let answer = client
+                .call(Method::POST, "/v1/dead-letters/replay", Some(body))
+                .await?;
+            if json {
+                return Ok(pretty(&answer));
+            }
+            let _ = writeln!(
+                o,
+                "replayed {} dead letters of {destination}",
+                answer["replayed_count"]
+            );
+            let list = |key: &str| -> Vec<String> {
+                answer[key]
+                    .as_array()
+                    .map(|a| {
+                        a.iter()
+                            .map(|v| v.as_str().map_or_else(|| v.to_string(), String::from))
+                            .collect()
+                    })
+                    .unwrap_or_default()
+            };
+            let not_found = list("not_found");
+            if !not_found.is_empty() {
+                let _ = writeln!(o, "not found: {}", not_found.join(", "));
+            }
+            let unreadable = list("unreadable");
+            if !unreadable.is_empty() {
+                let _ = writeln!(
+                    o,
+                    "unreadable records, not replayed: {}",
+                    unreadable.join(", ")
+                );
+            }
+            if let Some(note) = answer["note"].as_str() {
+                let _ = writeln!(o, "{note}");
+            }
+        }
+        DeadLetterCommand::Purge {
+            destination,
+            before,
+            yes,
+        } => {
+            if !yes {
+                return Err(CliError::Arguments(format!(
+                    "purging the dead letters of `{destination}` removes them for good: add --yes"
+                )));
+            }
+            let q = client::query(&[
+                ("destination", Some(destination.clone())),
+                ("before", before),
+            ]);
+            let answer = client
+                .call(Method::DELETE, &format!("/v1/dead-letters{q}"), None)
+                .await?;
+            if json {
+                return Ok(pretty(&answer));
+            }
+            let _ = writeln!(
+                o,
+                "purged {} dead letters of {destination} ({} files)",
+                answer["purged"],
+                answer["files"].as_array().map_or(0, Vec::len)
+            );
+        }
+    }
+    Ok(o)
 }
 
 fn load(path: &Path, purpose: Purpose) -> Result<config::Loaded, ExitCode> {

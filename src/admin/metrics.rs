@@ -20,6 +20,7 @@ pub const PROBATION: &str = "courier_destination_probation";
 pub const CORRUPT: &str = "courier_journal_corrupt_records_total";
 pub const DEDUPLICATED: &str = "courier_events_deduplicated_total";
 pub const DEDUPE_EVICTED: &str = "courier_dedupe_evicted_total";
+pub const REPLAYED: &str = "courier_events_replayed_total";
 pub const UNMATCHED: &str = "courier_events_unmatched_total";
 pub const RELOAD_FAILURES: &str = "courier_config_reload_failures_total";
 pub const RELOAD_SUCCESS_AT: &str = "courier_config_last_reload_success_timestamp_seconds";
@@ -149,6 +150,10 @@ pub fn delivered(destination: &str, n: u64) {
 pub fn dead_lettered(destination: &str, reason: &'static str) {
     counter!(DEAD_LETTERED, "destination" => destination.to_string(), "reason" => reason)
         .increment(1);
+}
+
+pub fn replayed(destination: &str, n: u64) {
+    counter!(REPLAYED, "destination" => destination.to_string()).increment(n);
 }
 
 pub fn dropped(destination: &str, reason: &'static str) {

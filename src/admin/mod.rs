@@ -2,6 +2,8 @@
 //! the destinations API (state, pause, resume).
 
 pub mod auth;
+pub mod client;
+mod dead_letters;
 pub mod metrics;
 
 use crate::clock;
@@ -27,6 +29,13 @@ pub struct Admin {
     pub prometheus: PrometheusHandle,
     pub fleet: Arc<Fleet>,
     pub reader: Reader,
+    /// One replay or purge at a time: a purge never removes a file a
+    /// replay is marking.
+    pub dead_letter_ops: tokio::sync::Mutex<()>,
+}
+
+fn answer(a: dead_letters::Answer) -> Response<Body> {
+    a.map_or_else(dead_letters::ApiError::reply, |v| json(StatusCode::OK, &v))
 }
 
 impl Admin {
@@ -58,6 +67,18 @@ impl Admin {
             (&Method::GET, ["v1", "destinations"]) => self.destinations().await,
             (&Method::POST, ["v1", "destinations", name, action @ ("pause" | "resume")]) => {
                 self.pause_or_resume(name, action).await
+            }
+            (&Method::GET, ["v1", "dead-letters"]) => {
+                answer(self.list_dead_letters(req.uri()).await)
+            }
+            (&Method::GET, ["v1", "dead-letters", name, id]) => {
+                answer(self.show_dead_letter(name, id).await)
+            }
+            (&Method::POST, ["v1", "dead-letters", "replay"]) => {
+                answer(self.replay_dead_letters(req).await)
+            }
+            (&Method::DELETE, ["v1", "dead-letters"]) => {
+                answer(self.purge_dead_letters(req.uri()).await)
             }
             _ => json(
                 StatusCode::NOT_FOUND,

@@ -155,6 +155,8 @@ fn default_max_body() -> Size {
 #[serde(deny_unknown_fields)]
 pub struct DeadLetterDir {
     pub dir: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub redact_headers: Vec<String>,
 }
 
 /// A destination's sink: its own directory, or `none` (drop and count).

@@ -97,6 +97,9 @@ pub struct DestinationSettings {
     pub signing: Vec<Secret>,
     /// Root of the dead-letter directory sink; `None` drops and counts.
     pub dead_letter: Option<PathBuf>,
+    /// App headers never written to a dead-letter record (lowercase): the
+    /// global `dead_letter.redact_headers` and the destination's own.
+    pub redact_headers: Vec<String>,
     /// `rate_limit.per_second` or SNS `maxReceivesPerSecond`.
     pub rate_limit_per_second: Option<u32>,
     pub probation: ProbationPolicy,

@@ -955,3 +955,51 @@ fn a_second_bad_key_after_a_syntax_error_is_not_needed_but_the_syntax_error_has_
         assert!(!e.contains(word), "{word} in {e}");
     }
 }
+
+#[test]
+fn redact_headers_are_checked_lowercased_and_joined_per_destination() {
+    let text = "\
+dead_letter: { dir: ./dl, redact_headers: [Cookie, x-Session] }
+destinations:
+  a: { url: http://127.0.0.1:9/a }
+  b: { url: http://127.0.0.1:9/b, dead_letter: { dir: ./own, redact_headers: [X-Extra, cookie] } }
+  c: { url: http://127.0.0.1:9/c, dead_letter: none }
+";
+    let loaded = parse(
+        "c.yaml",
+        text,
+        "/etc/courier".into(),
+        Purpose::Run,
+        &FakeEnv(HashMap::new()),
+    )
+    .unwrap_or_else(|e| panic!("rejected: {e}"));
+    let redact = |name: &str| {
+        loaded
+            .settings
+            .destination(name)
+            .map(|d| d.redact_headers.clone())
+            .unwrap_or_default()
+    };
+    assert_eq!(redact("a"), ["cookie", "x-session"]);
+    assert_eq!(redact("b"), ["cookie", "x-session", "x-extra"]);
+    let bad = "\
+dead_letter: { dir: ./dl, redact_headers: [ok, \"bad header\"] }
+destinations:
+  a: { url: http://127.0.0.1:9/a }
+";
+    let e = parse(
+        "c.yaml",
+        bad,
+        "/etc/courier".into(),
+        Purpose::Run,
+        &FakeEnv(HashMap::new()),
+    )
+    .err()
+    .map(|e| e.to_string())
+    .unwrap_or_default();
+    assert!(
+        e.contains("dead_letter.redact_headers[1]")
+            && e.contains("`bad header` is not a valid header name"),
+        "{e}"
+    );
+}

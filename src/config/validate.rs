@@ -237,7 +237,10 @@ pub fn check(
     if raw.destinations.is_empty() {
         c.err("destinations", "at least one destination is needed");
     }
-    let default_sink = raw.dead_letter.as_ref().map(|d| c.dir(&d.dir));
+    let default_sink = raw.dead_letter.as_ref().map(|d| {
+        let redact = redact_headers(&mut c, "dead_letter.redact_headers", &d.redact_headers);
+        (c.dir(&d.dir), redact)
+    });
     let destinations = raw
         .destinations
         .iter()
@@ -314,7 +317,7 @@ fn destination(
     c: &mut Checker,
     name: &str,
     d: &Destination,
-    default_sink: Option<&PathBuf>,
+    default_sink: Option<&(PathBuf, Vec<String>)>,
 ) -> DestinationSettings {
     let p = format!("destinations.{name}");
     if !valid_name(name) {
@@ -396,9 +399,22 @@ fn destination(
         .as_ref()
         .map(|spec| signing(c, &format!("{p}.signing"), spec))
         .unwrap_or_default();
+    let mut redact = default_sink.map(|(_, r)| r.clone()).unwrap_or_default();
     let dead_letter = match &d.dead_letter {
-        None => default_sink.cloned(),
-        Some(DeadLetterChoice::Dir(dl)) => Some(c.dir(&dl.dir)),
+        None => default_sink.map(|(dir, _)| dir.clone()),
+        Some(DeadLetterChoice::Dir(dl)) => {
+            let own = redact_headers(
+                c,
+                &format!("{p}.dead_letter.redact_headers"),
+                &dl.redact_headers,
+            );
+            for name in own {
+                if !redact.contains(&name) {
+                    redact.push(name);
+                }
+            }
+            Some(c.dir(&dl.dir))
+        }
         Some(DeadLetterChoice::Keyword(k)) if k == "none" => None,
         Some(DeadLetterChoice::Keyword(k)) => {
             c.err(
@@ -421,6 +437,7 @@ fn destination(
         headers,
         signing,
         dead_letter,
+        redact_headers: redact,
         rate_limit_per_second,
         batch,
         probation: probation(c, &format!("{p}.probation"), &d.probation),
@@ -601,6 +618,22 @@ fn status(c: &mut Checker, path: &str, d: &Destination) -> StatusPolicy {
         no_retry,
         min_delay,
     }
+}
+
+/// `redact_headers`: valid header names, kept lowercase (as forwarded).
+fn redact_headers(c: &mut Checker, path: &str, names: &[String]) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for (i, name) in names.iter().enumerate() {
+        match HeaderName::from_bytes(name.trim().as_bytes()) {
+            Ok(h) if !out.iter().any(|o| o == h.as_str()) => out.push(h.as_str().to_string()),
+            Ok(_) => {}
+            Err(_) => c.err(
+                format!("{path}[{i}]"),
+                format!("`{name}` is not a valid header name"),
+            ),
+        }
+    }
+    out
 }
 
 fn headers(

@@ -1,17 +1,40 @@
 //! The directory sink: `<dir>/<destination>/<yyyy-mm-dd>.jsonl`, one JSON
 //! object per line, appended and fdatasync'ed before the journal forgets.
+//!
+//! The files are also what the admin API reads, replays and purges. A
+//! record's place, (day, byte offset of its line), is its stable handle:
+//! files are only appended to, or removed whole by a purge. Replayed
+//! records are listed by offset in `<day>.replayed` beside their file, so
+//! the records themselves never change, and tools that read `*.jsonl`
+//! see nothing new.
 
 use super::DeadLetterSink;
+use std::collections::HashSet;
 use std::fs::{File, OpenOptions};
-use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
-use std::path::PathBuf;
-use std::sync::Mutex;
+use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard};
 
 pub struct DirSink {
     root: PathBuf,
-    /// Serializes appends so lines from concurrent attempts never interleave.
+    /// Serializes appends, marks and purges, so that lines from concurrent
+    /// attempts never interleave and a purge never cuts a write in two.
     lock: Mutex<()>,
+}
+
+/// A record's place in the sink.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Place {
+    pub day: String,
+    pub offset: u64,
+}
+
+/// What a purge removed.
+#[derive(Debug, Default, PartialEq)]
+pub struct Purged {
+    pub records: u64,
+    pub files: Vec<String>,
 }
 
 impl DirSink {
@@ -21,41 +44,202 @@ impl DirSink {
             lock: Mutex::new(()),
         }
     }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    fn lock(&self) -> std::io::Result<MutexGuard<'_, ()>> {
+        self.lock
+            .lock()
+            .map_err(|_| std::io::Error::other("dead-letter sink lock poisoned"))
+    }
+
+    fn file(&self, destination: &str, day: &str, ext: &str) -> PathBuf {
+        self.root.join(destination).join(format!("{day}.{ext}"))
+    }
+
+    /// The days that have a file for `destination`, oldest first.
+    pub fn days(&self, destination: &str) -> std::io::Result<Vec<String>> {
+        let entries = match std::fs::read_dir(self.root.join(destination)) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(e),
+        };
+        let mut days = Vec::new();
+        for entry in entries {
+            let name = entry?.file_name();
+            let Some(day) = name.to_str().and_then(|n| n.strip_suffix(".jsonl")) else {
+                continue;
+            };
+            if is_day(day) {
+                days.push(day.to_string());
+            }
+        }
+        days.sort();
+        Ok(days)
+    }
+
+    /// Calls `each(offset, line)` for every whole line of a day's file
+    /// from `from` on, until it returns false. A last line without its
+    /// newline is a write in progress (or cut by a crash) and is skipped.
+    pub fn lines(
+        &self,
+        destination: &str,
+        day: &str,
+        from: u64,
+        mut each: impl FnMut(u64, &str) -> bool,
+    ) -> std::io::Result<()> {
+        let mut file = match File::open(self.file(destination, day, "jsonl")) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        file.seek(SeekFrom::Start(from))?;
+        let mut reader = BufReader::with_capacity(256 << 10, file);
+        let mut offset = from;
+        let mut buf = Vec::new();
+        loop {
+            buf.clear();
+            let n = reader.read_until(b'\n', &mut buf)?;
+            if n == 0 || buf.last() != Some(&b'\n') {
+                return Ok(());
+            }
+            let line = String::from_utf8_lossy(&buf[..n - 1]);
+            if !each(offset, &line) {
+                return Ok(());
+            }
+            offset += n as u64;
+        }
+    }
+
+    /// The offsets of a day's records already replayed.
+    pub fn replayed(&self, destination: &str, day: &str) -> std::io::Result<HashSet<u64>> {
+        let mut text = String::new();
+        match File::open(self.file(destination, day, "replayed")) {
+            Ok(mut f) => f.read_to_string(&mut text)?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(HashSet::new()),
+            Err(e) => return Err(e),
+        };
+        // A torn last line after a crash parses as nothing: that record is
+        // offered again, never lost.
+        Ok(text.lines().filter_map(|l| l.trim().parse().ok()).collect())
+    }
+
+    /// Records `places` as replayed, durably.
+    pub fn mark_replayed(&self, destination: &str, places: &[Place]) -> std::io::Result<()> {
+        let _guard = self.lock()?;
+        let mut days: Vec<&str> = places.iter().map(|p| p.day.as_str()).collect();
+        days.sort_unstable();
+        days.dedup();
+        for day in days {
+            let text: String = places
+                .iter()
+                .filter(|p| p.day == day)
+                .map(|p| format!("{}\n", p.offset))
+                .collect();
+            append(
+                &self.root,
+                destination,
+                &self.file(destination, day, "replayed"),
+                text.as_bytes(),
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Removes `destination`'s files of days before `before` (all of them
+    /// without), with their replay marks; counts the records removed.
+    pub fn purge(&self, destination: &str, before: Option<&str>) -> std::io::Result<Purged> {
+        let _guard = self.lock()?;
+        let mut purged = Purged::default();
+        for day in self.days(destination)? {
+            if before.is_some_and(|b| day.as_str() >= b) {
+                continue;
+            }
+            let path = self.file(destination, &day, "jsonl");
+            let mut records = 0;
+            self.lines(destination, &day, 0, |_, _| {
+                records += 1;
+                true
+            })?;
+            std::fs::remove_file(&path)?;
+            match std::fs::remove_file(self.file(destination, &day, "replayed")) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+                _ => {}
+            }
+            purged.records += records;
+            purged.files.push(path.display().to_string());
+        }
+        if !purged.files.is_empty() {
+            File::open(self.root.join(destination))?.sync_all()?;
+        }
+        Ok(purged)
+    }
+}
+
+/// `yyyy-mm-dd`, as the sink names its files (a stray file is ignored).
+pub fn is_day(s: &str) -> bool {
+    let b = s.as_bytes();
+    b.len() == 10
+        && b[4] == b'-'
+        && b[7] == b'-'
+        && b.iter()
+            .enumerate()
+            .all(|(i, c)| i == 4 || i == 7 || c.is_ascii_digit())
+}
+
+/// Appends `bytes` to `path` (created 0600) in `root/destination`, durably:
+/// the data, and the directory entries of a new folder or file.
+fn append(root: &Path, destination: &str, path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let dir = root.join(destination);
+    let created = !path.exists();
+    if !dir.exists() {
+        std::fs::create_dir_all(&dir)?;
+        File::open(root)?.sync_all()?;
+    }
+    // 0600: a record holds the app's body and headers, at rest.
+    let mut file = OpenOptions::new()
+        .create(true)
+        .read(true)
+        .append(true)
+        .mode(0o600)
+        .open(path)?;
+    // A write cut by a crash leaves a line without its newline: end it,
+    // so that the next record starts a line of its own.
+    let len = file.metadata()?.len();
+    let mut last = [0u8];
+    let torn = len > 0 && {
+        file.read_exact_at(&mut last, len - 1)?;
+        last[0] != b'\n'
+    };
+    let mut buf = Vec::with_capacity(bytes.len() + 1);
+    if torn {
+        buf.push(b'\n');
+    }
+    buf.extend_from_slice(bytes);
+    file.write_all(&buf)?;
+    file.sync_data()?;
+    if created {
+        File::open(&dir)?.sync_all()?;
+    }
+    Ok(())
 }
 
 impl DeadLetterSink for DirSink {
     fn write(&self, destination: &str, day: &str, lines: &[String]) -> std::io::Result<()> {
-        let _guard = self
-            .lock
-            .lock()
-            .map_err(|_| std::io::Error::other("dead-letter sink lock poisoned"))?;
-        let dir = self.root.join(destination);
-        let path = dir.join(format!("{day}.jsonl"));
-        let created = !path.exists();
-        let new_dir = !dir.exists();
-        std::fs::create_dir_all(&dir)?;
-        if new_dir {
-            // The destination folder's own entry must be durable too.
-            File::open(&self.root)?.sync_all()?;
-        }
-        // 0600: a record holds the app's body and headers, at rest.
-        let mut file = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .mode(0o600)
-            .open(&path)?;
+        let _guard = self.lock()?;
         let mut buf = Vec::with_capacity(lines.iter().map(|l| l.len() + 1).sum());
         for line in lines {
             buf.extend_from_slice(line.as_bytes());
             buf.push(b'\n');
         }
-        file.write_all(&buf)?;
-        file.sync_data()?;
-        if created {
-            // A new file's directory entry must be durable too.
-            File::open(&dir)?.sync_all()?;
-        }
-        Ok(())
+        append(
+            &self.root,
+            destination,
+            &self.file(destination, day, "jsonl"),
+            &buf,
+        )
     }
 }
 
@@ -63,20 +247,100 @@ impl DeadLetterSink for DirSink {
 mod tests {
     use super::*;
 
+    fn write(sink: &DirSink, day: &str, lines: &[&str]) {
+        let lines: Vec<String> = lines.iter().map(|l| l.to_string()).collect();
+        sink.write("orders", day, &lines).expect("write");
+    }
+
+    fn all(sink: &DirSink, day: &str) -> Vec<(u64, String)> {
+        let mut out = Vec::new();
+        sink.lines("orders", day, 0, |o, l| {
+            out.push((o, l.to_string()));
+            true
+        })
+        .expect("lines");
+        out
+    }
+
     #[test]
     fn appends_lines_per_destination_and_day() {
         let tmp = tempfile::tempdir().expect("tempdir");
         let sink = DirSink::new(tmp.path().to_path_buf());
-        sink.write("orders", "2026-11-22", &["{\"a\":1}".into()])
-            .expect("write");
-        sink.write(
-            "orders",
-            "2026-11-22",
-            &["{\"a\":2}".into(), "{\"a\":3}".into()],
-        )
-        .expect("write");
+        write(&sink, "2026-11-22", &["{\"a\":1}"]);
+        write(&sink, "2026-11-22", &["{\"a\":2}", "{\"a\":3}"]);
         let text =
             std::fs::read_to_string(tmp.path().join("orders/2026-11-22.jsonl")).expect("read");
         assert_eq!(text, "{\"a\":1}\n{\"a\":2}\n{\"a\":3}\n");
+        assert_eq!(
+            all(&sink, "2026-11-22"),
+            [
+                (0, "{\"a\":1}".into()),
+                (8, "{\"a\":2}".into()),
+                (16, "{\"a\":3}".into())
+            ]
+        );
+    }
+
+    #[test]
+    fn a_torn_last_line_is_skipped_and_ended_by_the_next_write() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let sink = DirSink::new(tmp.path().to_path_buf());
+        write(&sink, "2026-11-22", &["{\"a\":1}"]);
+        let path = tmp.path().join("orders/2026-11-22.jsonl");
+        let mut f = OpenOptions::new().append(true).open(&path).expect("open");
+        f.write_all(b"{\"torn\":").expect("write");
+        assert_eq!(
+            all(&sink, "2026-11-22").len(),
+            1,
+            "the torn line is not a record"
+        );
+        write(&sink, "2026-11-22", &["{\"a\":2}"]);
+        let lines = all(&sink, "2026-11-22");
+        assert_eq!(lines.len(), 3);
+        assert_eq!(lines[1].1, "{\"torn\":");
+        assert_eq!(
+            lines[2].1, "{\"a\":2}",
+            "the next record has a line of its own"
+        );
+    }
+
+    #[test]
+    fn marks_and_purges_by_day() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let sink = DirSink::new(tmp.path().to_path_buf());
+        write(&sink, "2026-11-20", &["{}", "{}"]);
+        write(&sink, "2026-11-21", &["{}"]);
+        write(&sink, "2026-11-22", &["{}"]);
+        std::fs::write(tmp.path().join("orders/notes.txt"), "keep").expect("write");
+        let place = |day: &str, offset| Place {
+            day: day.into(),
+            offset,
+        };
+        sink.mark_replayed("orders", &[place("2026-11-20", 3), place("2026-11-22", 0)])
+            .expect("mark");
+        assert_eq!(
+            sink.replayed("orders", "2026-11-20").expect("read"),
+            HashSet::from([3])
+        );
+        assert_eq!(
+            sink.days("orders").expect("days"),
+            ["2026-11-20", "2026-11-21", "2026-11-22"]
+        );
+        let purged = sink.purge("orders", Some("2026-11-22")).expect("purge");
+        assert_eq!(purged.records, 3);
+        assert_eq!(purged.files.len(), 2);
+        assert_eq!(sink.days("orders").expect("days"), ["2026-11-22"]);
+        assert!(!tmp.path().join("orders/2026-11-20.replayed").exists());
+        assert_eq!(
+            sink.replayed("orders", "2026-11-22").expect("read"),
+            HashSet::from([0])
+        );
+        assert!(
+            tmp.path().join("orders/notes.txt").exists(),
+            "not the sink's: kept"
+        );
+        let purged = sink.purge("orders", None).expect("purge");
+        assert_eq!(purged.records, 1);
+        assert!(sink.days("orders").expect("days").is_empty());
     }
 }

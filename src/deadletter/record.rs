@@ -3,12 +3,18 @@
 //!
 //! - `eventgrid`: the event's own fields plus `deadLetterReason`,
 //!   `deliveryAttempts`, `lastDeliveryOutcome`, `lastHttpStatusCode`,
-//!   `publishTime`, `lastDeliveryAttemptTime`, and `courierRequest`
-//!   (`method`, `path`, forwarded `headers`) for the rest of the request.
+//!   `publishTime`, `lastDeliveryAttemptTime`, courier's `deadLetterTime`,
+//!   and `courierRequest` (courier's event `id`, `method`, `path`,
+//!   forwarded `headers`, `redactedHeaders`) for the rest of the request.
+//!   The id is there because the body's own `id` is not always courier's
+//!   (a binary-mode CloudEvent's body is its data).
 //! - `cloudevents`: the event plus the same fields in lower case
 //!   (CloudEvents attribute names), `courierrequest` likewise.
 //! - `custom`: an Event Grid envelope plus the original request (method,
-//!   path, forwarded headers) at the top level.
+//!   path, forwarded headers, redacted header names) at the top level.
+//!
+//! Headers named in `dead_letter.redact_headers` are left out, and their
+//! names listed, so that a replay can say what it sends without.
 //!
 //! Header values are kept byte for byte: a UTF-8 value is a JSON string, a
 //! value that is not UTF-8 (HTTP allows any octet but control characters)
@@ -37,49 +43,85 @@ pub struct Facts<'a> {
 }
 
 /// The names of the dead-letter fields in one schema's spelling.
-struct Names {
-    reason: &'static str,
-    attempts: &'static str,
-    outcome: &'static str,
-    status: &'static str,
-    publish: &'static str,
-    last_attempt: &'static str,
-    request: &'static str,
+pub(super) struct Names {
+    pub(super) reason: &'static str,
+    pub(super) attempts: &'static str,
+    pub(super) outcome: &'static str,
+    pub(super) status: &'static str,
+    pub(super) publish: &'static str,
+    pub(super) last_attempt: &'static str,
+    pub(super) dead_lettered: &'static str,
+    pub(super) request: &'static str,
 }
 
-const EVENTGRID: Names = Names {
+pub(super) const EVENTGRID: Names = Names {
     reason: "deadLetterReason",
     attempts: "deliveryAttempts",
     outcome: "lastDeliveryOutcome",
     status: "lastHttpStatusCode",
     publish: "publishTime",
     last_attempt: "lastDeliveryAttemptTime",
+    dead_lettered: "deadLetterTime",
     request: "courierRequest",
 };
 
-const CLOUDEVENTS: Names = Names {
+pub(super) const CLOUDEVENTS: Names = Names {
     reason: "deadletterreason",
     attempts: "deliveryattempts",
     outcome: "lastdeliveryoutcome",
     status: "lasthttpstatuscode",
     publish: "publishtime",
     last_attempt: "lastdeliveryattempttime",
+    dead_lettered: "deadlettertime",
     request: "courierrequest",
 };
 
+impl Names {
+    /// Every field courier adds to the event.
+    pub(super) fn all(&self) -> [&'static str; 8] {
+        [
+            self.reason,
+            self.attempts,
+            self.outcome,
+            self.status,
+            self.publish,
+            self.last_attempt,
+            self.dead_lettered,
+            self.request,
+        ]
+    }
+}
+
+/// How a record is written: when, and which app headers stay out of it.
+pub struct Written<'a> {
+    pub at_ms: u64,
+    /// Lowercase header names (`dead_letter.redact_headers`).
+    pub redact: &'a [String],
+}
+
 /// One JSON line for a dead-lettered event of a destination of `schema`.
-pub fn record(schema: Schema, e: &NewEvent, facts: &Facts) -> String {
+pub fn record(schema: Schema, e: &NewEvent, facts: &Facts, w: &Written) -> String {
     let names = match schema {
-        Schema::Custom => return custom_record(e, facts),
+        Schema::Custom => return custom_record(e, facts, w),
         Schema::Eventgrid => &EVENTGRID,
         Schema::Cloudevents => &CLOUDEVENTS,
     };
     // A body that is no JSON object was accepted while the destination
     // was `custom`: it keeps the custom shape, which replay understands.
-    event_record(e, facts, names).unwrap_or_else(|| custom_record(e, facts))
+    event_record(e, facts, w, names).unwrap_or_else(|| custom_record(e, facts, w))
 }
 
-fn event_record(e: &NewEvent, facts: &Facts, names: &Names) -> Option<String> {
+/// The request object of the event shapes.
+fn request_json(e: &NewEvent, w: &Written) -> Value {
+    let (headers, redacted) = headers_json(e, w.redact);
+    let mut request = json!({ "id": e.id, "method": e.method, "path": e.path, "headers": headers });
+    if !redacted.is_empty() {
+        request["redactedHeaders"] = json!(redacted);
+    }
+    request
+}
+
+fn event_record(e: &NewEvent, facts: &Facts, w: &Written, names: &Names) -> Option<String> {
     let Ok(Value::Object(mut event)) = serde_json::from_slice::<Value>(&e.body) else {
         return None;
     };
@@ -94,10 +136,8 @@ fn event_record(e: &NewEvent, facts: &Facts, names: &Names) -> Option<String> {
             names.last_attempt,
             json!(facts.last_attempt_ms.map(rfc3339)),
         ),
-        (
-            names.request,
-            json!({ "method": e.method, "path": e.path, "headers": headers_json(e) }),
-        ),
+        (names.dead_lettered, json!(rfc3339(w.at_ms))),
+        (names.request, request_json(e, w)),
     ] {
         fields.insert(name.to_string(), value);
     }
@@ -129,10 +169,18 @@ fn header_value(bytes: &[u8]) -> Value {
     }
 }
 
-/// The forwarded headers as an object; a repeated header becomes a list.
-fn headers_json(e: &NewEvent) -> Map<String, Value> {
+/// The forwarded headers as an object (a repeated header becomes a list),
+/// and the names of those redacted, in order, once each.
+fn headers_json(e: &NewEvent, redact: &[String]) -> (Map<String, Value>, Vec<String>) {
     let mut headers = Map::new();
+    let mut redacted: Vec<String> = Vec::new();
     for (name, value) in &e.headers {
+        if redact.contains(name) {
+            if !redacted.contains(name) {
+                redacted.push(name.clone());
+            }
+            continue;
+        }
         let v = header_value(value);
         match headers.get_mut(name) {
             Some(Value::Array(list)) => list.push(v),
@@ -142,12 +190,12 @@ fn headers_json(e: &NewEvent) -> Map<String, Value> {
             }
         }
     }
-    headers
+    (headers, redacted)
 }
 
-fn custom_record(e: &NewEvent, facts: &Facts) -> String {
-    let headers = headers_json(e);
-    let record = json!({
+fn custom_record(e: &NewEvent, facts: &Facts, w: &Written) -> String {
+    let (headers, redacted) = headers_json(e, w.redact);
+    let mut record = json!({
         "id": e.id,
         "eventTime": rfc3339(e.accepted_ms),
         "eventType": "Courier.Custom",
@@ -160,10 +208,14 @@ fn custom_record(e: &NewEvent, facts: &Facts) -> String {
         "lastHttpStatusCode": facts.last_status,
         "publishTime": rfc3339(e.accepted_ms),
         "lastDeliveryAttemptTime": facts.last_attempt_ms.map(rfc3339),
+        "deadLetterTime": rfc3339(w.at_ms),
         "method": e.method,
         "path": e.path,
         "headers": headers,
     });
+    if !redacted.is_empty() {
+        record["redactedHeaders"] = json!(redacted);
+    }
     let one_line = !e.body.contains(&b'\n') && !e.body.contains(&b'\r');
     let data = match serde_json::from_slice::<&serde_json::value::RawValue>(&e.body) {
         Ok(raw) if one_line => format!("\"data\":{}", raw.get()),
@@ -210,6 +262,11 @@ mod tests {
         }
     }
 
+    const W: Written = Written {
+        at_ms: 1_597_339_095_000,
+        redact: &[],
+    };
+
     fn facts() -> Facts<'static> {
         Facts {
             reason: Reason::NonRetriableStatus,
@@ -222,7 +279,7 @@ mod tests {
 
     #[test]
     fn json_body_is_embedded_verbatim_with_the_envelope() {
-        let line = custom_record(&event(br#"{"b": 2,  "a": 1}"#), &facts());
+        let line = custom_record(&event(br#"{"b": 2,  "a": 1}"#), &facts(), &W);
         assert!(line.ends_with(r#","data":{"b": 2,  "a": 1}}"#), "{line}");
         let v: Value = serde_json::from_str(&line).expect("valid json");
         assert_eq!(v["id"], "evt-1");
@@ -247,7 +304,7 @@ mod tests {
     #[test]
     fn eventgrid_record_is_the_event_plus_the_fields_and_the_request() {
         let body = br#"{"id":"e1","subject":"/s", "eventType":"T","eventTime":"2025-01-31T12:00:00Z","data":{"n": 1},"dataVersion":"1"}"#;
-        let line = record(Schema::Eventgrid, &with_body(body), &facts());
+        let line = record(Schema::Eventgrid, &with_body(body), &facts(), &W);
         let event = std::str::from_utf8(body).expect("utf-8");
         assert!(line.starts_with(&event[..event.len() - 1]), "{line}");
         let v: Value = serde_json::from_str(&line).expect("json");
@@ -259,9 +316,10 @@ mod tests {
         assert_eq!(v["lastHttpStatusCode"], 400);
         assert_eq!(v["publishTime"], "2020-08-13T17:18:13.000000Z");
         assert_eq!(v["lastDeliveryAttemptTime"], "2020-08-13T17:18:14.000000Z");
+        assert_eq!(v["deadLetterTime"], "2020-08-13T17:18:15.000000Z");
         assert_eq!(
             v["courierRequest"],
-            json!({"method": "POST", "path": "/x?y=1", "headers": {"x-trace": "t1"}})
+            json!({"id": "evt-1", "method": "POST", "path": "/x?y=1", "headers": {"x-trace": "t1"}})
         );
         // Replay: the record without courier's fields is the event.
         let mut replayed = v.as_object().expect("object").clone();
@@ -272,7 +330,8 @@ mod tests {
         assert_eq!(Value::Object(replayed), original);
     }
 
-    const EVENTGRID_KEYS: [&str; 7] = [
+    const EVENTGRID_KEYS: [&str; 8] = [
+        "deadLetterTime",
         "deadLetterReason",
         "deliveryAttempts",
         "lastDeliveryOutcome",
@@ -290,7 +349,7 @@ mod tests {
             last_attempt_ms: None,
             ..facts()
         };
-        let line = record(Schema::Cloudevents, &with_body(body), &f);
+        let line = record(Schema::Cloudevents, &with_body(body), &f, &W);
         assert!(!line.contains('\n'), "{line}");
         let v: Value = serde_json::from_str(&line).expect("json");
         assert_eq!(v["id"], "c1");
@@ -311,13 +370,18 @@ mod tests {
             Schema::Eventgrid,
             &with_body(br#"{"id":"e1","deliveryAttempts":99}"#),
             &facts(),
+            &W,
         );
         let v: Value = serde_json::from_str(&line).expect("json");
         assert_eq!(v["deliveryAttempts"], 1);
         assert_eq!(line.matches("deliveryAttempts").count(), 1, "{line}");
-        let v: Value =
-            serde_json::from_str(&record(Schema::Cloudevents, &with_body(b"plain"), &facts()))
-                .expect("json");
+        let v: Value = serde_json::from_str(&record(
+            Schema::Cloudevents,
+            &with_body(b"plain"),
+            &facts(),
+            &W,
+        ))
+        .expect("json");
         assert_eq!(v["eventType"], "Courier.Custom");
         assert_eq!(v["data_base64"], "cGxhaW4=");
     }
@@ -359,14 +423,14 @@ mod tests {
             ],
             ..event(b"{}")
         };
-        let v: Value = serde_json::from_str(&custom_record(&e, &facts())).expect("json");
+        let v: Value = serde_json::from_str(&custom_record(&e, &facts(), &W)).expect("json");
         let list = v["headers"]["x-bin"]
             .as_array()
             .expect("a repeated header is a list");
         assert_eq!(decode(&list[0]).as_deref(), Some(&b"a\xffb"[..]));
         assert_eq!(decode(&list[1]).as_deref(), Some(&b"text"[..]));
         let v: Value =
-            serde_json::from_str(&record(Schema::Eventgrid, &e, &facts())).expect("json");
+            serde_json::from_str(&record(Schema::Eventgrid, &e, &facts(), &W)).expect("json");
         assert_eq!(
             v["courierRequest"]["headers"]["x-bin"][0],
             json!({"base64": "Yf9i"})
@@ -375,13 +439,61 @@ mod tests {
 
     #[test]
     fn multiline_json_is_reencoded_and_binary_goes_base64() {
-        let v: Value = serde_json::from_str(&custom_record(&event(b"{\n\"a\": 1\n}"), &facts()))
-            .expect("json");
+        let v: Value =
+            serde_json::from_str(&custom_record(&event(b"{\n\"a\": 1\n}"), &facts(), &W))
+                .expect("json");
         assert_eq!(v["data"], json!({"a": 1}));
-        let line = custom_record(&event(b"\x00\xffnot json"), &facts());
+        let line = custom_record(&event(b"\x00\xffnot json"), &facts(), &W);
         assert!(!line.contains('\n'));
         let v: Value = serde_json::from_str(&line).expect("json");
         assert_eq!(v["data_base64"], "AP9ub3QganNvbg==");
         assert!(v.get("data").is_none());
+    }
+}
+
+#[cfg(test)]
+mod redaction {
+    use super::*;
+    use bytes::Bytes;
+
+    #[test]
+    fn redacted_headers_are_left_out_and_named_in_every_shape() {
+        let e = NewEvent {
+            id: "evt-9".into(),
+            destination: "orders".into(),
+            method: "POST".into(),
+            path: "/".into(),
+            headers: vec![
+                ("cookie".into(), b"session=s3cr3t".to_vec()),
+                ("x-keep".into(), b"1".to_vec()),
+                ("cookie".into(), b"other=s3cr3t".to_vec()),
+            ],
+            body: Bytes::from_static(br#"{"id":"evt-9","specversion":"1.0"}"#),
+            accepted_ms: 1_597_339_093_000,
+        };
+        let facts = Facts {
+            reason: Reason::NonRetriableStatus,
+            attempts: 1,
+            last_outcome: "BadRequest",
+            last_status: Some(400),
+            last_attempt_ms: None,
+        };
+        let redact = ["cookie".to_string()];
+        let w = Written {
+            at_ms: 1_597_339_095_000,
+            redact: &redact,
+        };
+        for (schema, request) in [
+            (Schema::Custom, None),
+            (Schema::Eventgrid, Some("courierRequest")),
+            (Schema::Cloudevents, Some("courierrequest")),
+        ] {
+            let line = record(schema, &e, &facts, &w);
+            assert!(!line.contains("s3cr3t"), "{schema:?}: {line}");
+            let v: Value = serde_json::from_str(&line).expect("json");
+            let r = request.map_or(&v, |k| &v[k]);
+            assert_eq!(r["headers"], json!({"x-keep": "1"}), "{schema:?}");
+            assert_eq!(r["redactedHeaders"], json!(["cookie"]), "{schema:?}");
+        }
     }
 }

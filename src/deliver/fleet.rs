@@ -21,7 +21,7 @@ use crate::deadletter::{DeadLetterSink, DirSink};
 use crate::journal::{Journal, Reader};
 use crate::lifecycle::Lifecycle;
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::watch;
@@ -43,7 +43,7 @@ struct Inner {
     /// Kept across a removal, so that a destination that comes back keeps
     /// its pause, probation and late answers.
     healths: HashMap<String, (Arc<Health>, Arc<LateCompleted>)>,
-    sinks: HashMap<PathBuf, Arc<dyn DeadLetterSink>>,
+    sinks: HashMap<PathBuf, Arc<DirSink>>,
     /// Each destination's connection pool and the `concurrency` it was
     /// sized for; a reload keeps the pool unless that changed.
     clients: HashMap<String, (usize, HttpsClient)>,
@@ -63,7 +63,22 @@ struct Task {
     older: Vec<AbortHandle>,
 }
 
+impl Inner {
+    fn sink(sinks: &mut HashMap<PathBuf, Arc<DirSink>>, root: &Path) -> Arc<DirSink> {
+        sinks
+            .entry(root.to_path_buf())
+            .or_insert_with(|| Arc::new(DirSink::new(root.to_path_buf())))
+            .clone()
+    }
+}
+
 impl Fleet {
+    /// The sink of the directory `root`: the one delivery appends to, so
+    /// that the admin API's marks and purges take the same lock.
+    pub fn sink(&self, root: &Path) -> Arc<DirSink> {
+        Inner::sink(&mut self.lock().sinks, root)
+    }
+
     pub fn new(journal: Journal, connector: Connector, lifecycle: Arc<Lifecycle>) -> Fleet {
         Fleet {
             journal,
@@ -108,13 +123,10 @@ impl Fleet {
                 })
                 .clone();
             health.reconfigure(&dest.probation, dest.rate_limit_per_second);
-            let sink = dest.dead_letter.as_ref().map(|root| {
-                inner
-                    .sinks
-                    .entry(root.clone())
-                    .or_insert_with(|| Arc::new(DirSink::new(root.clone())))
-                    .clone()
-            });
+            let sink = dest
+                .dead_letter
+                .as_ref()
+                .map(|root| Inner::sink(&mut inner.sinks, root) as Arc<dyn DeadLetterSink>);
             let client = match inner.clients.get(name) {
                 Some((sized, client)) if *sized == dest.concurrency => client.clone(),
                 _ => {

@@ -15,7 +15,7 @@ use super::stack::{AttemptService, Attempted, LateAnswer};
 use crate::admin::metrics;
 use crate::clock;
 use crate::config::DestinationSettings;
-use crate::deadletter::{DeadLetterSink, Facts, record};
+use crate::deadletter::{DeadLetterSink, Facts, Written, record};
 use crate::journal::{Change, Journal, JournalError, Pause, StoredEvent};
 use crate::policy::schedule::jittered;
 use crate::policy::{Next, Outcome, Reason, Verdict};
@@ -423,12 +423,16 @@ async fn dead_letter(ctx: &Ctx, items: &[(&StoredEvent, Facts<'_>)], batch: Opti
             }
         }
         Some(sink) => {
+            let written = Written {
+                at_ms: clock::now_ms(),
+                redact: &ctx.dest.redact_headers,
+            };
             let lines: Arc<[String]> = items
                 .iter()
-                .map(|(ev, facts)| record(ctx.dest.schema, &ev.event, facts))
+                .map(|(ev, facts)| record(ctx.dest.schema, &ev.event, facts, &written))
                 .collect();
             let first = items.first().map_or("", |(ev, _)| ev.event.id.as_str());
-            let day = clock::rfc3339(clock::now_ms())[..10].to_string();
+            let day = clock::rfc3339(written.at_ms)[..10].to_string();
             let give_up = tokio::time::Instant::now() + PERSIST_FOR;
             loop {
                 let (sink, name, day, lines) =

@@ -572,6 +572,14 @@ impl Journal {
         Err(JournalError::Busy)
     }
 
+    /// Stores dead letters put back by an operator, durably, past the
+    /// dedupe window: a replay is meant to be delivered again.
+    pub async fn replay(&self, events: Vec<NewEvent>) -> Result<(), JournalError> {
+        self.writable()?;
+        backpressure::keep_pace(&self.shared, &events).await;
+        self.store(events, Vec::new()).await
+    }
+
     /// `claims` go with the command: the writer stores them once the events
     /// are durable, and any other fate of the command drops (frees) them.
     async fn store(&self, events: Vec<NewEvent>, claims: Vec<Claim>) -> Result<(), JournalError> {

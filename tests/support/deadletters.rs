@@ -11,18 +11,26 @@ use super::courier::Courier;
 
 const POLL: Duration = Duration::from_millis(10);
 
+/// Today's UTC date, as dead-letter files are named.
+pub fn today() -> String {
+    humantime::format_rfc3339(std::time::SystemTime::now()).to_string()[..10].to_string()
+}
+
 /// `dl/<destination>` under the courier's directory.
 pub fn dl_dir(c: &Courier, destination: &str) -> PathBuf {
     c.dir().join("dl").join(destination)
 }
 
-/// Every complete line of every `*.jsonl` file in `dir`, parsed, with the
-/// file names.
+/// Every complete line of every `*.jsonl` file in `dir` (not the
+/// `<day>.replayed` marks beside them), parsed, with the file names.
 pub fn read_dead_letters(c: &Courier, dir: &Path) -> (Vec<String>, Vec<Value>) {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return (Vec::new(), Vec::new());
     };
-    let mut files: Vec<PathBuf> = entries.filter_map(|e| Some(e.ok()?.path())).collect();
+    let mut files: Vec<PathBuf> = entries
+        .filter_map(|e| Some(e.ok()?.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "jsonl"))
+        .collect();
     files.sort();
     let mut names = Vec::new();
     let mut records = Vec::new();

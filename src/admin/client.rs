@@ -1,0 +1,264 @@
+//! `courier dead-letters` (SPEC §1): the admin API's dead-letters calls
+//! from the command line, as a readable table or, with `--json`, the API's
+//! own answers. Plain HTTP: the admin listener is the pod's, on loopback.
+
+use bytes::Bytes;
+use http::{Method, Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use serde_json::{Value, json};
+use std::fmt::Write as _;
+use std::time::Duration;
+
+/// How long one call may take: a replay of `all` works while it answers.
+const CALL_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// Why a command failed, and its exit code: 1 for what the caller can fix
+/// in the arguments (a 4xx), 2 at run time.
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    #[error("{0}")]
+    Arguments(String),
+    #[error("{0}")]
+    Runtime(String),
+}
+
+impl CliError {
+    pub fn code(&self) -> u8 {
+        match self {
+            CliError::Arguments(_) => 1,
+            CliError::Runtime(_) => 2,
+        }
+    }
+}
+
+pub struct AdminClient {
+    base: String,
+    token: Option<String>,
+    client: Client<HttpConnector, Full<Bytes>>,
+}
+
+impl AdminClient {
+    /// `base`: the admin listener's URL; `token`: the bearer token, if any.
+    pub fn new(base: &str, token: Option<String>) -> Result<AdminClient, CliError> {
+        let base = base.trim_end_matches('/').to_string();
+        if !base.starts_with("http://") || base.parse::<http::Uri>().is_err() {
+            return Err(CliError::Arguments(format!(
+                "--admin is `{base}`: expected the admin listener as http://HOST:PORT (admin_listen, default http://127.0.0.1:9090)"
+            )));
+        }
+        Ok(AdminClient {
+            base,
+            token: token.filter(|t| !t.trim().is_empty()),
+            client: Client::builder(TokioExecutor::new()).build_http(),
+        })
+    }
+
+    /// One call; the answer's JSON on 2xx, else its `error` as a `CliError`.
+    pub async fn call(
+        &self,
+        method: Method,
+        path_and_query: &str,
+        body: Option<Value>,
+    ) -> Result<Value, CliError> {
+        let url = format!("{}{path_and_query}", self.base);
+        let mut req = Request::builder().method(method).uri(&url);
+        if let Some(t) = &self.token {
+            req = req.header(http::header::AUTHORIZATION, format!("Bearer {}", t.trim()));
+        }
+        let bytes = body.map(|b| Bytes::from(b.to_string())).unwrap_or_default();
+        if !bytes.is_empty() {
+            req = req.header(http::header::CONTENT_TYPE, "application/json");
+        }
+        let req = req
+            .body(Full::new(bytes))
+            .map_err(|e| CliError::Arguments(format!("cannot build a request for {url}: {e}")))?;
+        let unreachable = |e: String| {
+            CliError::Runtime(format!(
+                "cannot reach the admin API at {}: {e}. Is courier running, and is --admin its admin_listen?",
+                self.base
+            ))
+        };
+        let resp = tokio::time::timeout(CALL_TIMEOUT, self.client.request(req))
+            .await
+            .map_err(|_| unreachable("no answer in time".into()))?
+            .map_err(|e| unreachable(e.to_string()))?;
+        let status = resp.status();
+        let body = resp
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| unreachable(e.to_string()))?
+            .to_bytes();
+        let value: Value = serde_json::from_slice(&body).unwrap_or_else(
+            |_| json!({ "error": String::from_utf8_lossy(&body).trim().to_string() }),
+        );
+        if status.is_success() {
+            return Ok(value);
+        }
+        let error = value["error"]
+            .as_str()
+            .unwrap_or("no reason given")
+            .to_string();
+        let message = match status {
+            StatusCode::UNAUTHORIZED => format!(
+                "the admin API refused the call (401): {error}. Set the token in COURIER_ADMIN_TOKEN, or name its variable with --token-env"
+            ),
+            s => format!("the admin API answered {}: {error}", s.as_u16()),
+        };
+        Err(if status.is_client_error() {
+            CliError::Arguments(message)
+        } else {
+            CliError::Runtime(message)
+        })
+    }
+}
+
+/// A query string from the pairs that are set.
+pub fn query(pairs: &[(&str, Option<String>)]) -> String {
+    let mut q = form_urlencoded::Serializer::new(String::new());
+    for (k, v) in pairs {
+        if let Some(v) = v {
+            q.append_pair(k, v);
+        }
+    }
+    let q = q.finish();
+    if q.is_empty() { q } else { format!("?{q}") }
+}
+
+/// A path segment, percent-encoded (an id may hold `/` or `?`).
+pub fn segment(s: &str) -> String {
+    percent_encoding::utf8_percent_encode(s, percent_encoding::NON_ALPHANUMERIC).to_string()
+}
+
+/// Follows `next` until `limit` records are listed or none are left.
+pub async fn list(
+    client: &AdminClient,
+    filters: &[(&str, Option<String>)],
+    limit: usize,
+) -> Result<Vec<Value>, CliError> {
+    let mut out = Vec::new();
+    let mut after: Option<String> = None;
+    // Bounded: every page but the last adds at least one record.
+    for _ in 0..=limit {
+        let want = (limit - out.len()).min(1000);
+        let mut pairs = filters.to_vec();
+        pairs.push(("limit", Some(want.to_string())));
+        pairs.push(("after", after.clone()));
+        let page = client
+            .call(
+                Method::GET,
+                &format!("/v1/dead-letters{}", query(&pairs)),
+                None,
+            )
+            .await?;
+        if let Some(items) = page["dead_letters"].as_array() {
+            out.extend(items.iter().cloned());
+        }
+        after = page["next"].as_str().map(str::to_string);
+        if after.is_none() || out.len() >= limit {
+            break;
+        }
+    }
+    out.truncate(limit);
+    Ok(out)
+}
+
+/// The records as a table: the columns an operator scans first.
+pub fn table(items: &[Value]) -> String {
+    let text = |v: &Value| match v {
+        Value::Null => "-".to_string(),
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    };
+    let head = [
+        "ID",
+        "DESTINATION",
+        "REASON",
+        "LAST OUTCOME",
+        "ATTEMPTS",
+        "DEAD-LETTERED AT",
+        "REPLAYED",
+    ];
+    let rows: Vec<[String; 7]> = items
+        .iter()
+        .map(|i| {
+            let outcome = match (text(&i["last_outcome"]), &i["last_status"]) {
+                (o, Value::Number(n)) => format!("{o} ({n})"),
+                (o, _) => o,
+            };
+            [
+                text(&i["id"]),
+                text(&i["destination"]),
+                text(&i["reason"]),
+                outcome,
+                text(&i["attempts"]),
+                text(&i["dead_lettered_at"]),
+                if i["replayed"] == json!(true) {
+                    "yes"
+                } else {
+                    "no"
+                }
+                .to_string(),
+            ]
+        })
+        .collect();
+    let mut widths = head.map(str::len);
+    for row in &rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let mut o = String::new();
+    let line = |o: &mut String, cells: &[&str]| {
+        let mut l = String::new();
+        for (cell, w) in cells.iter().zip(widths) {
+            let _ = write!(l, "{cell:<w$}  ");
+        }
+        let _ = writeln!(o, "{}", l.trim_end());
+    };
+    line(&mut o, &head);
+    for row in &rows {
+        line(&mut o, &row.iter().map(String::as_str).collect::<Vec<_>>());
+    }
+    o
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_table_lines_up_and_shows_missing_values_as_dashes() {
+        let items = [
+            json!({"id": "evt-1", "destination": "orders", "reason": "NonRetriableStatus", "last_outcome": "BadRequest", "last_status": 400, "attempts": 1, "dead_lettered_at": "2026-11-23T09:00:00.000000Z", "replayed": false}),
+            json!({"id": "a-much-longer-id", "destination": "o", "reason": "TimeToLiveExceeded", "last_outcome": null, "last_status": null, "attempts": 0, "dead_lettered_at": null, "replayed": true}),
+        ];
+        let t = table(&items);
+        let lines: Vec<&str> = t.lines().collect();
+        assert_eq!(lines.len(), 3);
+        assert!(
+            lines[0].starts_with("ID                DESTINATION  REASON"),
+            "{t}"
+        );
+        assert!(lines[1].contains("BadRequest (400)"), "{t}");
+        assert!(lines[1].ends_with("no"), "{t}");
+        assert!(lines[2].contains("TimeToLiveExceeded  -  "), "{t}");
+        assert!(lines[2].ends_with("yes"), "{t}");
+        // Columns start at the same place on every line.
+        let col = lines[0].find("REASON").expect("header");
+        assert_eq!(&lines[1][col..col + 18], "NonRetriableStatus");
+    }
+
+    #[test]
+    fn queries_and_segments_are_encoded() {
+        assert_eq!(
+            query(&[("destination", Some("a b".into())), ("since", None)]),
+            "?destination=a+b"
+        );
+        assert_eq!(query(&[("since", None)]), "");
+        assert_eq!(segment("a/b?c"), "a%2Fb%3Fc");
+    }
+}

@@ -1,0 +1,554 @@
+//! The dead-letters API (SPEC §5): list, show, replay and purge the records
+//! in the directory sinks of configured destinations.
+//!
+//! A replay puts each record's request back in the journal as the app sent
+//! it (method, path and query, forwarded headers, body), under its id, with
+//! a fresh attempt count and a fresh TTL from the replay, past the dedupe
+//! window; only then is the record marked replayed. A crash between the two
+//! can replay a record twice, never lose one (at least once, as delivery).
+
+use super::Admin;
+use crate::admin::metrics;
+use crate::clock;
+use crate::deadletter::{
+    Cursor, Filter, Order, Place, Source, Summary, day_start_ms, find, is_day, page, parse,
+    unreplayed,
+};
+use crate::journal::NewEvent;
+use crate::policy::Reason;
+use crate::server::{Body, json};
+use http::{Request, Response, StatusCode, Uri};
+use http_body_util::{BodyExt, Limited};
+use hyper::body::Incoming;
+use serde_json::{Value, json};
+use std::collections::HashSet;
+
+const DEFAULT_LIMIT: usize = 100;
+const MAX_LIMIT: usize = 1000;
+/// Ids one replay call may name; `all` has no limit.
+const MAX_IDS: usize = 1000;
+/// Records a replay of `all` stores per journal write.
+const CHUNK: usize = 500;
+/// Ids a replay of `all` lists in its answer (the count is exact).
+const LISTED: usize = 1000;
+
+/// Why a call failed; `reply` is its one conversion to an answer.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum ApiError {
+    #[error("{0}")]
+    Bad(String),
+    #[error("{0}")]
+    NotFound(String),
+    #[error(
+        "unknown destination `{0}`: it is not in the config, so its dead letters cannot be read or replayed here (any records stay in its sink's folder `{0}`); add it back to the config to work on them"
+    )]
+    Unknown(String, Vec<String>),
+    #[error("cannot read the dead letters: {0}")]
+    Read(String),
+    /// A replay that stopped part way: why, and what it did before.
+    #[error("{1}")]
+    Stopped(StatusCode, String, Box<Value>),
+}
+
+impl ApiError {
+    pub(super) fn reply(self) -> Response<Body> {
+        let message = self.to_string();
+        let (status, mut body) = match self {
+            ApiError::Bad(_) => (StatusCode::BAD_REQUEST, json!({})),
+            ApiError::NotFound(_) => (StatusCode::NOT_FOUND, json!({})),
+            ApiError::Unknown(_, names) => {
+                (StatusCode::NOT_FOUND, json!({ "destinations": names }))
+            }
+            ApiError::Read(_) => (StatusCode::INTERNAL_SERVER_ERROR, json!({})),
+            ApiError::Stopped(status, _, done) => (status, *done),
+        };
+        body["error"] = json!(message);
+        json(status, &body)
+    }
+}
+
+impl From<std::io::Error> for ApiError {
+    fn from(e: std::io::Error) -> Self {
+        ApiError::Read(e.to_string())
+    }
+}
+
+impl From<tokio::task::JoinError> for ApiError {
+    fn from(e: tokio::task::JoinError) -> Self {
+        ApiError::Read(e.to_string())
+    }
+}
+
+pub(super) type Answer = Result<Value, ApiError>;
+
+fn bad(message: impl Into<String>) -> ApiError {
+    ApiError::Bad(message.into())
+}
+
+/// `yyyy-mm-dd` (midnight UTC) or an RFC 3339 time in UTC.
+fn time_ms(key: &str, value: &str) -> Result<u64, ApiError> {
+    let ms = if is_day(value) {
+        day_start_ms(value)
+    } else {
+        humantime::parse_rfc3339_weak(value)
+            .ok()
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map(|d| d.as_millis() as u64)
+    };
+    ms.ok_or_else(|| {
+        bad(format!(
+            "`{key}` is `{value}`: expected a date (2026-11-22) or a UTC time (2026-11-22T10:00:00Z)"
+        ))
+    })
+}
+
+fn reason(value: &str) -> Result<String, ApiError> {
+    let names = Reason::ALL.map(|r| r.as_str());
+    if names.contains(&value) {
+        return Ok(value.to_string());
+    }
+    Err(bad(format!(
+        "`reason` is `{value}`: expected one of {}",
+        names.join(", ")
+    )))
+}
+
+/// The query's pairs, refusing keys not in `allowed` (a typo would
+/// otherwise widen a listing or a purge silently).
+fn query(uri: &Uri, allowed: &[&str]) -> Result<Vec<(String, String)>, ApiError> {
+    let pairs: Vec<(String, String)> = form_urlencoded::parse(uri.query().unwrap_or("").as_bytes())
+        .map(|(k, v)| (k.into_owned(), v.into_owned()))
+        .collect();
+    if let Some((k, _)) = pairs.iter().find(|(k, _)| !allowed.contains(&k.as_str())) {
+        return Err(bad(format!(
+            "unknown parameter `{k}`; expected one of {}",
+            allowed.join(", ")
+        )));
+    }
+    Ok(pairs)
+}
+
+fn item_json(destination: &str, summary: &Summary, replayed: bool) -> Value {
+    let mut v = json!(summary);
+    v["destination"] = json!(destination);
+    v["replayed"] = json!(replayed);
+    v
+}
+
+/// What `list` reads: the page wanted, and where from.
+struct Listing {
+    only: Option<String>,
+    filter: Filter,
+    order: Order,
+    after: Option<Cursor>,
+    limit: usize,
+}
+
+impl Listing {
+    fn parse(uri: &Uri) -> Result<Listing, ApiError> {
+        let allowed = [
+            "destination",
+            "limit",
+            "after",
+            "order",
+            "reason",
+            "since",
+            "until",
+        ];
+        let mut l = Listing {
+            only: None,
+            filter: Filter::default(),
+            order: Order::Newest,
+            after: None,
+            limit: DEFAULT_LIMIT,
+        };
+        for (k, v) in query(uri, &allowed)? {
+            match k.as_str() {
+                "destination" => l.only = Some(v),
+                "limit" => {
+                    l.limit = v
+                        .parse()
+                        .ok()
+                        .filter(|n| (1..=MAX_LIMIT).contains(n))
+                        .ok_or_else(|| {
+                            bad(format!("`limit` is `{v}`: expected 1 to {MAX_LIMIT}"))
+                        })?;
+                }
+                "after" => {
+                    l.after = Some(Cursor::decode(&v).ok_or_else(|| {
+                        bad(format!(
+                            "`after` is `{v}`, which is not a cursor this API gave"
+                        ))
+                    })?);
+                }
+                "order" => {
+                    l.order = match v.as_str() {
+                        "newest" => Order::Newest,
+                        "oldest" => Order::Oldest,
+                        _ => {
+                            return Err(bad(format!(
+                                "`order` is `{v}`: expected newest or oldest"
+                            )));
+                        }
+                    };
+                }
+                "reason" => l.filter.reason = Some(reason(&v)?),
+                "since" => l.filter.since_ms = Some(time_ms(&k, &v)?),
+                _ => l.filter.until_ms = Some(time_ms(&k, &v)?),
+            }
+        }
+        Ok(l)
+    }
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReplayRequest {
+    destination: String,
+    #[serde(default)]
+    ids: Option<Vec<String>>,
+    #[serde(default)]
+    all: bool,
+    #[serde(default)]
+    reason: Option<String>,
+    #[serde(default)]
+    since: Option<String>,
+    #[serde(default)]
+    until: Option<String>,
+}
+
+impl ReplayRequest {
+    fn filter(&self) -> Result<Filter, ApiError> {
+        let time =
+            |key: &str, v: &Option<String>| v.as_deref().map(|v| time_ms(key, v)).transpose();
+        Ok(Filter {
+            reason: self.reason.as_deref().map(reason).transpose()?,
+            since_ms: time("since", &self.since)?,
+            until_ms: time("until", &self.until)?,
+        })
+    }
+}
+
+impl Admin {
+    /// The sink of a configured destination.
+    fn source(&self, name: &str) -> Result<Source, ApiError> {
+        let settings = self.settings.load();
+        let Some(dest) = settings.destination(name) else {
+            let names = settings
+                .destinations
+                .iter()
+                .map(|d| d.name.clone())
+                .collect();
+            return Err(ApiError::Unknown(name.to_string(), names));
+        };
+        let Some(root) = &dest.dead_letter else {
+            return Err(ApiError::NotFound(format!(
+                "destination `{name}` has no dead-letter sink (`dead_letter: none`, or no default `dead_letter.dir`): its events are dropped, not kept"
+            )));
+        };
+        Ok(Source {
+            destination: name.to_string(),
+            sink: self.fleet.sink(root),
+        })
+    }
+
+    /// `GET /v1/dead-letters`.
+    pub(super) async fn list_dead_letters(&self, uri: &Uri) -> Answer {
+        let l = Listing::parse(uri)?;
+        let sources = match &l.only {
+            Some(name) => vec![self.source(name)?],
+            None => {
+                let settings = self.settings.load();
+                let mut names: Vec<&str> = settings
+                    .destinations
+                    .iter()
+                    .map(|d| d.name.as_str())
+                    .collect();
+                names.sort_unstable();
+                names
+                    .into_iter()
+                    .filter_map(|n| self.source(n).ok())
+                    .collect()
+            }
+        };
+        let p = tokio::task::spawn_blocking(move || {
+            page(&sources, &l.filter, l.order, l.after.as_ref(), l.limit)
+        })
+        .await??;
+        let items: Vec<Value> = p
+            .items
+            .iter()
+            .map(|i| item_json(&i.destination, &i.summary, i.replayed))
+            .collect();
+        Ok(json!({
+            "dead_letters": items,
+            "next": p.next.map(|c| c.encode()),
+            "unreadable_lines": p.unreadable,
+        }))
+    }
+
+    /// `GET /v1/dead-letters/{destination}/{id}`: the newest record of `id`.
+    pub(super) async fn show_dead_letter(&self, name: &str, id: &str) -> Answer {
+        let id = percent_encoding::percent_decode_str(id)
+            .decode_utf8_lossy()
+            .into_owned();
+        let source = self.source(name)?;
+        let ids = HashSet::from([id.clone()]);
+        let mut found = tokio::task::spawn_blocking(move || find(&source, &ids)).await??;
+        let f = found.remove(&id).ok_or_else(|| {
+            ApiError::NotFound(format!("no dead letter `{id}` for destination `{name}`"))
+        })?;
+        let record = parse(&f.line)
+            .map_err(|e| ApiError::Read(format!("the record of `{id}` is unreadable: {e}")))?;
+        let mut v = item_json(name, &record.summary(), f.replayed);
+        v["record"] = record.into_value();
+        Ok(v)
+    }
+
+    /// `DELETE /v1/dead-letters?destination=&before=`.
+    pub(super) async fn purge_dead_letters(&self, uri: &Uri) -> Answer {
+        let pairs = query(uri, &["destination", "before"])?;
+        let get = |key: &str| pairs.iter().find(|(k, _)| k == key).map(|(_, v)| v.clone());
+        let name = get("destination").ok_or_else(|| {
+            bad("a purge needs `destination`: it never spans every destination at once")
+        })?;
+        let before = get("before");
+        if let Some(b) = before
+            .as_deref()
+            .filter(|b| day_start_ms(b).is_none() || !is_day(b))
+        {
+            return Err(bad(format!(
+                "`before` is `{b}`: expected a date (2026-11-22); records are kept in one file per UTC day, and a purge removes whole days before it"
+            )));
+        }
+        let source = self.source(&name)?;
+        let _one = self.dead_letter_ops.lock().await;
+        let b = before.clone();
+        let purged = tokio::task::spawn_blocking(move || {
+            source.sink.purge(&source.destination, b.as_deref())
+        })
+        .await??;
+        tracing::info!(destination = %name, before = before.as_deref(), records = purged.records, files = purged.files.len(), "dead letters purged");
+        Ok(json!({
+            "destination": name,
+            "before": before,
+            "purged": purged.records,
+            "files": purged.files,
+        }))
+    }
+
+    /// `POST /v1/dead-letters/replay`.
+    pub(super) async fn replay_dead_letters(&self, req: Request<Incoming>) -> Answer {
+        let body = Limited::new(req.into_body(), 1 << 20)
+            .collect()
+            .await
+            .map_err(|e| bad(format!("cannot read the request body: {e}")))?
+            .to_bytes();
+        let ask: ReplayRequest = serde_json::from_slice(&body).map_err(|e| {
+            bad(format!(
+                "the body is not a replay request: {e}; expected {{\"destination\": \"...\", \"ids\": [\"...\"]}} or {{\"destination\": \"...\", \"all\": true}}"
+            ))
+        })?;
+        let source = self.source(&ask.destination)?;
+        let filter = ask.filter()?;
+        let named = ask.reason.is_some() || ask.since.is_some() || ask.until.is_some();
+        let _one = self.dead_letter_ops.lock().await;
+        let mut done = Replay::new(&source.destination);
+        let outcome = match (&ask.ids, ask.all) {
+            (Some(ids), false) if !ids.is_empty() && ids.len() <= MAX_IDS => {
+                if named {
+                    return Err(bad(
+                        "`reason`, `since` and `until` go with `all`; named ids are replayed as named",
+                    ));
+                }
+                self.replay_ids(&source, ids, &mut done).await
+            }
+            (Some(ids), false) if ids.len() > MAX_IDS => {
+                return Err(bad(format!(
+                    "{} ids: at most {MAX_IDS} per call, or `all`",
+                    ids.len()
+                )));
+            }
+            (None, true) => self.replay_all(&source, filter, &mut done).await,
+            _ => {
+                return Err(bad(
+                    "a replay needs either `ids` (a non-empty list) or `all: true`, not both",
+                ));
+            }
+        };
+        tracing::info!(destination = %source.destination, replayed = done.count, not_found = done.not_found.len(), "dead letters replayed");
+        match outcome {
+            Ok(()) => Ok(done.json()),
+            Err((status, error)) => {
+                tracing::error!(destination = %source.destination, error, "replay stopped");
+                Err(ApiError::Stopped(status, error, Box::new(done.json())))
+            }
+        }
+    }
+
+    async fn replay_ids(&self, source: &Source, ids: &[String], done: &mut Replay) -> Stopped {
+        let wanted: HashSet<String> = ids.iter().cloned().collect();
+        let src = source.clone();
+        let mut found = match tokio::task::spawn_blocking(move || find(&src, &wanted)).await {
+            Ok(Ok(f)) => f,
+            Ok(Err(e)) => return Err(unreadable(&e.to_string())),
+            Err(e) => return Err(unreadable(&e.to_string())),
+        };
+        let mut chunk = Vec::new();
+        let mut seen = HashSet::new();
+        for id in ids {
+            if !seen.insert(id) {
+                continue;
+            }
+            match found.remove(id) {
+                Some(f) => chunk.push((f.place, f.line)),
+                None => done.not_found.push(id.clone()),
+            }
+        }
+        self.replay_chunk(source, chunk, done).await
+    }
+
+    async fn replay_all(&self, source: &Source, filter: Filter, done: &mut Replay) -> Stopped {
+        let (tx, mut rx) = tokio::sync::mpsc::channel(1);
+        let src = source.clone();
+        let scan = tokio::task::spawn_blocking(move || {
+            unreplayed(&src, &filter, CHUNK, |chunk| {
+                tx.blocking_send(chunk).is_ok()
+            })
+        });
+        while let Some(chunk) = rx.recv().await {
+            if let Err(stop) = self.replay_chunk(source, chunk, done).await {
+                drop(rx);
+                let _ = scan.await;
+                return Err(stop);
+            }
+        }
+        match scan.await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(unreadable(&e.to_string())),
+            Err(e) => Err(unreadable(&e.to_string())),
+        }
+    }
+
+    /// Stores one chunk in the journal, then marks it replayed.
+    async fn replay_chunk(
+        &self,
+        source: &Source,
+        chunk: Vec<(Place, String)>,
+        done: &mut Replay,
+    ) -> Stopped {
+        let now = clock::now_ms();
+        let mut events: Vec<NewEvent> = Vec::with_capacity(chunk.len());
+        let mut places = Vec::with_capacity(chunk.len());
+        for (place, line) in chunk {
+            match parse(&line).and_then(|r| r.rebuild(&line, &source.destination, now)) {
+                Ok(r) => {
+                    for name in r.redacted {
+                        if !done.redacted.contains(&name) {
+                            done.redacted.push(name);
+                        }
+                    }
+                    events.push(r.event);
+                    places.push(place);
+                }
+                Err(e) => done.unreadable.push(json!({
+                    "day": place.day,
+                    "offset": place.offset,
+                    "error": e.to_string(),
+                })),
+            }
+        }
+        if events.is_empty() {
+            return Ok(());
+        }
+        let ids: Vec<String> = events.iter().map(|e| e.id.clone()).collect();
+        if let Err(e) = self.journal.replay(events).await {
+            return Err((
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!(
+                    "the journal refused the replay ({e}); what is listed as replayed was stored, the rest is untouched"
+                ),
+            ));
+        }
+        metrics::replayed(&source.destination, ids.len() as u64);
+        done.add(ids);
+        let src = source.clone();
+        let marked =
+            tokio::task::spawn_blocking(move || src.sink.mark_replayed(&src.destination, &places))
+                .await;
+        match marked {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(unmarked(&e.to_string())),
+            Err(e) => Err(unmarked(&e.to_string())),
+        }
+    }
+}
+
+/// How a replay stopped: the status and the reason.
+type Stopped = Result<(), (StatusCode, String)>;
+
+fn unreadable(e: &str) -> (StatusCode, String) {
+    (
+        StatusCode::INTERNAL_SERVER_ERROR,
+        format!("cannot read the dead letters: {e}"),
+    )
+}
+
+fn unmarked(e: &str) -> (StatusCode, String) {
+    (
+        StatusCode::INTERNAL_SERVER_ERROR,
+        format!(
+            "the events were stored but could not be marked replayed ({e}): a replay of `all` would send them again"
+        ),
+    )
+}
+
+/// What a replay did, as its answer says.
+struct Replay {
+    destination: String,
+    count: u64,
+    ids: Vec<String>,
+    not_found: Vec<String>,
+    unreadable: Vec<Value>,
+    redacted: Vec<String>,
+}
+
+impl Replay {
+    fn new(destination: &str) -> Self {
+        Replay {
+            destination: destination.to_string(),
+            count: 0,
+            ids: Vec::new(),
+            not_found: Vec::new(),
+            unreadable: Vec::new(),
+            redacted: Vec::new(),
+        }
+    }
+
+    fn add(&mut self, ids: Vec<String>) {
+        self.count += ids.len() as u64;
+        let room = LISTED.saturating_sub(self.ids.len());
+        self.ids.extend(ids.into_iter().take(room));
+    }
+
+    fn json(&self) -> Value {
+        let mut v = json!({
+            "destination": self.destination,
+            "replayed": self.ids,
+            "replayed_count": self.count,
+            "not_found": self.not_found,
+            "unreadable": self.unreadable,
+        });
+        if self.count > self.ids.len() as u64 {
+            v["replayed_listed"] = json!(self.ids.len());
+        }
+        if !self.redacted.is_empty() {
+            v["redacted_headers"] = json!(self.redacted);
+            v["note"] = json!(format!(
+                "sent without the headers the records did not keep (dead_letter.redact_headers): {}",
+                self.redacted.join(", ")
+            ));
+        }
+        v
+    }
+}

@@ -1,0 +1,459 @@
+//! Paging through the sink for the admin API: filters, the opaque cursor,
+//! the newest record of an id, and the stream of records a replay of
+//! `all` takes. Blocking file reads: callers run them off the runtime.
+//!
+//! A page walks destinations in name order and, within one, records in
+//! the order of their files (oldest first) or the reverse. The cursor is
+//! the place of the last record returned, so records written while an
+//! operator pages never shift a page (newest first) or come at its end
+//! (oldest first), and each record is listed once.
+
+use super::dir::{DirSink, Place};
+use super::parse::{Record, Summary, parse};
+use base64::Engine;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use serde_json::Value;
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Order {
+    Oldest,
+    Newest,
+}
+
+/// Which records a listing or a replay of `all` takes.
+#[derive(Debug, Default, Clone)]
+pub struct Filter {
+    /// `deadLetterReason`.
+    pub reason: Option<String>,
+    /// Dead-lettered at or after (ms since the epoch).
+    pub since_ms: Option<u64>,
+    /// Dead-lettered before.
+    pub until_ms: Option<u64>,
+}
+
+const DAY_MS: u64 = 86_400_000;
+
+/// Midnight UTC at the start of `day` (`yyyy-mm-dd`).
+pub fn day_start_ms(day: &str) -> Option<u64> {
+    let t = humantime::parse_rfc3339(&format!("{day}T00:00:00Z")).ok()?;
+    Some(t.duration_since(std::time::UNIX_EPOCH).ok()?.as_millis() as u64)
+}
+
+impl Filter {
+    /// Whether a day's file can hold a record this filter takes.
+    fn day(&self, day: &str) -> bool {
+        let Some(start) = day_start_ms(day) else {
+            return false;
+        };
+        self.since_ms.is_none_or(|s| s < start + DAY_MS) && self.until_ms.is_none_or(|u| start < u)
+    }
+
+    fn takes(&self, r: &Record, day: &str) -> bool {
+        if self
+            .reason
+            .as_deref()
+            .is_some_and(|want| r.reason() != Some(want))
+        {
+            return false;
+        }
+        // Records from before `deadLetterTime`: their day's start.
+        let at = r
+            .dead_lettered_ms()
+            .or_else(|| day_start_ms(day))
+            .unwrap_or(0);
+        self.since_ms.is_none_or(|s| at >= s) && self.until_ms.is_none_or(|u| at < u)
+    }
+}
+
+/// One destination's sink, as the admin API sees it.
+#[derive(Clone)]
+pub struct Source {
+    pub destination: String,
+    pub sink: Arc<DirSink>,
+}
+
+/// One record of a listing.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Item {
+    pub destination: String,
+    pub place: Place,
+    pub summary: Summary,
+    pub replayed: bool,
+}
+
+/// Where the next page starts: after this record.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Cursor {
+    pub destination: String,
+    pub place: Place,
+}
+
+impl Cursor {
+    pub fn encode(&self) -> String {
+        URL_SAFE_NO_PAD.encode(format!(
+            "{}\n{}\n{}",
+            self.destination, self.place.day, self.place.offset
+        ))
+    }
+
+    pub fn decode(s: &str) -> Option<Cursor> {
+        let text = String::from_utf8(URL_SAFE_NO_PAD.decode(s).ok()?).ok()?;
+        let mut parts = text.splitn(3, '\n');
+        let destination = parts.next()?.to_string();
+        let day = parts.next()?.to_string();
+        let offset = parts.next()?.parse().ok()?;
+        super::dir::is_day(&day).then_some(Cursor {
+            destination,
+            place: Place { day, offset },
+        })
+    }
+}
+
+pub struct Page {
+    pub items: Vec<Item>,
+    pub next: Option<Cursor>,
+    /// Lines that are not records (damaged by hand, or torn and ended).
+    pub unreadable: u64,
+}
+
+/// Up to `limit` records of `sources` (in name order) after `after`.
+pub fn page(
+    sources: &[Source],
+    filter: &Filter,
+    order: Order,
+    after: Option<&Cursor>,
+    limit: usize,
+) -> std::io::Result<Page> {
+    let mut items = Vec::new();
+    let mut unreadable = 0;
+    // One more than asked: whether there is a next page.
+    let want = limit + 1;
+    for src in sources {
+        if after.is_some_and(|c| src.destination < c.destination) {
+            continue;
+        }
+        let from = after
+            .filter(|c| c.destination == src.destination)
+            .map(|c| &c.place);
+        let mut days = src.sink.days(&src.destination)?;
+        days.retain(|d| filter.day(d));
+        if order == Order::Newest {
+            days.reverse();
+        }
+        for day in days {
+            if items.len() >= want {
+                break;
+            }
+            let skip = match (from, order) {
+                (Some(p), Order::Oldest) => day < p.day,
+                (Some(p), Order::Newest) => day > p.day,
+                (None, _) => false,
+            };
+            if skip {
+                continue;
+            }
+            let replayed = src.sink.replayed(&src.destination, &day)?;
+            let bound = from.filter(|p| p.day == day).map(|p| p.offset);
+            let mut take = |offset: u64, line: &str| -> Option<Item> {
+                let Ok(record) = parse(line) else {
+                    unreadable += 1;
+                    return None;
+                };
+                filter.takes(&record, &day).then(|| Item {
+                    destination: src.destination.clone(),
+                    place: Place {
+                        day: day.clone(),
+                        offset,
+                    },
+                    summary: record.summary(),
+                    replayed: replayed.contains(&offset),
+                })
+            };
+            match order {
+                Order::Oldest => {
+                    let start = bound.unwrap_or(0);
+                    src.sink
+                        .lines(&src.destination, &day, start, |offset, line| {
+                            if bound == Some(offset) {
+                                return true;
+                            }
+                            if let Some(item) = take(offset, line) {
+                                items.push(item);
+                            }
+                            items.len() < want
+                        })?;
+                }
+                Order::Newest => {
+                    // The file reads forward: keep the last ones before the bound.
+                    let room = want - items.len();
+                    let mut last = VecDeque::with_capacity(room);
+                    src.sink.lines(&src.destination, &day, 0, |offset, line| {
+                        if bound.is_some_and(|b| offset >= b) {
+                            return false;
+                        }
+                        if let Some(item) = take(offset, line) {
+                            if last.len() == room {
+                                last.pop_front();
+                            }
+                            last.push_back(item);
+                        }
+                        true
+                    })?;
+                    items.extend(last.into_iter().rev());
+                }
+            }
+        }
+        if items.len() >= want {
+            break;
+        }
+    }
+    let next = (items.len() > limit).then(|| {
+        items.truncate(limit);
+        items.last().map(|i| Cursor {
+            destination: i.destination.clone(),
+            place: i.place.clone(),
+        })
+    });
+    Ok(Page {
+        items,
+        next: next.flatten(),
+        unreadable,
+    })
+}
+
+/// A record found by id: its place, line and whether it was replayed.
+pub struct Found {
+    pub place: Place,
+    pub line: String,
+    pub replayed: bool,
+}
+
+/// The newest record of each of `ids` in `src`.
+pub fn find(src: &Source, ids: &HashSet<String>) -> std::io::Result<HashMap<String, Found>> {
+    let mut found = HashMap::new();
+    // As the ids appear in a line (JSON-escaped), for a few.
+    let escaped: Vec<String> = if ids.len() <= 8 {
+        ids.iter()
+            .map(|id| Value::from(id.as_str()).to_string())
+            .collect()
+    } else {
+        Vec::new()
+    };
+    for day in src.sink.days(&src.destination)? {
+        let replayed = src.sink.replayed(&src.destination, &day)?;
+        src.sink.lines(&src.destination, &day, 0, |offset, line| {
+            // Parse only lines that can hold one of the ids.
+            if !escaped.is_empty() && !escaped.iter().any(|id| line.contains(id.as_str())) {
+                return true;
+            }
+            if let Ok(record) = parse(line)
+                && let Some(id) = record.id().filter(|id| ids.contains(*id))
+            {
+                found.insert(
+                    id.to_string(),
+                    Found {
+                        place: Place {
+                            day: day.clone(),
+                            offset,
+                        },
+                        line: line.to_string(),
+                        replayed: replayed.contains(&offset),
+                    },
+                );
+            }
+            true
+        })?;
+    }
+    Ok(found)
+}
+
+/// Calls `each` with the records of `src` not yet replayed that `filter`
+/// takes, oldest first, in chunks of up to `chunk`, until it returns false.
+pub fn unreplayed(
+    src: &Source,
+    filter: &Filter,
+    chunk: usize,
+    mut each: impl FnMut(Vec<(Place, String)>) -> bool,
+) -> std::io::Result<()> {
+    let mut batch = Vec::with_capacity(chunk);
+    let mut go_on = true;
+    for day in src.sink.days(&src.destination)? {
+        if !filter.day(&day) {
+            continue;
+        }
+        let replayed = src.sink.replayed(&src.destination, &day)?;
+        src.sink.lines(&src.destination, &day, 0, |offset, line| {
+            if replayed.contains(&offset) {
+                return true;
+            }
+            if parse(line).is_ok_and(|r| filter.takes(&r, &day)) {
+                let place = Place {
+                    day: day.clone(),
+                    offset,
+                };
+                batch.push((place, line.to_string()));
+                if batch.len() == chunk {
+                    go_on = each(std::mem::take(&mut batch));
+                }
+            }
+            go_on
+        })?;
+        if !go_on {
+            return Ok(());
+        }
+    }
+    if !batch.is_empty() {
+        each(batch);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::deadletter::DeadLetterSink;
+
+    /// Two destinations over three days: 5 + 7 records, reasons alternating.
+    fn sources(root: &std::path::Path) -> Vec<Source> {
+        let sink = Arc::new(DirSink::new(root.to_path_buf()));
+        let mut n = 0;
+        for (dest, days) in [("a", [2, 0, 3]), ("b", [1, 4, 2])] {
+            for (d, count) in days.into_iter().enumerate() {
+                let day = format!("2026-11-2{d}");
+                let lines: Vec<String> = (0..count)
+                    .map(|_| {
+                        n += 1;
+                        let reason = if n % 2 == 0 { "TimeToLiveExceeded" } else { "NonRetriableStatus" };
+                        format!(r#"{{"id":"e{n}","deadLetterReason":"{reason}","deadLetterTime":"{day}T{n:02}:00:00Z","data":{{}}}}"#)
+                    })
+                    .collect();
+                if !lines.is_empty() {
+                    sink.write(dest, &day, &lines).expect("write");
+                }
+            }
+        }
+        ["a", "b"]
+            .map(|d| Source {
+                destination: d.into(),
+                sink: sink.clone(),
+            })
+            .to_vec()
+    }
+
+    fn walk(sources: &[Source], filter: &Filter, order: Order, limit: usize) -> Vec<String> {
+        let mut ids = Vec::new();
+        let mut after = None;
+        for _ in 0..100 {
+            let p = page(sources, filter, order, after.as_ref(), limit).expect("page");
+            assert!(p.items.len() <= limit);
+            ids.extend(p.items.iter().map(|i| i.summary.id.clone()));
+            match p.next {
+                // The cursor survives its text form.
+                Some(c) => after = Some(Cursor::decode(&c.encode()).expect("decodes")),
+                None => return ids,
+            }
+        }
+        panic!("paging did not end");
+    }
+
+    #[test]
+    fn pages_return_every_record_once_in_either_order() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let src = sources(tmp.path());
+        let oldest: Vec<String> = (1..=12).map(|n| format!("e{n}")).collect();
+        let newest = [
+            "e5", "e4", "e3", "e2", "e1", "e12", "e11", "e10", "e9", "e8", "e7", "e6",
+        ];
+        for limit in [1, 2, 5, 12, 50] {
+            assert_eq!(
+                walk(&src, &Filter::default(), Order::Oldest, limit),
+                oldest,
+                "limit {limit}"
+            );
+            assert_eq!(
+                walk(&src, &Filter::default(), Order::Newest, limit),
+                newest,
+                "limit {limit}"
+            );
+        }
+    }
+
+    #[test]
+    fn filters_take_reason_and_time() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let src = sources(tmp.path());
+        let ttl = Filter {
+            reason: Some("TimeToLiveExceeded".into()),
+            ..Filter::default()
+        };
+        assert_eq!(
+            walk(&src, &ttl, Order::Oldest, 3),
+            ["e2", "e4", "e6", "e8", "e10", "e12"]
+        );
+        // a: e1 e2 (day 0), e3 e4 e5 (day 2); b: e6 (day 0), e7-e10 (day 1), e11 e12 (day 2).
+        let at = |s: &str| {
+            day_start_ms(&s[..10]).map(|d| d + s[11..13].parse::<u64>().expect("h") * 3_600_000)
+        };
+        let window = Filter {
+            since_ms: at("2026-11-21T07:00"),
+            until_ms: at("2026-11-22T04:00"),
+            ..Filter::default()
+        };
+        assert_eq!(
+            walk(&src, &window, Order::Oldest, 2),
+            ["e3", "e7", "e8", "e9", "e10"]
+        );
+    }
+
+    #[test]
+    fn a_replay_of_all_skips_what_was_replayed_and_finds_the_newest_by_id() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let src = sources(tmp.path());
+        let mut first = Vec::new();
+        unreplayed(&src[1], &Filter::default(), 3, |chunk| {
+            first.push(chunk.len());
+            src[1]
+                .sink
+                .mark_replayed(
+                    "b",
+                    &chunk.iter().map(|(p, _)| p.clone()).collect::<Vec<_>>(),
+                )
+                .expect("mark");
+            first.len() < 2
+        })
+        .expect("walk");
+        assert_eq!(first, [3, 3], "stopped when asked");
+        let mut rest = Vec::new();
+        unreplayed(&src[1], &Filter::default(), 3, |chunk| {
+            rest.extend(
+                chunk
+                    .into_iter()
+                    .map(|(_, l)| parse(&l).expect("parses").id().map(String::from)),
+            );
+            true
+        })
+        .expect("walk");
+        assert_eq!(rest, [Some("e12".to_string())]);
+        // The same id twice: the newest wins.
+        src[0]
+            .sink
+            .write("a", "2026-11-24", &[r#"{"id":"e1","v":2}"#.into()])
+            .expect("write");
+        let ids = HashSet::from(["e1".to_string(), "nope".to_string()]);
+        let found = find(&src[0], &ids).expect("find");
+        assert_eq!(found.len(), 1);
+        let e1 = &found["e1"];
+        assert_eq!(e1.place.day, "2026-11-24");
+        assert!(e1.line.contains("\"v\":2"));
+        assert!(!e1.replayed);
+    }
+
+    #[test]
+    fn a_bad_cursor_is_refused() {
+        assert!(Cursor::decode("not base64!").is_none());
+        assert!(Cursor::decode(&URL_SAFE_NO_PAD.encode("a\nnot-a-day\n3")).is_none());
+        assert!(Cursor::decode(&URL_SAFE_NO_PAD.encode("a\n2026-11-20\nx")).is_none());
+    }
+}

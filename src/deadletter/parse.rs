@@ -1,0 +1,384 @@
+//! A dead-letter record read back (SPEC §4.6): what the admin API lists,
+//! and the request a replay puts back in the journal. The shape is told by
+//! the record itself (`courierRequest`, `courierrequest`, or the custom
+//! envelope with the request at the top level), not by the destination's
+//! schema now, which a reload may have changed since it was written.
+
+use super::record::{CLOUDEVENTS, EVENTGRID, Names};
+use crate::journal::{Header, NewEvent};
+use base64::Engine;
+use bytes::Bytes;
+use serde_json::value::RawValue;
+use serde_json::{Map, Value};
+
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum ParseError {
+    #[error("not a JSON object")]
+    NotObject,
+    #[error("no `{0}`")]
+    Missing(&'static str),
+    #[error("header `{0}` is neither a string nor {{\"base64\": ...}}")]
+    Header(String),
+    #[error("`data_base64` is not base64")]
+    Data,
+}
+
+/// One record, parsed.
+pub struct Record {
+    fields: Map<String, Value>,
+    shape: Shape,
+}
+
+enum Shape {
+    /// An eventgrid or cloudevents event with courier's fields spliced in.
+    Event(&'static Names),
+    Custom,
+}
+
+/// What a listing shows of a record.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Summary {
+    pub id: String,
+    pub reason: Option<String>,
+    pub attempts: Option<u64>,
+    pub last_outcome: Option<String>,
+    pub last_status: Option<u64>,
+    pub accepted_at: Option<String>,
+    pub dead_lettered_at: Option<String>,
+}
+
+/// The request a replay stores, and the headers the record did not keep.
+pub struct Rebuilt {
+    pub event: NewEvent,
+    pub redacted: Vec<String>,
+}
+
+pub fn parse(line: &str) -> Result<Record, ParseError> {
+    let Ok(Value::Object(fields)) = serde_json::from_str::<Value>(line) else {
+        return Err(ParseError::NotObject);
+    };
+    let shape = if fields.contains_key(EVENTGRID.request) {
+        Shape::Event(&EVENTGRID)
+    } else if fields.contains_key(CLOUDEVENTS.request) {
+        Shape::Event(&CLOUDEVENTS)
+    } else {
+        Shape::Custom
+    };
+    let record = Record { fields, shape };
+    record.id().ok_or(ParseError::Missing("id"))?;
+    Ok(record)
+}
+
+impl Record {
+    fn names(&self) -> &'static Names {
+        match self.shape {
+            Shape::Event(names) => names,
+            Shape::Custom => &EVENTGRID,
+        }
+    }
+
+    /// The request's parts: the courier object of an event shape, or the
+    /// top level of the custom envelope.
+    fn request(&self) -> Option<&Map<String, Value>> {
+        match self.shape {
+            Shape::Event(names) => self.fields.get(names.request)?.as_object(),
+            Shape::Custom => Some(&self.fields),
+        }
+    }
+
+    /// Courier's event id. Records written before it was in the request
+    /// object have only the event's own `id`, which was courier's then.
+    pub fn id(&self) -> Option<&str> {
+        self.request()
+            .and_then(|r| r.get("id"))
+            .or_else(|| self.fields.get("id"))?
+            .as_str()
+    }
+
+    fn text(&self, key: &str) -> Option<String> {
+        self.fields.get(key)?.as_str().map(str::to_string)
+    }
+
+    pub fn reason(&self) -> Option<&str> {
+        self.fields.get(self.names().reason)?.as_str()
+    }
+
+    /// When it was dead-lettered (ms since the epoch), when it says so.
+    pub fn dead_lettered_ms(&self) -> Option<u64> {
+        let at = self.fields.get(self.names().dead_lettered)?.as_str()?;
+        let t = humantime::parse_rfc3339(at).ok()?;
+        let d = t.duration_since(std::time::UNIX_EPOCH).ok()?;
+        Some(d.as_millis() as u64)
+    }
+
+    pub fn summary(&self) -> Summary {
+        let n = self.names();
+        Summary {
+            id: self.id().unwrap_or_default().to_string(),
+            reason: self.text(n.reason),
+            attempts: self.fields.get(n.attempts).and_then(Value::as_u64),
+            last_outcome: self.text(n.outcome),
+            last_status: self.fields.get(n.status).and_then(Value::as_u64),
+            accepted_at: self.text(n.publish),
+            dead_lettered_at: self.text(n.dead_lettered),
+        }
+    }
+
+    pub fn into_value(self) -> Value {
+        Value::Object(self.fields)
+    }
+
+    /// The request as the app sent it, for `destination`, accepted anew
+    /// at `now_ms` (a fresh TTL and attempt count). `line` is the record's
+    /// text, from which an event's own bytes are cut when they are intact.
+    pub fn rebuild(
+        &self,
+        line: &str,
+        destination: &str,
+        now_ms: u64,
+    ) -> Result<Rebuilt, ParseError> {
+        let request = self.request().ok_or(ParseError::Missing("request"))?;
+        let text = |key: &'static str| -> Result<String, ParseError> {
+            request
+                .get(key)
+                .and_then(Value::as_str)
+                .map(str::to_string)
+                .ok_or(ParseError::Missing(key))
+        };
+        let headers = match request.get("headers") {
+            Some(Value::Object(h)) => headers(h)?,
+            _ => Vec::new(),
+        };
+        let redacted = match request.get("redactedHeaders") {
+            Some(Value::Array(names)) => names
+                .iter()
+                .filter_map(Value::as_str)
+                .map(str::to_string)
+                .collect(),
+            _ => Vec::new(),
+        };
+        let body = match self.shape {
+            Shape::Event(names) => self.event_body(line, names),
+            Shape::Custom => custom_body(line)?,
+        };
+        Ok(Rebuilt {
+            event: NewEvent {
+                id: self.id().ok_or(ParseError::Missing("id"))?.to_string(),
+                destination: destination.to_string(),
+                method: text("method")?,
+                path: text("path")?,
+                headers,
+                body,
+                accepted_ms: now_ms,
+            },
+            redacted,
+        })
+    }
+
+    /// The event without courier's fields. They were spliced in last, so
+    /// when the line ends with exactly them, what precedes is the event's
+    /// own text; otherwise (the event was re-encoded) it is re-encoded.
+    fn event_body(&self, line: &str, names: &Names) -> Bytes {
+        let mut event = self.fields.clone();
+        let mut added = Map::new();
+        for key in names.all() {
+            if let Some(v) = event.remove(key) {
+                added.insert(key.to_string(), v);
+            }
+        }
+        let extra = Value::Object(added).to_string();
+        let line = line.trim_end();
+        if let Some(head) = line.strip_suffix(&extra[1..])
+            && let Some(inner) = head
+                .strip_suffix(',')
+                .or_else(|| head.strip_suffix('{').map(|_| "{"))
+        {
+            let mut body = inner.to_string();
+            body.push('}');
+            if serde_json::from_str::<Value>(&body).is_ok_and(|v| v == Value::Object(event.clone()))
+            {
+                return Bytes::from(body);
+            }
+        }
+        Bytes::from(Value::Object(event).to_string())
+    }
+}
+
+/// The custom envelope's body: `data` byte for byte, or `data_base64`.
+fn custom_body(line: &str) -> Result<Bytes, ParseError> {
+    #[derive(serde::Deserialize)]
+    struct Data<'a> {
+        #[serde(borrow, default)]
+        data: Option<&'a RawValue>,
+        #[serde(default)]
+        data_base64: Option<String>,
+    }
+    let d: Data = serde_json::from_str(line).map_err(|_| ParseError::NotObject)?;
+    match (d.data, d.data_base64) {
+        (Some(raw), _) => Ok(Bytes::copy_from_slice(raw.get().as_bytes())),
+        (None, Some(b64)) => base64::engine::general_purpose::STANDARD
+            .decode(b64)
+            .map(Bytes::from)
+            .map_err(|_| ParseError::Data),
+        (None, None) => Ok(Bytes::new()),
+    }
+}
+
+/// The recorded headers, a repeated one from its list in order.
+fn headers(h: &Map<String, Value>) -> Result<Vec<Header>, ParseError> {
+    let value = |name: &str, v: &Value| -> Result<Vec<u8>, ParseError> {
+        match v {
+            Value::String(s) => Ok(s.as_bytes().to_vec()),
+            Value::Object(o) => o
+                .get("base64")
+                .and_then(Value::as_str)
+                .and_then(|b| base64::engine::general_purpose::STANDARD.decode(b).ok())
+                .ok_or_else(|| ParseError::Header(name.to_string())),
+            _ => Err(ParseError::Header(name.to_string())),
+        }
+    };
+    let mut out = Vec::new();
+    for (name, v) in h {
+        match v {
+            Value::Array(list) => {
+                for item in list {
+                    out.push((name.clone(), value(name, item)?));
+                }
+            }
+            one => out.push((name.clone(), value(name, one)?)),
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Schema;
+    use crate::deadletter::{Facts, Written, record};
+    use crate::policy::Reason;
+
+    fn event(body: &'static [u8]) -> NewEvent {
+        NewEvent {
+            id: "evt-1".into(),
+            destination: "orders".into(),
+            method: "PUT".into(),
+            path: "/hooks/a?x=1&y=%20".into(),
+            headers: vec![
+                ("content-type".into(), b"application/json".to_vec()),
+                ("x-bin".into(), b"a\xffb".to_vec()),
+                ("x-bin".into(), b"second".to_vec()),
+                ("cookie".into(), b"session=1".to_vec()),
+            ],
+            body: Bytes::from_static(body),
+            accepted_ms: 1_597_339_093_000,
+        }
+    }
+
+    const FACTS: Facts = Facts {
+        reason: Reason::NonRetriableStatus,
+        attempts: 3,
+        last_outcome: "BadRequest",
+        last_status: Some(400),
+        last_attempt_ms: Some(1_597_339_094_000),
+    };
+
+    /// Writes a record, reads it back, rebuilds it for `into` at 42.
+    fn round_trip(schema: Schema, e: &NewEvent, redact: &[String]) -> (Summary, Rebuilt) {
+        let w = Written {
+            at_ms: 1_597_339_095_000,
+            redact,
+        };
+        let line = record(schema, e, &FACTS, &w);
+        let r = parse(&line).expect("parses");
+        let rebuilt = r.rebuild(&line, "into", 42).expect("rebuilds");
+        (r.summary(), rebuilt)
+    }
+
+    #[test]
+    fn every_shape_gives_back_the_request_byte_for_byte() {
+        let bodies: [(Schema, &'static [u8]); 6] = [
+            (Schema::Custom, br#"{"b": 2,  "a": [1, 2]}"#),
+            (Schema::Custom, b"\x00\xffnot json"),
+            (Schema::Custom, b""),
+            (
+                Schema::Eventgrid,
+                br#"{"id":"e1", "data":{"n": 1}, "eventType":"T"}"#,
+            ),
+            (
+                Schema::Cloudevents,
+                br#"{"specversion":"1.0","id":"c1","data":"x"}"#,
+            ),
+            (Schema::Eventgrid, b"{}"),
+        ];
+        for (schema, body) in bodies {
+            let e = event(body);
+            let (summary, rebuilt) = round_trip(schema, &e, &[]);
+            let got = rebuilt.event;
+            assert_eq!(got.body, e.body, "{schema:?} {body:?}");
+            assert_eq!(got.method, "PUT");
+            assert_eq!(got.path, e.path);
+            assert_eq!(got.id, "evt-1", "courier's id, not the body's");
+            assert_eq!(got.destination, "into");
+            assert_eq!(got.accepted_ms, 42, "a replay is accepted anew");
+            let mut want = e.headers.clone();
+            want.sort();
+            let mut have = got.headers.clone();
+            have.sort();
+            assert_eq!(have, want, "{schema:?}");
+            assert!(rebuilt.redacted.is_empty());
+            assert_eq!(summary.id, "evt-1");
+            assert_eq!(summary.reason.as_deref(), Some("NonRetriableStatus"));
+            assert_eq!(summary.attempts, Some(3));
+            assert_eq!(summary.last_status, Some(400));
+            assert_eq!(summary.last_outcome.as_deref(), Some("BadRequest"));
+            assert_eq!(
+                summary.dead_lettered_at.as_deref(),
+                Some("2020-08-13T17:18:15.000000Z")
+            );
+        }
+    }
+
+    #[test]
+    fn a_re_encoded_event_comes_back_equal_in_value() {
+        // Multi-line: the record re-encodes it, so only its value survives.
+        let e = event(b"{\n  \"id\": \"e1\",\n  \"data\": {\"n\": 1}\n}");
+        let (_, rebuilt) = round_trip(Schema::Eventgrid, &e, &[]);
+        let got: Value = serde_json::from_slice(&rebuilt.event.body).expect("json");
+        let want: Value = serde_json::from_slice(&e.body).expect("json");
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn redacted_headers_are_not_sent_and_are_named() {
+        let redact = ["cookie".to_string()];
+        for schema in [Schema::Custom, Schema::Eventgrid, Schema::Cloudevents] {
+            let (_, rebuilt) = round_trip(schema, &event(br#"{"id":"e1"}"#), &redact);
+            assert!(
+                rebuilt.event.headers.iter().all(|(n, _)| n != "cookie"),
+                "{schema:?}"
+            );
+            assert_eq!(rebuilt.redacted, ["cookie"], "{schema:?}");
+        }
+    }
+
+    #[test]
+    fn the_dead_letter_time_is_read_and_bad_lines_are_refused() {
+        let line = record(
+            Schema::Custom,
+            &event(b"{}"),
+            &FACTS,
+            &Written {
+                at_ms: 1_597_339_095_123,
+                redact: &[],
+            },
+        );
+        assert_eq!(
+            parse(&line).expect("parses").dead_lettered_ms(),
+            Some(1_597_339_095_123)
+        );
+        assert!(matches!(parse("[1]"), Err(ParseError::NotObject)));
+        assert!(matches!(parse("{\"id\":"), Err(ParseError::NotObject)));
+        assert!(matches!(parse("{\"x\":1}"), Err(ParseError::Missing("id"))));
+    }
+}

@@ -1,0 +1,503 @@
+//! Dead letters an operator can work with (issue #12, items 1 to 3): the
+//! admin API and the `courier dead-letters` CLI list, show, replay and
+//! purge the records of a real courier, replays reach a real receiver as
+//! the app sent them, and the admin token guards what changes anything.
+
+mod support;
+
+use http::Method;
+use serde_json::{Value, json};
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+use support::client::request;
+use support::{
+    Courier, Received, Receiver, Reply, behavior, check, check_eq, config, dl_dir, fail,
+    files_under, get, post, requests, run_cli, wait_dead_letters,
+};
+
+const PROMPT: Duration = Duration::from_secs(10);
+const TOKEN: &str = "dead-letter-admin-token-0123456789";
+
+/// A receiver that answers 400 until `accept` is set, then 200.
+async fn gate() -> (Receiver, Arc<AtomicBool>) {
+    let accept = Arc::new(AtomicBool::new(false));
+    let open = accept.clone();
+    let rx = Receiver::start(behavior(move |_, _| {
+        Reply::status(if open.load(Ordering::SeqCst) {
+            200
+        } else {
+            400
+        })
+    }))
+    .await;
+    (rx, accept)
+}
+
+/// What the app sends: a query, a custom header, a header to redact.
+async fn send(c: &Courier, id: &str) {
+    let resp = request(
+        Method::PUT,
+        &c.url("orders/hooks/v1?tenant=a%20b&x=1"),
+        format!(r#"{{"order": "{id}",  "total": 12.50}}"#),
+        &[
+            ("Idempotency-Key", id),
+            ("X-Trace", "trace-1"),
+            ("Cookie", "session=do-not-store"),
+            ("Content-Type", "application/json"),
+        ],
+    )
+    .await;
+    check_eq!(c, resp.status, 202, "PUT {id}: {}", resp.text());
+}
+
+fn admin(c: &Courier, path: &str) -> String {
+    format!("{}{path}", c.admin_url())
+}
+
+async fn replay(c: &Courier, body: Value, token: Option<&str>) -> support::Resp {
+    let bearer = token.map(|t| format!("Bearer {t}"));
+    let headers: Vec<(&str, &str)> = bearer
+        .as_deref()
+        .map(|b| vec![("Authorization", b)])
+        .unwrap_or_default();
+    post(
+        &admin(c, "/v1/dead-letters/replay"),
+        body.to_string(),
+        &headers,
+    )
+    .await
+}
+
+async fn purge(c: &Courier, query: &str, token: Option<&str>) -> support::Resp {
+    let bearer = token.map(|t| format!("Bearer {t}"));
+    let headers: Vec<(&str, &str)> = bearer
+        .as_deref()
+        .map(|b| vec![("Authorization", b)])
+        .unwrap_or_default();
+    support::client::delete(&admin(c, &format!("/v1/dead-letters?{query}")), &headers).await
+}
+
+/// Every listed id, following `next` (bounded).
+async fn list_all(c: &Courier, query: &str) -> Vec<Value> {
+    let mut out = Vec::new();
+    let mut after = String::new();
+    for _ in 0..2000 {
+        let url = admin(c, &format!("/v1/dead-letters?{query}{after}"));
+        let resp = get(&url).await;
+        check_eq!(c, resp.status, 200, "GET {url}: {}", resp.text());
+        let page = resp.json();
+        out.extend(page["dead_letters"].as_array().cloned().unwrap_or_default());
+        match page["next"].as_str() {
+            Some(next) => after = format!("&after={next}"),
+            None => return out,
+        }
+    }
+    fail!(c, "paging did not end");
+}
+
+fn id_of(r: &Received) -> String {
+    r.header("webhook-id").unwrap_or_default().to_string()
+}
+
+fn check_as_sent(c: &Courier, r: &Received, id: &str) {
+    check_eq!(c, r.method, Method::PUT);
+    check_eq!(c, r.path_and_query, "/hooks/v1?tenant=a%20b&x=1");
+    check_eq!(
+        c,
+        r.text(),
+        format!(r#"{{"order": "{id}",  "total": 12.50}}"#)
+    );
+    check_eq!(c, r.header("x-trace"), Some("trace-1"));
+    check_eq!(c, r.header("content-type"), Some("application/json"));
+    check_eq!(c, r.header("courier-delivery-attempt"), Some("1"));
+    check_eq!(c, id_of(r), id);
+    check!(
+        c,
+        r.header("cookie").is_none(),
+        "a redacted header was sent"
+    );
+}
+
+fn orders_config(url: &str) -> String {
+    config("orders", url, "").replacen(
+        "dead_letter: { dir: ./dl }",
+        "dead_letter: { dir: ./dl, redact_headers: [Cookie] }",
+        1,
+    )
+}
+
+#[tokio::test]
+async fn a_replay_through_the_api_and_the_cli_sends_the_request_as_the_app_did() {
+    let (rx, accept) = gate().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let c = Courier::start(dir.path(), &orders_config(&rx.url())).await;
+    for id in ["evt-a", "evt-b", "evt-c"] {
+        send(&c, id).await;
+    }
+    wait_dead_letters(&c, "orders", 3, PROMPT).await;
+    // At rest: the redacted header is in no file, and the record says so.
+    for file in files_under(&dl_dir(&c, "orders")) {
+        let text = std::fs::read_to_string(&file).expect("read");
+        check!(
+            c,
+            !text.contains("do-not-store"),
+            "{} holds the cookie",
+            file.display()
+        );
+    }
+    let shown = get(&admin(&c, "/v1/dead-letters/orders/evt-a")).await;
+    check_eq!(c, shown.status, 200, "{}", shown.text());
+    let shown = shown.json();
+    check_eq!(c, shown["reason"], "NonRetriableStatus");
+    check_eq!(c, shown["last_status"], 400);
+    check_eq!(c, shown["attempts"], 1);
+    check_eq!(c, shown["replayed"], false);
+    check_eq!(c, shown["record"]["redactedHeaders"], json!(["cookie"]));
+    check_eq!(
+        c,
+        shown["record"]["data"],
+        json!({"order": "evt-a", "total": 12.50})
+    );
+
+    accept.store(true, Ordering::SeqCst);
+    let before = rx.count();
+    let resp = replay(
+        &c,
+        json!({"destination": "orders", "ids": ["evt-a", "nope"]}),
+        None,
+    )
+    .await;
+    check_eq!(c, resp.status, 200, "{}", resp.text());
+    let answer = resp.json();
+    check_eq!(c, answer["replayed"], json!(["evt-a"]));
+    check_eq!(c, answer["not_found"], json!(["nope"]));
+    check_eq!(c, answer["redacted_headers"], json!(["cookie"]));
+    let got = requests(&c, &rx, before + 1, PROMPT).await;
+    check_as_sent(&c, &got[before], "evt-a");
+
+    let out = run_cli(
+        None,
+        &[
+            "dead-letters",
+            "--admin",
+            &c.admin_url(),
+            "replay",
+            "--destination",
+            "orders",
+            "evt-b",
+        ],
+        &[],
+    )
+    .await;
+    check!(c, out.success(), "CLI replay: {}", out.show());
+    check!(
+        c,
+        out.stdout.contains("replayed 1 dead letters of orders"),
+        "{}",
+        out.show()
+    );
+    check!(
+        c,
+        out.stdout.contains("cookie"),
+        "the CLI does not say what was left out: {}",
+        out.show()
+    );
+    let got = requests(&c, &rx, before + 2, PROMPT).await;
+    check_as_sent(&c, &got[before + 1], "evt-b");
+
+    // `all` takes what was not replayed yet, once.
+    let out = run_cli(
+        None,
+        &[
+            "dead-letters",
+            "--admin",
+            &c.admin_url(),
+            "replay",
+            "--destination",
+            "orders",
+            "--all",
+        ],
+        &[],
+    )
+    .await;
+    check_eq!(c, out.code, 1, "--all without --yes: {}", out.show());
+    let resp = replay(&c, json!({"destination": "orders", "all": true}), None).await;
+    check_eq!(c, resp.status, 200, "{}", resp.text());
+    check_eq!(c, resp.json()["replayed"], json!(["evt-c"]));
+    let resp = replay(&c, json!({"destination": "orders", "all": true}), None).await;
+    check_eq!(c, resp.json()["replayed_count"], 0, "{}", resp.text());
+    support::quiet(&c, &rx, before + 3, Duration::from_millis(500)).await;
+    let ids: Vec<String> = rx.received()[before..].iter().map(id_of).collect();
+    check_eq!(c, ids, ["evt-a", "evt-b", "evt-c"]);
+    let listed = list_all(&c, "destination=orders").await;
+    check!(
+        c,
+        listed.iter().all(|i| i["replayed"] == true),
+        "{listed:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_listing_of_a_thousand_records_pages_each_once_and_the_cli_prints_a_table() {
+    let rx = Receiver::start(behavior(|_, _| Reply::status(400))).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let yaml = config(
+        "orders",
+        &rx.url(),
+        "schema: eventgrid\nprobation: { after_failures: 0 }",
+    );
+    let c = Courier::start(dir.path(), &yaml).await;
+    // Ten requests of a hundred Event Grid events each.
+    for r in 0..10 {
+        let events: Vec<Value> = (0..100)
+            .map(|i| json!({"id": format!("e{:04}", r * 100 + i), "subject": "s", "eventType": "t", "eventTime": "2026-11-23T09:00:00Z", "data": {}, "dataVersion": "1"}))
+            .collect();
+        let resp = post(&c.url("orders"), Value::Array(events).to_string(), &[]).await;
+        check!(
+            c,
+            resp.status < 300,
+            "publish: {} {}",
+            resp.status,
+            resp.text()
+        );
+    }
+    wait_dead_letters(&c, "orders", 1000, Duration::from_secs(60)).await;
+    let want: HashSet<String> = (0..1000).map(|i| format!("e{i:04}")).collect();
+    for query in ["destination=orders&limit=7", "limit=333&order=oldest"] {
+        let listed = list_all(&c, query).await;
+        let ids: Vec<String> = listed
+            .iter()
+            .map(|i| i["id"].as_str().unwrap_or_default().to_string())
+            .collect();
+        check_eq!(c, ids.len(), 1000, "{query}");
+        check_eq!(
+            c,
+            ids.iter().cloned().collect::<HashSet<_>>(),
+            want,
+            "{query}"
+        );
+    }
+    let bad = get(&admin(&c, "/v1/dead-letters?destination=orders&limit=0")).await;
+    check_eq!(c, bad.status, 400, "{}", bad.text());
+    check!(
+        c,
+        bad.json()["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("limit")),
+        "{}",
+        bad.text()
+    );
+    let typo = get(&admin(&c, "/v1/dead-letters?destinaton=orders")).await;
+    check_eq!(c, typo.status, 400, "{}", typo.text());
+    let missing = get(&admin(&c, "/v1/dead-letters/orders/no-such-id")).await;
+    check_eq!(c, missing.status, 404, "{}", missing.text());
+    check!(
+        c,
+        missing.json()["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("no-such-id")),
+        "{}",
+        missing.text()
+    );
+    let unknown = get(&admin(&c, "/v1/dead-letters?destination=gone")).await;
+    check_eq!(c, unknown.status, 404, "{}", unknown.text());
+
+    let out = run_cli(
+        None,
+        &[
+            "dead-letters",
+            "--admin",
+            &c.admin_url(),
+            "list",
+            "--destination",
+            "orders",
+            "--limit",
+            "5",
+        ],
+        &[],
+    )
+    .await;
+    check!(c, out.success(), "{}", out.show());
+    let lines: Vec<&str> = out.stdout.lines().collect();
+    check_eq!(c, lines.len(), 6, "{}", out.show());
+    check!(
+        c,
+        lines[0].starts_with("ID") && lines[0].contains("DEAD-LETTERED AT"),
+        "{}",
+        out.show()
+    );
+    check!(
+        c,
+        lines[1].contains("NonRetriableStatus") && lines[1].contains("BadRequest (400)"),
+        "{}",
+        out.show()
+    );
+    let out = run_cli(
+        None,
+        &[
+            "dead-letters",
+            "--admin",
+            &c.admin_url(),
+            "--json",
+            "list",
+            "--limit",
+            "1500",
+        ],
+        &[],
+    )
+    .await;
+    check!(c, out.success(), "{}", out.show());
+    check_eq!(
+        c,
+        out.json()["dead_letters"].as_array().map(Vec::len),
+        Some(1000)
+    );
+}
+
+#[tokio::test]
+async fn a_purge_removes_what_it_says_and_the_token_guards_purge_and_replay() {
+    let rx = Receiver::start(behavior(|_, _| Reply::status(400))).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let yaml = format!(
+        "{}  billing:\n    url: {}\n",
+        config("orders", &rx.url(), ""),
+        rx.url()
+    )
+    .replacen(
+        "admin_listen: 127.0.0.1:0\n",
+        "admin_listen: 127.0.0.1:0\nadmin_token_env: TEST_ADMIN_TOKEN\n",
+        1,
+    );
+    let c = Courier::start_with_env(
+        support::courier_bin(),
+        dir.path(),
+        &yaml,
+        &[("TEST_ADMIN_TOKEN", TOKEN)],
+    )
+    .await;
+    for (dest, id) in [("orders", "o1"), ("orders", "o2"), ("billing", "b1")] {
+        let resp = post(&c.url(dest), "{}", &[("Idempotency-Key", id)]).await;
+        check_eq!(c, resp.status, 202, "{}", resp.text());
+    }
+    wait_dead_letters(&c, "orders", 2, PROMPT).await;
+    wait_dead_letters(&c, "billing", 1, PROMPT).await;
+    // An old day's file, as if written months ago.
+    let old = dl_dir(&c, "orders").join("2026-01-01.jsonl");
+    std::fs::write(
+        &old,
+        "{\"id\":\"old-1\",\"deadLetterReason\":\"TimeToLiveExceeded\"}\n",
+    )
+    .expect("write");
+    let files = || {
+        let mut f: Vec<String> = files_under(&dir.path().join("dl"))
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect();
+        f.sort();
+        f
+    };
+    let all = files();
+
+    // Without the token: 401, nothing changes.
+    let resp = purge(&c, "destination=orders", None).await;
+    check_eq!(c, resp.status, 401, "{}", resp.text());
+    let resp = purge(&c, "destination=orders", Some("wrong-token")).await;
+    check_eq!(c, resp.status, 401, "{}", resp.text());
+    let resp = replay(&c, json!({"destination": "orders", "all": true}), None).await;
+    check_eq!(c, resp.status, 401, "{}", resp.text());
+    check_eq!(c, files(), all, "a refused call changed the files");
+    check_eq!(c, rx.count(), 3, "a refused replay sent something");
+    let listed = list_all(&c, "destination=orders").await;
+    check!(
+        c,
+        listed.iter().all(|i| i["replayed"] == false),
+        "{listed:?}"
+    );
+
+    // `before` today: only the old day goes.
+    let today = &support::deadletters::today();
+    let resp = purge(
+        &c,
+        &format!("destination=orders&before={today}"),
+        Some(TOKEN),
+    )
+    .await;
+    check_eq!(c, resp.status, 200, "{}", resp.text());
+    check_eq!(c, resp.json()["purged"], 1, "{}", resp.text());
+    check!(c, !old.exists(), "the old day was kept");
+    let ids: HashSet<String> = list_all(&c, "")
+        .await
+        .iter()
+        .map(|i| i["id"].as_str().unwrap_or_default().to_string())
+        .collect();
+    check_eq!(
+        c,
+        ids,
+        HashSet::from(["o1".into(), "o2".into(), "b1".into()])
+    );
+    let resp = purge(&c, "destination=orders&before=yesterday", Some(TOKEN)).await;
+    check_eq!(c, resp.status, 400, "{}", resp.text());
+
+    // The CLI, with the token from the environment: all of orders, not billing.
+    let args = [
+        "dead-letters",
+        "--admin",
+        &c.admin_url(),
+        "purge",
+        "--destination",
+        "orders",
+    ];
+    let out = run_cli(None, &args, &[("COURIER_ADMIN_TOKEN", TOKEN)]).await;
+    check_eq!(c, out.code, 1, "purge without --yes: {}", out.show());
+    let mut with_yes = args.to_vec();
+    with_yes.push("--yes");
+    let out = run_cli(None, &with_yes, &[]).await;
+    check_eq!(c, out.code, 1, "no token: {}", out.show());
+    check!(c, out.stderr.contains("401"), "{}", out.show());
+    let out = run_cli(None, &with_yes, &[("COURIER_ADMIN_TOKEN", TOKEN)]).await;
+    check!(c, out.success(), "{}", out.show());
+    check!(
+        c,
+        out.stdout.contains("purged 2 dead letters of orders"),
+        "{}",
+        out.show()
+    );
+    let left: Vec<String> = list_all(&c, "")
+        .await
+        .iter()
+        .map(|i| {
+            format!(
+                "{}/{}",
+                i["destination"].as_str().unwrap_or_default(),
+                i["id"].as_str().unwrap_or_default()
+            )
+        })
+        .collect();
+    check_eq!(c, left, ["billing/b1"]);
+}
+
+#[tokio::test]
+async fn a_replayed_event_survives_sigkill_before_its_delivery() {
+    let (rx, accept) = gate().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut c = Courier::start(dir.path(), &orders_config(&rx.url())).await;
+    send(&c, "evt-k").await;
+    wait_dead_letters(&c, "orders", 1, PROMPT).await;
+    // Paused, the replayed event can only be in the journal at the kill.
+    let pause = post(&admin(&c, "/v1/destinations/orders/pause"), "", &[]).await;
+    check_eq!(c, pause.status, 200, "{}", pause.text());
+    let resp = replay(&c, json!({"destination": "orders", "ids": ["evt-k"]}), None).await;
+    check_eq!(c, resp.status, 200, "{}", resp.text());
+    c.kill();
+    accept.store(true, Ordering::SeqCst);
+    c.restart().await;
+    let resume = post(&admin(&c, "/v1/destinations/orders/resume"), "", &[]).await;
+    check_eq!(c, resume.status, 200, "{}", resume.text());
+    let got = requests(&c, &rx, 2, PROMPT).await;
+    check_as_sent(&c, &got[1], "evt-k");
+    // Marked before the answer: a second `all` finds nothing.
+    let again = replay(&c, json!({"destination": "orders", "all": true}), None).await;
+    check_eq!(c, again.json()["replayed_count"], 0, "{}", again.text());
+}
