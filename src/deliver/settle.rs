@@ -81,12 +81,13 @@ pub async fn run(ctx: &Arc<Ctx>, unit: Unit, probe: bool) -> Settled {
     let now = clock::now_ms();
     let mut kept = true;
     let mut live = Vec::with_capacity(events.len());
+    let mut expired = Vec::new();
     for ev in events {
         if ctx.late.take(ev.seq) {
             continue;
         }
         if ctx.dest.limits.expired(ev.event.accepted_ms, now) {
-            kept &= expire(ctx, ev).await;
+            expired.push(ev);
             continue;
         }
         // Its attempts are used up: it waited out the late-answer window of
@@ -97,6 +98,7 @@ pub async fn run(ctx: &Arc<Ctx>, unit: Unit, probe: bool) -> Settled {
         }
         live.push(ev);
     }
+    kept &= expire(ctx, expired).await;
     if live.is_empty() {
         no_attempt();
         return Settled::done(kept);
@@ -126,25 +128,39 @@ pub async fn run(ctx: &Arc<Ctx>, unit: Unit, probe: bool) -> Settled {
     }
 }
 
-/// Dead-letters an event whose TTL ran out before its next attempt. One
-/// held back by probation says so in `lastDeliveryOutcome`, as in Event Grid.
-pub async fn expire(ctx: &Ctx, ev: StoredEvent) -> bool {
-    let outcome = if ctx.health.on_probation() {
-        Outcome::Probation.as_str().to_string()
-    } else {
-        // Never attempted: courier held it back the whole time.
-        ev.last_outcome
-            .clone()
-            .unwrap_or_else(|| Outcome::Probation.as_str().into())
-    };
-    let facts = Facts {
-        reason: Reason::TimeToLiveExceeded,
-        attempts: ev.attempts,
-        last_outcome: &outcome,
-        last_status: ev.last_status,
-        last_attempt_ms: ev.last_attempt_ms,
-    };
-    dead_letter(ctx, &[(&ev, facts)], ev.batch.as_deref()).await
+/// Dead-letters events whose TTL ran out before their next attempt, as
+/// one group: one sink write and sync, then one journal change, so that a
+/// paused destination's backlog expiring at once costs one fsync per group,
+/// not per event. One held back by probation says so in
+/// `lastDeliveryOutcome`, as in Event Grid.
+pub async fn expire(ctx: &Ctx, evs: Vec<StoredEvent>) -> bool {
+    if evs.is_empty() {
+        return true;
+    }
+    let probation = ctx.health.on_probation();
+    let outcomes: Vec<String> = evs
+        .iter()
+        .map(|ev| match &ev.last_outcome {
+            Some(o) if !probation => o.clone(),
+            // Never attempted: courier held it back the whole time.
+            _ => Outcome::Probation.as_str().to_string(),
+        })
+        .collect();
+    let items: Vec<(&StoredEvent, Facts)> = evs
+        .iter()
+        .zip(&outcomes)
+        .map(|(ev, outcome)| {
+            let facts = Facts {
+                reason: Reason::TimeToLiveExceeded,
+                attempts: ev.attempts,
+                last_outcome: outcome,
+                last_status: ev.last_status,
+                last_attempt_ms: ev.last_attempt_ms,
+            };
+            (ev, facts)
+        })
+        .collect();
+    dead_letter(ctx, &items, None).await
 }
 
 /// Dead-letters an event with no attempt left, as its last attempt ended.
@@ -412,13 +428,13 @@ async fn apply(ctx: &Ctx, changes: Vec<Change>, durable: Durable) -> bool {
 
 /// Writes the dead letters durably (one sink write for all of them), then
 /// deletes the events. Without a sink the events are dropped and counted.
-/// `batch`: the batch of their last attempt, for the log.
+/// `batch`: the batch of this attempt, for the log (else each event's own).
 async fn dead_letter(ctx: &Ctx, items: &[(&StoredEvent, Facts<'_>)], batch: Option<&str>) -> bool {
     let dest = &ctx.dest.name;
     match &ctx.sink {
         None => {
             for (ev, facts) in items {
-                outcome_log::dropped(ev, facts, batch);
+                outcome_log::dropped(ev, facts, batch.or(ev.batch.as_deref()));
                 metrics::dropped(dest, facts.reason.as_str());
             }
         }
@@ -456,7 +472,7 @@ async fn dead_letter(ctx: &Ctx, items: &[(&StoredEvent, Facts<'_>)], batch: Opti
                 tokio::time::sleep(SINK_RETRY).await;
             }
             for (ev, facts) in items {
-                outcome_log::dead_lettered(ev, facts, batch);
+                outcome_log::dead_lettered(ev, facts, batch.or(ev.batch.as_deref()));
                 metrics::dead_lettered(dest, facts.reason.as_str());
             }
         }
