@@ -17,9 +17,9 @@
 //! e. idle RSS: one destination, nothing sent, after 2 s;
 //! x. mass expiry (issue #12; not in the default steps): a 100,000-event
 //!    backlog of a paused destination (`--scale` multiplies it) whose TTL
-//!    has run out: SIGTERM, every event made 61 s older in `journal.db`
-//!    (`event_ttl: 1m` is the smallest allowed), start again, and time
-//!    until every event is dead-lettered, with courier's peak RSS meanwhile.
+//!    has run out: SIGTERM, every event made an hour older in `journal.db`
+//!    (`event_ttl: 1h`), start again, and time until every event is
+//!    dead-lettered, with courier's peak RSS meanwhile.
 //!
 //! Each courier step runs for the courier built by `cargo bench` (or
 //! `COURIER_BIN`) and, with `--compare PATH`, for a second binary, so
@@ -612,7 +612,8 @@ async fn mass_expiry(
     args: &Args,
 ) -> Result<(Row, f64, u64), String> {
     let events = backlog(EXPIRY_BACKLOG, args);
-    let extra = "    retry: { event_ttl: 1m }\n    dead_letter: { dir: ./dl }\n";
+    // An hour: a 1M fill takes longer than the smallest TTL, a minute.
+    let extra = "    retry: { event_ttl: 1h }\n    dead_letter: { dir: ./dl }\n";
     let mut run = start(bin, rx, extra).await?;
     let c = &mut run.courier;
     let filled = fill(c, events, args).await?;
@@ -620,7 +621,7 @@ async fn mass_expiry(
     c.wait_exit(DEADLINE).await;
     let db = run.dir.path().join("journal").join("journal.db");
     let aged = rusqlite::Connection::open(&db)
-        .and_then(|conn| conn.execute("UPDATE events SET accepted_ms = accepted_ms - 61000", []))
+        .and_then(|conn| conn.execute("UPDATE events SET accepted_ms = accepted_ms - 3601000", []))
         .map_err(|e| format!("age the events in {}: {e}", db.display()))?;
     if aged as u64 != events {
         return Err(format!(

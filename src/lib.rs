@@ -98,7 +98,7 @@ pub async fn run(settings: Settings, source: ConfigSource) -> Result<(), RunErro
         reader: journal
             .reader()
             .map_err(|e| RunError::Setup(format!("cannot open a journal reader: {e}")))?,
-        dead_letter_ops: tokio::sync::Mutex::new(()),
+        dead_letter_ops: Arc::default(),
     });
     let (listen, admin_listen) = (live.load().listen, live.load().admin_listen);
     let ingress_addr = ingress_listener

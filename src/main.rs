@@ -173,8 +173,7 @@ fn dead_letters(admin: &str, token_env: &str, json: bool, command: DeadLetterCom
             return ExitCode::from(2);
         }
     };
-    let token = std::env::var(token_env).ok();
-    match runtime.block_on(dead_letters_call(admin, token, json, command)) {
+    match runtime.block_on(dead_letters_call(admin, token_env, json, command)) {
         Ok(text) => {
             emit(&text);
             ExitCode::SUCCESS
@@ -188,13 +187,13 @@ fn dead_letters(admin: &str, token_env: &str, json: bool, command: DeadLetterCom
 
 async fn dead_letters_call(
     admin: &str,
-    token: Option<String>,
+    token_env: &str,
     json: bool,
     command: DeadLetterCommand,
 ) -> Result<String, CliError> {
     use http::Method;
     use serde_json::json;
-    let client = AdminClient::new(admin, token)?;
+    let client = AdminClient::new(admin, token_env)?;
     let pretty = |v: &serde_json::Value| format!("{v:#}\n");
     let mut o = String::new();
     match command {

@@ -391,7 +391,8 @@ async fn cloudevents_structured_batch_and_binary_are_delivered_structured() {
 }
 
 /// The fields courier adds to a dead letter, per schema.
-const EG_FIELDS: [&str; 7] = [
+const EG_FIELDS: [&str; 8] = [
+    "deadLetterTime",
     "deadLetterReason",
     "deliveryAttempts",
     "lastDeliveryOutcome",
@@ -439,8 +440,9 @@ async fn dead_letters_keep_each_schemas_shape() {
     check_eq!(
         c,
         record["courierRequest"],
-        json!({"method": "POST", "path": "/p?q=1", "headers": {"x-trace": "t-3"}})
+        json!({"id": "dl-e1", "method": "POST", "path": "/p?q=1", "headers": {"x-trace": "t-3"}})
     );
+    check!(c, record["deadLetterTime"].is_string(), "{record}");
     // Replay rebuilds the event: the record without courier's fields.
     let mut event = record.as_object().cloned().unwrap_or_default();
     for k in EG_FIELDS {

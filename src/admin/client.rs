@@ -37,12 +37,15 @@ impl CliError {
 pub struct AdminClient {
     base: String,
     token: Option<String>,
+    /// Where the token came from, for a 401's hint.
+    token_env: String,
     client: Client<HttpConnector, Full<Bytes>>,
 }
 
 impl AdminClient {
-    /// `base`: the admin listener's URL; `token`: the bearer token, if any.
-    pub fn new(base: &str, token: Option<String>) -> Result<AdminClient, CliError> {
+    /// `base`: the admin listener's URL; the bearer token, if any, is in
+    /// the variable `token_env`.
+    pub fn new(base: &str, token_env: &str) -> Result<AdminClient, CliError> {
         let base = base.trim_end_matches('/').to_string();
         if !base.starts_with("http://") || base.parse::<http::Uri>().is_err() {
             return Err(CliError::Arguments(format!(
@@ -51,7 +54,10 @@ impl AdminClient {
         }
         Ok(AdminClient {
             base,
-            token: token.filter(|t| !t.trim().is_empty()),
+            token: std::env::var(token_env)
+                .ok()
+                .filter(|t| !t.trim().is_empty()),
+            token_env: token_env.to_string(),
             client: Client::builder(TokioExecutor::new()).build_http(),
         })
     }
@@ -83,7 +89,12 @@ impl AdminClient {
         };
         let resp = tokio::time::timeout(CALL_TIMEOUT, self.client.request(req))
             .await
-            .map_err(|_| unreachable("no answer in time".into()))?
+            .map_err(|_| {
+                CliError::Runtime(format!(
+                    "no answer from {url} within {}s; a replay or purge goes on in courier even so: list the dead letters to see where it stands",
+                    CALL_TIMEOUT.as_secs()
+                ))
+            })?
             .map_err(|e| unreachable(e.to_string()))?;
         let status = resp.status();
         let body = resp
@@ -104,7 +115,8 @@ impl AdminClient {
             .to_string();
         let message = match status {
             StatusCode::UNAUTHORIZED => format!(
-                "the admin API refused the call (401): {error}. Set the token in COURIER_ADMIN_TOKEN, or name its variable with --token-env"
+                "the admin API refused the call (401): {error}. Set the token in {}, or name its variable with --token-env",
+                self.token_env
             ),
             s => format!("the admin API answered {}: {error}", s.as_u16()),
         };
@@ -128,9 +140,16 @@ pub fn query(pairs: &[(&str, Option<String>)]) -> String {
     if q.is_empty() { q } else { format!("?{q}") }
 }
 
+/// What a path segment keeps as it is: RFC 3986's unreserved characters.
+const SEGMENT: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'_')
+    .remove(b'.')
+    .remove(b'~');
+
 /// A path segment, percent-encoded (an id may hold `/` or `?`).
 pub fn segment(s: &str) -> String {
-    percent_encoding::utf8_percent_encode(s, percent_encoding::NON_ALPHANUMERIC).to_string()
+    percent_encoding::utf8_percent_encode(s, SEGMENT).to_string()
 }
 
 /// Follows `next` until `limit` records are listed or none are left.
@@ -260,5 +279,6 @@ mod tests {
         );
         assert_eq!(query(&[("since", None)]), "");
         assert_eq!(segment("a/b?c"), "a%2Fb%3Fc");
+        assert_eq!(segment("order-events_v1.x~"), "order-events_v1.x~");
     }
 }

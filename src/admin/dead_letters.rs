@@ -14,7 +14,7 @@ use crate::deadletter::{
     Cursor, Filter, Order, Place, Source, Summary, day_start_ms, find, is_day, page, parse,
     unreplayed,
 };
-use crate::journal::NewEvent;
+use crate::journal::{Journal, NewEvent};
 use crate::policy::Reason;
 use crate::server::{Body, json};
 use http::{Request, Response, StatusCode, Uri};
@@ -40,7 +40,7 @@ pub(super) enum ApiError {
     #[error("{0}")]
     NotFound(String),
     #[error(
-        "unknown destination `{0}`: it is not in the config, so its dead letters cannot be read or replayed here (any records stay in its sink's folder `{0}`); add it back to the config to work on them"
+        "unknown destination `{0}`: it is not in the config, so its dead letters cannot be read or replayed here (any records stay in the dead-letter folder named `{0}`); add it back to the config to work on them"
     )]
     Unknown(String, Vec<String>),
     #[error("cannot read the dead letters: {0}")]
@@ -197,6 +197,11 @@ impl Listing {
                 _ => l.filter.until_ms = Some(time_ms(&k, &v)?),
             }
         }
+        if l.after.as_ref().is_some_and(|c| c.order != l.order) {
+            return Err(bad(
+                "`after` is a cursor of the other `order`: page on with the order it was made under",
+            ));
+        }
         Ok(l)
     }
 }
@@ -289,9 +294,12 @@ impl Admin {
 
     /// `GET /v1/dead-letters/{destination}/{id}`: the newest record of `id`.
     pub(super) async fn show_dead_letter(&self, name: &str, id: &str) -> Answer {
-        let id = percent_encoding::percent_decode_str(id)
-            .decode_utf8_lossy()
-            .into_owned();
+        let decode = |s: &str| {
+            percent_encoding::percent_decode_str(s)
+                .decode_utf8_lossy()
+                .into_owned()
+        };
+        let (name, id) = (&decode(name), decode(id));
         let source = self.source(name)?;
         let ids = HashSet::from([id.clone()]);
         let mut found = tokio::task::spawn_blocking(move || find(&source, &ids)).await??;
@@ -322,9 +330,11 @@ impl Admin {
             )));
         }
         let source = self.source(&name)?;
-        let _one = self.dead_letter_ops.lock().await;
+        // Held by the purge itself: a caller that goes away cannot free it early.
+        let one = self.dead_letter_ops.clone().lock_owned().await;
         let b = before.clone();
         let purged = tokio::task::spawn_blocking(move || {
+            let _one = one;
             source.sink.purge(&source.destination, b.as_deref())
         })
         .await??;
@@ -352,16 +362,14 @@ impl Admin {
         let source = self.source(&ask.destination)?;
         let filter = ask.filter()?;
         let named = ask.reason.is_some() || ask.since.is_some() || ask.until.is_some();
-        let _one = self.dead_letter_ops.lock().await;
-        let mut done = Replay::new(&source.destination);
-        let outcome = match (&ask.ids, ask.all) {
+        let what = match (ask.ids, ask.all) {
             (Some(ids), false) if !ids.is_empty() && ids.len() <= MAX_IDS => {
                 if named {
                     return Err(bad(
                         "`reason`, `since` and `until` go with `all`; named ids are replayed as named",
                     ));
                 }
-                self.replay_ids(&source, ids, &mut done).await
+                Some(ids)
             }
             (Some(ids), false) if ids.len() > MAX_IDS => {
                 return Err(bad(format!(
@@ -369,26 +377,52 @@ impl Admin {
                     ids.len()
                 )));
             }
-            (None, true) => self.replay_all(&source, filter, &mut done).await,
+            (None, true) => None,
             _ => {
                 return Err(bad(
                     "a replay needs either `ids` (a non-empty list) or `all: true`, not both",
                 ));
             }
         };
-        tracing::info!(destination = %source.destination, replayed = done.count, not_found = done.not_found.len(), "dead letters replayed");
+        let one = self.dead_letter_ops.clone().lock_owned().await;
+        let replayer = Replayer {
+            journal: self.journal.clone(),
+            source,
+        };
+        // A task of its own: a caller that goes away mid-replay (a client's
+        // timeout) must not leave events stored but unmarked.
+        let task = tokio::spawn(async move {
+            let _one = one;
+            let mut done = Replay::new(&replayer.source.destination);
+            let outcome = match what {
+                Some(ids) => replayer.ids(&ids, &mut done).await,
+                None => replayer.all(filter, &mut done).await,
+            };
+            (done, outcome)
+        });
+        let (done, outcome) = task.await?;
+        let name = &done.destination;
+        tracing::info!(destination = %name, replayed = done.count, not_found = done.not_found.len(), "dead letters replayed");
         match outcome {
             Ok(()) => Ok(done.json()),
             Err((status, error)) => {
-                tracing::error!(destination = %source.destination, error, "replay stopped");
+                tracing::error!(destination = %name, error, "replay stopped");
                 Err(ApiError::Stopped(status, error, Box::new(done.json())))
             }
         }
     }
+}
 
-    async fn replay_ids(&self, source: &Source, ids: &[String], done: &mut Replay) -> Stopped {
+/// A replay's work, owned, so that it runs to its end in a task.
+struct Replayer {
+    journal: Journal,
+    source: Source,
+}
+
+impl Replayer {
+    async fn ids(&self, ids: &[String], done: &mut Replay) -> Stopped {
         let wanted: HashSet<String> = ids.iter().cloned().collect();
-        let src = source.clone();
+        let src = self.source.clone();
         let mut found = match tokio::task::spawn_blocking(move || find(&src, &wanted)).await {
             Ok(Ok(f)) => f,
             Ok(Err(e)) => return Err(unreadable(&e.to_string())),
@@ -401,23 +435,28 @@ impl Admin {
                 continue;
             }
             match found.remove(id) {
-                Some(f) => chunk.push((f.place, f.line)),
+                Some(f) => {
+                    if f.replayed {
+                        done.again.push(id.clone());
+                    }
+                    chunk.push((f.place, f.line));
+                }
                 None => done.not_found.push(id.clone()),
             }
         }
-        self.replay_chunk(source, chunk, done).await
+        self.chunk(chunk, done).await
     }
 
-    async fn replay_all(&self, source: &Source, filter: Filter, done: &mut Replay) -> Stopped {
+    async fn all(&self, filter: Filter, done: &mut Replay) -> Stopped {
         let (tx, mut rx) = tokio::sync::mpsc::channel(1);
-        let src = source.clone();
+        let src = self.source.clone();
         let scan = tokio::task::spawn_blocking(move || {
             unreplayed(&src, &filter, CHUNK, |chunk| {
                 tx.blocking_send(chunk).is_ok()
             })
         });
         while let Some(chunk) = rx.recv().await {
-            if let Err(stop) = self.replay_chunk(source, chunk, done).await {
+            if let Err(stop) = self.chunk(chunk, done).await {
                 drop(rx);
                 let _ = scan.await;
                 return Err(stop);
@@ -431,17 +470,13 @@ impl Admin {
     }
 
     /// Stores one chunk in the journal, then marks it replayed.
-    async fn replay_chunk(
-        &self,
-        source: &Source,
-        chunk: Vec<(Place, String)>,
-        done: &mut Replay,
-    ) -> Stopped {
+    async fn chunk(&self, chunk: Vec<(Place, String)>, done: &mut Replay) -> Stopped {
+        let destination = &self.source.destination;
         let now = clock::now_ms();
         let mut events: Vec<NewEvent> = Vec::with_capacity(chunk.len());
         let mut places = Vec::with_capacity(chunk.len());
         for (place, line) in chunk {
-            match parse(&line).and_then(|r| r.rebuild(&line, &source.destination, now)) {
+            match parse(&line).and_then(|r| r.rebuild(&line, destination, now)) {
                 Ok(r) => {
                     for name in r.redacted {
                         if !done.redacted.contains(&name) {
@@ -470,9 +505,9 @@ impl Admin {
                 ),
             ));
         }
-        metrics::replayed(&source.destination, ids.len() as u64);
+        metrics::replayed(destination, ids.len() as u64);
         done.add(ids);
-        let src = source.clone();
+        let src = self.source.clone();
         let marked =
             tokio::task::spawn_blocking(move || src.sink.mark_replayed(&src.destination, &places))
                 .await;
@@ -509,6 +544,8 @@ struct Replay {
     count: u64,
     ids: Vec<String>,
     not_found: Vec<String>,
+    /// Named ids whose record was replayed before: sent again, as asked.
+    again: Vec<String>,
     unreadable: Vec<Value>,
     redacted: Vec<String>,
 }
@@ -520,6 +557,7 @@ impl Replay {
             count: 0,
             ids: Vec::new(),
             not_found: Vec::new(),
+            again: Vec::new(),
             unreadable: Vec::new(),
             redacted: Vec::new(),
         }
@@ -539,6 +577,9 @@ impl Replay {
             "not_found": self.not_found,
             "unreadable": self.unreadable,
         });
+        if !self.again.is_empty() {
+            v["replayed_before"] = json!(self.again);
+        }
         if self.count > self.ids.len() as u64 {
             v["replayed_listed"] = json!(self.ids.len());
         }

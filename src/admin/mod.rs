@@ -31,7 +31,7 @@ pub struct Admin {
     pub reader: Reader,
     /// One replay or purge at a time: a purge never removes a file a
     /// replay is marking.
-    pub dead_letter_ops: tokio::sync::Mutex<()>,
+    pub dead_letter_ops: Arc<tokio::sync::Mutex<()>>,
 }
 
 fn answer(a: dead_letters::Answer) -> Response<Body> {

@@ -2,17 +2,17 @@
 //! the newest record of an id, and the stream of records a replay of
 //! `all` takes. Blocking file reads: callers run them off the runtime.
 //!
-//! A page walks destinations in name order and, within one, records in
-//! the order of their files (oldest first) or the reverse. The cursor is
-//! the place of the last record returned, so records written while an
-//! operator pages never shift a page (newest first) or come at its end
-//! (oldest first), and each record is listed once.
+//! A page merges destinations by dead-letter time, newest (or oldest)
+//! first; within one destination records come in the order of its files.
+//! The cursor holds, per destination, the place of the last record listed,
+//! so records written while an operator pages never shift a page (newest
+//! first) or come at its end (oldest first), and each is listed once, even
+//! where two records' times are out of order in a file.
 
 use super::dir::{DirSink, Place};
 use super::parse::{Record, Summary, parse};
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use serde_json::Value;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
@@ -41,6 +41,14 @@ pub fn day_start_ms(day: &str) -> Option<u64> {
     Some(t.duration_since(std::time::UNIX_EPOCH).ok()?.as_millis() as u64)
 }
 
+/// When a record was dead-lettered; records from before `deadLetterTime`
+/// were, as far as is known, at the start of their file's day.
+fn at_ms(r: &Record, day: &str) -> u64 {
+    r.dead_lettered_ms()
+        .or_else(|| day_start_ms(day))
+        .unwrap_or(0)
+}
+
 impl Filter {
     /// Whether a day's file can hold a record this filter takes.
     fn day(&self, day: &str) -> bool {
@@ -58,11 +66,7 @@ impl Filter {
         {
             return false;
         }
-        // Records from before `deadLetterTime`: their day's start.
-        let at = r
-            .dead_lettered_ms()
-            .or_else(|| day_start_ms(day))
-            .unwrap_or(0);
+        let at = at_ms(r, day);
         self.since_ms.is_none_or(|s| at >= s) && self.until_ms.is_none_or(|u| at < u)
     }
 }
@@ -79,35 +83,52 @@ pub struct Source {
 pub struct Item {
     pub destination: String,
     pub place: Place,
+    pub at_ms: u64,
     pub summary: Summary,
     pub replayed: bool,
 }
 
-/// Where the next page starts: after this record.
+/// Where the next page starts: per destination, after this record.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Cursor {
-    pub destination: String,
-    pub place: Place,
+    pub order: Order,
+    pub after: HashMap<String, Place>,
 }
 
 impl Cursor {
     pub fn encode(&self) -> String {
-        URL_SAFE_NO_PAD.encode(format!(
-            "{}\n{}\n{}",
-            self.destination, self.place.day, self.place.offset
-        ))
+        let mut text = String::from(match self.order {
+            Order::Newest => "n",
+            Order::Oldest => "o",
+        });
+        let mut places: Vec<_> = self.after.iter().collect();
+        places.sort();
+        for (dest, place) in places {
+            text.push_str(&format!("\n{}\t{}\t{dest}", place.day, place.offset));
+        }
+        URL_SAFE_NO_PAD.encode(text)
     }
 
     pub fn decode(s: &str) -> Option<Cursor> {
         let text = String::from_utf8(URL_SAFE_NO_PAD.decode(s).ok()?).ok()?;
-        let mut parts = text.splitn(3, '\n');
-        let destination = parts.next()?.to_string();
-        let day = parts.next()?.to_string();
-        let offset = parts.next()?.parse().ok()?;
-        super::dir::is_day(&day).then_some(Cursor {
-            destination,
-            place: Place { day, offset },
-        })
+        let mut lines = text.split('\n');
+        let order = match lines.next()? {
+            "n" => Order::Newest,
+            "o" => Order::Oldest,
+            _ => return None,
+        };
+        let mut after = HashMap::new();
+        for line in lines {
+            let mut parts = line.splitn(3, '\t');
+            let day = parts.next()?.to_string();
+            let offset = parts.next()?.parse().ok()?;
+            let dest = parts.next()?.to_string();
+            if !super::dir::is_day(&day) {
+                return None;
+            }
+            after.insert(dest, Place { day, offset });
+        }
+        Some(Cursor { order, after })
     }
 }
 
@@ -118,81 +139,72 @@ pub struct Page {
     pub unreadable: u64,
 }
 
-/// Up to `limit` records of `sources` (in name order) after `after`.
-pub fn page(
-    sources: &[Source],
+/// Up to `want` records of one destination after `from`, in `order`.
+fn read_one(
+    src: &Source,
     filter: &Filter,
     order: Order,
-    after: Option<&Cursor>,
-    limit: usize,
-) -> std::io::Result<Page> {
+    from: Option<&Place>,
+    want: usize,
+    unreadable: &mut u64,
+) -> std::io::Result<Vec<Item>> {
     let mut items = Vec::new();
-    let mut unreadable = 0;
-    // One more than asked: whether there is a next page.
-    let want = limit + 1;
-    for src in sources {
-        if after.is_some_and(|c| src.destination < c.destination) {
+    let mut days = src.sink.days(&src.destination)?;
+    days.retain(|d| filter.day(d));
+    if order == Order::Newest {
+        days.reverse();
+    }
+    for day in days {
+        if items.len() >= want {
+            break;
+        }
+        let skip = match (from, order) {
+            (Some(p), Order::Oldest) => day < p.day,
+            (Some(p), Order::Newest) => day > p.day,
+            (None, _) => false,
+        };
+        if skip {
             continue;
         }
-        let from = after
-            .filter(|c| c.destination == src.destination)
-            .map(|c| &c.place);
-        let mut days = src.sink.days(&src.destination)?;
-        days.retain(|d| filter.day(d));
-        if order == Order::Newest {
-            days.reverse();
-        }
-        for day in days {
-            if items.len() >= want {
-                break;
-            }
-            let skip = match (from, order) {
-                (Some(p), Order::Oldest) => day < p.day,
-                (Some(p), Order::Newest) => day > p.day,
-                (None, _) => false,
+        let replayed = src.sink.replayed(&src.destination, &day)?;
+        let bound = from.filter(|p| p.day == day).map(|p| p.offset);
+        let mut take = |offset: u64, line: &str| -> Option<Item> {
+            let Ok(record) = parse(line) else {
+                *unreadable += 1;
+                return None;
             };
-            if skip {
-                continue;
-            }
-            let replayed = src.sink.replayed(&src.destination, &day)?;
-            let bound = from.filter(|p| p.day == day).map(|p| p.offset);
-            let mut take = |offset: u64, line: &str| -> Option<Item> {
-                let Ok(record) = parse(line) else {
-                    unreadable += 1;
-                    return None;
-                };
-                filter.takes(&record, &day).then(|| Item {
-                    destination: src.destination.clone(),
-                    place: Place {
-                        day: day.clone(),
-                        offset,
-                    },
-                    summary: record.summary(),
-                    replayed: replayed.contains(&offset),
-                })
-            };
-            match order {
-                Order::Oldest => {
-                    let start = bound.unwrap_or(0);
-                    src.sink
-                        .lines(&src.destination, &day, start, |offset, line| {
-                            if bound == Some(offset) {
-                                return true;
-                            }
-                            if let Some(item) = take(offset, line) {
-                                items.push(item);
-                            }
-                            items.len() < want
-                        })?;
-                }
-                Order::Newest => {
-                    // The file reads forward: keep the last ones before the bound.
-                    let room = want - items.len();
-                    let mut last = VecDeque::with_capacity(room);
-                    src.sink.lines(&src.destination, &day, 0, |offset, line| {
-                        if bound.is_some_and(|b| offset >= b) {
-                            return false;
+            filter.takes(&record, &day).then(|| Item {
+                destination: src.destination.clone(),
+                place: Place {
+                    day: day.clone(),
+                    offset,
+                },
+                at_ms: at_ms(&record, &day),
+                summary: record.summary(),
+                replayed: replayed.contains(&offset),
+            })
+        };
+        match order {
+            Order::Oldest => {
+                let start = bound.unwrap_or(0);
+                src.sink
+                    .lines(&src.destination, &day, start, u64::MAX, |offset, line| {
+                        if bound == Some(offset) {
+                            return true;
                         }
+                        if let Some(item) = take(offset, line) {
+                            items.push(item);
+                        }
+                        items.len() < want
+                    })?;
+            }
+            Order::Newest => {
+                // The file reads forward: keep the last ones before the bound.
+                let room = want - items.len();
+                let mut last = VecDeque::with_capacity(room);
+                let upto = bound.unwrap_or(u64::MAX);
+                src.sink
+                    .lines(&src.destination, &day, 0, upto, |offset, line| {
                         if let Some(item) = take(offset, line) {
                             if last.len() == room {
                                 last.pop_front();
@@ -201,24 +213,62 @@ pub fn page(
                         }
                         true
                     })?;
-                    items.extend(last.into_iter().rev());
-                }
+                items.extend(last.into_iter().rev());
             }
         }
-        if items.len() >= want {
+    }
+    Ok(items)
+}
+
+/// Up to `limit` records of `sources` after `after`, merged by time.
+pub fn page(
+    sources: &[Source],
+    filter: &Filter,
+    order: Order,
+    after: Option<&Cursor>,
+    limit: usize,
+) -> std::io::Result<Page> {
+    let mut unreadable = 0;
+    // One more than asked from each: whether there is a next page.
+    let want = limit + 1;
+    let mut queues: Vec<VecDeque<Item>> = Vec::with_capacity(sources.len());
+    for src in sources {
+        let from = after.and_then(|c| c.after.get(&src.destination));
+        queues.push(read_one(src, filter, order, from, want, &mut unreadable)?.into());
+    }
+    let available: usize = queues.iter().map(VecDeque::len).sum();
+    let mut items = Vec::with_capacity(limit.min(available));
+    // Bounded: each round takes one item.
+    while items.len() < limit {
+        let best = queues
+            .iter()
+            .enumerate()
+            .filter_map(|(i, q)| q.front().map(|item| (i, item.at_ms)))
+            .reduce(|a, b| match order {
+                Order::Newest if b.1 > a.1 => b,
+                Order::Oldest if b.1 < a.1 => b,
+                _ => a,
+            });
+        let Some((i, _)) = best else {
             break;
+        };
+        if let Some(item) = queues[i].pop_front() {
+            items.push(item);
         }
     }
-    let next = (items.len() > limit).then(|| {
-        items.truncate(limit);
-        items.last().map(|i| Cursor {
-            destination: i.destination.clone(),
-            place: i.place.clone(),
-        })
+    let next = (available > items.len()).then(|| {
+        let mut positions = after.map(|c| c.after.clone()).unwrap_or_default();
+        for item in &items {
+            positions.insert(item.destination.clone(), item.place.clone());
+        }
+        Cursor {
+            order,
+            after: positions,
+        }
     });
     Ok(Page {
         items,
-        next: next.flatten(),
+        next,
         unreadable,
     })
 }
@@ -233,38 +283,43 @@ pub struct Found {
 /// The newest record of each of `ids` in `src`.
 pub fn find(src: &Source, ids: &HashSet<String>) -> std::io::Result<HashMap<String, Found>> {
     let mut found = HashMap::new();
-    // As the ids appear in a line (JSON-escaped), for a few.
-    let escaped: Vec<String> = if ids.len() <= 8 {
-        ids.iter()
-            .map(|id| Value::from(id.as_str()).to_string())
-            .collect()
+    // A few ids that every JSON writer spells the same way are looked for
+    // as text before a line is parsed (an app's own `id` field, which older
+    // records hold, may escape other characters as it likes).
+    let plain = |id: &String| {
+        id.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.:@+".contains(&b))
+    };
+    let texts: Vec<String> = if ids.len() <= 8 && ids.iter().all(plain) {
+        ids.iter().map(|id| format!("\"{id}\"")).collect()
     } else {
         Vec::new()
     };
     for day in src.sink.days(&src.destination)? {
         let replayed = src.sink.replayed(&src.destination, &day)?;
-        src.sink.lines(&src.destination, &day, 0, |offset, line| {
-            // Parse only lines that can hold one of the ids.
-            if !escaped.is_empty() && !escaped.iter().any(|id| line.contains(id.as_str())) {
-                return true;
-            }
-            if let Ok(record) = parse(line)
-                && let Some(id) = record.id().filter(|id| ids.contains(*id))
-            {
-                found.insert(
-                    id.to_string(),
-                    Found {
-                        place: Place {
-                            day: day.clone(),
-                            offset,
+        src.sink
+            .lines(&src.destination, &day, 0, u64::MAX, |offset, line| {
+                // Parse only lines that can hold one of the ids.
+                if !texts.is_empty() && !texts.iter().any(|id| line.contains(id.as_str())) {
+                    return true;
+                }
+                if let Ok(record) = parse(line)
+                    && let Some(id) = record.id().filter(|id| ids.contains(*id))
+                {
+                    found.insert(
+                        id.to_string(),
+                        Found {
+                            place: Place {
+                                day: day.clone(),
+                                offset,
+                            },
+                            line: line.to_string(),
+                            replayed: replayed.contains(&offset),
                         },
-                        line: line.to_string(),
-                        replayed: replayed.contains(&offset),
-                    },
-                );
-            }
-            true
-        })?;
+                    );
+                }
+                true
+            })?;
     }
     Ok(found)
 }
@@ -279,27 +334,30 @@ pub fn unreplayed(
 ) -> std::io::Result<()> {
     let mut batch = Vec::with_capacity(chunk);
     let mut go_on = true;
-    for day in src.sink.days(&src.destination)? {
+    // What exists now: records that replays dead-letter again while this
+    // runs are past these ends, and wait for the next replay.
+    for (day, size) in src.sink.sizes(&src.destination)? {
         if !filter.day(&day) {
             continue;
         }
         let replayed = src.sink.replayed(&src.destination, &day)?;
-        src.sink.lines(&src.destination, &day, 0, |offset, line| {
-            if replayed.contains(&offset) {
-                return true;
-            }
-            if parse(line).is_ok_and(|r| filter.takes(&r, &day)) {
-                let place = Place {
-                    day: day.clone(),
-                    offset,
-                };
-                batch.push((place, line.to_string()));
-                if batch.len() == chunk {
-                    go_on = each(std::mem::take(&mut batch));
+        src.sink
+            .lines(&src.destination, &day, 0, size, |offset, line| {
+                if replayed.contains(&offset) {
+                    return true;
                 }
-            }
-            go_on
-        })?;
+                if parse(line).is_ok_and(|r| filter.takes(&r, &day)) {
+                    let place = Place {
+                        day: day.clone(),
+                        offset,
+                    };
+                    batch.push((place, line.to_string()));
+                    if batch.len() == chunk {
+                        go_on = each(std::mem::take(&mut batch));
+                    }
+                }
+                go_on
+            })?;
         if !go_on {
             return Ok(());
         }
@@ -362,10 +420,11 @@ mod tests {
     fn pages_return_every_record_once_in_either_order() {
         let tmp = tempfile::tempdir().expect("tempdir");
         let src = sources(tmp.path());
-        let oldest: Vec<String> = (1..=12).map(|n| format!("e{n}")).collect();
-        let newest = [
-            "e5", "e4", "e3", "e2", "e1", "e12", "e11", "e10", "e9", "e8", "e7", "e6",
+        // By dead-letter time across both destinations.
+        let oldest = [
+            "e1", "e2", "e6", "e7", "e8", "e9", "e10", "e3", "e4", "e5", "e11", "e12",
         ];
+        let newest: Vec<&str> = oldest.iter().rev().copied().collect();
         for limit in [1, 2, 5, 12, 50] {
             assert_eq!(
                 walk(&src, &Filter::default(), Order::Oldest, limit),
@@ -381,6 +440,38 @@ mod tests {
     }
 
     #[test]
+    fn times_out_of_order_in_a_file_still_list_each_record_once() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let sink = Arc::new(DirSink::new(tmp.path().to_path_buf()));
+        let line = |id: &str, hour: u32| {
+            format!(r#"{{"id":"{id}","deadLetterTime":"2026-11-20T{hour:02}:00:00Z"}}"#)
+        };
+        sink.write(
+            "a",
+            "2026-11-20",
+            &[line("a1", 5), line("a2", 1), line("a3", 9)],
+        )
+        .expect("write");
+        sink.write("b", "2026-11-20", &[line("b1", 3), line("b2", 7)])
+            .expect("write");
+        let src = ["a", "b"].map(|d| Source {
+            destination: d.into(),
+            sink: sink.clone(),
+        });
+        for order in [Order::Oldest, Order::Newest] {
+            for limit in [1, 2, 3, 10] {
+                let mut ids = walk(&src, &Filter::default(), order, limit);
+                ids.sort();
+                assert_eq!(
+                    ids,
+                    ["a1", "a2", "a3", "b1", "b2"],
+                    "{order:?} limit {limit}"
+                );
+            }
+        }
+    }
+
+    #[test]
     fn filters_take_reason_and_time() {
         let tmp = tempfile::tempdir().expect("tempdir");
         let src = sources(tmp.path());
@@ -390,7 +481,7 @@ mod tests {
         };
         assert_eq!(
             walk(&src, &ttl, Order::Oldest, 3),
-            ["e2", "e4", "e6", "e8", "e10", "e12"]
+            ["e2", "e6", "e8", "e10", "e4", "e12"]
         );
         // a: e1 e2 (day 0), e3 e4 e5 (day 2); b: e6 (day 0), e7-e10 (day 1), e11 e12 (day 2).
         let at = |s: &str| {
@@ -403,7 +494,7 @@ mod tests {
         };
         assert_eq!(
             walk(&src, &window, Order::Oldest, 2),
-            ["e3", "e7", "e8", "e9", "e10"]
+            ["e7", "e8", "e9", "e10", "e3"]
         );
     }
 
@@ -453,7 +544,23 @@ mod tests {
     #[test]
     fn a_bad_cursor_is_refused() {
         assert!(Cursor::decode("not base64!").is_none());
-        assert!(Cursor::decode(&URL_SAFE_NO_PAD.encode("a\nnot-a-day\n3")).is_none());
-        assert!(Cursor::decode(&URL_SAFE_NO_PAD.encode("a\n2026-11-20\nx")).is_none());
+        assert!(Cursor::decode(&URL_SAFE_NO_PAD.encode("x")).is_none());
+        assert!(Cursor::decode(&URL_SAFE_NO_PAD.encode("n\nnot-a-day\t3\ta")).is_none());
+        assert!(Cursor::decode(&URL_SAFE_NO_PAD.encode("n\n2026-11-20\tx\ta")).is_none());
+        let c = Cursor {
+            order: Order::Oldest,
+            after: HashMap::from([(
+                "a\tb".to_string(),
+                Place {
+                    day: "2026-11-20".into(),
+                    offset: 7,
+                },
+            )]),
+        };
+        assert_eq!(
+            Cursor::decode(&c.encode()),
+            Some(c),
+            "a name with a tab survives"
+        );
     }
 }

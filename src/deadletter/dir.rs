@@ -80,14 +80,29 @@ impl DirSink {
         Ok(days)
     }
 
+    /// The size of each day's file now: what a replay of `all` reads, so
+    /// that it never reaches the records its own replays write.
+    pub fn sizes(&self, destination: &str) -> std::io::Result<Vec<(String, u64)>> {
+        let mut out = Vec::new();
+        for day in self.days(destination)? {
+            match std::fs::metadata(self.file(destination, &day, "jsonl")) {
+                Ok(m) => out.push((day, m.len())),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(out)
+    }
+
     /// Calls `each(offset, line)` for every whole line of a day's file
-    /// from `from` on, until it returns false. A last line without its
-    /// newline is a write in progress (or cut by a crash) and is skipped.
+    /// from `from` on and before `upto`, until it returns false. A last
+    /// line without its newline is a write in progress and is skipped.
     pub fn lines(
         &self,
         destination: &str,
         day: &str,
         from: u64,
+        upto: u64,
         mut each: impl FnMut(u64, &str) -> bool,
     ) -> std::io::Result<()> {
         let mut file = match File::open(self.file(destination, day, "jsonl")) {
@@ -99,7 +114,7 @@ impl DirSink {
         let mut reader = BufReader::with_capacity(256 << 10, file);
         let mut offset = from;
         let mut buf = Vec::new();
-        loop {
+        while offset < upto {
             buf.clear();
             let n = reader.read_until(b'\n', &mut buf)?;
             if n == 0 || buf.last() != Some(&b'\n') {
@@ -111,6 +126,7 @@ impl DirSink {
             }
             offset += n as u64;
         }
+        Ok(())
     }
 
     /// The offsets of a day's records already replayed.
@@ -121,9 +137,14 @@ impl DirSink {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(HashSet::new()),
             Err(e) => return Err(e),
         };
-        // A torn last line after a crash parses as nothing: that record is
-        // offered again, never lost.
-        Ok(text.lines().filter_map(|l| l.trim().parse().ok()).collect())
+        // A last line without its newline was cut by a crash: `10240` cut
+        // to `10` would hide another record, so it counts for nothing (that
+        // record may be replayed again, never hidden).
+        let whole = &text[..text.rfind('\n').map_or(0, |i| i + 1)];
+        Ok(whole
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect())
     }
 
     /// Records `places` as replayed, durably.
@@ -159,15 +180,17 @@ impl DirSink {
             }
             let path = self.file(destination, &day, "jsonl");
             let mut records = 0;
-            self.lines(destination, &day, 0, |_, _| {
+            self.lines(destination, &day, 0, u64::MAX, |_, _| {
                 records += 1;
                 true
             })?;
-            std::fs::remove_file(&path)?;
+            // Marks first: a crash between the two leaves records offered
+            // again, never a later file of the same day with stale marks.
             match std::fs::remove_file(self.file(destination, &day, "replayed")) {
                 Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
                 _ => {}
             }
+            std::fs::remove_file(&path)?;
             purged.records += records;
             purged.files.push(path.display().to_string());
         }
@@ -205,25 +228,34 @@ fn append(root: &Path, destination: &str, path: &Path, bytes: &[u8]) -> std::io:
         .append(true)
         .mode(0o600)
         .open(path)?;
-    // A write cut by a crash leaves a line without its newline: end it,
-    // so that the next record starts a line of its own.
+    // A write cut by a crash leaves a line without its newline, never read
+    // as a record: cut it off, so that the next one starts a line of its own.
     let len = file.metadata()?.len();
-    let mut last = [0u8];
-    let torn = len > 0 && {
-        file.read_exact_at(&mut last, len - 1)?;
-        last[0] != b'\n'
-    };
-    let mut buf = Vec::with_capacity(bytes.len() + 1);
-    if torn {
-        buf.push(b'\n');
+    if len > 0 && !ends_line(&file, len)? {
+        let mut end = len;
+        let mut byte = [0u8];
+        // Bounded by the file's length.
+        while end > 0 {
+            file.read_exact_at(&mut byte, end - 1)?;
+            if byte[0] == b'\n' {
+                break;
+            }
+            end -= 1;
+        }
+        file.set_len(end)?;
     }
-    buf.extend_from_slice(bytes);
-    file.write_all(&buf)?;
+    file.write_all(bytes)?;
     file.sync_data()?;
     if created {
         File::open(&dir)?.sync_all()?;
     }
     Ok(())
+}
+
+fn ends_line(file: &File, len: u64) -> std::io::Result<bool> {
+    let mut last = [0u8];
+    file.read_exact_at(&mut last, len - 1)?;
+    Ok(last[0] == b'\n')
 }
 
 impl DeadLetterSink for DirSink {
@@ -254,7 +286,7 @@ mod tests {
 
     fn all(sink: &DirSink, day: &str) -> Vec<(u64, String)> {
         let mut out = Vec::new();
-        sink.lines("orders", day, 0, |o, l| {
+        sink.lines("orders", day, 0, u64::MAX, |o, l| {
             out.push((o, l.to_string()));
             true
         })
@@ -282,7 +314,7 @@ mod tests {
     }
 
     #[test]
-    fn a_torn_last_line_is_skipped_and_ended_by_the_next_write() {
+    fn a_torn_last_line_is_skipped_and_cut_off_by_the_next_write() {
         let tmp = tempfile::tempdir().expect("tempdir");
         let sink = DirSink::new(tmp.path().to_path_buf());
         write(&sink, "2026-11-22", &["{\"a\":1}"]);
@@ -295,12 +327,31 @@ mod tests {
             "the torn line is not a record"
         );
         write(&sink, "2026-11-22", &["{\"a\":2}"]);
-        let lines = all(&sink, "2026-11-22");
-        assert_eq!(lines.len(), 3);
-        assert_eq!(lines[1].1, "{\"torn\":");
+        let text = std::fs::read_to_string(&path).expect("read");
+        assert_eq!(text, "{\"a\":1}\n{\"a\":2}\n", "the torn line is cut off");
+        // Only what existed when a reader started is read.
+        write(&sink, "2026-11-22", &["{\"a\":3}"]);
+        let mut upto = Vec::new();
+        sink.lines("orders", "2026-11-22", 0, 16, |o, _| {
+            upto.push(o);
+            true
+        })
+        .expect("lines");
+        assert_eq!(upto, [0, 8]);
+        // A torn replay mark hides nothing, and is cut off by the next.
+        std::fs::write(tmp.path().join("orders/2026-11-22.replayed"), "8\n1").expect("write");
         assert_eq!(
-            lines[2].1, "{\"a\":2}",
-            "the next record has a line of its own"
+            sink.replayed("orders", "2026-11-22").expect("read"),
+            HashSet::from([8])
+        );
+        let place = Place {
+            day: "2026-11-22".into(),
+            offset: 16,
+        };
+        sink.mark_replayed("orders", &[place]).expect("mark");
+        assert_eq!(
+            sink.replayed("orders", "2026-11-22").expect("read"),
+            HashSet::from([8, 16])
         );
     }
 

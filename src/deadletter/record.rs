@@ -23,8 +23,10 @@
 //!
 //! The event's bytes are kept when it fits on one line (the fields are
 //! spliced in before its closing brace), so replay sends the same bytes; a
-//! multi-line event, or one that already has a field of the same name, is
-//! re-encoded with the fields set.
+//! multi-line event, one with whitespace around it, or one that already has
+//! a field of the same name, is re-encoded with the fields set, and its
+//! exact bytes go in the request object as `bodyBase64` (in the custom
+//! shape, at the top level, when `data` is JSON but not the body's bytes).
 
 use crate::clock::rfc3339;
 use crate::config::Schema;
@@ -125,6 +127,16 @@ fn event_record(e: &NewEvent, facts: &Facts, w: &Written, names: &Names) -> Opti
     let Ok(Value::Object(mut event)) = serde_json::from_slice::<Value>(&e.body) else {
         return None;
     };
+    let text = std::str::from_utf8(&e.body).ok()?;
+    // Spliced, the event keeps its bytes; else it is re-encoded, and its
+    // bytes go with the request, so that a replay sends them as they were.
+    let clash = names.all().iter().any(|k| event.contains_key(*k));
+    let splice =
+        !clash && !text.contains(['\n', '\r']) && text.starts_with('{') && text.ends_with('}');
+    let mut request = request_json(e, w);
+    if !splice {
+        request[BODY_BASE64] = json!(base64::engine::general_purpose::STANDARD.encode(&e.body));
+    }
     let mut fields = Map::new();
     for (name, value) in [
         (names.reason, json!(facts.reason.as_str())),
@@ -137,24 +149,20 @@ fn event_record(e: &NewEvent, facts: &Facts, w: &Written, names: &Names) -> Opti
             json!(facts.last_attempt_ms.map(rfc3339)),
         ),
         (names.dead_lettered, json!(rfc3339(w.at_ms))),
-        (names.request, request_json(e, w)),
+        (names.request, request),
     ] {
         fields.insert(name.to_string(), value);
     }
-    let clash = fields.keys().any(|k| event.contains_key(k));
-    let text = std::str::from_utf8(&e.body).ok()?.trim();
-    let one_line = !text.contains(['\n', '\r']);
-    if clash || !one_line || !text.ends_with('}') {
+    if !splice {
         event.extend(fields);
         return Some(Value::Object(event).to_string());
     }
-    // Splice: `{<event fields>,<dead-letter fields>}`.
+    // Splice before the closing brace: `{<event's own text>,<fields>}`.
     let extra = Value::Object(fields).to_string();
-    let inner = text[1..text.len() - 1].trim();
+    let head = &text[..text.len() - 1];
     let mut line = String::with_capacity(text.len() + extra.len());
-    line.push('{');
-    line.push_str(inner);
-    if !inner.is_empty() {
+    line.push_str(head);
+    if !head[1..].trim().is_empty() {
         line.push(',');
     }
     line.push_str(&extra[1..]);
@@ -218,12 +226,22 @@ fn custom_record(e: &NewEvent, facts: &Facts, w: &Written) -> String {
     }
     let one_line = !e.body.contains(&b'\n') && !e.body.contains(&b'\r');
     let data = match serde_json::from_slice::<&serde_json::value::RawValue>(&e.body) {
-        Ok(raw) if one_line => format!("\"data\":{}", raw.get()),
+        Ok(raw) if one_line => raw.get().to_string(),
         Ok(_) => match serde_json::from_slice::<Value>(&e.body) {
-            Ok(v) => format!("\"data\":{v}"),
-            Err(_) => base64_data(&e.body),
+            Ok(v) => v.to_string(),
+            Err(_) => String::new(),
         },
-        Err(_) => base64_data(&e.body),
+        Err(_) => String::new(),
+    };
+    let data = if data.is_empty() {
+        base64_data(&e.body)
+    } else {
+        // JSON, but not its bytes (whitespace around it, or re-encoded
+        // across lines): the bytes go too, for a replay.
+        if data.as_bytes() != &e.body[..] {
+            record[BODY_BASE64] = json!(base64::engine::general_purpose::STANDARD.encode(&e.body));
+        }
+        format!("\"data\":{data}")
     };
     // Splice the data in last: `{...,"data":<body>}`.
     let mut line = record.to_string();
@@ -233,6 +251,9 @@ fn custom_record(e: &NewEvent, facts: &Facts, w: &Written) -> String {
     line.push('}');
     line
 }
+
+/// The body's exact bytes, where the record's JSON does not hold them.
+pub(super) const BODY_BASE64: &str = "bodyBase64";
 
 fn base64_data(body: &[u8]) -> String {
     format!(
