@@ -19,7 +19,9 @@
 //!    backlog of a paused destination (`--scale` multiplies it) whose TTL
 //!    has run out: SIGTERM, every event made an hour older in `journal.db`
 //!    (`event_ttl: 1h`), start again, and time until every event is
-//!    dead-lettered, with courier's peak RSS meanwhile.
+//!    dead-lettered, with courier's peak RSS meanwhile; then `replay all`
+//!    of those records, timed to its answer (still paused), and the
+//!    resume's drain of the replayed events to nginx.
 //!
 //! Each courier step runs for the courier built by `cargo bench` (or
 //! `COURIER_BIN`) and, with `--compare PATH`, for a second binary, so
@@ -610,7 +612,7 @@ async fn mass_expiry(
     bin: &Path,
     rx: &str,
     args: &Args,
-) -> Result<(Row, f64, u64), String> {
+) -> Result<(Row, Row, f64, u64), String> {
     let events = backlog(EXPIRY_BACKLOG, args);
     // An hour: a 1M fill takes longer than the smallest TTL, a minute.
     let extra = "    retry: { event_ttl: 1h }\n    dead_letter: { dir: ./dl }\n";
@@ -660,9 +662,10 @@ async fn mass_expiry(
         return Err(format!("{records} dead-letter records for {events} events"));
     }
     let rate = events as f64 / took.as_secs_f64();
-    let row = Row {
+    let cpu = cpu_seconds(pid);
+    let expiry = Row {
         target: format!("{label} x. mass expiry {events}"),
-        cpu: cpu_seconds(pid),
+        cpu,
         rss: Some(hwm),
         note: format!(
             "{filled}; restart to all dead-lettered {:.1} s ({rate:.0} events/s), {records} records; at the end {} MiB",
@@ -671,7 +674,64 @@ async fn mass_expiry(
         ),
         ..Row::default()
     };
-    Ok((row, rate, hwm))
+    let replay = replay_all(label, c, events, cpu).await?;
+    Ok((expiry, replay, rate, hwm))
+}
+
+/// Step x, continued: `replay all` of the records just written, timed to
+/// the answer (every event stored in the journal and its record marked)
+/// while the destination is still paused, then the resume's drain to nginx.
+async fn replay_all(
+    label: &str,
+    c: &Courier,
+    events: u64,
+    cpu_before: Option<f64>,
+) -> Result<Row, String> {
+    let url = format!("{}/v1/dead-letters/replay", c.admin_url());
+    let ask = format!(r#"{{"destination":"{DESTINATION}","all":true}}"#);
+    let started = Instant::now();
+    let resp = try_post(&url, ask, &[("content-type", "application/json")]).await?;
+    let stored = started.elapsed();
+    let answer: serde_json::Value = serde_json::from_slice(&resp.body).map_err(|e| {
+        format!(
+            "POST {url}: {}: not JSON ({e}): {}",
+            resp.status,
+            resp.text()
+        )
+    })?;
+    if resp.status != 200 || answer["replayed_count"] != events {
+        return Err(format!("POST {url}: {}: {answer}", resp.status));
+    }
+    let pending = metric(c, PENDING).await.unwrap_or(-1.0);
+    if pending != events as f64 {
+        return Err(format!("{pending} pending after replaying {events}"));
+    }
+    let delivered_before = metric(c, DELIVERED).await.unwrap_or(0.0);
+    admin_action(c, "resume").await?;
+    let drain = drained(c).await?;
+    let delivered = metric(c, DELIVERED).await.unwrap_or(0.0) - delivered_before;
+    if delivered != events as f64 {
+        return Err(format!("{delivered} delivered after replaying {events}"));
+    }
+    let pid = c.pid();
+    let cpu = cpu_seconds(pid)
+        .zip(cpu_before)
+        .map(|(after, before)| after - before);
+    let rate = events as f64 / stored.as_secs_f64();
+    Ok(Row {
+        target: format!("{label} x. replay all {events}"),
+        rate: Some(rate),
+        cpu,
+        rss: proc_status(pid, "VmHWM"),
+        note: format!(
+            "replay answered in {:.1} s ({rate:.0} events/s stored and marked, paused); resume to delivered {:.1} s ({:.0} events/s); replay to delivered {:.0} events/s",
+            stored.as_secs_f64(),
+            drain.as_secs_f64(),
+            events as f64 / drain.as_secs_f64(),
+            events as f64 / (stored + drain).as_secs_f64(),
+        ),
+        ..Row::default()
+    })
 }
 
 /// Step e.
@@ -790,7 +850,7 @@ async fn courier_steps(
                 Err(e) => failed("d. backlog", e, rows),
             },
             'x' => match mass_expiry(label, bin, rx, args).await {
-                Ok((row, rate, hwm)) => {
+                Ok((row, replay, rate, hwm)) => {
                     let events = backlog(EXPIRY_BACKLOG, args);
                     let hwm = hwm as f64 / MIB;
                     // Issue #12: 1,000,000 in ≤ 60 s, RSS ≤ 64 MiB.
@@ -800,6 +860,7 @@ async fn courier_steps(
                         format!("{rate:.0} events/s (≥ 16,667: 1M in 60 s), peak RSS {hwm:.1} MiB (≤ 64)"),
                     ));
                     rows.push(row);
+                    rows.push(replay);
                 }
                 Err(e) => failed("x. mass expiry", e, rows),
             },

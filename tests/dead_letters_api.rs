@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 use support::client::request;
 use support::{
-    Courier, Received, Receiver, Reply, behavior, check, check_eq, config, dl_dir, fail,
+    CliOutput, Courier, Received, Receiver, Reply, behavior, check, check_eq, config, dl_dir, fail,
     files_under, get, post, requests, run_cli, wait_dead_letters,
 };
 
@@ -56,6 +56,18 @@ async fn send(c: &Courier, id: &str) {
     )
     .await;
     check_eq!(c, resp.status, 202, "PUT {id}: {}", resp.text());
+}
+
+/// `courier dead-letters --admin <c's admin URL> ARGS`, with `env` set.
+async fn cli_with(c: &Courier, args: &[&str], env: &[(&str, &str)]) -> CliOutput {
+    let admin = c.admin_url();
+    let mut all = vec!["dead-letters", "--admin", &admin];
+    all.extend_from_slice(args);
+    run_cli(None, &all, env).await
+}
+
+async fn cli(c: &Courier, args: &[&str]) -> CliOutput {
+    cli_with(c, args, &[]).await
 }
 
 fn admin(c: &Courier, path: &str) -> String {
@@ -183,20 +195,7 @@ async fn a_replay_through_the_api_and_the_cli_sends_the_request_as_the_app_did()
             file.display()
         );
     }
-    let out = run_cli(
-        None,
-        &[
-            "dead-letters",
-            "--admin",
-            &c.admin_url(),
-            "show",
-            "--destination",
-            DEST,
-            "evt-a",
-        ],
-        &[],
-    )
-    .await;
+    let out = cli(&c, &["show", "--destination", DEST, "evt-a"]).await;
     check!(c, out.success(), "CLI show: {}", out.show());
     let shown = out.json();
     check_eq!(c, shown["reason"], "NonRetriableStatus");
@@ -226,20 +225,7 @@ async fn a_replay_through_the_api_and_the_cli_sends_the_request_as_the_app_did()
     let got = requests(&c, &rx, before + 1, PROMPT).await;
     check_as_sent(&c, &got[before], first_of(&c, &firsts, "evt-a"), "evt-a");
 
-    let out = run_cli(
-        None,
-        &[
-            "dead-letters",
-            "--admin",
-            &c.admin_url(),
-            "replay",
-            "--destination",
-            DEST,
-            "evt-b",
-        ],
-        &[],
-    )
-    .await;
+    let out = cli(&c, &["replay", "--destination", DEST, "evt-b"]).await;
     check!(c, out.success(), "CLI replay: {}", out.show());
     check!(
         c,
@@ -263,20 +249,7 @@ async fn a_replay_through_the_api_and_the_cli_sends_the_request_as_the_app_did()
     );
 
     // `all` takes what was not replayed yet, once.
-    let out = run_cli(
-        None,
-        &[
-            "dead-letters",
-            "--admin",
-            &c.admin_url(),
-            "replay",
-            "--destination",
-            DEST,
-            "--all",
-        ],
-        &[],
-    )
-    .await;
+    let out = cli(&c, &["replay", "--destination", DEST, "--all"]).await;
     check_eq!(c, out.code, 1, "--all without --yes: {}", out.show());
     let resp = replay(&c, json!({"destination": DEST, "all": true}), None).await;
     check_eq!(c, resp.status, 200, "{}", resp.text());
@@ -359,21 +332,7 @@ async fn a_listing_of_a_thousand_records_pages_each_once_and_the_cli_prints_a_ta
     let unknown = get(&admin(&c, "/v1/dead-letters?destination=gone")).await;
     check_eq!(c, unknown.status, 404, "{}", unknown.text());
 
-    let out = run_cli(
-        None,
-        &[
-            "dead-letters",
-            "--admin",
-            &c.admin_url(),
-            "list",
-            "--destination",
-            "orders",
-            "--limit",
-            "5",
-        ],
-        &[],
-    )
-    .await;
+    let out = cli(&c, &["list", "--destination", "orders", "--limit", "5"]).await;
     check!(c, out.success(), "{}", out.show());
     let lines: Vec<&str> = out.stdout.lines().collect();
     check_eq!(c, lines.len(), 6, "{}", out.show());
@@ -389,20 +348,7 @@ async fn a_listing_of_a_thousand_records_pages_each_once_and_the_cli_prints_a_ta
         "{}",
         out.show()
     );
-    let out = run_cli(
-        None,
-        &[
-            "dead-letters",
-            "--admin",
-            &c.admin_url(),
-            "--json",
-            "list",
-            "--limit",
-            "1500",
-        ],
-        &[],
-    )
-    .await;
+    let out = cli(&c, &["--json", "list", "--limit", "1500"]).await;
     check!(c, out.success(), "{}", out.show());
     check_eq!(
         c,
@@ -485,8 +431,31 @@ async fn a_purge_removes_what_it_says_and_the_token_guards_purge_and_replay() {
     check_eq!(c, resp.status, 401, "{}", resp.text());
     let resp = replay(&c, json!({"destination": "orders", "all": true}), None).await;
     check_eq!(c, resp.status, 401, "{}", resp.text());
+    // With the token, a malformed request: 400 with a JSON error, nothing
+    // stored, nothing marked.
+    let bearer = format!("Bearer {TOKEN}");
+    let url = admin(&c, "/v1/dead-letters/replay");
+    for bad in [
+        r#"not json"#,
+        r#"{"destination": "orders", "al": true}"#,
+        r#"{"destination": "orders", "ids": ["o1"], "all": true}"#,
+        r#"{"destination": "orders", "ids": []}"#,
+        r#"{"destination": "orders", "ids": ["o1"], "reason": "NonRetriableStatus"}"#,
+        r#"{"destination": "orders", "all": true, "since": "last tuesday"}"#,
+    ] {
+        let resp = post(&url, bad, &[("authorization", &bearer)]).await;
+        check_eq!(c, resp.status, 400, "{bad}: {}", resp.text());
+        check!(
+            c,
+            resp.json()["error"].as_str().is_some_and(|e| !e.is_empty()),
+            "{bad}: {}",
+            resp.text()
+        );
+    }
     check_eq!(c, files(), all, "a refused call changed the files");
     check_eq!(c, rx.count(), 3, "a refused replay sent something");
+    let pending = support::metric_sum(&c.admin_url(), "courier_events_pending").await;
+    check_eq!(c, pending, 0.0, "a refused replay stored something");
     let listed = list_all(&c, "destination=orders").await;
     check!(
         c,
@@ -519,22 +488,15 @@ async fn a_purge_removes_what_it_says_and_the_token_guards_purge_and_replay() {
     check_eq!(c, resp.status, 400, "{}", resp.text());
 
     // The CLI, with the token from the environment: all of orders, not billing.
-    let args = [
-        "dead-letters",
-        "--admin",
-        &c.admin_url(),
-        "purge",
-        "--destination",
-        "orders",
-    ];
-    let out = run_cli(None, &args, &[("COURIER_ADMIN_TOKEN", TOKEN)]).await;
+    let args = ["purge", "--destination", "orders"];
+    let out = cli_with(&c, &args, &[("COURIER_ADMIN_TOKEN", TOKEN)]).await;
     check_eq!(c, out.code, 1, "purge without --yes: {}", out.show());
     let mut with_yes = args.to_vec();
     with_yes.push("--yes");
-    let out = run_cli(None, &with_yes, &[]).await;
+    let out = cli(&c, &with_yes).await;
     check_eq!(c, out.code, 1, "no token: {}", out.show());
     check!(c, out.stderr.contains("401"), "{}", out.show());
-    let out = run_cli(None, &with_yes, &[("COURIER_ADMIN_TOKEN", TOKEN)]).await;
+    let out = cli_with(&c, &with_yes, &[("COURIER_ADMIN_TOKEN", TOKEN)]).await;
     check!(c, out.success(), "{}", out.show());
     check!(
         c,

@@ -519,10 +519,7 @@ async fn rate_limit_spaces_attempts_evenly() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gone_pauses_the_destination_until_resumed() {
     let tmp = tempfile::tempdir().expect("tempdir");
-    let rx = Receiver::start(behavior(|_, n| {
-        Reply::status(if n == 0 { 410 } else { 200 })
-    }))
-    .await;
+    let rx = Receiver::sequence(vec![Reply::status(410), Reply::status(200)]).await;
     let yaml = config(
         "orders",
         &format!("{}/hooks", rx.url()),

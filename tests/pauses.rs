@@ -10,8 +10,7 @@ use bytes::Bytes;
 use serde_json::{Value, json};
 use std::time::Duration;
 use support::{
-    Courier, Received, Receiver, Reply, behavior, check, check_eq, config, fail, get, post, quiet,
-    requests,
+    Courier, Received, Receiver, Reply, check, check_eq, config, fail, get, post, quiet, requests,
 };
 
 const PROMPT: Duration = Duration::from_secs(5);
@@ -125,10 +124,7 @@ async fn an_operator_pause_survives_sigkill_and_restart() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gone_pause_survives_sigkill_and_restart() {
     let tmp = tempfile::tempdir().expect("tempdir");
-    let rx = Receiver::start(behavior(|_, n| {
-        Reply::status(if n == 0 { 410 } else { 200 })
-    }))
-    .await;
+    let rx = Receiver::sequence(vec![Reply::status(410), Reply::status(200)]).await;
     let yaml = config(
         "orders",
         &format!("{}/hooks", rx.url()),

@@ -226,28 +226,31 @@ fn custom_body(line: &str) -> Result<Bytes, ParseError> {
     }
 }
 
+/// One recorded header value's bytes: a string, or `{"base64": ...}` for
+/// bytes that are not UTF-8.
+pub(super) fn header_bytes(name: &str, v: &Value) -> Result<Vec<u8>, ParseError> {
+    match v {
+        Value::String(s) => Ok(s.as_bytes().to_vec()),
+        Value::Object(o) => o
+            .get("base64")
+            .and_then(Value::as_str)
+            .and_then(|b| base64::engine::general_purpose::STANDARD.decode(b).ok())
+            .ok_or_else(|| ParseError::Header(name.to_string())),
+        _ => Err(ParseError::Header(name.to_string())),
+    }
+}
+
 /// The recorded headers, a repeated one from its list in order.
 fn headers(h: &Map<String, Value>) -> Result<Vec<Header>, ParseError> {
-    let value = |name: &str, v: &Value| -> Result<Vec<u8>, ParseError> {
-        match v {
-            Value::String(s) => Ok(s.as_bytes().to_vec()),
-            Value::Object(o) => o
-                .get("base64")
-                .and_then(Value::as_str)
-                .and_then(|b| base64::engine::general_purpose::STANDARD.decode(b).ok())
-                .ok_or_else(|| ParseError::Header(name.to_string())),
-            _ => Err(ParseError::Header(name.to_string())),
-        }
-    };
     let mut out = Vec::new();
     for (name, v) in h {
         match v {
             Value::Array(list) => {
                 for item in list {
-                    out.push((name.clone(), value(name, item)?));
+                    out.push((name.clone(), header_bytes(name, item)?));
                 }
             }
-            one => out.push((name.clone(), value(name, one)?)),
+            one => out.push((name.clone(), header_bytes(name, one)?)),
         }
     }
     Ok(out)

@@ -409,13 +409,7 @@ mod tests {
 
     /// What a replay does with a recorded header value.
     fn decode(v: &Value) -> Option<Vec<u8>> {
-        match v {
-            Value::String(s) => Some(s.as_bytes().to_vec()),
-            Value::Object(o) => base64::engine::general_purpose::STANDARD
-                .decode(o.get("base64")?.as_str()?)
-                .ok(),
-            _ => None,
-        }
+        crate::deadletter::parse::header_bytes("x-test", v).ok()
     }
 
     #[test]

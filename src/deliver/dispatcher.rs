@@ -283,23 +283,32 @@ impl Dispatcher {
         }
     }
 
-    /// Adds rows read from the index; the ready queue forgets them, so the
-    /// same event is never held twice.
+    /// Adds rows read from the index to the held queue.
     async fn take(&self, held: &mut Held, rows: Vec<Result<StoredEvent, StoreError>>) {
+        let taken = self.claim(held, rows).await;
+        held.ready.extend(taken);
+    }
+
+    /// The rows not held yet, now held; the ready queue forgets them, so
+    /// the same event is never held twice. A row that cannot be read is
+    /// quarantined.
+    async fn claim(
+        &self,
+        held: &mut Held,
+        rows: Vec<Result<StoredEvent, StoreError>>,
+    ) -> Vec<StoredEvent> {
         let mut taken = Vec::with_capacity(rows.len());
         for row in rows {
             match row {
-                Ok(ev) if held.seqs.insert(ev.seq) => {
-                    taken.push(ev.seq);
-                    held.ready.push_back(ev);
-                }
+                Ok(ev) if held.seqs.insert(ev.seq) => taken.push(ev),
                 Ok(_) => {}
                 Err(e) => self.quarantine(&e).await,
             }
         }
         if let Ok(mut ready) = self.state.ready.lock() {
-            ready.remove(taken);
+            ready.remove(taken.iter().map(|ev| ev.seq));
         }
+        taken
     }
 
     fn read_failed(&self, e: &rusqlite::Error, now: u64) -> Option<u64> {
@@ -325,18 +334,7 @@ impl Dispatcher {
                 .accepted_before(&dest.name, cutoff, want, &held.seqs)
                 .await
             {
-                Ok(rows) => {
-                    for row in rows {
-                        match row {
-                            Ok(ev) if held.seqs.insert(ev.seq) => expired.push(ev),
-                            Ok(_) => {}
-                            Err(e) => self.quarantine(&e).await,
-                        }
-                    }
-                    if let Ok(mut ready) = self.state.ready.lock() {
-                        ready.remove(expired.iter().map(|ev| ev.seq));
-                    }
-                }
+                Ok(rows) => expired.extend(self.claim(held, rows).await),
                 Err(e) => return self.read_failed(&e, now),
             }
         }
