@@ -135,6 +135,9 @@ pub struct Ingress {
     /// answered 202 and stored once; absent = no deduplication.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dedupe_window: Option<Dur>,
+    /// Environment variables holding publisher keys; absent = open.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keys_from_env: Option<Vec<String>>,
 }
 
 impl Default for Ingress {
@@ -143,6 +146,7 @@ impl Default for Ingress {
             max_body_bytes: default_max_body(),
             credits_per_second: 0,
             dedupe_window: None,
+            keys_from_env: None,
         }
     }
 }

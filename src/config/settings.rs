@@ -4,6 +4,7 @@
 use super::schema::{LogFormat, Schema, SyncMode};
 use crate::admin::auth::AdminToken;
 use crate::event_path::EventPath;
+use crate::ingress::keys::IngressKeys;
 use crate::policy::probation::ProbationPolicy;
 use crate::policy::{Limits, Schedule, StatusPolicy};
 use crate::signature::Secret;
@@ -78,6 +79,10 @@ pub struct JournalSettings {
 pub struct IngressSettings {
     pub max_body_bytes: u64,
     pub dedupe_window: Option<Duration>,
+    /// Credits per route and second (Service Bus's throttle); 0 = off.
+    pub credits_per_second: u64,
+    /// `None`: publishers need no key.
+    pub keys: Option<IngressKeys>,
 }
 
 #[derive(Debug)]

@@ -1003,3 +1003,74 @@ destinations:
         "{e}"
     );
 }
+
+fn with_ingress_keys(list: &str) -> String {
+    GOOD.replace(
+        "destinations:\n",
+        &format!("ingress:\n  keys_from_env: {list}\ndestinations:\n"),
+    )
+}
+
+#[test]
+fn ingress_keys_are_read_counted_and_never_printed() {
+    let loaded = parse(
+        "c.yaml",
+        &with_ingress_keys("[API_KEY, ADMIN_TOKEN]"),
+        ".".into(),
+        Purpose::Run,
+        &env(),
+    )
+    .expect("valid");
+    assert!(loaded.settings.ingress.keys.is_some());
+    assert!(
+        loaded
+            .effective
+            .contains("keys_from_env:\n  - API_KEY\n  - ADMIN_TOKEN"),
+        "{}",
+        loaded.effective
+    );
+    for secret in ["s3cret", "t0ken-for-admin"] {
+        assert!(!loaded.effective.contains(secret));
+        assert!(!format!("{:?}", loaded.settings).contains(secret));
+    }
+    let open = parse("c.yaml", GOOD, ".".into(), Purpose::Run, &env()).expect("valid");
+    assert!(open.settings.ingress.keys.is_none());
+}
+
+#[test]
+fn ingress_key_variables_are_checked_with_positions() {
+    assert_eq!(
+        one_error(&with_ingress_keys("[]")),
+        "c.yaml:3:18: ingress.keys_from_env: 0 keys is out of range: allowed 1..=4"
+    );
+    assert!(
+        one_error(&with_ingress_keys(
+            "[API_KEY, API_KEY, API_KEY, API_KEY, API_KEY]"
+        ))
+        .contains("5 keys is out of range: allowed 1..=4")
+    );
+    assert_eq!(
+        errors(&with_ingress_keys("[API_KEY, \"\", BLANK, NO_SUCH_KEY]")),
+        [
+            "c.yaml:3:28: ingress.keys_from_env[1]: must name an environment variable, like COURIER_INGRESS_KEY",
+            "c.yaml:3:32: ingress.keys_from_env[2]: environment variable BLANK is empty: it must hold a publisher key",
+            "c.yaml:3:39: ingress.keys_from_env[3]: environment variable NO_SUCH_KEY is not set",
+        ]
+    );
+}
+
+#[test]
+fn credits_per_second_is_read_and_its_range_checked() {
+    let with = |n: &str| {
+        GOOD.replace(
+            "destinations:\n",
+            &format!("ingress: {{ credits_per_second: {n} }}\ndestinations:\n"),
+        )
+    };
+    let loaded = parse("c.yaml", &with("50"), ".".into(), Purpose::Run, &env()).expect("valid");
+    assert_eq!(loaded.settings.ingress.credits_per_second, 50);
+    assert_eq!(
+        one_error(&with("20000000")),
+        "c.yaml:2:32: ingress.credits_per_second: 20000000 is out of range: allowed 0..=10000000"
+    );
+}

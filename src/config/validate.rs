@@ -9,6 +9,7 @@ use super::settings::*;
 use super::units::Dur;
 use crate::admin::auth::AdminToken;
 use crate::event_path::EventPath;
+use crate::ingress::keys::IngressKeys;
 use crate::policy::classify::Codes;
 use crate::policy::probation::ProbationPolicy;
 use crate::policy::{Limits, Outcome, StatusPolicy};
@@ -220,12 +221,12 @@ pub fn check(
         1,
         256 << 20,
     );
-    if raw.ingress.credits_per_second != 0 {
-        c.err(
-            "ingress.credits_per_second",
-            "not supported yet (planned in a later issue); use 0 or remove the key",
-        );
-    }
+    let credits_per_second = c.range_u64(
+        "ingress.credits_per_second",
+        raw.ingress.credits_per_second,
+        0,
+        10_000_000,
+    );
     let dedupe_window = raw.ingress.dedupe_window.map(|d| {
         c.range_dur(
             "ingress.dedupe_window",
@@ -234,6 +235,11 @@ pub fn check(
             Duration::from_secs(24 * 3600),
         )
     });
+    let keys = raw
+        .ingress
+        .keys_from_env
+        .as_deref()
+        .map(|vars| ingress_keys(&mut c, vars));
     if raw.destinations.is_empty() {
         c.err("destinations", "at least one destination is needed");
     }
@@ -271,6 +277,8 @@ pub fn check(
         ingress: IngressSettings {
             max_body_bytes,
             dedupe_window,
+            credits_per_second,
+            keys,
         },
         destinations,
         topics,
@@ -311,6 +319,45 @@ fn admin_token(c: &mut Checker, var: Option<&str>, admin_listen: SocketAddr) -> 
         return None;
     }
     Some(AdminToken::new(&token))
+}
+
+/// `ingress.keys_from_env`: 1..=4 variables (Event Grid's two keys, with
+/// room for a rotation of both), each holding a key.
+fn ingress_keys(c: &mut Checker, vars: &[String]) -> IngressKeys {
+    const MAX_KEYS: usize = 4;
+    let p = "ingress.keys_from_env";
+    if vars.is_empty() || vars.len() > MAX_KEYS {
+        c.err(
+            p,
+            format!(
+                "{} keys is out of range: allowed 1..={MAX_KEYS}",
+                vars.len()
+            ),
+        );
+    }
+    let mut keys = Vec::new();
+    for (i, var) in vars.iter().enumerate() {
+        let item = format!("{p}[{i}]");
+        if var.trim().is_empty() {
+            c.err(
+                item,
+                "must name an environment variable, like COURIER_INGRESS_KEY",
+            );
+            continue;
+        }
+        let Some(value) = c.env_var(item.clone(), var) else {
+            continue;
+        };
+        if value.trim().is_empty() {
+            c.err(
+                item,
+                format!("environment variable {var} is empty: it must hold a publisher key"),
+            );
+            continue;
+        }
+        keys.push(value);
+    }
+    IngressKeys::new(keys.iter().map(String::as_str))
 }
 
 fn destination(

@@ -2,6 +2,7 @@
 //! limits, parse the body by the schema into events, wait for the journal's
 //! commit of all of them (for a topic: of every subscriber's copy).
 
+use super::credits::{self, Credits};
 use super::{forward, rejection, reply, schema, topic};
 use crate::admin::metrics;
 use crate::config::{DestinationSettings, Live, Schema, TopicSettings};
@@ -19,6 +20,8 @@ pub struct Ingress {
     settings: Arc<Live>,
     journal: Journal,
     lifecycle: Arc<Lifecycle>,
+    /// Kept across reloads: a reload does not hand out a second grant.
+    credits: Credits,
 }
 
 /// Where a request goes: names are unique across both (checked at load).
@@ -49,6 +52,7 @@ impl Ingress {
             settings,
             journal,
             lifecycle,
+            credits: Credits::default(),
         }
     }
 
@@ -68,6 +72,12 @@ impl Ingress {
             None => (trimmed, ""),
         };
         let settings = self.settings.load();
+        let keys = settings.ingress.keys.as_ref();
+        // Before the route: a caller without a key learns no names.
+        if let Some(Err(denied)) = keys.map(|k| k.admit(req.headers(), crate::clock::now_ms())) {
+            let configured = settings.destination(name).is_some() || settings.topic(name).is_some();
+            return reply::unauthorized(name, configured, &denied);
+        }
         let route = if let Some(d) = settings.destination(name) {
             Route::Destination(d.clone())
         } else if let Some(t) = settings.topic(name) {
@@ -138,8 +148,9 @@ impl Ingress {
             },
             Schema::Eventgrid | Schema::Cloudevents => None,
         };
-        let mut headers = forward::forwarded(req.headers());
+        let mut headers = forward::forwarded(req.headers(), keys.is_some());
         headers.retain(|(n, _)| schema::forwards_header(route.schema(), n));
+        let success = reply::success_status(route.schema(), req.headers());
         let method = req.method().as_str().to_string();
         let path_and_query = match req.uri().query() {
             Some(q) => format!("{rest}?{q}"),
@@ -174,6 +185,7 @@ impl Ingress {
             return reply::reject(name, StatusCode::BAD_REQUEST, "not_json", msg.into(), None);
         }
         let request = Admitted {
+            success,
             method,
             path: path_and_query,
             headers,
@@ -193,6 +205,12 @@ impl Ingress {
                         })
                         .collect(),
                 };
+                let per_second = settings.ingress.credits_per_second;
+                if let Some(refused) =
+                    self.throttle(name, per_second, credits::cost(parts.len(), 0))
+                {
+                    return refused;
+                }
                 let ids: Vec<String> = parts.iter().map(|(id, _)| id.clone()).collect();
                 let events = parts
                     .into_iter()
@@ -204,7 +222,7 @@ impl Ingress {
                     Ok(a) => {
                         let dup: Vec<String> =
                             a.duplicates.iter().map(|&i| ids[i].clone()).collect();
-                        reply::accepted(&ids, &dup)
+                        reply::accepted(request.success, &ids, &dup)
                     }
                     Err(e) => reply::journal_error(name, &e),
                 }
@@ -216,9 +234,26 @@ impl Ingress {
                     // Validation allows only eventgrid and cloudevents topics.
                     None => Vec::new(),
                 };
+                let per_second = settings.ingress.credits_per_second;
+                let cost = credits::cost(events.len(), t.subscribers.len());
+                if let Some(refused) = self.throttle(name, per_second, cost) {
+                    return refused;
+                }
                 self.fan_out(t, &request, &events).await
             }
         }
+    }
+
+    /// Service Bus's throttle, when on (`per_second` > 0): takes the
+    /// request's credits, or gives the refusal. Checked once the events are
+    /// counted and before anything is stored, so a refusal stores nothing.
+    fn throttle(&self, route: &str, per_second: u64, cost: u64) -> Option<Response<Body>> {
+        if per_second == 0 {
+            return None;
+        }
+        let now_ms = crate::clock::mono_us() / 1000;
+        let taken = self.credits.take(route, per_second, cost, now_ms);
+        taken.err().map(|t| reply::throttled(route, per_second, &t))
     }
 
     /// A topic's request: one copy per matching subscriber and event, all
@@ -261,12 +296,20 @@ impl Ingress {
             .filter_map(|&i| fan.copies.get(i))
             .map(|c| (ids[c.event], c.destination))
             .collect();
-        reply::fanned_out(fan.copies.len(), &ids, fan.unmatched.len(), &duplicates)
+        reply::fanned_out(
+            request.success,
+            fan.copies.len(),
+            &ids,
+            fan.unmatched.len(),
+            &duplicates,
+        )
     }
 }
 
 /// What every event of one request shares.
 struct Admitted {
+    /// The answer once stored: 202, or 200 for an Event Grid publisher.
+    success: StatusCode,
     method: String,
     path: String,
     headers: Vec<Header>,

@@ -1,5 +1,6 @@
 //! Which of the app's headers travel with the event, and which id it gets.
 
+use super::keys;
 use crate::journal::Header;
 use http::HeaderMap;
 
@@ -21,8 +22,14 @@ const DROPPED: [&str; 12] = [
     "content-length",
 ];
 
+/// Credentials for courier's ingress, not for the endpoint (SPEC §3): Event
+/// Grid's topic key and signature, never forwarded or stored.
+const INGRESS_CREDENTIALS: [&str; 2] = [keys::KEY_HEADER, keys::TOKEN_HEADER];
+
 /// The headers forwarded to the endpoint, in the order received.
-pub fn forwarded(headers: &HeaderMap) -> Vec<Header> {
+/// `Authorization` is kept back when `keyed` (ingress keys are set, so it
+/// may carry one); otherwise it may be meant for the endpoint and travels.
+pub fn forwarded(headers: &HeaderMap, keyed: bool) -> Vec<Header> {
     let listed: Vec<String> = headers
         .get_all(http::header::CONNECTION)
         .iter()
@@ -33,7 +40,10 @@ pub fn forwarded(headers: &HeaderMap) -> Vec<Header> {
         .iter()
         .filter(|(name, _)| {
             let n = name.as_str();
-            !DROPPED.contains(&n)
+            let credential =
+                INGRESS_CREDENTIALS.contains(&n) || (keyed && *name == http::header::AUTHORIZATION);
+            !credential
+                && !DROPPED.contains(&n)
                 && !n.starts_with("webhook-")
                 && !n.starts_with("courier-")
                 && !listed.iter().any(|l| l == n)
@@ -89,7 +99,7 @@ mod tests {
             ("x-trace", "a"),
             ("x-trace", "b"),
         ]);
-        let names: Vec<(String, Vec<u8>)> = forwarded(&h);
+        let names: Vec<(String, Vec<u8>)> = forwarded(&h, false);
         assert_eq!(
             names,
             vec![
@@ -98,6 +108,20 @@ mod tests {
                 ("x-trace".into(), b"b".to_vec())
             ]
         );
+    }
+
+    #[test]
+    fn ingress_credentials_stay_and_authorization_only_with_keys() {
+        let h = map(&[
+            ("aeg-sas-key", "topic-key"),
+            ("aeg-sas-token", "r=a&e=b&s=c"),
+            ("authorization", "Bearer for-someone"),
+            ("x-keep", "1"),
+        ]);
+        let names =
+            |keyed| -> Vec<String> { forwarded(&h, keyed).into_iter().map(|(n, _)| n).collect() };
+        assert_eq!(names(false), ["authorization", "x-keep"]);
+        assert_eq!(names(true), ["x-keep"]);
     }
 
     #[test]

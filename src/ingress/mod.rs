@@ -3,7 +3,9 @@
 //! after the journal has committed the event.
 
 mod admit;
+mod credits;
 mod forward;
+pub(crate) mod keys;
 mod rejection;
 mod reply;
 pub(crate) mod schema;

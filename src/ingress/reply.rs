@@ -1,25 +1,54 @@
 //! Every answer ingress gives, as JSON (SPEC §3). A refusal carries a
 //! `Rejection`, for `rejection::record` to count and log.
 
+use super::credits::Throttled;
+use super::keys::{self, Denied};
 use super::rejection::Rejection;
 use super::schema::SchemaError;
+use crate::config::Schema;
 use crate::journal::JournalError;
 use crate::server::{Body, json};
-use http::{HeaderValue, Response, StatusCode};
+use http::{HeaderMap, HeaderValue, Response, StatusCode};
 use serde_json::json;
 use std::time::Duration;
 
+/// The status of a stored request: `202 Accepted`, except that an Event
+/// Grid publish gets `200 OK`, as Event Grid answers it, since the Azure
+/// SDKs take any other status as an error (and an app that retries on it
+/// sends everything twice). An Event Grid publish is a request to a route
+/// of `schema: eventgrid`, or one sent by an Event Grid client to any route:
+/// it carries `aeg-sas-key` or `aeg-sas-token`, or an Azure SDK's
+/// `User-Agent` (`azsdk-<language>-eventgrid/<version>`), as the SDKs'
+/// `CloudEvent` sends to a `cloudevents` route do.
+pub fn success_status(schema: Schema, headers: &HeaderMap) -> StatusCode {
+    let sdk = headers
+        .get(http::header::USER_AGENT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|ua| {
+            let ua = ua.to_ascii_lowercase();
+            ua.contains("azsdk-") && ua.contains("eventgrid")
+        });
+    let credential =
+        headers.contains_key(keys::KEY_HEADER) || headers.contains_key(keys::TOKEN_HEADER);
+    if schema == Schema::Eventgrid || credential || sdk {
+        StatusCode::OK
+    } else {
+        StatusCode::ACCEPTED
+    }
+}
+
 /// `ids` are every event acknowledged; `duplicates` those among them that
 /// were already stored within `ingress.dedupe_window` (listed only if any).
-pub fn accepted(ids: &[String], duplicates: &[String]) -> Response<Body> {
+pub fn accepted(status: StatusCode, ids: &[String], duplicates: &[String]) -> Response<Body> {
     let mut body = json!({ "accepted": ids.len(), "ids": ids });
     if !duplicates.is_empty() {
         body["duplicates"] = json!(duplicates);
     }
-    json(StatusCode::ACCEPTED, &body)
+    json(status, &body)
 }
 
-/// A topic's answer (README "Topics"): `accepted` counts the copies
+/// A topic's answer (README "Topics"), with `status` as for a
+/// destination (`success_status`): `accepted` counts the copies
 /// journaled (one per event and matching subscriber), `ids` lists every event
 /// of the request once, `unmatched` counts the events no subscriber took
 /// (acknowledged, not stored). Copies already stored within
@@ -27,6 +56,7 @@ pub fn accepted(ids: &[String], duplicates: &[String]) -> Response<Body> {
 /// subscriber, since the same id is fresh for one subscriber and a repeat
 /// for another.
 pub fn fanned_out(
+    status: StatusCode,
     copies: usize,
     ids: &[&str],
     unmatched: usize,
@@ -39,7 +69,7 @@ pub fn fanned_out(
             .map(|(id, destination)| json!({ "id": id, "destination": destination }))
             .collect();
     }
-    json(StatusCode::ACCEPTED, &body)
+    json(status, &body)
 }
 
 /// A refusal, by `reason`, with `Retry-After` when waiting helps.
@@ -58,6 +88,39 @@ pub fn reject(
             .insert(http::header::RETRY_AFTER, HeaderValue::from(secs));
     }
     resp
+}
+
+/// A request over `ingress.credits_per_second`: 429 until the route's next
+/// period (`Retry-After` in whole seconds, the exact wait in
+/// `retry_after_ms`), or 413 when it alone needs more than a period grants,
+/// since waiting would never help.
+pub fn throttled(route: &str, per_second: u64, t: &Throttled) -> Response<Body> {
+    match *t {
+        Throttled::Wait { ms } => {
+            let reason = "throttled";
+            let message = format!(
+                "{route} has used the {per_second} credits it gets per second (ingress.credits_per_second): nothing was stored; wait and retry"
+            );
+            let mut resp = json(
+                StatusCode::TOO_MANY_REQUESTS,
+                &json!({ "error": message, "reason": reason, "retry_after_ms": ms }),
+            );
+            resp.extensions_mut().insert(Rejection::new(route, reason));
+            let secs = ms.div_ceil(1000).max(1);
+            resp.headers_mut()
+                .insert(http::header::RETRY_AFTER, HeaderValue::from(secs));
+            resp
+        }
+        Throttled::Never { cost } => reject(
+            route,
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "over_credits",
+            format!(
+                "this request needs {cost} credits (1 per event, and on a topic 1 more per subscriber), more than ingress.credits_per_second ({per_second}) grants in a second: send fewer events per request"
+            ),
+            None,
+        ),
+    }
 }
 
 /// A body still incomplete at the deadline (`server::BODY_DEADLINE`):
@@ -117,6 +180,27 @@ pub fn journal_error(destination: &str, e: &JournalError) -> Response<Body> {
         format!("not accepted: {e}"),
         retry,
     )
+}
+
+/// A publisher without a valid key (`ingress.keys_from_env`). Unknown
+/// names are counted as unknown, so that paths cannot create series.
+pub fn unauthorized(name: &str, configured: bool, denied: &Denied) -> Response<Body> {
+    let reason = "unauthorized";
+    let mut resp = json(
+        StatusCode::UNAUTHORIZED,
+        &json!({ "error": denied.to_string(), "reason": reason }),
+    );
+    resp.headers_mut().insert(
+        http::header::WWW_AUTHENTICATE,
+        HeaderValue::from_static("Bearer realm=\"courier ingress\""),
+    );
+    let rejection = if configured {
+        Rejection::new(name, reason)
+    } else {
+        Rejection::unknown(name, reason)
+    };
+    resp.extensions_mut().insert(rejection);
+    resp
 }
 
 pub fn unknown_destination(
