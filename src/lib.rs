@@ -18,6 +18,7 @@ pub mod policy;
 pub mod reload;
 pub mod server;
 pub mod signature;
+pub mod tls;
 
 use config::{Live, Settings};
 use deliver::Fleet;

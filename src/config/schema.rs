@@ -171,6 +171,18 @@ pub enum DeadLetterChoice {
     Keyword(String),
 }
 
+/// `tls`: files added to what the system provides; all optional.
+#[derive(Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsSpec {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_file: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_cert: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_key: Option<String>,
+}
+
 #[derive(Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Destination {
@@ -186,7 +198,7 @@ pub struct Destination {
     #[serde(default = "default_late_answer_window")]
     pub late_answer_window: Dur,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tls: Unsupported,
+    pub tls: Option<TlsSpec>,
     #[serde(default = "default_concurrency")]
     pub concurrency: u32,
     #[serde(default)]

@@ -8,6 +8,7 @@ use crate::ingress::keys::IngressKeys;
 use crate::policy::probation::ProbationPolicy;
 use crate::policy::{Limits, Schedule, StatusPolicy};
 use crate::signature::Secret;
+use crate::tls::TlsFiles;
 use http::{HeaderName, HeaderValue};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -111,6 +112,8 @@ pub struct DestinationSettings {
     pub batch: BatchSettings,
     /// How long a timed-out attempt's answer is still awaited (0 = not).
     pub late_answer_window: Duration,
+    /// Extra CA and client certificate files (`crate::tls`).
+    pub tls: Option<TlsFiles>,
 }
 
 /// `batch`: how many ready events one attempt may carry (SPEC §4.4).

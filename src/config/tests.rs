@@ -389,10 +389,10 @@ fn every_problem_is_reported_not_just_the_first() {
 fn keys_not_built_yet_are_rejected_not_ignored() {
     let e = one_error(&GOOD.replace(
         "    timeout: 5s",
-        "    timeout: 5s\n    tls: { ca_file: x.pem }",
+        "    timeout: 5s\n    passthrough_deadline: 5s",
     ));
     assert!(
-        e.starts_with("c.yaml:6:10: destinations.orders.tls: not supported yet"),
+        e.starts_with("c.yaml:6:27: destinations.orders.passthrough_deadline: not supported yet"),
         "{e}"
     );
 }
@@ -1072,5 +1072,115 @@ fn credits_per_second_is_read_and_its_range_checked() {
     assert_eq!(
         one_error(&with("20000000")),
         "c.yaml:2:32: ingress.credits_per_second: 20000000 is out of range: allowed 0..=10000000"
+    );
+}
+
+/// PEM files in a temporary folder: a CA, a client certificate and its
+/// key, another key, and a file that is not PEM.
+fn tls_files() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ca_key = rcgen::KeyPair::generate().expect("key");
+    let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
+    ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let ca_cert = ca.self_signed(&ca_key).expect("CA");
+    let issuer = rcgen::Issuer::new(ca, ca_key);
+    let key = rcgen::KeyPair::generate().expect("key");
+    let client = rcgen::CertificateParams::new(vec!["courier".to_string()])
+        .expect("params")
+        .signed_by(&key, &issuer)
+        .expect("sign");
+    let other = rcgen::KeyPair::generate().expect("key");
+    for (name, text) in [
+        ("ca.pem", ca_cert.pem()),
+        ("client.pem", client.pem()),
+        ("client.key", key.serialize_pem()),
+        ("other.key", other.serialize_pem()),
+        ("junk.pem", "not a certificate\n".to_string()),
+    ] {
+        std::fs::write(dir.path().join(name), text).expect("write");
+    }
+    dir
+}
+
+fn with_tls(dir: &Path, tls: &str) -> String {
+    let tls = tls.replace("DIR", &dir.display().to_string());
+    GOOD.replace(
+        "    timeout: 5s\n",
+        &format!("    timeout: 5s\n    tls: {tls}\n"),
+    )
+}
+
+#[test]
+fn tls_files_are_loaded_at_start_and_kept_as_absolute_paths() {
+    let dir = tls_files();
+    let text = with_tls(
+        dir.path(),
+        "{ ca_file: DIR/ca.pem, client_cert: DIR/client.pem, client_key: DIR/client.key }",
+    );
+    let loaded = parse("c.yaml", &text, ".".into(), Purpose::Run, &env()).expect("valid");
+    let tls = loaded.settings.destinations[0].tls.clone().expect("tls");
+    assert_eq!(tls.ca_file, Some(dir.path().join("ca.pem")));
+    assert_eq!(
+        tls.client,
+        Some((dir.path().join("client.pem"), dir.path().join("client.key")))
+    );
+}
+
+#[test]
+fn bad_tls_files_are_refused_naming_the_key_and_the_file() {
+    let dir = tls_files();
+    let cases = [
+        (
+            "{ ca_file: DIR/junk.pem }",
+            "destinations.orders.tls.ca_file",
+            "junk.pem holds no PEM certificate",
+        ),
+        (
+            "{ client_cert: DIR/client.pem }",
+            "destinations.orders.tls.client_cert",
+            "needs client_key too",
+        ),
+        (
+            "{ client_cert: DIR/client.pem, client_key: DIR/other.key }",
+            "destinations.orders.tls.client_key",
+            "other.key is not the key of the certificate in",
+        ),
+        (
+            "{ client_cert: DIR/client.pem, client_key: DIR/ca.pem }",
+            "destinations.orders.tls.client_key",
+            "ca.pem holds no private key",
+        ),
+        (
+            "{ ca_file: DIR/missing.pem }",
+            "destinations.orders.tls.ca_file",
+            "cannot read",
+        ),
+        (
+            "{ ca_fille: DIR/ca.pem }",
+            "destinations.orders.tls",
+            "unknown key `ca_fille`",
+        ),
+    ];
+    for (tls, path, message) in cases {
+        let e = one_error(&with_tls(dir.path(), tls));
+        assert!(e.starts_with("c.yaml:6:"), "{tls}: {e}");
+        assert!(e.contains(path), "{tls}: {e}");
+        assert!(e.contains(message), "{tls}: {e}");
+    }
+    let http = with_tls(dir.path(), "{ ca_file: DIR/ca.pem }")
+        .replace("https://hooks.example.com", "http://hooks.example.com");
+    assert!(
+        one_error(&http).contains("tls applies to https:// only"),
+        "{http}"
+    );
+    // `check` may run where the certificates are not mounted.
+    let missing = with_tls(dir.path(), "{ ca_file: DIR/missing.pem }");
+    let checked =
+        parse("c.yaml", &missing, ".".into(), Purpose::Check, &env()).expect("check passes");
+    assert_eq!(checked.warnings.len(), 1, "{:?}", checked.warnings);
+    assert!(
+        checked.warnings[0].contains("tls.ca_file"),
+        "{:?}",
+        checked.warnings
     );
 }

@@ -3,7 +3,7 @@
 //! what is allowed; `mod.rs` adds the file position.
 
 use super::schema::{
-    DeadLetterChoice, Destination, HeaderSpec, Mode, RawConfig, SigningSpec, StatusKey,
+    DeadLetterChoice, Destination, HeaderSpec, Mode, RawConfig, SigningSpec, StatusKey, TlsSpec,
 };
 use super::settings::*;
 use super::units::Dur;
@@ -14,6 +14,7 @@ use crate::policy::classify::Codes;
 use crate::policy::probation::ProbationPolicy;
 use crate::policy::{Limits, Outcome, StatusPolicy};
 use crate::signature::Secret;
+use crate::tls::{TlsFileError, TlsFiles};
 use http::{HeaderName, HeaderValue};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -383,12 +384,12 @@ fn destination(
         Duration::from_millis(10),
         Duration::from_secs(600),
     );
-    for (key, v) in [
-        ("passthrough_deadline", &d.passthrough_deadline),
-        ("tls", &d.tls),
-    ] {
-        c.unsupported(&format!("{p}.{key}"), v, "a later issue");
-    }
+    c.unsupported(
+        &format!("{p}.passthrough_deadline"),
+        &d.passthrough_deadline,
+        "a later issue",
+    );
+    let tls = d.tls.as_ref().and_then(|spec| tls(c, &p, &target, spec));
     let batch = BatchSettings {
         max_events: c.range_u64(
             &format!("{p}.batch.max_events"),
@@ -494,7 +495,54 @@ fn destination(
             Duration::ZERO,
             Duration::from_secs(3600),
         ),
+        tls,
     }
+}
+
+/// `tls`: every file is loaded as a handshake would load it, so that a bad
+/// one stops `run` (or a reload) with its key path rather than failing
+/// every delivery. For `check`, which may run where the certificates are
+/// not mounted, a missing file is a warning.
+fn tls(c: &mut Checker, p: &str, target: &Target, spec: &TlsSpec) -> Option<TlsFiles> {
+    let p = format!("{p}.tls");
+    if target.origin.starts_with("http://") {
+        c.err(
+            &p,
+            "the url is http://, and tls applies to https:// only: use https or remove tls",
+        );
+    }
+    let client = match (&spec.client_cert, &spec.client_key) {
+        (Some(cert), Some(key)) => Some((c.dir(cert), c.dir(key))),
+        (None, None) => None,
+        (Some(_), None) => {
+            c.err(format!("{p}.client_cert"), "needs client_key too");
+            None
+        }
+        (None, Some(_)) => {
+            c.err(format!("{p}.client_key"), "needs client_cert too");
+            None
+        }
+    };
+    let files = TlsFiles {
+        ca_file: spec.ca_file.as_deref().map(|f| c.dir(f)),
+        client,
+    };
+    if let Err(e) = crate::tls::check(&files) {
+        let key = match e.path() {
+            Some(path) if Some(path) == files.ca_file.as_deref() => "ca_file",
+            Some(path) if files.client.as_ref().is_some_and(|(cert, _)| cert == path) => {
+                "client_cert"
+            }
+            _ => "client_key",
+        };
+        let missing = matches!(&e, TlsFileError::Read { source, .. } if source.kind() == std::io::ErrorKind::NotFound);
+        if missing && c.purpose == Purpose::Check {
+            c.warn(format!("{p}.{key}"), e.to_string());
+        } else {
+            c.err(format!("{p}.{key}"), e.to_string());
+        }
+    }
+    (files.ca_file.is_some() || files.client.is_some()).then_some(files)
 }
 
 /// A destination or topic name: one url path segment, without escapes.

@@ -1,4 +1,5 @@
-//! The pooled HTTP client: rustls (ring provider, no OpenSSL), system roots,
+//! The pooled HTTP client: rustls (ring provider, no OpenSSL), system roots
+//! (plus a destination's `tls` files, `crate::tls`),
 //! HTTP/1.1 and HTTP/2 (negotiated by ALPN), connections reused per host.
 //!
 //! Each destination gets its own pool (a `Client` sharing the connector's
@@ -10,12 +11,15 @@
 //! unbounded pool for 90 s. Now a connection beyond `concurrency` idle ones
 //! is closed as soon as it is free.
 
+use crate::tls::{TlsFileError, TlsFiles};
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
+use rustls::RootCertStore;
+use rustls::crypto::CryptoProvider;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -27,46 +31,73 @@ pub type HttpsClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
 /// the server is closing at the same moment.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// The connector every destination's pool dials with.
+/// What every destination's pool dials with: the system roots, loaded
+/// once, and the connector of destinations without a `tls` key.
 #[derive(Clone)]
-pub struct Connector(HttpsConnector<HttpConnector>);
+pub struct Connector {
+    system: Arc<RootCertStore>,
+    provider: Arc<CryptoProvider>,
+    plain: HttpsConnector<HttpConnector>,
+}
 
 impl Connector {
-    /// A pool for one destination: at most `max_idle` idle connections.
-    pub fn client(&self, max_idle: usize) -> HttpsClient {
-        Client::builder(TokioExecutor::new())
+    /// A pool for one destination: at most `max_idle` idle connections;
+    /// its own TLS setup when it has `tls` files.
+    pub fn client(
+        &self,
+        max_idle: usize,
+        tls: Option<&TlsFiles>,
+    ) -> Result<HttpsClient, TlsFileError> {
+        let connector = match tls {
+            None => self.plain.clone(),
+            Some(files) => https(crate::tls::client_config(
+                &self.system,
+                files,
+                &self.provider,
+            )?),
+        };
+        Ok(Client::builder(TokioExecutor::new())
             .pool_idle_timeout(IDLE_TIMEOUT)
             .pool_max_idle_per_host(max_idle)
-            .build(self.0.clone())
+            .build(connector))
     }
 }
 
 pub fn build_connector() -> Result<Connector, String> {
-    let mut roots = rustls::RootCertStore::empty();
+    let mut roots = RootCertStore::empty();
     let native = rustls_native_certs::load_native_certs();
     for cert in native.certs {
         let _ = roots.add(cert);
     }
     if roots.is_empty() {
         tracing::warn!(
-            "no system CA certificates found; https destinations will fail their TLS check"
+            "no system CA certificates found; https destinations without tls.ca_file will fail their TLS check"
         );
     }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let tls = rustls::ClientConfig::builder_with_provider(provider)
+    let system = Arc::new(roots);
+    let provider = crate::tls::provider();
+    let tls = rustls::ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
         .map_err(|e| format!("cannot configure TLS: {e}"))?
-        .with_root_certificates(roots)
+        .with_root_certificates(system.clone())
         .with_no_client_auth();
+    Ok(Connector {
+        system,
+        provider,
+        plain: https(tls),
+    })
+}
+
+/// HTTP/1.1 and HTTP/2 (by ALPN) over `tls`, or plain HTTP.
+fn https(tls: rustls::ClientConfig) -> HttpsConnector<HttpConnector> {
     let mut http = HttpConnector::new();
     http.enforce_http(false);
     http.set_nodelay(true);
     http.set_connect_timeout(Some(Duration::from_secs(10)));
-    let https = hyper_rustls::HttpsConnectorBuilder::new()
+    hyper_rustls::HttpsConnectorBuilder::new()
         .with_tls_config(tls)
         .https_or_http()
         .enable_http1()
         .enable_http2()
-        .wrap_connector(http);
-    Ok(Connector(https))
+        .wrap_connector(http)
 }

@@ -20,6 +20,7 @@ use crate::config::{DestinationSettings, Settings};
 use crate::deadletter::{DeadLetterSink, DirSink};
 use crate::journal::{Journal, Reader};
 use crate::lifecycle::Lifecycle;
+use crate::tls::TlsFiles;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -44,9 +45,22 @@ struct Inner {
     /// its pause, probation and late answers.
     healths: HashMap<String, (Arc<Health>, Arc<LateCompleted>)>,
     sinks: HashMap<PathBuf, Arc<DirSink>>,
-    /// Each destination's connection pool and the `concurrency` it was
-    /// sized for; a reload keeps the pool unless that changed.
-    clients: HashMap<String, (usize, HttpsClient)>,
+    /// Each destination's connection pool and the `concurrency` and `tls`
+    /// it was made for; a reload keeps the pool unless one changed.
+    clients: HashMap<String, Pool>,
+}
+
+#[derive(Clone)]
+struct Pool {
+    concurrency: usize,
+    tls: Option<TlsFiles>,
+    client: HttpsClient,
+}
+
+impl Pool {
+    fn fits(&self, dest: &DestinationSettings) -> bool {
+        self.concurrency == dest.concurrency && self.tls == dest.tls
+    }
 }
 
 struct Running {
@@ -99,9 +113,22 @@ impl Fleet {
     /// an added destination exist once this returns), and `retire` after.
     pub fn apply(&self, settings: &Settings) -> Result<Vec<String>, String> {
         let mut inner = self.lock();
-        // The one step that can fail, first: a failed apply changes nothing.
+        // The steps that can fail, first: a failed apply changes nothing.
         let mut readers = HashMap::new();
+        let mut pools = HashMap::new();
         for dest in &settings.destinations {
+            let pool = match inner.clients.get(&dest.name) {
+                Some(pool) if pool.fits(dest) => pool.clone(),
+                _ => Pool {
+                    concurrency: dest.concurrency,
+                    tls: dest.tls.clone(),
+                    client: self
+                        .connector
+                        .client(dest.concurrency, dest.tls.as_ref())
+                        .map_err(|e| format!("destination {}: {e}", dest.name))?,
+                },
+            };
+            pools.insert(dest.name.clone(), pool);
             if !inner.running.contains_key(&dest.name) {
                 let reader = self
                     .journal
@@ -127,16 +154,11 @@ impl Fleet {
                 .dead_letter
                 .as_ref()
                 .map(|root| Inner::sink(&mut inner.sinks, root) as Arc<dyn DeadLetterSink>);
-            let client = match inner.clients.get(name) {
-                Some((sized, client)) if *sized == dest.concurrency => client.clone(),
-                _ => {
-                    let client = self.connector.client(dest.concurrency);
-                    inner
-                        .clients
-                        .insert(name.clone(), (dest.concurrency, client.clone()));
-                    client
-                }
+            let Some(pool) = pools.remove(name) else {
+                continue;
             };
+            let client = pool.client.clone();
+            inner.clients.insert(name.clone(), pool);
             let ctx = Arc::new(Ctx {
                 dest: dest.clone(),
                 journal: self.journal.clone(),

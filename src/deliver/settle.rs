@@ -203,6 +203,12 @@ async fn settle(
     }
     let id = batch.as_deref().unwrap_or(evs[0].event.id.as_str());
     tracing::debug!(destination = %dest.name, id = %id, events = n, attempt = number, outcome = %outcome, status = a.status, error = a.error.as_deref(), "attempt");
+    // Unlike a busy endpoint, a failed handshake is a setup to fix (an
+    // unknown CA, an expired or misnamed certificate, a refused client
+    // certificate): its reason belongs where operators look.
+    if a.classified.outcome == Outcome::TlsError {
+        tracing::warn!(destination = %dest.name, id = %id, attempt = number, error = a.error.as_deref(), "TLS handshake failed: check the endpoint's certificate and this destination's tls files");
+    }
     let retry_at = |min_delay: Duration| {
         let base = dest.schedule.delay_before(number + 1).max(min_delay);
         let delay = jittered(base, dest.jitter, &mut rand::rng()).max(min_delay);

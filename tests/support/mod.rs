@@ -8,6 +8,7 @@
 //! Used by the integration tests (`mod support;`) and by
 //! `benches/courier_bench.rs` (`#[path = "../tests/support/mod.rs"] mod support;`).
 
+pub mod certs;
 pub mod chaos;
 pub mod checks;
 pub mod client;

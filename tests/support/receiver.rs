@@ -194,6 +194,8 @@ impl State {
 /// every request and answers according to its [`Behavior`].
 pub struct Receiver {
     addr: SocketAddr,
+    /// Serves HTTPS (`start_tls`).
+    tls: bool,
     state: Arc<State>,
     shutdown: watch::Sender<bool>,
     server: Mutex<Option<JoinHandle<()>>>,
@@ -208,6 +210,22 @@ impl Receiver {
     /// Starts on `addr` (e.g. the address of a stopped receiver, to come back
     /// on the same port). Only loopback addresses are allowed.
     pub async fn start_on(addr: SocketAddr, behavior: Behavior) -> Receiver {
+        Receiver::start_serving(addr, behavior, None).await
+    }
+
+    /// Starts an HTTPS receiver on 127.0.0.1 with `config` (see
+    /// `support::certs`); `url()` is then `https://localhost:PORT`.
+    pub async fn start_tls(behavior: Behavior, config: Arc<rustls::ServerConfig>) -> Receiver {
+        let addr = SocketAddr::from(([127, 0, 0, 1], 0));
+        let acceptor = tokio_rustls::TlsAcceptor::from(config);
+        Receiver::start_serving(addr, behavior, Some(acceptor)).await
+    }
+
+    async fn start_serving(
+        addr: SocketAddr,
+        behavior: Behavior,
+        tls: Option<tokio_rustls::TlsAcceptor>,
+    ) -> Receiver {
         assert!(
             addr.ip().is_loopback(),
             "receiver must listen on loopback, not {addr}"
@@ -223,9 +241,11 @@ impl Receiver {
             behavior,
         });
         let (shutdown, shutdown_rx) = watch::channel(false);
-        let server = tokio::spawn(serve(listener, state.clone(), shutdown_rx));
+        let https = tls.is_some();
+        let server = tokio::spawn(serve(listener, state.clone(), shutdown_rx, tls));
         Receiver {
             addr,
+            tls: https,
             state,
             shutdown,
             server: Mutex::new(Some(server)),
@@ -249,9 +269,14 @@ impl Receiver {
         .await
     }
 
-    /// `http://127.0.0.1:PORT`
+    /// `http://127.0.0.1:PORT`, or `https://localhost:PORT` (the name its
+    /// certificate has) for an HTTPS receiver.
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        if self.tls {
+            format!("https://localhost:{}", self.addr.port())
+        } else {
+            format!("http://{}", self.addr)
+        }
     }
 
     pub fn addr(&self) -> SocketAddr {
@@ -371,7 +396,12 @@ async fn bind(addr: SocketAddr) -> TcpListener {
         .unwrap_or_else(|e| panic!("receiver cannot listen on {addr}: {e}"))
 }
 
-async fn serve(listener: TcpListener, state: Arc<State>, mut shutdown: watch::Receiver<bool>) {
+async fn serve(
+    listener: TcpListener,
+    state: Arc<State>,
+    mut shutdown: watch::Receiver<bool>,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+) {
     let mut conns = JoinSet::new();
     // Runs until shutdown (or the Receiver is dropped).
     loop {
@@ -392,16 +422,18 @@ async fn serve(listener: TcpListener, state: Arc<State>, mut shutdown: watch::Re
                     state: state.clone(),
                 };
                 let state = state.clone();
-                let mut shutdown = shutdown.clone();
+                let shutdown = shutdown.clone();
+                let tls = tls.clone();
                 conns.spawn(async move {
-                    let service =
-                        service_fn(move |req| handle(state.clone(), unwritten.clone(), req));
-                    let conn = hyper::server::conn::http1::Builder::new()
-                        .keep_alive(true)
-                        .serve_connection(TokioIo::new(io), service);
-                    tokio::select! {
-                        _ = conn => {}
-                        _ = shutdown.changed() => {}
+                    match tls {
+                        None => connection(io, state, unwritten, shutdown).await,
+                        // A failed handshake (say, no client certificate)
+                        // closes the connection, as a real server does.
+                        Some(tls) => {
+                            if let Ok(io) = tls.accept(io).await {
+                                connection(io, state, unwritten, shutdown).await;
+                            }
+                        }
                     }
                 });
             }
@@ -410,6 +442,24 @@ async fn serve(listener: TcpListener, state: Arc<State>, mut shutdown: watch::Re
     drop(listener);
     // Aborts every connection task, which closes its socket.
     conns.shutdown().await;
+}
+
+async fn connection<I>(
+    io: I,
+    state: Arc<State>,
+    unwritten: Unwritten,
+    mut shutdown: watch::Receiver<bool>,
+) where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let service = service_fn(move |req| handle(state.clone(), unwritten.clone(), req));
+    let conn = hyper::server::conn::http1::Builder::new()
+        .keep_alive(true)
+        .serve_connection(TokioIo::new(io), service);
+    tokio::select! {
+        _ = conn => {}
+        _ = shutdown.changed() => {}
+    }
 }
 
 async fn handle(

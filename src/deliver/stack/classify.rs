@@ -158,9 +158,7 @@ pub fn transport_kind(err: &(dyn StdError + 'static)) -> Transport {
             return Transport::Tls;
         }
         if let Some(io) = e.downcast_ref::<std::io::Error>()
-            && io
-                .get_ref()
-                .is_some_and(|inner| inner.is::<rustls::Error>())
+            && wraps_rustls(io)
         {
             return Transport::Tls;
         }
@@ -170,6 +168,23 @@ pub fn transport_kind(err: &(dyn StdError + 'static)) -> Transport {
         cur = e.source();
     }
     Transport::Socket
+}
+
+/// Whether a `rustls::Error` is inside `io`. Not found by `source()`: a
+/// custom `io::Error` answers its inner error's source, not the inner
+/// error, and hyper-rustls wraps tokio-rustls's `io::Error` (which holds
+/// the `rustls::Error`) in another one.
+fn wraps_rustls(io: &std::io::Error) -> bool {
+    let mut inner = io.get_ref();
+    while let Some(e) = inner {
+        if e.is::<rustls::Error>() {
+            return true;
+        }
+        inner = e
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref());
+    }
+    false
 }
 
 fn chain(err: &(dyn StdError + 'static)) -> String {
@@ -213,6 +228,12 @@ mod tests {
             rustls::Error::DecryptError,
         )));
         assert_eq!(transport_kind(&tls), Transport::Tls);
+        // As hyper-rustls hands a failed handshake on: wrapped once more.
+        let wrapped = Wrapped(Box::new(std::io::Error::other(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer),
+        ))));
+        assert_eq!(transport_kind(&wrapped), Transport::Tls);
         let refused = Wrapped(Box::new(std::io::Error::from(
             std::io::ErrorKind::ConnectionRefused,
         )));
