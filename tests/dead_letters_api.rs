@@ -407,6 +407,11 @@ async fn a_purge_removes_what_it_says_and_the_token_guards_purge_and_replay() {
     }
     wait_dead_letters(&c, "orders", 2, PROMPT).await;
     wait_dead_letters(&c, "billing", 1, PROMPT).await;
+    // The journal forgets an event after its dead letter is written.
+    for dest in ["orders", "billing"] {
+        let series = format!(r#"courier_events_pending{{destination="{dest}"}}"#);
+        support::wait_metric(&c, &series, 0.0, PROMPT).await;
+    }
     // An old day's file, as if written months ago.
     let old = dl_dir(&c, "orders").join("2026-01-01.jsonl");
     std::fs::write(

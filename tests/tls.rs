@@ -270,3 +270,44 @@ async fn certificate_files_replaced_in_place_are_used_by_the_next_connection() {
         }
     }
 }
+
+/// A reload that adds `tls.ca_file` gives the destination a pool that
+/// trusts it, for the event already retrying; one naming a file that is
+/// not PEM is refused whole and changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_applies_tls_files_and_refuses_bad_ones() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let ca = TestCa::new("courier test CA");
+    certs::write(tmp.path(), "ca.pem", &ca.pem);
+    certs::write(tmp.path(), "junk.pem", "not a certificate\n");
+    let rx = Receiver::start_tls(
+        behavior(|_, _| Reply::status(200)),
+        certs::server_config(&ca.server(false), None),
+    )
+    .await;
+    let yaml = |tls: String| {
+        config(&[("orders", rx.url(), tls)])
+            .replace("max_attempts: 2", "max_attempts: 30")
+            .replace("schedule: [50ms]", "schedule: [200ms]")
+    };
+    let c = Courier::start(tmp.path(), &yaml(String::new())).await;
+    accept(&c, "orders").await;
+    c.wait_for_log("outcome=TlsError", PROMPT).await;
+
+    // Replaced whole, as a ConfigMap is; courier watches the file.
+    let replace = |text: String| {
+        let next = c.config_path().with_extension("next");
+        std::fs::write(&next, text).expect("write config");
+        std::fs::rename(&next, c.config_path()).expect("rename config");
+    };
+    replace(yaml(tls_key(tmp.path(), Some("junk.pem"), None)));
+    c.wait_for_log("junk.pem holds no PEM certificate", PROMPT)
+        .await;
+    let failures = support::metric(&c.admin_url(), "courier_config_reload_failures_total").await;
+    check!(c, failures.is_some_and(|n| n >= 1.0), "{failures:?}");
+    check_eq!(c, rx.count(), 0, "delivered without a trusted CA");
+
+    replace(yaml(tls_key(tmp.path(), Some("ca.pem"), None)));
+    let got = requests(&c, &rx, 1, PROMPT).await;
+    check_eq!(c, got[0].path_and_query, "/orders");
+}

@@ -198,15 +198,17 @@ async fn settle(
     let hold = a
         .retry_after
         .filter(|_| matches!(a.status, Some(429 | 503)));
+    // Unlike a busy endpoint, a failed handshake is a setup to fix (an
+    // unknown CA, an expired or misnamed certificate, a refused client
+    // certificate): its reason goes where operators look, once per streak.
+    let tls_streak_starts = a.classified.outcome == Outcome::TlsError
+        && ctx.health.view().last_outcome != Some(Outcome::TlsError);
     if let Some(until) = ctx.health.record(a.classified.outcome, hold, probe) {
         tracing::warn!(destination = %dest.name, outcome, until = %clock::rfc3339(until), "endpoint on probation: no attempts until then, then one probe");
     }
     let id = batch.as_deref().unwrap_or(evs[0].event.id.as_str());
     tracing::debug!(destination = %dest.name, id = %id, events = n, attempt = number, outcome = %outcome, status = a.status, error = a.error.as_deref(), "attempt");
-    // Unlike a busy endpoint, a failed handshake is a setup to fix (an
-    // unknown CA, an expired or misnamed certificate, a refused client
-    // certificate): its reason belongs where operators look.
-    if a.classified.outcome == Outcome::TlsError {
+    if tls_streak_starts {
         tracing::warn!(destination = %dest.name, id = %id, attempt = number, error = a.error.as_deref(), "TLS handshake failed: check the endpoint's certificate and this destination's tls files");
     }
     let retry_at = |min_delay: Duration| {

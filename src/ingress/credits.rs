@@ -8,9 +8,8 @@
 //! Written here rather than with `governor`: its GCRA hands one credit back
 //! every 1/N s, so a burst spread over a tenth of a second gets more than N
 //! through, and Service Bus's semantics are a grant per period. A period
-//! begins with the first request after the last one ended, so a burst is
-//! never split across two grants by where the clock's second happens to
-//! fall.
+//! begins with the first request after the last one ended, so a burst
+//! after an idle second gets exactly N, wherever the clock's second falls.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};

@@ -67,8 +67,15 @@ impl IngressKeys {
     }
 
     /// Whether `headers` carry a key, or a signature made with one, that is
-    /// valid at `now_ms`.
+    /// valid at `now_ms`. Looked for in this order, the first present
+    /// decides: `aeg-sas-key`, `aeg-sas-token`, `Authorization: Bearer`
+    /// (last, as it is the one an app may mean for someone else).
     pub fn admit(&self, headers: &HeaderMap, now_ms: u64) -> Result<(), Denied> {
+        if headers.get(KEY_HEADER).is_none()
+            && let Some(token) = headers.get(TOKEN_HEADER)
+        {
+            return self.signed(token.as_bytes(), now_ms);
+        }
         let offered = headers
             .get(KEY_HEADER)
             .map(|v| v.as_bytes())
@@ -85,10 +92,7 @@ impl IngressKeys {
                 Err(Denied::WrongKey)
             };
         }
-        match headers.get(TOKEN_HEADER) {
-            Some(token) => self.signed(token.as_bytes(), now_ms),
-            None => Err(Denied::Missing),
-        }
+        Err(Denied::Missing)
     }
 
     fn signed(&self, token: &[u8], now_ms: u64) -> Result<(), Denied> {
@@ -163,7 +167,12 @@ fn expiry_ms(s: &str) -> Option<u64> {
             } else {
                 let sign = if offset.starts_with('-') { -1 } else { 1 };
                 let (h, m) = offset.get(1..)?.split_once(':')?;
-                sign * (h.parse::<i64>().ok()? * 3600 + m.parse::<i64>().ok()? * 60)
+                // Bounded before any arithmetic: the token is unverified.
+                let (h, m) = (h.parse::<u8>().ok()?, m.parse::<u8>().ok()?);
+                if h > 23 || m > 59 {
+                    return None;
+                }
+                sign * (i64::from(h) * 3600 + i64::from(m) * 60)
             };
             (&rest[..i], secs)
         }
@@ -266,6 +275,13 @@ mod tests {
                 "{expiry}"
             );
         }
+        // A valid token wins over an Authorization meant for someone else.
+        let token = sas(KEY, resource, "2026-11-23 13:00:00");
+        let both = headers(&[
+            ("aeg-sas-token", &token),
+            ("authorization", "Bearer theirs"),
+        ]);
+        assert_eq!(keys.admit(&both, NOW), Ok(()));
         let other = base64::engine::general_purpose::STANDARD.encode("another key");
         let forged = sas(&other, resource, "2026-11-23 13:00:00");
         assert_eq!(
@@ -286,6 +302,8 @@ mod tests {
             "r=x&s=abc",
             "e=2026-11-23&s=abc",
             "r=x&e=soon&s=AAAA",
+            "r=x&e=2026-01-01%2000%3A00%3A00%2B9999999999999999%3A00&s=AAAA",
+            "r=x&e=2026-01-01%2000%3A00%3A00%2B24%3A00&s=AAAA",
         ] {
             assert_eq!(
                 keys.admit(&headers(&[("aeg-sas-token", bad)]), NOW),
