@@ -94,7 +94,10 @@ pub fn server_config(leaf: &Leaf, clients: Option<&TestCa>) -> Arc<rustls::Serve
             builder.with_client_cert_verifier(verifier)
         }
     };
-    Arc::new(builder.with_single_cert(chain, key).expect("server cert"))
+    let mut config = builder.with_single_cert(chain, key).expect("server cert");
+    // As most HTTPS servers: HTTP/2 for clients that offer it.
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Arc::new(config)
 }
 
 /// Writes `text` to `dir/name` and returns the path.

@@ -25,6 +25,8 @@ pub struct Received {
     /// When the whole request (head and body) had arrived.
     pub at: Instant,
     pub method: Method,
+    /// HTTP/1.1, or HTTP/2 when an HTTPS receiver's client chose it by ALPN.
+    pub version: http::Version,
     pub path_and_query: String,
     pub headers: HeaderMap,
     pub body: Bytes,
@@ -431,7 +433,12 @@ async fn serve(
                         // closes the connection, as a real server does.
                         Some(tls) => {
                             if let Ok(io) = tls.accept(io).await {
-                                connection(io, state, unwritten, shutdown).await;
+                                let h2 = io.get_ref().1.alpn_protocol() == Some(b"h2");
+                                if h2 {
+                                    connection_h2(io, state, unwritten, shutdown).await;
+                                } else {
+                                    connection(io, state, unwritten, shutdown).await;
+                                }
                             }
                         }
                     }
@@ -462,6 +469,24 @@ async fn connection<I>(
     }
 }
 
+/// An HTTPS connection whose client chose `h2` by ALPN.
+async fn connection_h2<I>(
+    io: I,
+    state: Arc<State>,
+    unwritten: Unwritten,
+    mut shutdown: watch::Receiver<bool>,
+) where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let service = service_fn(move |req| handle(state.clone(), unwritten.clone(), req));
+    let conn = hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+        .serve_connection(TokioIo::new(io), service);
+    tokio::select! {
+        _ = conn => {}
+        _ = shutdown.changed() => {}
+    }
+}
+
 async fn handle(
     state: Arc<State>,
     unwritten: Unwritten,
@@ -472,6 +497,7 @@ async fn handle(
     let received = Received {
         at: Instant::now(),
         method: parts.method,
+        version: parts.version,
         path_and_query: parts
             .uri
             .path_and_query()

@@ -157,8 +157,12 @@ pub fn transport_kind(err: &(dyn StdError + 'static)) -> Transport {
         if e.is::<rustls::Error>() {
             return Transport::Tls;
         }
+        // On HTTP/2 a TLS 1.3 server's refusal of the client certificate
+        // arrives after the handshake, through h2, which keeps only the io
+        // error's kind and text (its errors are `Clone`): known then by
+        // tokio-rustls's kind and rustls's wording.
         if let Some(io) = e.downcast_ref::<std::io::Error>()
-            && wraps_rustls(io)
+            && (wraps_rustls(io) || rustls_text(io))
         {
             return Transport::Tls;
         }
@@ -185,6 +189,22 @@ fn wraps_rustls(io: &std::io::Error) -> bool {
             .and_then(|io| io.get_ref());
     }
     false
+}
+
+/// An `io::Error` rebuilt from a `rustls::Error`'s text: tokio-rustls
+/// reports TLS failures as `InvalidData`, and rustls's messages for what
+/// a peer sent begin with these words.
+fn rustls_text(io: &std::io::Error) -> bool {
+    const RUSTLS: [&str; 4] = [
+        "received fatal alert",
+        "invalid peer certificate",
+        "peer is incompatible",
+        "peer misbehaved",
+    ];
+    io.kind() == std::io::ErrorKind::InvalidData && {
+        let text = io.to_string();
+        RUSTLS.iter().any(|p| text.starts_with(p))
+    }
 }
 
 fn chain(err: &(dyn StdError + 'static)) -> String {
@@ -234,6 +254,12 @@ mod tests {
             rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer),
         ))));
         assert_eq!(transport_kind(&wrapped), Transport::Tls);
+        // What h2 keeps of it, and hyper hands on: the kind and the text.
+        let alert = rustls::Error::AlertReceived(rustls::AlertDescription::CertificateRequired);
+        let kept = std::io::Error::new(std::io::ErrorKind::InvalidData, alert.to_string());
+        assert!(rustls_text(&kept), "{kept}");
+        let other = std::io::Error::new(std::io::ErrorKind::InvalidData, "bad frame size");
+        assert!(!rustls_text(&other));
         let refused = Wrapped(Box::new(std::io::Error::from(
             std::io::ErrorKind::ConnectionRefused,
         )));
