@@ -188,21 +188,11 @@ fn expiry_ms(s: &str) -> Option<u64> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::test_headers as headers;
     use super::*;
     use base64::Engine;
 
     const KEY: &str = "c2VjcmV0LXRvcGljLWtleS0wMTIzNDU2Nzg5MDEyMzQ1Njc4OQ==";
-
-    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
-        let mut h = HeaderMap::new();
-        for (k, v) in pairs {
-            h.append(
-                http::HeaderName::from_bytes(k.as_bytes()).expect("name"),
-                v.parse().expect("value"),
-            );
-        }
-        h
-    }
 
     /// What the Azure SDK's `generate_sas` makes (its `_helpers.py`).
     fn sas(key: &str, resource: &str, expiry: &str) -> String {

@@ -12,3 +12,16 @@ pub(crate) mod schema;
 mod topic;
 
 pub use admit::Ingress;
+
+/// A header map of `pairs`, in order, for unit tests.
+#[cfg(test)]
+fn test_headers(pairs: &[(&str, &str)]) -> http::HeaderMap {
+    let mut h = http::HeaderMap::new();
+    for (k, v) in pairs {
+        h.append(
+            http::HeaderName::from_bytes(k.as_bytes()).expect("name"),
+            v.parse().expect("value"),
+        );
+    }
+    h
+}

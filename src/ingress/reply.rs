@@ -226,18 +226,8 @@ pub fn unknown_destination(
 
 #[cfg(test)]
 mod tests {
+    use super::super::test_headers as with;
     use super::*;
-
-    fn with(pairs: &[(&str, &str)]) -> HeaderMap {
-        let mut h = HeaderMap::new();
-        for (k, v) in pairs {
-            h.insert(
-                http::HeaderName::from_bytes(k.as_bytes()).expect("name"),
-                HeaderValue::from_str(v).expect("value"),
-            );
-        }
-        h
-    }
 
     #[test]
     fn event_grid_publishers_get_200_and_everyone_else_202() {

@@ -428,17 +428,13 @@ async fn serve(
                 let tls = tls.clone();
                 conns.spawn(async move {
                     match tls {
-                        None => connection(io, state, unwritten, shutdown).await,
+                        None => connection(io, false, state, unwritten, shutdown).await,
                         // A failed handshake (say, no client certificate)
                         // closes the connection, as a real server does.
                         Some(tls) => {
                             if let Ok(io) = tls.accept(io).await {
                                 let h2 = io.get_ref().1.alpn_protocol() == Some(b"h2");
-                                if h2 {
-                                    connection_h2(io, state, unwritten, shutdown).await;
-                                } else {
-                                    connection(io, state, unwritten, shutdown).await;
-                                }
+                                connection(io, h2, state, unwritten, shutdown).await;
                             }
                         }
                     }
@@ -451,8 +447,11 @@ async fn serve(
     conns.shutdown().await;
 }
 
+/// Serves one connection: HTTP/1.1, or HTTP/2 when `h2` (an HTTPS client
+/// chose it by ALPN).
 async fn connection<I>(
     io: I,
+    h2: bool,
     state: Arc<State>,
     unwritten: Unwritten,
     mut shutdown: watch::Receiver<bool>,
@@ -460,29 +459,17 @@ async fn connection<I>(
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let service = service_fn(move |req| handle(state.clone(), unwritten.clone(), req));
-    let conn = hyper::server::conn::http1::Builder::new()
-        .keep_alive(true)
-        .serve_connection(TokioIo::new(io), service);
+    let io = TokioIo::new(io);
     tokio::select! {
-        _ = conn => {}
-        _ = shutdown.changed() => {}
-    }
-}
-
-/// An HTTPS connection whose client chose `h2` by ALPN.
-async fn connection_h2<I>(
-    io: I,
-    state: Arc<State>,
-    unwritten: Unwritten,
-    mut shutdown: watch::Receiver<bool>,
-) where
-    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-{
-    let service = service_fn(move |req| handle(state.clone(), unwritten.clone(), req));
-    let conn = hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
-        .serve_connection(TokioIo::new(io), service);
-    tokio::select! {
-        _ = conn => {}
+        _ = async {
+            if h2 {
+                let builder = hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new());
+                let _ = builder.serve_connection(io, service).await;
+            } else {
+                let mut builder = hyper::server::conn::http1::Builder::new();
+                let _ = builder.keep_alive(true).serve_connection(io, service).await;
+            }
+        } => {}
         _ = shutdown.changed() => {}
     }
 }

@@ -219,6 +219,7 @@ mod tests {
     use super::*;
     use crate::ingress::schema::Problem;
     use crate::ingress::schema::field_error;
+    use crate::ingress::test_headers as headers;
     use serde_json::json;
 
     fn event(id: &str) -> Value {
@@ -232,17 +233,6 @@ mod tests {
             "datacontenttype": "application/json",
             "data": {"order": 1},
         })
-    }
-
-    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
-        let mut h = HeaderMap::new();
-        for (k, v) in pairs {
-            h.append(
-                http::HeaderName::from_bytes(k.as_bytes()).expect("name"),
-                v.parse().expect("value"),
-            );
-        }
-        h
     }
 
     fn send(content_type: &str, body: &Value) -> Result<Vec<Event>, SchemaError> {
