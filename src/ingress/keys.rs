@@ -71,28 +71,23 @@ impl IngressKeys {
     /// decides: `aeg-sas-key`, `aeg-sas-token`, `Authorization: Bearer`
     /// (last, as it is the one an app may mean for someone else).
     pub fn admit(&self, headers: &HeaderMap, now_ms: u64) -> Result<(), Denied> {
-        if headers.get(KEY_HEADER).is_none()
+        let key = headers.get(KEY_HEADER).map(|v| v.as_bytes());
+        if key.is_none()
             && let Some(token) = headers.get(TOKEN_HEADER)
         {
             return self.signed(token.as_bytes(), now_ms);
         }
-        let offered = headers
-            .get(KEY_HEADER)
-            .map(|v| v.as_bytes())
-            .or_else(|| bearer(headers));
-        if let Some(key) = offered {
-            let digest: [u8; 32] = Sha256::digest(key.trim_ascii()).into();
-            // Every key compared, so the time does not say which matched.
-            let hit = self.0.iter().fold(subtle::Choice::from(0), |hit, k| {
-                hit | digest.ct_eq(&k.digest)
-            });
-            return if bool::from(hit) {
-                Ok(())
-            } else {
-                Err(Denied::WrongKey)
-            };
+        let key = key.or_else(|| bearer(headers)).ok_or(Denied::Missing)?;
+        let digest: [u8; 32] = Sha256::digest(key.trim_ascii()).into();
+        // Every key compared, so the time does not say which matched.
+        let hit = self.0.iter().fold(subtle::Choice::from(0), |hit, k| {
+            hit | digest.ct_eq(&k.digest)
+        });
+        if bool::from(hit) {
+            Ok(())
+        } else {
+            Err(Denied::WrongKey)
         }
-        Err(Denied::Missing)
     }
 
     fn signed(&self, token: &[u8], now_ms: u64) -> Result<(), Denied> {
