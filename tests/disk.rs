@@ -147,8 +147,10 @@ async fn fill_with_events(s: &Setup, acked: &mut HashSet<String>) {
         }
     }
     let full = full.unwrap_or_else(|| panic!("the disk never filled\n{}", s.courier.logs()));
+    // Enough that the loss checks after it mean something; how many fit
+    // depends on how far the indexer lags (the writer keeps room for it).
     assert!(
-        acked.len() > 10,
+        acked.len() >= 5,
         "only {} accepted before the disk filled",
         acked.len()
     );
@@ -213,7 +215,7 @@ async fn a_full_disk_gets_507_and_courier_recovers_by_itself_losing_nothing() {
         return;
     };
     let mut acked = HashSet::new();
-    s.disk.fill(2 * 1024 * 1024);
+    s.disk.fill(4 * 1024 * 1024);
     fill_with_events(&s, &mut acked).await;
     let healthz = format!("{}/healthz", s.courier.admin_url());
     assert_eq!(
@@ -265,7 +267,7 @@ async fn sigterm_on_a_full_disk_exits_within_its_grace() {
         return;
     };
     let mut acked = HashSet::new();
-    s.disk.fill(2 * 1024 * 1024);
+    s.disk.fill(4 * 1024 * 1024);
     fill_with_events(&s, &mut acked).await;
     s.courier.terminate();
     // shutdown_grace 2s, plus the journal's close.
