@@ -89,6 +89,7 @@ pub async fn run(settings: Settings, source: ConfigSource) -> Result<(), RunErro
         live.clone(),
         journal.clone(),
         lifecycle.clone(),
+        fleet.clone(),
     ));
     let admin = Arc::new(admin::Admin {
         settings: live.clone(),

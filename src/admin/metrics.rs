@@ -143,6 +143,15 @@ pub fn attempt(destination: &str, outcome: &'static str, took: Duration, events:
     histogram!(DURATION, "destination" => destination.to_string()).record(took.as_secs_f64());
 }
 
+/// A passthrough attempt: the same series as a durable one's, told apart
+/// by `mode` (durable series keep SPEC §5's labels, without it).
+pub fn passthrough_attempt(destination: &str, outcome: &'static str, took: Duration) {
+    counter!(ATTEMPTS, "destination" => destination.to_string(), "outcome" => outcome, "mode" => "passthrough")
+        .increment(1);
+    histogram!(DURATION, "destination" => destination.to_string(), "mode" => "passthrough")
+        .record(took.as_secs_f64());
+}
+
 pub fn delivered(destination: &str, n: u64) {
     counter!(DELIVERED, "destination" => destination.to_string()).increment(n);
 }

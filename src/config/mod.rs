@@ -12,7 +12,7 @@ mod topics;
 pub mod units;
 mod validate;
 
-pub use schema::{LogFormat, Schema, SyncMode};
+pub use schema::{LogFormat, Mode, Schema, SyncMode};
 pub use settings::{DestinationSettings, Settings, Subscription, Target, TopicSettings};
 pub use state_dir::STATE_DIR_ENV;
 pub use validate::{Env, ProcessEnv, Purpose};

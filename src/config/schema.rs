@@ -7,10 +7,6 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-/// A key that SPEC.md defines but this build does not implement yet: it is
-/// parsed (so its position is known) and rejected by validation, never ignored.
-pub type Unsupported = Option<serde_norway::Value>;
-
 fn secs(s: u64) -> Dur {
     Dur(Duration::from_secs(s))
 }
@@ -193,8 +189,8 @@ pub struct Destination {
     pub schema: Schema,
     #[serde(default = "default_timeout")]
     pub timeout: Dur,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub passthrough_deadline: Unsupported,
+    #[serde(default = "default_passthrough_deadline")]
+    pub passthrough_deadline: Dur,
     #[serde(default = "default_late_answer_window")]
     pub late_answer_window: Dur,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -221,6 +217,9 @@ pub struct Destination {
 
 fn default_timeout() -> Dur {
     secs(30)
+}
+fn default_passthrough_deadline() -> Dur {
+    secs(10)
 }
 fn default_late_answer_window() -> Dur {
     secs(180)

@@ -1,7 +1,7 @@
 //! Checked settings: what the rest of courier runs on. Built once from the
 //! raw config by `validate`; every value here is known to be in range.
 
-use super::schema::{LogFormat, Schema, SyncMode};
+use super::schema::{LogFormat, Mode, Schema, SyncMode};
 use crate::admin::auth::AdminToken;
 use crate::event_path::EventPath;
 use crate::ingress::keys::IngressKeys;
@@ -91,6 +91,10 @@ pub struct DestinationSettings {
     pub name: String,
     pub target: Target,
     pub schema: Schema,
+    /// Durable (the journal answers the app) or passthrough (the endpoint
+    /// does, within `passthrough_deadline`).
+    pub mode: Mode,
+    pub passthrough_deadline: Duration,
     pub timeout: Duration,
     pub concurrency: usize,
     pub schedule: Schedule,

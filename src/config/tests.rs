@@ -1,6 +1,7 @@
 use super::*;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 struct FakeEnv(HashMap<&'static str, &'static str>);
 impl Env for FakeEnv {
@@ -386,14 +387,65 @@ fn every_problem_is_reported_not_just_the_first() {
 }
 
 #[test]
-fn keys_not_built_yet_are_rejected_not_ignored() {
+fn passthrough_takes_a_deadline_defaulting_to_10s_within_its_range() {
+    let loaded = parse("c.yaml", GOOD, ".".into(), Purpose::Run, &env()).expect("valid");
+    let d = &loaded.settings.destinations[0];
+    assert_eq!(
+        (d.mode, d.passthrough_deadline),
+        (Mode::Durable, Duration::from_secs(10))
+    );
+    let text = GOOD.replace(
+        "    timeout: 5s",
+        "    timeout: 5s\n    mode: passthrough\n    passthrough_deadline: 2500ms",
+    );
+    let loaded = parse("c.yaml", &text, ".".into(), Purpose::Run, &env()).expect("valid");
+    let d = &loaded.settings.destinations[0];
+    assert_eq!(
+        (d.mode, d.passthrough_deadline),
+        (Mode::Passthrough, Duration::from_millis(2500))
+    );
     let e = one_error(&GOOD.replace(
         "    timeout: 5s",
-        "    timeout: 5s\n    passthrough_deadline: 5s",
+        "    timeout: 5s\n    passthrough_deadline: 11m",
     ));
     assert!(
-        e.starts_with("c.yaml:6:27: destinations.orders.passthrough_deadline: not supported yet"),
+        e.starts_with("c.yaml:6:27: destinations.orders.passthrough_deadline: 11m is out of range"),
         "{e}"
+    );
+}
+
+#[test]
+fn passthrough_refuses_what_it_cannot_do_with_positions() {
+    let with = |extra: &str| {
+        GOOD.replace(
+            "    timeout: 5s",
+            &format!("    timeout: 5s\n    mode: passthrough\n{extra}"),
+        )
+    };
+    let e = one_error(&with("    schema: eventgrid"));
+    assert!(
+        e.starts_with("c.yaml:7:13: destinations.orders.schema: passthrough forwards the app's request as it is, so its schema must be custom, not eventgrid"),
+        "{e}"
+    );
+    let e = one_error(&with("    batch: { max_events: 10 }"));
+    assert!(
+        e.starts_with("c.yaml:7:26: destinations.orders.batch.max_events: passthrough sends each request alone"),
+        "{e}"
+    );
+    let e = one_error(&with("    rate_limit: { per_second: 5 }"));
+    assert!(
+        e.starts_with(
+            "c.yaml:7:17: destinations.orders.rate_limit: passthrough goes at the app's pace"
+        ),
+        "{e}"
+    );
+    let topic = "destinations:\n  orders: { url: http://127.0.0.1:9/o, schema: eventgrid, mode: passthrough }\ntopics:\n  shop:\n    schema: eventgrid\n    subscribers: { orders: {} }\n";
+    let e = errors(topic);
+    assert!(
+        e.iter()
+            .any(|l| l
+                .contains("topics.shop.subscribers.orders: destination `orders` is passthrough")),
+        "{e:#?}"
     );
 }
 

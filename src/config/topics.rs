@@ -8,7 +8,7 @@
 //! schema. A `custom` destination would get an envelope it never asked for,
 //! and a cloudevents one an Event Grid event; courier does not convert.
 
-use super::schema::{Destination, Schema, Subscriber, Topic};
+use super::schema::{Destination, Mode, Schema, Subscriber, Topic};
 use super::settings::{Subscription, TopicSettings};
 use super::validate::{Checker, valid_name};
 use std::collections::BTreeMap;
@@ -70,6 +70,14 @@ fn topic(
                     format!(
                         "`{dest}` is not a configured destination: subscribers are destinations ({})",
                         known.join(", ")
+                    ),
+                );
+            }
+            Some(d) if d.mode == Mode::Passthrough => {
+                c.err(
+                    &sp,
+                    format!(
+                        "destination `{dest}` is passthrough: a topic's copies are journaled and answered 202 at once, so a subscriber must be mode durable"
                     ),
                 );
             }

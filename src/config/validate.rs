@@ -3,7 +3,8 @@
 //! what is allowed; `mod.rs` adds the file position.
 
 use super::schema::{
-    DeadLetterChoice, Destination, HeaderSpec, Mode, RawConfig, SigningSpec, StatusKey, TlsSpec,
+    DeadLetterChoice, Destination, HeaderSpec, Mode, RawConfig, Schema, SigningSpec, StatusKey,
+    TlsSpec,
 };
 use super::settings::*;
 use super::units::Dur;
@@ -88,15 +89,6 @@ impl Checker<'_> {
             path: path.into(),
             message: message.into(),
         });
-    }
-
-    fn unsupported(&mut self, path: &str, value: &Option<serde_norway::Value>, issue: &str) {
-        if value.is_some() {
-            self.err(
-                path,
-                format!("not supported yet (planned in {issue}); remove the key"),
-            );
-        }
     }
 
     pub(super) fn range_dur(
@@ -372,22 +364,17 @@ fn destination(
         c.err(&p, format!("name `{name}` must be letters, digits, `-`, `_`, `.` or `~` (it is a url path segment)"));
     }
     let target = target(c, &format!("{p}.url"), &d.url);
-    if d.mode == Mode::Passthrough {
-        c.err(
-            format!("{p}.mode"),
-            "passthrough is not supported yet (planned in a later issue); use durable",
-        );
-    }
     let timeout = c.range_dur(
         &format!("{p}.timeout"),
         d.timeout,
         Duration::from_millis(10),
         Duration::from_secs(600),
     );
-    c.unsupported(
+    let passthrough_deadline = c.range_dur(
         &format!("{p}.passthrough_deadline"),
-        &d.passthrough_deadline,
-        "a later issue",
+        d.passthrough_deadline,
+        Duration::from_millis(10),
+        Duration::from_secs(600),
     );
     let tls = d.tls.as_ref().and_then(|spec| tls(c, &p, &target, spec));
     let batch = BatchSettings {
@@ -472,10 +459,15 @@ fn destination(
             None
         }
     };
+    if d.mode == Mode::Passthrough {
+        passthrough(c, &p, d, &batch, rate_limit_per_second.is_some());
+    }
     DestinationSettings {
         name: name.to_string(),
         target,
         schema: d.schema,
+        mode: d.mode,
+        passthrough_deadline,
         timeout,
         concurrency,
         schedule,
@@ -496,6 +488,43 @@ fn destination(
             Duration::from_secs(3600),
         ),
         tls,
+    }
+}
+
+/// What passthrough cannot do, refused rather than ignored: it forwards one
+/// request as the app sent it, at the app's pace, and journals nothing.
+fn passthrough(
+    c: &mut Checker,
+    p: &str,
+    d: &Destination,
+    batch: &BatchSettings,
+    rate_limited: bool,
+) {
+    if d.schema != Schema::Custom {
+        c.err(
+            format!("{p}.schema"),
+            format!(
+                "passthrough forwards the app's request as it is, so its schema must be custom, not {}",
+                d.schema.as_str()
+            ),
+        );
+    }
+    if batch.enabled() {
+        c.err(
+            format!("{p}.batch.max_events"),
+            "passthrough sends each request alone, as the app waits for its answer: batching needs mode durable",
+        );
+    }
+    if rate_limited {
+        let key = if d.rate_limit.is_some() {
+            "rate_limit"
+        } else {
+            "retry.schedule.sns.throttlePolicy"
+        };
+        c.err(
+            format!("{p}.{key}"),
+            "passthrough goes at the app's pace, as the app waits for its answer: a rate limit needs mode durable",
+        );
     }
 }
 

@@ -17,7 +17,7 @@ use http_body_util::Full;
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
 use rustls::RootCertStore;
 use rustls::crypto::CryptoProvider;
 use std::sync::Arc;
@@ -57,6 +57,9 @@ impl Connector {
             )?),
         };
         Ok(Client::builder(TokioExecutor::new())
+            // Without a timer the pool closes nothing: an idle connection
+            // is only found stale when it is next checked out.
+            .pool_timer(TokioTimer::new())
             .pool_idle_timeout(IDLE_TIMEOUT)
             .pool_max_idle_per_host(max_idle)
             .build(connector))

@@ -14,9 +14,9 @@
 use super::dispatcher::Dispatcher;
 use super::health::{Health, PauseReason};
 use super::settle::{Ctx, LateCompleted};
-use super::{Connector, HttpsClient, stack};
+use super::{Connector, HttpsClient, Passthrough, stack};
 use crate::admin::metrics;
-use crate::config::{DestinationSettings, Settings};
+use crate::config::{DestinationSettings, Mode, Settings};
 use crate::deadletter::{DeadLetterSink, DirSink};
 use crate::journal::{Journal, Reader};
 use crate::lifecycle::Lifecycle;
@@ -163,6 +163,8 @@ impl Fleet {
                 dest: dest.clone(),
                 journal: self.journal.clone(),
                 sink,
+                passthrough: (dest.mode == Mode::Passthrough)
+                    .then(|| stack::build_passthrough(dest, client.clone())),
                 stack: stack::build(dest, client),
                 health,
                 late,
@@ -233,6 +235,16 @@ impl Fleet {
             stop,
             task: Task { handle, older },
         }
+    }
+
+    /// A passthrough destination's way to its endpoint, in its current
+    /// settings. A destination keeps its dispatcher whatever its mode: what
+    /// it journaled while durable is still delivered.
+    pub fn passthrough(&self, name: &str) -> Option<Passthrough> {
+        let inner = self.lock();
+        let ctx = inner.running.get(name)?.ctx.borrow().clone();
+        let stack = ctx.passthrough.clone()?;
+        Some(Passthrough::new(ctx.dest.clone(), stack))
     }
 
     /// The health of a configured destination.

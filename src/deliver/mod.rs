@@ -1,5 +1,6 @@
 //! Delivery: one dispatcher per destination drives attempts through a tower
-//! stack built per destination, and settles each outcome in the journal.
+//! stack built per destination, and settles each outcome in the journal;
+//! passthrough sends through the same stack while the app waits.
 
 mod batch;
 mod client;
@@ -7,6 +8,7 @@ mod dispatcher;
 mod fleet;
 pub mod health;
 mod outcome_log;
+mod passthrough;
 mod request;
 mod settle;
 mod shape;
@@ -14,3 +16,4 @@ pub mod stack;
 
 pub use client::{Connector, HttpsClient, build_connector};
 pub use fleet::Fleet;
+pub use passthrough::{Passed, Passthrough};

@@ -7,6 +7,8 @@
 //! batch of N events ends N events, so it gives N lines: each event's id
 //! can be found with one grep, whether or not it went in a batch.
 //!
+//! A passthrough request gives one `passed through` line, with `mode`.
+//!
 //! Never a header; the body only with `log.bodies` and only on the lines
 //! of events given up (`dead-lettered`, `dropped`), where it helps.
 
@@ -76,6 +78,29 @@ pub(super) fn dead_lettered(ev: &StoredEvent, facts: &Facts, batch: Option<&str>
 /// Given up with no dead-letter sink: the event is gone, hence `warn`.
 pub(super) fn dropped(ev: &StoredEvent, facts: &Facts, batch: Option<&str>) {
     given_up!(tracing::Level::WARN, "dropped", ev, facts, batch);
+}
+
+/// The line of a passthrough request, whatever its end: `status` is the
+/// endpoint's answer handed to the app (left out when there was none, and
+/// the app got a 502 or 504), `took_ms` the time the app waited on it.
+pub(super) fn passed_through(
+    destination: &str,
+    id: &str,
+    attempts: u32,
+    status: Option<u16>,
+    outcome: Outcome,
+    took: std::time::Duration,
+) {
+    tracing::info!(
+        destination,
+        id,
+        mode = "passthrough",
+        attempts,
+        status,
+        outcome = %outcome.as_str(),
+        took_ms = took.as_millis() as u64,
+        "passed through"
+    );
 }
 
 fn since_accept(ev: &StoredEvent) -> u64 {

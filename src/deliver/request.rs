@@ -11,7 +11,7 @@
 use super::shape::{self, Shaped};
 use crate::config::DestinationSettings;
 use crate::deliver::stack::Attempt;
-use crate::journal::StoredEvent;
+use crate::journal::{NewEvent, StoredEvent};
 use bytes::Bytes;
 use http::{HeaderName, HeaderValue, Method, Request};
 use http_body_util::Full;
@@ -33,6 +33,20 @@ pub fn build(
         id: ev.event.id.clone(),
         number: attempt_number(std::slice::from_ref(ev)),
     };
+    Ok(assemble(dest, &ev.event, shaped, attempt, &[])?)
+}
+
+/// A passthrough request's first attempt: the app's request as it came,
+/// never stored.
+pub fn build_passthrough(
+    dest: &DestinationSettings,
+    ev: &NewEvent,
+) -> Result<Request<Full<Bytes>>, BuildError> {
+    let shaped = shape::shape(dest.schema, std::slice::from_ref(&ev.body));
+    let attempt = Attempt {
+        id: ev.id.clone(),
+        number: 1,
+    };
     Ok(assemble(dest, ev, shaped, attempt, &[])?)
 }
 
@@ -52,7 +66,7 @@ pub fn build_batch(
     let shaped = shape::batch(dest.schema, &bodies);
     Ok(assemble(
         dest,
-        first,
+        &first.event,
         shaped,
         attempt,
         &["idempotency-key"],
@@ -61,12 +75,11 @@ pub fn build_batch(
 
 fn assemble(
     dest: &DestinationSettings,
-    first: &StoredEvent,
+    e: &NewEvent,
     shaped: Shaped,
     attempt: Attempt,
     skip: &[&str],
 ) -> Result<Request<Full<Bytes>>, http::Error> {
-    let e = &first.event;
     let (rest, query) = match e.path.split_once('?') {
         Some((r, q)) => (r, Some(q)),
         None => (e.path.as_str(), None),

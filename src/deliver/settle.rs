@@ -11,7 +11,7 @@
 use super::health::{Health, PauseReason};
 use super::outcome_log::{self, Confirmed};
 use super::request;
-use super::stack::{AttemptService, Attempted, LateAnswer};
+use super::stack::{AttemptService, Attempted, LateAnswer, PassthroughService};
 use crate::admin::metrics;
 use crate::clock;
 use crate::config::DestinationSettings;
@@ -36,6 +36,8 @@ pub struct Ctx {
     pub journal: Journal,
     pub sink: Option<Arc<dyn DeadLetterSink>>,
     pub stack: AttemptService,
+    /// For `mode: passthrough`: the same layers, handing the answer on.
+    pub passthrough: Option<PassthroughService>,
     pub health: Arc<Health>,
     /// Shared by every version of the context a reload makes, so that a
     /// late answer still cancels a retry read under the old one.

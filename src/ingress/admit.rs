@@ -1,14 +1,16 @@
 //! One request in, one answer out: route (a destination or a topic), check
 //! limits, parse the body by the schema into events, wait for the journal's
-//! commit of all of them (for a topic: of every subscriber's copy).
+//! commit of all of them (for a topic: of every subscriber's copy), or, in
+//! passthrough mode, for the endpoint's answer.
 
 use super::credits::{self, Credits};
-use super::{forward, rejection, reply, schema, topic};
+use super::{Body, forward, rejection, reply, schema, topic};
 use crate::admin::metrics;
-use crate::config::{DestinationSettings, Live, Schema, TopicSettings};
+use crate::config::{DestinationSettings, Live, Mode, Schema, TopicSettings};
+use crate::deliver::Fleet;
 use crate::journal::{Appended, Header, Journal, NewEvent};
 use crate::lifecycle::Lifecycle;
-use crate::server::{BODY_DEADLINE, Body, RemoteAddr};
+use crate::server::{BODY_DEADLINE, RemoteAddr};
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
@@ -22,6 +24,8 @@ pub struct Ingress {
     lifecycle: Arc<Lifecycle>,
     /// Kept across reloads: a reload does not hand out a second grant.
     credits: Credits,
+    /// Passthrough's way to the endpoints.
+    fleet: Arc<Fleet>,
 }
 
 /// Where a request goes: names are unique across both (checked at load).
@@ -47,12 +51,18 @@ impl Route {
 }
 
 impl Ingress {
-    pub fn new(settings: Arc<Live>, journal: Journal, lifecycle: Arc<Lifecycle>) -> Self {
+    pub fn new(
+        settings: Arc<Live>,
+        journal: Journal,
+        lifecycle: Arc<Lifecycle>,
+        fleet: Arc<Fleet>,
+    ) -> Self {
         Ingress {
             settings,
             journal,
             lifecycle,
             credits: Credits::default(),
+            fleet,
         }
     }
 
@@ -191,6 +201,18 @@ impl Ingress {
             headers,
             accepted_ms: crate::clock::now_ms(),
         };
+        // Validation allows passthrough only with schema custom.
+        if let (Route::Destination(dest), Some(id)) = (&route, &custom_id)
+            && dest.mode == Mode::Passthrough
+        {
+            let per_second = settings.ingress.credits_per_second;
+            if let Some(refused) = self.throttle(name, per_second, credits::cost(1, 0)) {
+                return refused;
+            }
+            return self
+                .pass(dest, request.event(id.clone(), &dest.name, body))
+                .await;
+        }
         let parsed = schema::parse(route.schema(), &head.headers, &body);
         match &route {
             Route::Destination(dest) => {
@@ -242,6 +264,22 @@ impl Ingress {
                 self.fan_out(t, &request, &events).await
             }
         }
+    }
+
+    /// Passthrough: the endpoint's answer, or why there is none.
+    async fn pass(&self, dest: &DestinationSettings, event: NewEvent) -> Response<Body> {
+        let Some(passthrough) = self.fleet.passthrough(&dest.name) else {
+            // Between a reload's two steps (the fleet, then the settings).
+            return reply::reject(
+                &dest.name,
+                StatusCode::SERVICE_UNAVAILABLE,
+                "reconfiguring",
+                "this destination is being reconfigured: retry shortly".into(),
+                Some(1),
+            );
+        };
+        let passed = passthrough.forward(&event).await;
+        reply::passed(&dest.name, dest.passthrough_deadline, passed)
     }
 
     /// Service Bus's throttle, when on (`per_second` > 0): takes the

@@ -1,6 +1,7 @@
 //! Ingress: the app's side (SPEC §3). It only parses, validates and admits;
 //! in durable mode it never talks to the endpoint. The answer is sent only
-//! after the journal has committed the event.
+//! after the journal has committed the event. In passthrough mode it hands
+//! the request to `deliver::Passthrough` and the endpoint's answer back.
 
 mod admit;
 mod credits;
@@ -12,6 +13,10 @@ pub(crate) mod schema;
 mod topic;
 
 pub use admit::Ingress;
+
+/// An answer to the app: courier's own JSON, or an endpoint's answer
+/// streamed through (passthrough).
+pub type Body = http_body_util::Either<http_body_util::Full<bytes::Bytes>, hyper::body::Incoming>;
 
 /// A header map of `pairs`, in order, for unit tests.
 #[cfg(test)]

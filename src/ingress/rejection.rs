@@ -6,8 +6,9 @@
 //! with a `Rejection`, and `Ingress::handle` hands every answer here, so no
 //! path that refuses can forget either. Never a header or the body.
 
+use super::Body;
 use crate::admin::metrics;
-use crate::server::{Body, RemoteAddr};
+use crate::server::RemoteAddr;
 use http::Response;
 
 /// The longest name from the path that a line repeats: the path is the

@@ -3,6 +3,7 @@
 //! unit tested exhaustively.
 
 pub mod classify;
+pub mod inline;
 pub mod limits;
 pub mod probation;
 pub mod rate;

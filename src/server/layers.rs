@@ -34,7 +34,7 @@ pub(super) type LayeredBody = UnsyncBoxBody<Bytes, BoxError>;
 /// are marked before the span records them. The span and its events are at
 /// debug (failures too: a 503 is flow control, not an error), so nothing is
 /// logged per request at info.
-pub(super) fn stack<S, B>(
+pub(super) fn stack<S, B, RB>(
     inner: S,
     edge: &'static str,
 ) -> impl Service<
@@ -46,9 +46,11 @@ pub(super) fn stack<S, B>(
 + Send
 + 'static
 where
-    S: Service<Request<B>, Response = Response<Body>, Error = Infallible> + Clone + Send + 'static,
+    S: Service<Request<B>, Response = Response<RB>, Error = Infallible> + Clone + Send + 'static,
     S::Future: Send + 'static,
     B: hyper::body::Body + Send + 'static,
+    RB: hyper::body::Body<Data = Bytes> + Send + 'static,
+    RB::Error: Into<BoxError> + std::fmt::Display,
 {
     ServiceBuilder::new()
         .layer(CatchPanicLayer::custom(move |panic| panicked(edge, panic)))

@@ -36,13 +36,15 @@ pub struct RemoteAddr(pub SocketAddr);
 
 /// Serves `service` on `listener` until `stop` is cancelled; open
 /// connections are then shut down gracefully.
-pub async fn serve<S>(listener: TcpListener, service: S, edge: Edge, stop: CancellationToken)
+pub async fn serve<S, B>(listener: TcpListener, service: S, edge: Edge, stop: CancellationToken)
 where
-    S: Service<Request<Incoming>, Response = Response<Body>, Error = Infallible>
+    S: Service<Request<Incoming>, Response = Response<B>, Error = Infallible>
         + Clone
         + Send
         + 'static,
     S::Future: Send + 'static,
+    B: hyper::body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<tower::BoxError> + std::fmt::Display,
 {
     let service = layers::stack(service, edge.name);
     let mut builder = auto::Builder::new(TokioExecutor::new());

@@ -1,12 +1,11 @@
 //! Turns whatever the inner stack returned (a response, a timeout, a
-//! transport error) into a classified `Attempted`. Classification itself is
-//! the pure `policy::classify`; this layer only extracts status,
-//! Retry-After and the kind of transport failure.
+//! transport error) into a classified `Attempted`, beside the answer itself
+//! (`Answered`). Classification itself is the pure `policy::classify`; this
+//! layer only extracts status, Retry-After and the kind of transport failure.
 
 use super::timeout::{LateAnswer, TimedOut};
 use crate::policy::classify::parse_retry_after;
 use crate::policy::{Classified, StatusPolicy, Transport};
-use bytes::Bytes;
 use http::Response;
 use std::convert::Infallible;
 use std::error::Error as StdError;
@@ -30,6 +29,13 @@ pub struct Attempted {
     pub late: Option<LateAnswer>,
     /// A short description of a transport failure, for logs.
     pub error: Option<String>,
+}
+
+/// An attempt's verdict and, when there was one, the answer with its body
+/// unread: passthrough streams it to the app, durable delivery drains it.
+pub struct Answered<B> {
+    pub attempted: Attempted,
+    pub answer: Option<Response<B>>,
 }
 
 #[derive(Clone)]
@@ -67,15 +73,16 @@ pub struct Classify<S> {
 
 type BoxError = Box<dyn StdError + Send + Sync>;
 
-impl<S, Req> Service<Req> for Classify<S>
+impl<S, Req, B> Service<Req> for Classify<S>
 where
-    S: Service<Req, Response = Response<Bytes>>,
+    S: Service<Req, Response = Response<B>>,
     S::Error: Into<BoxError>,
     S::Future: Send + 'static,
+    B: Send + 'static,
 {
-    type Response = Attempted;
+    type Response = Answered<B>;
     type Error = Infallible;
-    type Future = Pin<Box<dyn Future<Output = Result<Attempted, Infallible>> + Send>>;
+    type Future = Pin<Box<dyn Future<Output = Result<Answered<B>, Infallible>> + Send>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
         match self.inner.poll_ready(cx) {
@@ -93,13 +100,16 @@ where
         if let Some((kind, error)) = self.not_ready.take() {
             let classified = self.policy.classify_transport(kind);
             return Box::pin(async move {
-                Ok(Attempted {
-                    classified,
-                    status: None,
-                    took: Duration::ZERO,
-                    retry_after: None,
-                    late: None,
-                    error: Some(error),
+                Ok(Answered {
+                    attempted: Attempted {
+                        classified,
+                        status: None,
+                        took: Duration::ZERO,
+                        retry_after: None,
+                        late: None,
+                        error: Some(error),
+                    },
+                    answer: None,
                 })
             });
         }
@@ -117,13 +127,16 @@ where
                         .get(http::header::RETRY_AFTER)
                         .and_then(|v| v.to_str().ok())
                         .and_then(|v| parse_retry_after(v, SystemTime::now()));
-                    Attempted {
-                        classified: policy.classify_status(status, retry_after),
-                        status: Some(status),
-                        took,
-                        retry_after,
-                        late: None,
-                        error: None,
+                    Answered {
+                        attempted: Attempted {
+                            classified: policy.classify_status(status, retry_after),
+                            status: Some(status),
+                            took,
+                            retry_after,
+                            late: None,
+                            error: None,
+                        },
+                        answer: Some(resp),
                     }
                 }
                 Err(e) => {
@@ -132,13 +145,16 @@ where
                     let late = e
                         .downcast_ref::<TimedOut>()
                         .and_then(|t| t.late.lock().ok()?.take());
-                    Attempted {
-                        classified: policy.classify_transport(kind),
-                        status: None,
-                        took,
-                        retry_after: None,
-                        late,
-                        error: Some(chain(e.as_ref())),
+                    Answered {
+                        attempted: Attempted {
+                            classified: policy.classify_transport(kind),
+                            status: None,
+                            took,
+                            retry_after: None,
+                            late,
+                            error: Some(chain(e.as_ref())),
+                        },
+                        answer: None,
                     }
                 }
             })
@@ -284,15 +300,21 @@ mod tests {
             let resp = Response::builder()
                 .status(429)
                 .header("retry-after", "7")
-                .body(Bytes::new())
+                .body(())
                 .expect("response");
             Ok::<_, BoxError>(resp)
         });
-        let out = ClassifyLayer::new(StatusPolicy::default())
+        let answered = ClassifyLayer::new(StatusPolicy::default())
             .layer(inner)
             .oneshot(())
             .await
             .expect("infallible");
+        assert_eq!(
+            answered.answer.map(|r| r.headers()["retry-after"].clone()),
+            Some(http::HeaderValue::from_static("7")),
+            "the answer itself is handed on"
+        );
+        let out = answered.attempted;
         assert_eq!(out.status, Some(429));
         assert_eq!(out.classified.outcome, Outcome::Busy);
         assert_eq!(

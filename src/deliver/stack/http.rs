@@ -1,10 +1,12 @@
-//! The innermost service: send the request, read a bounded part of the
-//! answer so the connection can be reused.
+//! The innermost service: send the request, hand back the answer with its
+//! body unread. Durable attempts drain it (`drain`); passthrough streams it
+//! to the app.
 
 use crate::deliver::HttpsClient;
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -28,9 +30,9 @@ impl HttpService {
 }
 
 impl tower::Service<Request<Full<Bytes>>> for HttpService {
-    type Response = Response<Bytes>;
+    type Response = Response<Incoming>;
     type Error = BoxError;
-    type Future = Pin<Box<dyn Future<Output = Result<Response<Bytes>, BoxError>> + Send>>;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<Incoming>, BoxError>> + Send>>;
 
     fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
         Poll::Ready(Ok(()))
@@ -38,17 +40,16 @@ impl tower::Service<Request<Full<Bytes>>> for HttpService {
 
     fn call(&mut self, req: Request<Full<Bytes>>) -> Self::Future {
         let client = self.client.clone();
-        Box::pin(async move {
-            let resp = client.request(req).await?;
-            let (parts, body) = resp.into_parts();
-            // The status decides; the body is drained in the background (so
-            // the connection can be reused) and does not count against the
-            // attempt's timeout.
-            tokio::spawn(async move {
-                let drain = Limited::new(body, MAX_RESPONSE_BODY).collect();
-                let _ = tokio::time::timeout(BODY_DRAIN, drain).await;
-            });
-            Ok(Response::from_parts(parts, Bytes::new()))
-        })
+        Box::pin(async move { Ok(client.request(req).await?) })
     }
+}
+
+/// Reads an answer's body nobody needs, in the background, so that its
+/// connection goes back to the pool; a body too large or too slow costs
+/// the connection instead, never an attempt's time.
+pub fn drain(body: Incoming) {
+    tokio::spawn(async move {
+        let drain = Limited::new(body, MAX_RESPONSE_BODY).collect();
+        let _ = tokio::time::timeout(BODY_DRAIN, drain).await;
+    });
 }

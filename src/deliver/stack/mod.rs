@@ -1,24 +1,30 @@
 //! The per-attempt stack, outermost first: headers → signing → classify →
 //! timeout (with late answers) → http. Each layer has one job; the result is
 //! an `Attempted`, never an error, so callers only deal with verdicts.
+//! Passthrough puts `tower::retry` with `InlineRetry` on top of the same
+//! layers and keeps the answer itself (`Answered`) to hand to the app.
 
 mod classify;
 mod headers;
 mod http;
+mod retry;
 mod signing;
 mod timeout;
 
-pub use classify::{Attempted, ClassifyLayer};
+pub use classify::{Answered, Attempted, ClassifyLayer};
 pub use headers::HeadersLayer;
-pub use http::HttpService;
+pub use http::{HttpService, drain};
+pub use retry::{InlineRetry, Trail};
 pub use signing::SigningLayer;
-pub use timeout::{LateAnswer, TimedOut, TimeoutLayer};
+pub use timeout::{Deadline, LateAnswer, TimedOut, TimeoutLayer};
 
 use crate::config::DestinationSettings;
 use crate::deliver::HttpsClient;
 use bytes::Bytes;
 use http_body_util::Full;
+use hyper::body::Incoming;
 use std::convert::Infallible;
+use std::time::Duration;
 use tower::ServiceBuilder;
 use tower::util::BoxCloneSyncService;
 
@@ -31,13 +37,34 @@ pub struct Attempt {
 
 pub type AttemptRequest = ::http::Request<Full<Bytes>>;
 pub type AttemptService = BoxCloneSyncService<AttemptRequest, Attempted, Infallible>;
+/// One passthrough attempt: its verdict and the answer, body unread.
+pub type PassthroughService = BoxCloneSyncService<AttemptRequest, Answered<Incoming>, Infallible>;
 
+/// Durable delivery's stack: only the verdict is kept, the answer drained.
 pub fn build(dest: &DestinationSettings, client: HttpsClient) -> AttemptService {
     let svc = ServiceBuilder::new()
+        .map_response(|a: Answered<Incoming>| {
+            if let Some(answer) = a.answer {
+                drain(answer.into_body());
+            }
+            a.attempted
+        })
         .layer(HeadersLayer::new(dest))
         .layer(SigningLayer::new(dest.signing.clone()))
         .layer(ClassifyLayer::new(dest.status.clone()))
         .layer(TimeoutLayer::new(dest.timeout, dest.late_answer_window))
+        .service(HttpService::new(client));
+    BoxCloneSyncService::new(svc)
+}
+
+/// Passthrough's stack: the same layers, the answer kept, and no late
+/// answers (the app has been answered by then).
+pub fn build_passthrough(dest: &DestinationSettings, client: HttpsClient) -> PassthroughService {
+    let svc = ServiceBuilder::new()
+        .layer(HeadersLayer::new(dest))
+        .layer(SigningLayer::new(dest.signing.clone()))
+        .layer(ClassifyLayer::new(dest.status.clone()))
+        .layer(TimeoutLayer::new(dest.timeout, Duration::ZERO))
         .service(HttpService::new(client));
     BoxCloneSyncService::new(svc)
 }

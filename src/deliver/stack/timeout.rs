@@ -2,9 +2,11 @@
 //! times out, the request is not dropped but kept waiting for
 //! `late_answer_window` in the background; its status, if one comes, is
 //! handed to whoever settles the attempt (SPEC §4.2).
+//!
+//! A request may carry a [`Deadline`] (passthrough: the app is waiting):
+//! its attempt then times out at the deadline if that comes first.
 
-use bytes::Bytes;
-use http::Response;
+use http::{Request, Response};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Mutex;
@@ -17,6 +19,10 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// The status of an answer that arrived after the timeout.
 pub type LateAnswer = oneshot::Receiver<u16>;
+
+/// When the whole exchange must end: an attempt never outlives it.
+#[derive(Clone, Copy, Debug)]
+pub struct Deadline(pub tokio::time::Instant);
 
 /// No answer within the timeout; `late` yields the answer's status if it
 /// still arrives within the late-answer window.
@@ -65,26 +71,30 @@ pub struct Timeout<S> {
     layer: TimeoutLayer,
 }
 
-impl<S, Req> Service<Req> for Timeout<S>
+impl<S, ReqBody, B> Service<Request<ReqBody>> for Timeout<S>
 where
-    S: Service<Req, Response = Response<Bytes>>,
+    S: Service<Request<ReqBody>, Response = Response<B>>,
     S::Error: Into<BoxError>,
     S::Future: Send + 'static,
+    B: Send + 'static,
 {
-    type Response = Response<Bytes>;
+    type Response = Response<B>;
     type Error = BoxError;
-    type Future = Pin<Box<dyn Future<Output = Result<Response<Bytes>, BoxError>> + Send>>;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<B>, BoxError>> + Send>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
         self.inner.poll_ready(cx).map_err(Into::into)
     }
 
-    fn call(&mut self, req: Req) -> Self::Future {
-        let mut fut = Box::pin(self.inner.call(req));
+    fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
         let TimeoutLayer {
-            timeout,
+            mut timeout,
             late_window,
         } = self.layer;
+        if let Some(Deadline(at)) = req.extensions().get::<Deadline>() {
+            timeout = timeout.min(at.saturating_duration_since(tokio::time::Instant::now()));
+        }
+        let mut fut = Box::pin(self.inner.call(req));
         Box::pin(async move {
             match tokio::time::timeout(timeout, &mut fut).await {
                 Ok(result) => result.map_err(Into::into),
@@ -115,24 +125,23 @@ mod tests {
 
     fn slow(
         after: Duration,
-    ) -> impl Service<(), Response = Response<Bytes>, Error = BoxError, Future: Send + 'static> + Clone
-    {
-        tower::service_fn(move |_: ()| async move {
+    ) -> impl Service<Request<()>, Response = Response<()>, Error = BoxError, Future: Send + 'static>
+    + Clone {
+        tower::service_fn(move |_: Request<()>| async move {
             tokio::time::sleep(after).await;
-            Ok::<_, BoxError>(
-                Response::builder()
-                    .status(201)
-                    .body(Bytes::new())
-                    .expect("response"),
-            )
+            Ok::<_, BoxError>(Response::builder().status(201).body(()).expect("response"))
         })
+    }
+
+    fn req() -> Request<()> {
+        Request::new(())
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_late_answer_within_the_window_is_handed_over() {
         let svc = TimeoutLayer::new(Duration::from_millis(200), Duration::from_secs(3))
             .layer(slow(Duration::from_millis(500)));
-        let err = svc.oneshot(()).await.expect_err("times out");
+        let err = svc.oneshot(req()).await.expect_err("times out");
         let timed_out = err.downcast_ref::<TimedOut>().expect("TimedOut");
         let late = timed_out
             .late
@@ -147,7 +156,7 @@ mod tests {
     async fn an_answer_after_the_window_is_not_and_zero_disables_waiting() {
         let svc = TimeoutLayer::new(Duration::from_millis(200), Duration::from_secs(1))
             .layer(slow(Duration::from_secs(5)));
-        let err = svc.oneshot(()).await.expect_err("times out");
+        let err = svc.oneshot(req()).await.expect_err("times out");
         let late = err
             .downcast_ref::<TimedOut>()
             .and_then(|t| t.late.lock().expect("lock").take())
@@ -155,7 +164,7 @@ mod tests {
         assert!(late.await.is_err());
         let svc = TimeoutLayer::new(Duration::from_millis(200), Duration::ZERO)
             .layer(slow(Duration::from_secs(5)));
-        let err = svc.oneshot(()).await.expect_err("times out");
+        let err = svc.oneshot(req()).await.expect_err("times out");
         assert!(
             err.downcast_ref::<TimedOut>()
                 .is_some_and(|t| t.late.lock().expect("lock").is_none())
@@ -163,9 +172,36 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn a_deadline_before_the_timeout_cuts_the_attempt_there() {
+        let started = tokio::time::Instant::now();
+        let with_deadline = |after: Duration| {
+            let mut r = req();
+            r.extensions_mut().insert(Deadline(started + after));
+            r
+        };
+        let svc = TimeoutLayer::new(Duration::from_secs(2), Duration::ZERO)
+            .layer(slow(Duration::from_secs(5)));
+        let err = svc
+            .clone()
+            .oneshot(with_deadline(Duration::from_millis(700)))
+            .await
+            .expect_err("cut");
+        let timed_out = err.downcast_ref::<TimedOut>().expect("TimedOut");
+        assert_eq!(timed_out.after, Duration::from_millis(700));
+        assert_eq!(started.elapsed(), Duration::from_millis(700));
+        // A deadline after the timeout leaves the timeout as it is.
+        let err = svc
+            .oneshot(with_deadline(Duration::from_secs(60)))
+            .await
+            .expect_err("times out");
+        let timed_out = err.downcast_ref::<TimedOut>().expect("TimedOut");
+        assert_eq!(timed_out.after, Duration::from_secs(2));
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn answers_in_time_pass_through() {
         let svc = TimeoutLayer::new(Duration::from_secs(1), Duration::from_secs(1))
             .layer(slow(Duration::from_millis(10)));
-        assert_eq!(svc.oneshot(()).await.expect("in time").status(), 201);
+        assert_eq!(svc.oneshot(req()).await.expect("in time").status(), 201);
     }
 }
