@@ -1,7 +1,7 @@
 //! courier against nginx under the same wrk load, in one invocation:
 //!
 //! `cargo bench --bench courier_bench [-- --seconds 10 --connections 50
-//!  --steps nabcde --scale 1 --compare PATH --write-results]`
+//!  --steps nabcdep --scale 1 --compare PATH --write-results]`
 //!
 //! n. baselines: wrk against nginx answering 200 (`direct`), and against an
 //!    nginx `proxy_pass` to it with upstream keepalive (`proxy`, the
@@ -15,6 +15,12 @@
 //! d. a 1,000,000-event backlog: courier's RSS, the journal's disk use, then
 //!    SIGKILL and the time from the new process's spawn to `/readyz` 200;
 //! e. idle RSS: one destination, nothing sent, after 2 s;
+//! p. passthrough (issue #11): wrk through a `mode: passthrough`
+//!    destination to nginx (beside `direct` and `proxy`), then to a receiver
+//!    in this process answering 200, and to the same receiver answering each
+//!    request's first attempt 503 and its second 200 (one in-line retry
+//!    per request, `schedule: [1ms]`): the last two rows' difference is what
+//!    an in-line retry costs;
 //! x. mass expiry (issue #12; not in the default steps): a 100,000-event
 //!    backlog of a paused destination (`--scale` multiplies it) whose TTL
 //!    has run out: SIGTERM, every event made an hour older in `journal.db`
@@ -51,9 +57,9 @@ const DESTINATION: &str = "bench";
 const PENDING: &str = r#"courier_events_pending{destination="bench"}"#;
 const ACCEPTED: &str = r#"courier_events_accepted_total{destination="bench"}"#;
 const DELIVERED: &str = r#"courier_events_delivered_total{destination="bench"}"#;
-const STEPS: &str = "nabcde";
+const STEPS: &str = "nabcdep";
 /// Every step: the default ones and `x`, run when asked.
-const ALL_STEPS: &str = "nabcdex";
+const ALL_STEPS: &str = "nabcdepx";
 /// Step c's backlog and step d's, before `--scale`.
 const DRAIN_BACKLOG: f64 = 100_000.0;
 const BIG_BACKLOG: f64 = 1_000_000.0;
@@ -68,7 +74,7 @@ const POLL: Duration = Duration::from_millis(20);
 /// Step e waits this long after the start before reading RSS.
 const IDLE: Duration = Duration::from_secs(2);
 const MIB: f64 = 1024.0 * 1024.0;
-const USAGE: &str = "usage: cargo bench --bench courier_bench [-- --seconds N --connections N --steps nabcdex --scale F --compare PATH --write-results]";
+const USAGE: &str = "usage: cargo bench --bench courier_bench [-- --seconds N --connections N --steps nabcdepx --scale F --compare PATH --write-results]";
 
 struct Args {
     seconds: u64,
@@ -748,6 +754,51 @@ async fn idle(label: &str, bin: &Path, rx: &str) -> Result<Row, String> {
     })
 }
 
+/// Step p: passthrough to nginx, to an in-process receiver, and to the
+/// same receiver with one in-line retry per request.
+async fn passthrough(label: &str, bin: &Path, rx: &str, args: &Args) -> Result<Vec<Row>, String> {
+    const MODE: &str = "    mode: passthrough\n    passthrough_deadline: 5s\n    retry: { schedule: [1ms], jitter: 0 }\n    status: { min_delay: { 503: 0s } }\n";
+    let mut rows = Vec::new();
+    let mut load = |target: String, w: &Wrk, cpu: f64, pid: u32| {
+        let mut row = Row::load(target, w);
+        row.cpu = Some(cpu);
+        row.rss = proc_status(pid, "VmHWM");
+        rows.push(row);
+    };
+    let run = start(bin, rx, MODE).await?;
+    let c = &run.courier;
+    let cpu = cpu_seconds(c.pid()).unwrap_or(0.0);
+    let w = wrk(&c.url(DESTINATION), args).await?;
+    let used = cpu_seconds(c.pid()).unwrap_or(0.0) - cpu;
+    load(format!("{label} p. passthrough → nginx"), &w, used, c.pid());
+    drop(run);
+    for retried in [false, true] {
+        let receiver = support::Receiver::start(support::behavior(move |req, _| {
+            let first = req.header("courier-delivery-attempt") == Some("1");
+            support::Reply::status(if retried && first { 503 } else { 200 })
+        }))
+        .await;
+        receiver.set_recording(false);
+        let run = start(bin, &receiver.url(), MODE).await?;
+        let c = &run.courier;
+        let cpu = cpu_seconds(c.pid()).unwrap_or(0.0);
+        let w = wrk(&c.url(DESTINATION), args).await?;
+        let used = cpu_seconds(c.pid()).unwrap_or(0.0) - cpu;
+        let what = if retried {
+            "503 then 200 (one in-line retry)"
+        } else {
+            "200"
+        };
+        load(
+            format!("{label} p. passthrough → test receiver, {what}"),
+            &w,
+            used,
+            c.pid(),
+        );
+    }
+    Ok(rows)
+}
+
 fn ratio(value: f64, base: Option<&Wrk>) -> Option<f64> {
     base.filter(|b| b.rate > 0.0).map(|b| value / b.rate)
 }
@@ -863,6 +914,10 @@ async fn courier_steps(
                     rows.push(replay);
                 }
                 Err(e) => failed("x. mass expiry", e, rows),
+            },
+            'p' => match passthrough(label, bin, rx, args).await {
+                Ok(p) => rows.extend(p),
+                Err(e) => failed("p. passthrough", e, rows),
             },
             'e' => match idle(label, bin, rx).await {
                 Ok(row) => {

@@ -139,9 +139,16 @@ pub async fn run(settings: Settings, source: ConfigSource) -> Result<(), RunErro
     tracing::info!(grace = %config::units::format_duration(grace), "shutting down: refusing new events, finishing attempts in flight");
     lifecycle.drain();
     let _ = reloads.await;
-    if !fleet.stop(grace).await {
+    let passing = tokio::time::timeout(grace, lifecycle.passing.wait());
+    let (stopped, passed) = tokio::join!(fleet.stop(grace), passing);
+    if !stopped {
         tracing::warn!(
             "shutdown grace ran out; attempts still in flight are abandoned and retried after restart"
+        );
+    }
+    if passed.is_err() {
+        tracing::warn!(
+            "shutdown grace ran out; passthrough requests still waiting for their endpoint are cut off"
         );
     }
     journal.close().await;

@@ -3,6 +3,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 #[derive(Default)]
 pub struct Lifecycle {
@@ -12,6 +13,9 @@ pub struct Lifecycle {
     pub stop_dispatch: CancellationToken,
     /// Cancelled when the servers must close.
     pub stop_servers: CancellationToken,
+    /// Passthrough requests waiting for their endpoint: like attempts in
+    /// flight, they get the shutdown grace to finish.
+    pub passing: TaskTracker,
 }
 
 impl Lifecycle {
@@ -26,6 +30,7 @@ impl Lifecycle {
     pub fn drain(&self) {
         self.draining.store(true, Ordering::Release);
         self.stop_dispatch.cancel();
+        self.passing.close();
     }
 
     pub fn draining(&self) -> bool {

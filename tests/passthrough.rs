@@ -274,3 +274,35 @@ async fn the_answer_body_is_streamed_not_buffered() {
     check!(c, rest.is_ok() && text.contains("last"), "{text:?}");
     let _ = endpoint.await;
 }
+
+/// SIGTERM while the app waits for its endpoint: the request gets the
+/// shutdown grace like an attempt in flight, so the app gets the answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_lets_a_waiting_request_have_its_answer() {
+    let rx = Receiver::start(behavior(|_, _| {
+        Reply::status(201)
+            .body("made")
+            .delay(Duration::from_millis(3000))
+    }))
+    .await;
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let yaml = passthrough(&rx.url(), "").replace("log:", "shutdown_grace: 5s\nlog:");
+    let mut c = Courier::start(tmp.path(), &yaml).await;
+    let url = c.url("orders");
+    let waiting = tokio::spawn(async move { post(&url, "{}", &[]).await });
+    rx.wait_for(1, Duration::from_secs(5)).await;
+    c.terminate();
+    let r = tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("answered within the grace")
+        .expect("join");
+    check_eq!(c, r.status, 201, "{}", r.text());
+    check_eq!(c, r.text(), "made");
+    let status = c.wait_exit(Duration::from_secs(10)).await;
+    check!(c, status.success(), "{status}");
+    check!(
+        c,
+        !c.logs().contains("passthrough requests still waiting"),
+        "the grace was not needed in full"
+    );
+}

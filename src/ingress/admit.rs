@@ -278,7 +278,11 @@ impl Ingress {
                 Some(1),
             );
         };
-        let passed = passthrough.forward(&event).await;
+        let passed = self
+            .lifecycle
+            .passing
+            .track_future(passthrough.forward(&event))
+            .await;
         reply::passed(&dest.name, dest.passthrough_deadline, passed)
     }
 
