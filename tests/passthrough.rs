@@ -173,6 +173,14 @@ async fn a_400_is_handed_back_at_once_and_never_retried_or_dead_lettered() {
     quiet(&c, &rx, 1, Duration::from_millis(500)).await;
     let dl = support::files_under(&tmp.path().join("dl"));
     check!(c, dl.is_empty(), "dead letters: {dl:?}");
+    let listed = support::get(&format!("{}/v1/destinations", c.admin_url())).await;
+    check_eq!(
+        c,
+        listed.json()["destinations"][0]["mode"],
+        "passthrough",
+        "{}",
+        listed.text()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

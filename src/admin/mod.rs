@@ -148,6 +148,7 @@ impl Admin {
             let oldest = self.reader.oldest_accepted(&d.name).await.ok().flatten();
             out.push(json!({
                 "name": d.name,
+                "mode": d.mode.as_str(),
                 "state": v.state,
                 "until": v.until_ms.map(clock::rfc3339),
                 "paused_by": v.paused.map(|(by, _)| by.as_str()),

@@ -274,6 +274,15 @@ pub enum Schema {
     Cloudevents,
 }
 
+impl Mode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Durable => "durable",
+            Mode::Passthrough => "passthrough",
+        }
+    }
+}
+
 impl Schema {
     pub fn as_str(self) -> &'static str {
         match self {
