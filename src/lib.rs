@@ -148,7 +148,7 @@ pub async fn run(settings: Settings, source: ConfigSource) -> Result<(), RunErro
     }
     if passed.is_err() {
         tracing::warn!(
-            "shutdown grace ran out; passthrough requests still waiting for their endpoint are cut off"
+            "shutdown grace ran out; passthrough requests still waiting for their endpoint are cut off as courier exits"
         );
     }
     journal.close().await;

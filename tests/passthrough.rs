@@ -248,39 +248,38 @@ async fn the_answer_body_is_streamed_not_buffered() {
         .await
         .expect("send");
     let mut got = Vec::new();
-    let mut buf = [0u8; 4096];
-    let first = tokio::time::timeout(Duration::from_secs(5), async {
-        while !got.windows(5).any(|w| w == b"first") {
-            let n = app.read(&mut buf).await.expect("read");
-            if n == 0 {
-                break;
-            }
-            got.extend_from_slice(&buf[..n]);
-        }
-    })
-    .await;
+    let first = read_until(&mut app, &mut got, b"first").await;
     let text = String::from_utf8_lossy(&got).into_owned();
     check!(
         c,
-        first.is_ok() && text.contains("first"),
+        first,
         "the first chunk did not arrive before the last was sent: {text:?}"
     );
     check!(c, !text.contains("last"), "{text:?}");
     check!(c, text.starts_with("HTTP/1.1 200"), "{text:?}");
     let _ = release.send(());
-    let rest = tokio::time::timeout(Duration::from_secs(5), async {
-        while !got.windows(5).any(|w| w == b"0\r\n\r\n") {
-            let n = app.read(&mut buf).await.expect("read");
-            if n == 0 {
-                break;
-            }
-            got.extend_from_slice(&buf[..n]);
-        }
-    })
-    .await;
+    let rest = read_until(&mut app, &mut got, b"0\r\n\r\n").await;
     let text = String::from_utf8_lossy(&got).into_owned();
-    check!(c, rest.is_ok() && text.contains("last"), "{text:?}");
+    check!(c, rest && text.contains("last"), "{text:?}");
     let _ = endpoint.await;
+}
+
+/// Reads from `stream` into `got` until it holds `needle`; false if the
+/// stream ends or 5 s pass first.
+async fn read_until(stream: &mut tokio::net::TcpStream, got: &mut Vec<u8>, needle: &[u8]) -> bool {
+    let mut buf = [0u8; 4096];
+    let read = async {
+        while !got.windows(needle.len()).any(|w| w == needle) {
+            match stream.read(&mut buf).await {
+                Ok(0) | Err(_) => return false,
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+            }
+        }
+        true
+    };
+    tokio::time::timeout(Duration::from_secs(5), read)
+        .await
+        .unwrap_or(false)
 }
 
 /// SIGTERM while the app waits for its endpoint: the request gets the
@@ -290,11 +289,12 @@ async fn sigterm_lets_a_waiting_request_have_its_answer() {
     let rx = Receiver::start(behavior(|_, _| {
         Reply::status(201)
             .body("made")
-            .delay(Duration::from_millis(3000))
+            .delay(Duration::from_millis(4500))
     }))
     .await;
     let tmp = tempfile::tempdir().expect("tempdir");
-    let yaml = passthrough(&rx.url(), "").replace("log:", "shutdown_grace: 5s\nlog:");
+    // Longer than the servers' own 2 s drain, well within the grace.
+    let yaml = passthrough(&rx.url(), "").replace("log:", "shutdown_grace: 8s\nlog:");
     let mut c = Courier::start(tmp.path(), &yaml).await;
     let url = c.url("orders");
     let waiting = tokio::spawn(async move { post(&url, "{}", &[]).await });
@@ -313,4 +313,81 @@ async fn sigterm_lets_a_waiting_request_have_its_answer() {
         !c.logs().contains("passthrough requests still waiting"),
         "the grace was not needed in full"
     );
+}
+
+/// A reload switches a destination between the modes, each way, without a
+/// restart: the next request takes the new mode.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_switches_between_passthrough_and_durable() {
+    let rx = Receiver::start(behavior(|_, _| {
+        Reply::status(200).body("from the endpoint")
+    }))
+    .await;
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let c = Courier::start(tmp.path(), &passthrough(&rx.url(), "")).await;
+    let reload = |yaml: String, n: usize| {
+        let path = c.config_path().to_path_buf();
+        let logs = || c.logs().matches("config reloaded").count();
+        async move {
+            let tmp = path.with_extension("tmp");
+            std::fs::write(&tmp, yaml).expect("write the new config");
+            std::fs::rename(&tmp, &path).expect("swap it in");
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while logs() < n && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            logs() >= n
+        }
+    };
+    let r = post(&c.url("orders"), "{}", &[("idempotency-key", "a")]).await;
+    check_eq!(
+        c,
+        (r.status, r.text()),
+        (200, "from the endpoint".to_string())
+    );
+
+    let reloaded = reload(support::config("orders", &rx.url(), ""), 1).await;
+    check!(c, reloaded, "no reload to durable");
+    let r = post(&c.url("orders"), "{}", &[("idempotency-key", "b")]).await;
+    check_eq!(c, r.status, 202, "{}", r.text());
+    check_eq!(c, r.json()["ids"], json!(["b"]));
+    rx.wait_for(2, Duration::from_secs(10)).await;
+
+    let reloaded = reload(passthrough(&rx.url(), ""), 2).await;
+    check!(c, reloaded, "no reload back to passthrough");
+    let r = post(&c.url("orders"), "{}", &[("idempotency-key", "c")]).await;
+    check_eq!(
+        c,
+        (r.status, r.text()),
+        (200, "from the endpoint".to_string())
+    );
+    check_eq!(c, rx.count(), 3);
+}
+
+/// An answered attempt, then one the deadline cuts: 504, naming the status
+/// the app would otherwise never see.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_504_names_an_earlier_attempts_status() {
+    let rx = Receiver::start(behavior(|_, n| {
+        if n == 0 {
+            Reply::status(503)
+        } else {
+            Reply::hang()
+        }
+    }))
+    .await;
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let yaml = passthrough(
+        &rx.url(),
+        "passthrough_deadline: 1s
+         retry: { schedule: [50ms], jitter: 0 }
+         status: { min_delay: { 503: 0s } }",
+    );
+    let c = Courier::start(tmp.path(), &yaml).await;
+    let r = post(&c.url("orders"), "{}", &[]).await;
+    check_eq!(c, r.status, 504, "{}", r.text());
+    let body = r.json();
+    check_eq!(c, body["attempts"], 2, "{body}");
+    check_eq!(c, body["last_outcome"], "TimedOut", "{body}");
+    check_eq!(c, body["last_status"], 503, "{body}");
 }

@@ -16,7 +16,7 @@ use super::health::{Health, PauseReason};
 use super::settle::{Ctx, LateCompleted};
 use super::{Connector, HttpsClient, Passthrough, stack};
 use crate::admin::metrics;
-use crate::config::{DestinationSettings, Mode, Settings};
+use crate::config::{DestinationSettings, Settings};
 use crate::deadletter::{DeadLetterSink, DirSink};
 use crate::journal::{Journal, Reader};
 use crate::lifecycle::Lifecycle;
@@ -163,8 +163,7 @@ impl Fleet {
                 dest: dest.clone(),
                 journal: self.journal.clone(),
                 sink,
-                passthrough: (dest.mode == Mode::Passthrough)
-                    .then(|| stack::build_passthrough(dest, client.clone())),
+                passthrough: stack::build_passthrough(dest, client.clone()),
                 stack: stack::build(dest, client),
                 health,
                 late,
@@ -237,14 +236,13 @@ impl Fleet {
         }
     }
 
-    /// A passthrough destination's way to its endpoint, in its current
-    /// settings. A destination keeps its dispatcher whatever its mode: what
-    /// it journaled while durable is still delivered.
+    /// A configured destination's way to its endpoint for passthrough, in
+    /// its current settings. A destination keeps its dispatcher whatever
+    /// its mode: what it journaled while durable is still delivered.
     pub fn passthrough(&self, name: &str) -> Option<Passthrough> {
         let inner = self.lock();
         let ctx = inner.running.get(name)?.ctx.borrow().clone();
-        let stack = ctx.passthrough.clone()?;
-        Some(Passthrough::new(ctx.dest.clone(), stack))
+        Some(Passthrough::new(ctx.dest.clone(), ctx.passthrough.clone()))
     }
 
     /// The health of a configured destination.

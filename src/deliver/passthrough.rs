@@ -40,6 +40,8 @@ pub enum Passed {
         attempts: u32,
         /// The status of an earlier attempt, if one got an answer.
         last_status: Option<u16>,
+        /// The deadline the attempts were made within.
+        deadline: std::time::Duration,
     },
     /// The request cannot be sent (its target is not a valid URI).
     Unsendable(String),
@@ -86,6 +88,7 @@ impl Passthrough {
                 error: a.error.clone().unwrap_or_default(),
                 attempts: trail.attempts,
                 last_status: trail.last_status,
+                deadline: self.dest.passthrough_deadline,
             },
         }
     }

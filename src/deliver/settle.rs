@@ -37,7 +37,9 @@ pub struct Ctx {
     pub sink: Option<Arc<dyn DeadLetterSink>>,
     pub stack: AttemptService,
     /// For `mode: passthrough`: the same layers, handing the answer on.
-    pub passthrough: Option<PassthroughService>,
+    /// Built whatever the mode, so that a request admitted under the
+    /// settings before a reload finds it under those after.
+    pub passthrough: PassthroughService,
     pub health: Arc<Health>,
     /// Shared by every version of the context a reload makes, so that a
     /// late answer still cancels a retry read under the old one.

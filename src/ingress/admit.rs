@@ -4,7 +4,7 @@
 //! passthrough mode, for the endpoint's answer.
 
 use super::credits::{self, Credits};
-use super::{Body, forward, rejection, reply, schema, topic};
+use super::{Body, forward, passed, rejection, reply, schema, topic};
 use crate::admin::metrics;
 use crate::config::{DestinationSettings, Live, Mode, Schema, TopicSettings};
 use crate::deliver::Fleet;
@@ -120,13 +120,7 @@ impl Ingress {
             return resp;
         }
         if self.lifecycle.draining() {
-            return reply::reject(
-                name,
-                StatusCode::SERVICE_UNAVAILABLE,
-                "shutting_down",
-                "courier is shutting down: retry shortly".into(),
-                Some(5),
-            );
+            return shutting_down(name);
         }
         let limit = settings.ingress.max_body_bytes;
         let too_large = || {
@@ -201,17 +195,17 @@ impl Ingress {
             headers,
             accepted_ms: crate::clock::now_ms(),
         };
-        // Validation allows passthrough only with schema custom.
-        if let (Route::Destination(dest), Some(id)) = (&route, &custom_id)
+        if let Route::Destination(dest) = &route
             && dest.mode == Mode::Passthrough
         {
             let per_second = settings.ingress.credits_per_second;
             if let Some(refused) = self.throttle(name, per_second, credits::cost(1, 0)) {
                 return refused;
             }
-            return self
-                .pass(dest, request.event(id.clone(), &dest.name, body))
-                .await;
+            // Validation allows passthrough only with schema custom, which
+            // always has an id; any other would get a fresh one.
+            let id = custom_id.unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
+            return self.pass(dest, request.event(id, &dest.name, body)).await;
         }
         let parsed = schema::parse(route.schema(), &head.headers, &body);
         match &route {
@@ -269,21 +263,26 @@ impl Ingress {
     /// Passthrough: the endpoint's answer, or why there is none.
     async fn pass(&self, dest: &DestinationSettings, event: NewEvent) -> Response<Body> {
         let Some(passthrough) = self.fleet.passthrough(&dest.name) else {
-            // Between a reload's two steps (the fleet, then the settings).
+            // Removed by a reload while the body was read.
             return reply::reject(
                 &dest.name,
                 StatusCode::SERVICE_UNAVAILABLE,
                 "reconfiguring",
-                "this destination is being reconfigured: retry shortly".into(),
+                "this destination was removed by a reload: retry shortly".into(),
                 Some(1),
             );
         };
-        let passed = self
+        // Checked again, now that the body is read: a request forwarded
+        // after SIGTERM's grace began would reach the endpoint and lose its
+        // answer when the process exits, and the app would send it again.
+        let tracked = self
             .lifecycle
             .passing
-            .track_future(passthrough.forward(&event))
-            .await;
-        reply::passed(&dest.name, dest.passthrough_deadline, passed)
+            .track_future(passthrough.forward(&event));
+        if self.lifecycle.draining() {
+            return shutting_down(&dest.name);
+        }
+        passed::answer(&dest.name, tracked.await)
     }
 
     /// Service Bus's throttle, when on (`per_second` > 0): takes the
@@ -346,6 +345,16 @@ impl Ingress {
             &duplicates,
         )
     }
+}
+
+fn shutting_down(name: &str) -> Response<Body> {
+    reply::reject(
+        name,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "shutting_down",
+        "courier is shutting down: retry shortly".into(),
+        Some(5),
+    )
 }
 
 /// What every event of one request shares.

@@ -4,10 +4,9 @@ use super::keys;
 use crate::journal::Header;
 use http::HeaderMap;
 
-/// Hop-by-hop headers (RFC 9110 §7.6.1) and those the request itself
-/// frames. `courier-*` and `webhook-*` (Standard Webhooks) are courier's own
-/// and dropped too.
-const DROPPED: [&str; 12] = [
+/// Hop-by-hop headers (RFC 9110 §7.6.1): they describe one connection, not
+/// the message, so they never cross courier, in either direction.
+pub const HOP_BY_HOP: [&str; 9] = [
     "connection",
     "keep-alive",
     "proxy-connection",
@@ -17,10 +16,21 @@ const DROPPED: [&str; 12] = [
     "trailer",
     "transfer-encoding",
     "upgrade",
-    "expect",
-    "host",
-    "content-length",
 ];
+
+/// Besides the hop-by-hop ones, what the request itself frames. `courier-*`
+/// and `webhook-*` (Standard Webhooks) are courier's own and dropped too.
+const FRAMING: [&str; 3] = ["expect", "host", "content-length"];
+
+/// The names a `Connection` header lists: hop-by-hop for this message too.
+pub fn connection_listed(headers: &HeaderMap) -> Vec<String> {
+    headers
+        .get_all(http::header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(',').map(|s| s.trim().to_ascii_lowercase()))
+        .collect()
+}
 
 /// Credentials for courier's ingress, not for the endpoint (SPEC §3): Event
 /// Grid's topic key and signature, never forwarded or stored.
@@ -30,12 +40,7 @@ const INGRESS_CREDENTIALS: [&str; 2] = [keys::KEY_HEADER, keys::TOKEN_HEADER];
 /// `Authorization` is kept back when `keyed` (ingress keys are set, so it
 /// may carry one); otherwise it may be meant for the endpoint and travels.
 pub fn forwarded(headers: &HeaderMap, keyed: bool) -> Vec<Header> {
-    let listed: Vec<String> = headers
-        .get_all(http::header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(',').map(|s| s.trim().to_ascii_lowercase()))
-        .collect();
+    let listed = connection_listed(headers);
     headers
         .iter()
         .filter(|(name, _)| {
@@ -43,7 +48,8 @@ pub fn forwarded(headers: &HeaderMap, keyed: bool) -> Vec<Header> {
             let credential =
                 INGRESS_CREDENTIALS.contains(&n) || (keyed && *name == http::header::AUTHORIZATION);
             !credential
-                && !DROPPED.contains(&n)
+                && !HOP_BY_HOP.contains(&n)
+                && !FRAMING.contains(&n)
                 && !n.starts_with("webhook-")
                 && !n.starts_with("courier-")
                 && !listed.iter().any(|l| l == n)

@@ -7,6 +7,7 @@ mod admit;
 mod credits;
 mod forward;
 pub(crate) mod keys;
+mod passed;
 mod rejection;
 mod reply;
 pub(crate) mod schema;

@@ -7,14 +7,13 @@ use super::keys::{self, Denied};
 use super::rejection::Rejection;
 use super::schema::SchemaError;
 use crate::config::Schema;
-use crate::deliver::Passed;
 use crate::journal::JournalError;
 use http::{HeaderMap, HeaderValue, Response, StatusCode};
 use http_body_util::Either;
 use serde_json::json;
 use std::time::Duration;
 
-fn json(status: StatusCode, value: &serde_json::Value) -> Response<Body> {
+pub(super) fn json(status: StatusCode, value: &serde_json::Value) -> Response<Body> {
     crate::server::json(status, value).map(Either::Left)
 }
 
@@ -229,86 +228,6 @@ pub fn unknown_destination(
         .insert(Rejection::unknown(name, reason));
     resp
 }
-
-/// Hop-by-hop headers of an endpoint's answer (RFC 9110 §7.6.1): they
-/// describe courier's connection to the endpoint, not the app's to courier.
-const HOP_BY_HOP: [&str; 7] = [
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
-];
-
-/// A passthrough request's answer: the endpoint's own (status, headers but
-/// hop-by-hop ones, body streamed), with `courier-delivery-attempts`; or,
-/// when the last attempt got none, 504 for a timeout (the deadline
-/// included) and 502 for the rest, with the last outcome.
-pub fn passed(destination: &str, deadline: Duration, passed: Passed) -> Response<Body> {
-    match passed {
-        Passed::Answer { response, attempts } => {
-            let (mut parts, body) = response.into_parts();
-            let listed: Vec<String> = parts
-                .headers
-                .get_all(http::header::CONNECTION)
-                .iter()
-                .filter_map(|v| v.to_str().ok())
-                .flat_map(|v| v.split(',').map(|s| s.trim().to_ascii_lowercase()))
-                .collect();
-            for name in HOP_BY_HOP
-                .iter()
-                .copied()
-                .chain(listed.iter().map(String::as_str))
-            {
-                parts.headers.remove(name);
-            }
-            parts.headers.insert(ATTEMPTS, HeaderValue::from(attempts));
-            Response::from_parts(parts, Either::Right(body))
-        }
-        Passed::NoAnswer {
-            outcome,
-            error,
-            attempts,
-            last_status,
-        } => {
-            let (status, reason) = if outcome == crate::policy::Outcome::TimedOut {
-                (StatusCode::GATEWAY_TIMEOUT, "upstream_timeout")
-            } else {
-                (StatusCode::BAD_GATEWAY, "upstream_unreachable")
-            };
-            let mut body = json!({
-                "error": format!(
-                    "no answer from {destination}'s endpoint after {attempts} attempt(s) within the passthrough deadline ({}): the last was {}: {error}",
-                    humantime::format_duration(deadline),
-                    outcome.as_str(),
-                ),
-                "reason": reason,
-                "destination": destination,
-                "attempts": attempts,
-                "last_outcome": outcome.as_str(),
-            });
-            if let Some(s) = last_status {
-                body["last_status"] = json!(s);
-            }
-            let mut resp = json(status, &body);
-            resp.headers_mut()
-                .insert(ATTEMPTS, HeaderValue::from(attempts));
-            resp
-        }
-        Passed::Unsendable(why) => reject(
-            destination,
-            StatusCode::BAD_REQUEST,
-            "bad_target",
-            format!("the request cannot be sent to {destination}'s endpoint: {why}"),
-            None,
-        ),
-    }
-}
-
-/// How many attempts a passthrough answer took.
-const ATTEMPTS: http::HeaderName = http::HeaderName::from_static("courier-delivery-attempts");
 
 #[cfg(test)]
 mod tests {

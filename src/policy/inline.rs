@@ -18,13 +18,16 @@ pub struct Inline<'a> {
 
 impl Inline<'_> {
     /// The wait before the next attempt after attempt `attempt` was
-    /// `classified`, with `remaining` of the deadline left; `None`: answer
-    /// the app with this attempt's result. 410 is answered too: passthrough
-    /// has no queue to pause.
+    /// `classified` in `took`, with `remaining` of the deadline left;
+    /// `None`: answer the app with this attempt's result. The next attempt
+    /// is expected to take as long as this one: one that could not finish
+    /// before the deadline would turn the endpoint's answer in hand into a
+    /// 504. 410 is answered too: passthrough has no queue to pause.
     pub fn wait(
         &self,
         classified: Classified,
         attempt: u32,
+        took: Duration,
         remaining: Duration,
         rng: &mut impl Rng,
     ) -> Option<Duration> {
@@ -36,7 +39,7 @@ impl Inline<'_> {
         }
         let base = self.schedule.delay_before(attempt + 1).max(min_delay);
         let wait = jittered(base, self.jitter, rng).max(min_delay);
-        (wait < remaining).then_some(wait)
+        (wait + took < remaining).then_some(wait)
     }
 }
 
@@ -73,20 +76,35 @@ mod tests {
             ..StatusPolicy::default()
         };
         let busy = policy.classify_status(503, None);
-        assert_eq!(p.wait(busy, 1, ms(1000), rng), Some(ms(50)));
-        assert_eq!(p.wait(busy, 2, ms(1000), rng), Some(ms(100)));
+        assert_eq!(p.wait(busy, 1, ms(0), ms(1000), rng), Some(ms(50)));
+        assert_eq!(p.wait(busy, 2, ms(0), ms(1000), rng), Some(ms(100)));
         assert_eq!(
-            p.wait(busy, 7, ms(1000), rng),
+            p.wait(busy, 7, ms(0), ms(1000), rng),
             Some(ms(100)),
             "the last repeats"
         );
         let refused = policy.classify_transport(Transport::Socket);
-        assert_eq!(p.wait(refused, 1, ms(51), rng), Some(ms(50)));
+        assert_eq!(p.wait(refused, 1, ms(0), ms(51), rng), Some(ms(50)));
         assert_eq!(
-            p.wait(refused, 1, ms(50), rng),
+            p.wait(refused, 1, ms(0), ms(50), rng),
             None,
             "a wait that ends at the deadline leaves no time for the attempt"
         );
+    }
+
+    #[test]
+    fn a_retry_needs_room_for_an_attempt_as_long_as_the_last() {
+        let s = list();
+        let p = inline(&s, 30);
+        let rng = &mut StdRng::seed_from_u64(6);
+        let policy = StatusPolicy {
+            min_delay: vec![(503..=503, Duration::ZERO)],
+            ..StatusPolicy::default()
+        };
+        let busy = policy.classify_status(503, None);
+        // 50 ms wait + 200 ms attempt fit in 300 ms, not in 240 ms.
+        assert_eq!(p.wait(busy, 1, ms(200), ms(300), rng), Some(ms(50)));
+        assert_eq!(p.wait(busy, 1, ms(200), ms(240), rng), None);
     }
 
     #[test]
@@ -97,7 +115,7 @@ mod tests {
         let policy = StatusPolicy::default();
         for status in [200, 204, 400, 401, 403, 404, 410, 413] {
             let c = policy.classify_status(status, None);
-            assert_eq!(p.wait(c, 1, ms(10_000), rng), None, "{status}");
+            assert_eq!(p.wait(c, 1, ms(0), ms(10_000), rng), None, "{status}");
         }
         let c = policy.classify_status(410, None);
         assert_eq!(c.outcome, Outcome::Gone);
@@ -111,14 +129,14 @@ mod tests {
         let policy = StatusPolicy::default();
         // 503's default 30 s minimum is past a 10 s deadline: answered now.
         let busy = policy.classify_status(503, None);
-        assert_eq!(p.wait(busy, 1, ms(10_000), rng), None);
+        assert_eq!(p.wait(busy, 1, ms(0), ms(10_000), rng), None);
         // A Retry-After of 2 s within 10 s is honoured, past 1 s it ends.
         let hinted = policy.classify_status(429, Some(Duration::from_secs(2)));
         assert_eq!(
-            p.wait(hinted, 1, ms(10_000), rng),
+            p.wait(hinted, 1, ms(0), ms(10_000), rng),
             Some(Duration::from_secs(2))
         );
-        assert_eq!(p.wait(hinted, 1, ms(1_000), rng), None);
+        assert_eq!(p.wait(hinted, 1, ms(0), ms(1_000), rng), None);
     }
 
     #[test]
@@ -127,8 +145,8 @@ mod tests {
         let p = inline(&s, 3);
         let rng = &mut StdRng::seed_from_u64(4);
         let refused = StatusPolicy::default().classify_transport(Transport::Socket);
-        assert!(p.wait(refused, 2, ms(10_000), rng).is_some());
-        assert_eq!(p.wait(refused, 3, ms(10_000), rng), None);
+        assert!(p.wait(refused, 2, ms(0), ms(10_000), rng).is_some());
+        assert_eq!(p.wait(refused, 3, ms(0), ms(10_000), rng), None);
     }
 
     #[test]
@@ -145,9 +163,15 @@ mod tests {
             ..StatusPolicy::default()
         };
         let failed = policy.classify_status(500, None);
-        for _ in 0..200 {
-            let w = p.wait(failed, 1, ms(60_000), rng).expect("retried");
-            assert!((ms(900)..=ms(1500)).contains(&w), "{w:?}");
+        let waits: Vec<Duration> = (0..200)
+            .map(|_| p.wait(failed, 1, ms(0), ms(60_000), rng).expect("retried"))
+            .collect();
+        for w in &waits {
+            assert!((ms(900)..=ms(1500)).contains(w), "{w:?}");
         }
+        assert!(
+            waits.iter().any(|w| *w < ms(990)) && waits.iter().any(|w| *w > ms(1010)),
+            "jitter spreads the waits: {waits:?}"
+        );
     }
 }

@@ -47,7 +47,12 @@ impl tower::Service<Request<Full<Bytes>>> for HttpService {
 /// Reads an answer's body nobody needs, in the background, so that its
 /// connection goes back to the pool; a body too large or too slow costs
 /// the connection instead, never an attempt's time.
-pub fn drain(body: Incoming) {
+pub fn drain<B>(body: B)
+where
+    B: hyper::body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<BoxError>,
+{
     tokio::spawn(async move {
         let drain = Limited::new(body, MAX_RESPONSE_BODY).collect();
         let _ = tokio::time::timeout(BODY_DRAIN, drain).await;

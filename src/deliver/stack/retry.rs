@@ -15,7 +15,7 @@ use tokio::time::{Instant, Sleep};
 use tower::retry::Policy;
 
 /// What the app's answer tells of the attempts made for it.
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default)]
 pub struct Trail {
     pub attempts: u32,
     /// The last status any attempt got, when the last attempt got none.
@@ -70,7 +70,7 @@ impl Policy<AttemptRequest, Answered<Incoming>, Infallible> for InlineRetry {
             jitter: self.dest.jitter,
         };
         let remaining = self.deadline.saturating_duration_since(Instant::now());
-        let wait = inline.wait(a.classified, number, remaining, &mut rand::rng())?;
+        let wait = inline.wait(a.classified, number, a.took, remaining, &mut rand::rng())?;
         if let Some(answer) = answered.answer.take() {
             drain(answer.into_body());
         }

@@ -76,7 +76,9 @@ where
     S: Service<Request<ReqBody>, Response = Response<B>>,
     S::Error: Into<BoxError>,
     S::Future: Send + 'static,
-    B: Send + 'static,
+    B: hyper::body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<BoxError>,
 {
     type Response = Response<B>;
     type Error = BoxError;
@@ -104,6 +106,8 @@ where
                         tokio::spawn(async move {
                             if let Ok(Ok(resp)) = tokio::time::timeout(late_window, fut).await {
                                 let _ = tx.send(resp.status().as_u16());
+                                // So that its connection goes back to the pool.
+                                super::drain(resp.into_body());
                             }
                         });
                         rx
@@ -121,15 +125,22 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use bytes::Bytes;
+    use http_body_util::Empty;
     use tower::ServiceExt;
 
     fn slow(
         after: Duration,
-    ) -> impl Service<Request<()>, Response = Response<()>, Error = BoxError, Future: Send + 'static>
-    + Clone {
+    ) -> impl Service<
+        Request<()>,
+        Response = Response<Empty<Bytes>>,
+        Error = BoxError,
+        Future: Send + 'static,
+    > + Clone {
         tower::service_fn(move |_: Request<()>| async move {
             tokio::time::sleep(after).await;
-            Ok::<_, BoxError>(Response::builder().status(201).body(()).expect("response"))
+            let resp = Response::builder().status(201).body(Empty::new());
+            Ok::<_, BoxError>(resp.expect("response"))
         })
     }
 
