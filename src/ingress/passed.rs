@@ -95,15 +95,17 @@ mod tests {
             ("set-cookie", "b=2"),
         ]);
         strip_hop_by_hop(&mut h);
-        let kept: Vec<(&str, &str)> = h
+        // Removal may reorder names; values of one name keep their order.
+        let mut kept: Vec<(&str, &str)> = h
             .iter()
             .map(|(n, v)| (n.as_str(), v.to_str().expect("text")))
             .collect();
+        kept.sort_by_key(|(n, _)| *n);
         assert_eq!(
             kept,
             [
-                ("content-type", "application/json"),
                 ("content-length", "17"),
+                ("content-type", "application/json"),
                 ("set-cookie", "a=1"),
                 ("set-cookie", "b=2"),
             ]
