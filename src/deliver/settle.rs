@@ -17,7 +17,6 @@ use crate::clock;
 use crate::config::DestinationSettings;
 use crate::deadletter::{DeadLetterSink, Facts, Written, record};
 use crate::journal::{Change, Journal, JournalError, Pause, StoredEvent};
-use crate::policy::schedule::jittered;
 use crate::policy::{Next, Outcome, Reason, Verdict};
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -216,9 +215,10 @@ async fn settle(
         tracing::warn!(destination = %dest.name, id = %id, attempt = number, error = a.error.as_deref(), "TLS handshake failed: check the endpoint's certificate and this destination's tls files");
     }
     let retry_at = |min_delay: Duration| {
-        let base = dest.schedule.delay_before(number + 1).max(min_delay);
-        let delay = jittered(base, dest.jitter, &mut rand::rng()).max(min_delay);
-        now + delay.as_millis() as u64
+        let wait = dest
+            .schedule
+            .retry_wait(number, min_delay, dest.jitter, &mut rand::rng());
+        now + wait.as_millis() as u64
     };
     let next: Box<dyn Fn(&StoredEvent) -> Next + Send + Sync> = match a.classified.verdict {
         Verdict::Delivered => {

@@ -5,7 +5,7 @@
 //! the answer it would otherwise get later, now.
 
 use super::classify::{Classified, Verdict};
-use super::schedule::{Schedule, jittered};
+use super::schedule::Schedule;
 use rand::Rng;
 use std::time::Duration;
 
@@ -37,8 +37,9 @@ impl Inline<'_> {
         if attempt >= self.max_attempts {
             return None;
         }
-        let base = self.schedule.delay_before(attempt + 1).max(min_delay);
-        let wait = jittered(base, self.jitter, rng).max(min_delay);
+        let wait = self
+            .schedule
+            .retry_wait(attempt, min_delay, self.jitter, rng);
         (wait + took < remaining).then_some(wait)
     }
 }

@@ -93,6 +93,20 @@ impl Schedule {
         }
     }
 
+    /// The wait after attempt `attempt` failed with `min_delay` (SPEC §4.3):
+    /// `max(schedule delay, min delay)` times jitter, never below the
+    /// minimum. Durable delivery and passthrough's in-line retries both.
+    pub fn retry_wait(
+        &self,
+        attempt: u32,
+        min_delay: Duration,
+        jitter: f64,
+        rng: &mut impl Rng,
+    ) -> Duration {
+        let base = self.delay_before(attempt + 1).max(min_delay);
+        jittered(base, jitter, rng).max(min_delay)
+    }
+
     /// Which phase attempt `attempt` belongs to. SNS's first attempt is
     /// labelled `no-delay`: it is sent at once, before any retry phase.
     pub fn phase(&self, attempt: u32) -> Phase {
@@ -122,7 +136,7 @@ fn exponential_delay(initial: Duration, max: Duration, multiplier: f64, n: usize
 }
 
 /// `d` times a uniform factor in `[1 - jitter, 1 + jitter]`.
-pub fn jittered(d: Duration, jitter: f64, rng: &mut impl Rng) -> Duration {
+fn jittered(d: Duration, jitter: f64, rng: &mut impl Rng) -> Duration {
     if jitter <= 0.0 || d.is_zero() {
         return d;
     }
