@@ -42,31 +42,44 @@ pub type PassthroughService = BoxCloneSyncService<AttemptRequest, Answered<Incom
 
 /// Durable delivery's stack: only the verdict is kept, the answer drained.
 pub fn build(dest: &DestinationSettings, client: HttpsClient) -> AttemptService {
-    let svc = ServiceBuilder::new()
-        .map_response(|a: Answered<Incoming>| {
+    let svc = tower::ServiceExt::map_response(
+        layers(dest, client, dest.late_answer_window),
+        |a: Answered<Incoming>| {
             if let Some(answer) = a.answer {
                 drain(answer.into_body());
             }
             a.attempted
-        })
-        .layer(HeadersLayer::new(dest))
-        .layer(SigningLayer::new(dest.signing.clone()))
-        .layer(ClassifyLayer::new(dest.status.clone()))
-        .layer(TimeoutLayer::new(dest.timeout, dest.late_answer_window))
-        .service(HttpService::new(client));
+        },
+    );
     BoxCloneSyncService::new(svc)
 }
 
-/// Passthrough's stack: the same layers, the answer kept, and no late
-/// answers (the app has been answered by then).
+/// Passthrough's stack: the answer kept, and no late answers (the app has
+/// been answered by then).
 pub fn build_passthrough(dest: &DestinationSettings, client: HttpsClient) -> PassthroughService {
-    let svc = ServiceBuilder::new()
+    BoxCloneSyncService::new(layers(dest, client, Duration::ZERO))
+}
+
+/// The layers both stacks share, unboxed so that each boxes once.
+fn layers(
+    dest: &DestinationSettings,
+    client: HttpsClient,
+    late_window: Duration,
+) -> impl tower::Service<
+    AttemptRequest,
+    Response = Answered<Incoming>,
+    Error = Infallible,
+    Future: Send + 'static,
+> + Clone
++ Send
++ Sync
++ 'static {
+    ServiceBuilder::new()
         .layer(HeadersLayer::new(dest))
         .layer(SigningLayer::new(dest.signing.clone()))
         .layer(ClassifyLayer::new(dest.status.clone()))
-        .layer(TimeoutLayer::new(dest.timeout, Duration::ZERO))
-        .service(HttpService::new(client));
-    BoxCloneSyncService::new(svc)
+        .layer(TimeoutLayer::new(dest.timeout, late_window))
+        .service(HttpService::new(client))
 }
 
 /// The bytes of an attempt's body, leaving an identical body in place.
