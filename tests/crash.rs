@@ -297,17 +297,43 @@ async fn a_corrupt_record_is_quarantined_not_delivered_and_the_rest_goes_on() {
         Some(0)
     );
 
-    // Flip the stored body of one event behind courier's back.
-    let db = tmp.path().join("journal/journal.db");
-    let conn = rusqlite::Connection::open(&db).expect("open journal");
-    let changed = conn
-        .execute(
-            "UPDATE events SET body = CAST('{\"id\":\"evil\"}' AS BLOB) WHERE id = 'bad'",
+    // Change the body of one event where the journal keeps it (the intake
+    // log, where its row points), behind courier's back.
+    let dir = tmp.path().join("journal");
+    let conn = rusqlite::Connection::open(dir.join("journal.db")).expect("open journal");
+    let (at, len): (i64, i64) = conn
+        .query_row(
+            "SELECT at, len FROM events WHERE id = 'bad'",
             [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
         )
-        .expect("update");
-    assert_eq!(changed, 1);
+        .expect("the second event's place");
     drop(conn);
+    let (start, segment) = std::fs::read_dir(&dir)
+        .expect("list")
+        .filter_map(|e| {
+            let path = e.expect("entry").path();
+            let name = path.file_name()?.to_str()?.to_string();
+            let hex = name.strip_prefix("intake-")?.strip_suffix(".log")?;
+            Some((i64::from_str_radix(hex, 16).ok()?, path))
+        })
+        .filter(|(start, _)| *start <= at)
+        .max()
+        .expect("the segment holding it");
+    {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&segment)
+            .expect("open segment");
+        // The body ends the encoding: `{"id":"bad"}` becomes `{"id":"bod"}`.
+        let offset = (at + len - 4 - start) as u64;
+        let mut byte = [0u8; 1];
+        f.read_exact_at(&mut byte, offset).expect("read");
+        assert_eq!(&byte, b"a");
+        f.write_all_at(b"o", offset).expect("write");
+    }
 
     std::fs::write(tmp.path().join("courier.yaml"), config(&receiver.url(), "")).expect("config");
     courier.restart().await;
@@ -349,7 +375,11 @@ async fn a_corrupt_record_is_quarantined_not_delivered_and_the_rest_goes_on() {
         "{}",
         out.stdout
     );
-    assert!(out.stdout.contains("checksum mismatch"), "{}", out.stdout);
+    assert!(
+        out.stdout.contains("of the intake log is missing or damaged"),
+        "{}",
+        out.stdout
+    );
 }
 
 /// Regression: after a clean stop the intake log resumes in a fresh segment

@@ -200,3 +200,79 @@ async fn events_beyond_the_memory_bound_while_the_index_is_behind_survive_sigkil
     let seen = wait_delivered(&receiver, 0, &posted, 1, &courier).await;
     assert_bodies(&seen, &posted);
 }
+
+/// An event retried while the rest of its intake log segment is delivered:
+/// its row pointed into that segment, then the event was copied into the
+/// row and the segment was given back and reused. A SIGKILL after that
+/// loses nothing: the event is delivered after the restart, byte for byte.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_copied_out_of_a_reused_segment_survives_sigkill() {
+    let failing = Arc::new(AtomicBool::new(true));
+    let f = failing.clone();
+    let receiver = Receiver::start(behavior(move |r, _| {
+        if f.load(Ordering::Relaxed) && r.header("webhook-id") == Some("evt-slow") {
+            Reply::status(503)
+        } else {
+            Reply::status(200)
+        }
+    }))
+    .await;
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let yaml = support::config(
+        "orders",
+        &format!("{}/hooks", receiver.url()),
+        "concurrency: 4
+         retry: { schedule: [1s], max_attempts: 30, jitter: 0 }
+         status: { min_delay: { 503: 0s } }
+         probation: { after_failures: 0 }",
+    );
+    let mut courier = start(tmp.path(), &yaml, None).await;
+    let url = courier.url("orders");
+    let slow = json_body(1000, 7);
+    let r = client::post(
+        &url,
+        slow.clone(),
+        &[("idempotency-key", "evt-slow"), ("content-type", "application/json")],
+    )
+    .await;
+    assert_eq!(r.status, 202);
+    let first = tmp.path().join("journal").join("intake-0000000000000000.log");
+    assert!(first.exists(), "the first segment is {}", first.display());
+    let db = tmp.path().join("journal").join("journal.db");
+    let placed = || -> Option<bool> {
+        let conn =
+            rusqlite::Connection::open_with_flags(&db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+                .ok()?;
+        conn.query_row(
+            "SELECT at IS NOT NULL FROM events WHERE id = 'evt-slow'",
+            [],
+            |r| r.get(0),
+        )
+        .ok()
+    };
+    // 64 KiB events, delivered at once, fill the first segment and go on
+    // until it has been spilled, freed and reused under another name.
+    let mut pointed = false;
+    // Spills are looked for each second: past the first 40 MiB, slower.
+    for i in 0..2000u64 {
+        pointed |= placed() == Some(true);
+        if !first.exists() {
+            break;
+        }
+        let r = client::post(&url, json_body(64 * 1024, i), &[]).await;
+        assert_eq!(r.status, 202, "{}", r.text());
+        if i > 600 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+    assert!(pointed, "the retried event's row never pointed into the log");
+    assert!(!first.exists(), "the first segment was never reused\n{}", courier.logs());
+    assert_eq!(placed(), Some(false), "the event was not copied into its row");
+    courier.kill();
+    let before = receiver.received().len();
+    failing.store(false, Ordering::Relaxed);
+    courier.restart().await;
+    let posted = HashMap::from([("evt-slow".to_string(), slow.to_vec())]);
+    let seen = wait_delivered(&receiver, before, &posted, 1, &courier).await;
+    assert_bodies(&seen, &posted);
+}

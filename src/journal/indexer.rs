@@ -4,7 +4,8 @@
 //!
 //! The index holds what waits: the indexer stays `LAG` behind the log, so
 //! an event delivered from the ready queue within that time is never
-//! inserted (`Skip`). Row inserts, deliveries and reschedules are commits
+//! inserted (`Skip`). A row holds the event's place in the log, not the
+//! event; `pins` counts the rows per segment, in the same transaction. Row inserts, deliveries and reschedules are commits
 //! with synchronous=NORMAL, synced at least every `DURABLE_EVERY`: the
 //! intake log keeps the events until a synced commit covers them, and only
 //! then may the writer recycle its segments; a delivery or reschedule lost
@@ -13,11 +14,13 @@
 //! back (with `sync: always`): a dead letter already written must not come
 //! back after a crash.
 
+use super::fetch::Fetch;
 use super::intake::{LogReader, Logged, Read, ReadError};
-use super::store::{self, QUARANTINED};
+use super::store::{self, Pin, QUARANTINED};
 use super::{Change, DiskError, JournalError, Shared};
 use rusqlite::{Connection, OptionalExtension, params};
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
@@ -73,6 +76,8 @@ const CHUNK_BYTES: u64 = 32 * 1024 * 1024;
 const FULL_CHUNK_BYTES: u64 = 256 * 1024;
 /// How often dedupe keys older than the window leave the `seen` table.
 const EXPIRE_SEEN_EVERY: Duration = Duration::from_secs(10);
+/// How often the segments rows point into are looked at for a spill.
+pub(super) const SPILL_EVERY: Duration = Duration::from_secs(1);
 
 type Reply = oneshot::Sender<Result<(), JournalError>>;
 /// Changes, whether they must be synced before the reply, and the reply.
@@ -101,6 +106,12 @@ pub(super) enum ToIndexer {
 pub(super) struct Indexer {
     conn: Connection,
     reader: LogReader,
+    dir: PathBuf,
+    /// Rows pointing into each log segment, by its start: as committed.
+    pins: BTreeMap<u64, Pin>,
+    /// Whether `pins` changed since they were last published.
+    pins_changed: bool,
+    last_spill: Instant,
     /// The lsn up to which rows are in SQLite.
     indexed: u64,
     /// The lsn up to which they are synced.
@@ -159,15 +170,20 @@ impl super::DiskError for IndexError {
 impl Indexer {
     pub fn new(
         conn: Connection,
-        reader: LogReader,
+        dir: &Path,
         full_sync: bool,
         pace: Pace,
         dedupe_ms: Option<u64>,
     ) -> Result<Indexer, rusqlite::Error> {
         let indexed = store::intake_pos(&conn)?;
+        let pins = store::load_pins(&conn)?;
         Ok(Indexer {
             conn,
-            reader,
+            reader: LogReader::new(dir),
+            dir: dir.to_path_buf(),
+            pins,
+            pins_changed: true,
+            last_spill: Instant::now(),
             indexed,
             durable: indexed,
             rows_through: 0,
@@ -185,6 +201,30 @@ impl Indexer {
 
     pub fn conn(&self) -> &Connection {
         &self.conn
+    }
+
+    /// The segments rows point into, by start.
+    pub fn pinned(&self) -> BTreeSet<u64> {
+        self.pins.keys().copied().collect()
+    }
+
+    /// Tells the writer which segments it may recycle: those wholly before
+    /// the synced position that no row points into. Only while every
+    /// committed change is synced: a delete not yet synced comes back after
+    /// a crash, and its row must still find its event.
+    fn publish(&mut self, shared: &Shared) {
+        if self.dirty {
+            return;
+        }
+        if self.pins_changed {
+            if let Ok(mut pinned) = shared.pinned.lock() {
+                *pinned = Arc::new(self.pinned());
+                self.pins_changed = false;
+            }
+        }
+        // After the pins: the writer reads the position first, so what it
+        // recycles by it was unpinned in pins at least as new.
+        shared.durable_pos.store(self.durable, Ordering::Release);
     }
 
     /// After recovery: every event below `next_seq` is a row or gone.
@@ -270,6 +310,7 @@ impl Indexer {
         }
         let result = write(
             &self.conn,
+            &self.pins,
             events,
             insert,
             changes,
@@ -282,7 +323,8 @@ impl Indexer {
                 let _ = store::set_full_sync(&self.conn, false);
             }
         }
-        let deleted = result?;
+        let (deleted, pins) = result?;
+        self.add_pins(pins);
         self.indexed = end;
         self.last_commit = Instant::now();
         self.dirty |= !changes.is_empty();
@@ -293,6 +335,100 @@ impl Indexer {
             }
         }
         Ok(deleted)
+    }
+
+    fn add_pins(&mut self, deltas: BTreeMap<u64, Pin>) {
+        for (segment, d) in deltas {
+            let pin = self.pins.entry(segment).or_default();
+            pin.events += d.events;
+            pin.bytes += d.bytes;
+            if pin.events <= 0 {
+                self.pins.remove(&segment);
+            }
+            self.pins_changed = true;
+        }
+    }
+
+    /// Copies the events of the rows still pointing into one segment the
+    /// writer has left, and that is less than half live, into their rows:
+    /// one event retried for hours must not keep 16 MiB of delivered ones
+    /// on the volume. A segment mostly live (a paused destination's
+    /// backlog) stays: copying it would only double its bytes for a while.
+    /// Returns whether it spilled one, so the caller looks again soon.
+    fn spill(&mut self) -> Result<bool, IndexError> {
+        let sizes = super::intake::segments(&self.dir).map_err(ReadError::Io)?;
+        let Some((start, size)) = sizes
+            .iter()
+            .map(|(start, size, _)| (*start, *size))
+            .find(|(start, size)| {
+                start + size <= self.durable
+                    && self
+                        .pins
+                        .get(start)
+                        .is_some_and(|p| (p.bytes.max(0) as u64) * 2 < *size)
+            })
+        else {
+            return Ok(false);
+        };
+        let placed = store::placed_in(&self.conn, start, start + size)?;
+        let mut fetch = Fetch::new(&self.dir);
+        let mut moved = Vec::with_capacity(placed.len());
+        for (seq, place) in placed {
+            // A row whose event cannot be read keeps the segment: it stays
+            // for an operator, and the row is quarantined when it is due.
+            if let Some(l) = fetch.event(place, seq).map_err(ReadError::Io)? {
+                moved.push((l, place));
+            }
+        }
+        self.conn.execute_batch("BEGIN IMMEDIATE")?;
+        let result = (|| {
+            let mut update = self.conn.prepare_cached(
+                "UPDATE events SET id = ?2, path = ?3, headers = ?4, body = ?5, crc = ?6, at = NULL, len = NULL
+                 WHERE seq = ?1 AND at = ?7",
+            )?;
+            let mut pin = Pin::default();
+            for (l, place) in &moved {
+                let e = &l.event;
+                let crc = super::record::crc(
+                    &e.id,
+                    &e.destination,
+                    &e.method,
+                    &e.path,
+                    &l.encoded_headers,
+                    &e.body,
+                );
+                let n = update.execute(params![
+                    l.seq,
+                    e.id,
+                    e.path,
+                    l.encoded_headers,
+                    &e.body[..],
+                    crc,
+                    place.at as i64
+                ])?;
+                if n == 1 {
+                    pin.events -= 1;
+                    pin.bytes -= i64::from(place.len);
+                }
+            }
+            let deltas = BTreeMap::from([(start, pin)]);
+            store::add_pins(&self.conn, &deltas)?;
+            self.conn.execute_batch("COMMIT")?;
+            Ok::<_, rusqlite::Error>(deltas)
+        })();
+        match result {
+            Ok(deltas) => {
+                self.add_pins(deltas);
+                // Synced before the writer may free the segment (`publish`).
+                self.dirty = true;
+                tracing::debug!(segment = start, events = moved.len(), "copied waiting events out of an intake log segment");
+                Ok(true)
+            }
+            Err(e) => {
+                let _ = self.conn.execute_batch("ROLLBACK");
+                Err(e.into())
+            }
+        }
     }
 
     /// A synced commit: everything indexed so far survives a power loss.
@@ -397,7 +533,7 @@ impl Indexer {
             retry = !self.step(target, applies, &shared);
             if self.unsynced() && self.last_durable.elapsed() >= self.pace.durable_every {
                 match self.sync() {
-                    Ok(()) => shared.durable_pos.store(self.durable, Ordering::Release),
+                    Ok(()) => self.publish(&shared),
                     // The log still holds the rows: try again shortly.
                     Err(e) if e.disk_full() => {
                         shared.full();
@@ -409,6 +545,22 @@ impl Indexer {
                     }
                     Err(e) => {
                         self.failure(&e, &shared);
+                    }
+                }
+            }
+            // Not on a full disk: a spill grows journal.db before the
+            // segment it frees goes back.
+            if !retry
+                && !shared.disk_full.load(Ordering::Acquire)
+                && self.last_spill.elapsed() >= SPILL_EVERY
+            {
+                match self.spill() {
+                    // Another may be waiting: look again at the next turn.
+                    Ok(true) => {}
+                    Ok(false) => self.last_spill = Instant::now(),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot copy waiting events out of an intake log segment; will retry");
+                        self.last_spill = Instant::now();
                     }
                 }
             }
@@ -439,14 +591,15 @@ impl Indexer {
             }
             if let Some(reply) = close {
                 // The writer has stopped: index what it wrote, sync, and fold
-                // the WAL into the main file so journal.db alone is a backup.
+                // the WAL into the main file (a backup is journal.db with
+                // the intake-*.log segments its rows point into).
                 for _ in 0..1000 {
                     if self.indexed >= target || !self.step(target, Vec::new(), &shared) {
                         break;
                     }
                 }
                 if self.sync().is_ok() {
-                    shared.durable_pos.store(self.durable, Ordering::Release);
+                    self.publish(&shared);
                 }
                 let _ = self.conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)");
                 let _ = reply.send(());
@@ -526,7 +679,7 @@ impl Indexer {
                     }
                     account(&events, &insert, &changes, &deleted, shared);
                     if self.durable == self.indexed {
-                        shared.durable_pos.store(self.durable, Ordering::Release);
+                        self.publish(shared);
                     }
                     if done {
                         reply_all(applies, &Ok(()));
@@ -620,47 +773,45 @@ pub(super) fn lower_priority() {
     }
 }
 
-/// Returns the seqs that deletes actually removed, for the counters.
+/// Returns the seqs that deletes actually removed, for the counters, and
+/// what the commit added to the pins of each segment (`pins`: as before).
 fn write(
     conn: &Connection,
+    pins: &BTreeMap<u64, Pin>,
     events: &[Logged],
     insert_mask: &[bool],
     changes: &[Change],
     end: u64,
     dedupe: bool,
-) -> Result<HashSet<i64>, IndexError> {
+) -> Result<(HashSet<i64>, BTreeMap<u64, Pin>), IndexError> {
     let mut deleted = HashSet::new();
     // Per destination: events and bytes this commit adds (negative: removes).
     let mut totals: HashMap<String, (i64, i64)> = HashMap::new();
+    let mut pinned: BTreeMap<u64, Pin> = BTreeMap::new();
     conn.execute_batch("BEGIN IMMEDIATE")?;
     {
+        // The row keeps the event's place in the log, not the event; its
+        // id stays, for an operator's query.
         let mut insert = conn.prepare_cached(
-            "INSERT INTO events (seq, id, destination, method, path, headers, body, accepted_ms, crc, attempts, next_due_ms)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, 0, ?8)",
+            "INSERT INTO events (seq, id, destination, method, path, headers, body, accepted_ms, crc, attempts, next_due_ms, at, len)
+             VALUES (?1, ?8, ?2, ?3, '', x'', x'', ?4, ?5, 0, ?4, ?6, ?7)",
         )?;
-        for (
-            Logged {
-                seq,
-                event: e,
-                encoded_headers: headers,
-            },
-            _,
-        ) in events.iter().zip(insert_mask).filter(|(_, keep)| **keep)
-        {
-            let crc =
-                super::record::crc(&e.id, &e.destination, &e.method, &e.path, headers, &e.body);
-            let bytes = e.body.len() + headers.len() + e.path.len() + e.id.len();
+        for (l, _) in events.iter().zip(insert_mask).filter(|(_, keep)| **keep) {
+            let e = &l.event;
+            let bytes = e.body.len() + l.encoded_headers.len() + e.path.len() + e.id.len();
             add(&mut totals, &e.destination, 1, bytes as i64);
+            let pin = pinned.entry(l.segment).or_default();
+            pin.events += 1;
+            pin.bytes += i64::from(l.place.len);
             insert.execute(params![
-                seq,
-                e.id,
+                l.seq,
                 e.destination,
                 e.method,
-                e.path,
-                headers,
-                &e.body[..],
                 e.accepted_ms as i64,
-                crc
+                l.place.crc,
+                l.place.at as i64,
+                l.place.len,
+                e.id
             ])?;
         }
         if dedupe {
@@ -674,7 +825,7 @@ fn write(
             }
         }
         let mut delete = conn.prepare_cached(&format!(
-            "DELETE FROM events WHERE seq = ?1 AND (?2 IS NULL OR attempts = ?2) RETURNING {}",
+            "DELETE FROM events WHERE seq = ?1 AND (?2 IS NULL OR attempts = ?2) RETURNING {}, at, len",
             store::ROW_BYTES
         ))?;
         let mut reschedule = conn.prepare_cached(
@@ -692,11 +843,24 @@ fn write(
                 } => {
                     // The row's own bytes: what its insert added.
                     let gone = delete
-                        .query_row(params![seq, only_if_attempts], |r| r.get::<_, i64>(0))
+                        .query_row(params![seq, only_if_attempts], |r| {
+                            Ok((
+                                r.get::<_, i64>(0)?,
+                                r.get::<_, Option<i64>>(1)?,
+                                r.get::<_, Option<i64>>(2)?,
+                            ))
+                        })
                         .optional()?;
-                    if let Some(bytes) = gone {
+                    if let Some((bytes, at, len)) = gone {
                         deleted.insert(*seq);
                         add(&mut totals, destination, -1, -bytes);
+                        if let (Some(at), Some(len)) = (at, len)
+                            && let Some(segment) = segment_of(pins, &pinned, at.max(0) as u64)
+                        {
+                            let pin = pinned.entry(segment).or_default();
+                            pin.events -= 1;
+                            pin.bytes -= len;
+                        }
                     }
                 }
                 Change::Reschedule {
@@ -724,10 +888,19 @@ fn write(
             }
         }
         store::add_totals(conn, &totals)?;
+        store::add_pins(conn, &pinned)?;
         store::set_intake_pos(conn, end)?;
     }
     conn.execute_batch("COMMIT")?;
-    Ok(deleted)
+    Ok((deleted, pinned))
+}
+
+/// The segment holding the event at `at`: the last one starting at or
+/// before it among those rows point into (committed, or by this commit's
+/// inserts). The row pointing there keeps it among them.
+fn segment_of(pins: &BTreeMap<u64, Pin>, adding: &BTreeMap<u64, Pin>, at: u64) -> Option<u64> {
+    let last = |m: &BTreeMap<u64, Pin>| m.range(..=at).next_back().map(|(s, _)| *s);
+    last(pins).max(last(adding))
 }
 
 /// Adds to `destination`'s totals, allocating its name once per commit

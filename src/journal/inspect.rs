@@ -24,7 +24,7 @@ pub fn inspect(dir: &Path) -> Result<Inspection, OpenError> {
     let integrity =
         store::integrity_problem(&conn).map_err(|e| OpenError::Open(path.clone(), e))?;
     let mut summary = store::summary(&conn).map_err(|e| OpenError::Open(path.clone(), e))?;
-    let mut corrupt: Vec<String> = store::corrupt_rows(&conn)
+    let mut corrupt: Vec<String> = store::corrupt_rows(&conn, dir)
         .map_err(|e| OpenError::Open(path.clone(), e))?
         .iter()
         .map(ToString::to_string)

@@ -28,6 +28,7 @@
 //! the mark knows that acknowledged events are gone, and says so.
 
 use super::record::{Header, NewEvent, decode_headers, encode_headers};
+use std::collections::BTreeSet;
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::FileExt;
@@ -50,6 +51,20 @@ pub struct Logged {
     /// The headers as encoded in the record (and in the journal row), so
     /// the indexer does not encode them again.
     pub encoded_headers: Vec<u8>,
+    /// Where the event's encoding lies in the log: a journal row keeps this
+    /// place rather than a copy of the event (`fetch`).
+    pub place: Place,
+    /// The start of the segment holding it, which stays while rows point
+    /// into it.
+    pub segment: u64,
+}
+
+/// One event's encoding in the log: its lsn, length and CRC32C.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Place {
+    pub at: u64,
+    pub len: u32,
+    pub crc: u32,
 }
 
 /// The mark's file name, beside the segments.
@@ -124,7 +139,7 @@ pub fn segment_for(dir: &Path, lsn: u64) -> PathBuf {
     }
 }
 
-fn name(start: u64) -> String {
+pub(super) fn name(start: u64) -> String {
     format!("intake-{start:016x}.log")
 }
 
@@ -184,34 +199,74 @@ pub struct Malformed {
 /// The fewest bytes one encoded event takes: seq, accepted_ms and six lengths.
 const MIN_EVENT: usize = 8 + 8 + 6 * 4;
 
-pub fn decode(lsn: u64, mut p: &[u8], count: usize) -> Result<Vec<Logged>, Malformed> {
+/// The events of the record at `lsn` in the segment starting at `segment`.
+pub fn decode(
+    segment: u64,
+    lsn: u64,
+    payload: &[u8],
+    count: usize,
+) -> Result<Vec<Logged>, Malformed> {
     // `count` comes from the record header: a damaged one whose CRC still
     // matches must not reserve memory for billions of events (found by
     // fuzz/intake_decode); the payload cannot hold more than this.
-    let mut out = Vec::with_capacity(count.min(p.len() / MIN_EVENT));
+    let mut out = Vec::with_capacity(count.min(payload.len() / MIN_EVENT));
+    let mut offset = 0;
     for index in 0..count {
-        let bad = Malformed { lsn, index };
-        let mut take = |n: usize| -> Result<&[u8], Malformed> {
-            if p.len() < n {
-                return Err(Malformed { lsn, index });
-            }
-            let (head, rest) = p.split_at(n);
-            p = rest;
-            Ok(head)
-        };
-        let seq = i64::from_le_bytes(take(8)?.try_into().map_err(|_| bad)?);
-        let accepted_ms = u64::from_le_bytes(take(8)?.try_into().map_err(|_| bad)?);
-        let mut parts: [Vec<u8>; 6] = Default::default();
-        for part in &mut parts {
-            let len = u32::from_le_bytes(take(4)?.try_into().map_err(|_| bad)?);
-            *part = take(len as usize)?.to_vec();
+        let at = lsn + HEADER as u64 + offset as u64;
+        let (logged, used) =
+            decode_one(segment, at, &payload[offset..]).ok_or(Malformed { lsn, index })?;
+        out.push(logged);
+        offset += used;
+    }
+    if offset == payload.len() {
+        Ok(out)
+    } else {
+        Err(Malformed { lsn, index: count })
+    }
+}
+
+/// The one event encoded exactly in `bytes`, which `fetch` read back from
+/// its place at `at`; `None` when they do not hold exactly one.
+pub fn decode_event(segment: u64, at: u64, bytes: &[u8]) -> Option<Logged> {
+    match decode_one(segment, at, bytes)? {
+        (logged, used) if used == bytes.len() => Some(logged),
+        _ => None,
+    }
+}
+
+/// The event at the start of `p` and the bytes it took.
+fn decode_one(segment: u64, at: u64, whole: &[u8]) -> Option<(Logged, usize)> {
+    let mut p = whole;
+    let mut take = |n: usize| -> Option<&[u8]> {
+        if p.len() < n {
+            return None;
         }
-        let [id, destination, method, path, headers, body] = parts;
-        let text = |v: Vec<u8>| String::from_utf8(v).map_err(|_| bad);
-        let decoded: Vec<Header> = decode_headers(&headers).map_err(|_| bad)?;
-        out.push(Logged {
+        let (head, rest) = p.split_at(n);
+        p = rest;
+        Some(head)
+    };
+    let seq = i64::from_le_bytes(take(8)?.try_into().ok()?);
+    let accepted_ms = u64::from_le_bytes(take(8)?.try_into().ok()?);
+    let mut parts: [Vec<u8>; 6] = Default::default();
+    for part in &mut parts {
+        let len = u32::from_le_bytes(take(4)?.try_into().ok()?);
+        *part = take(len as usize)?.to_vec();
+    }
+    let used = whole.len() - p.len();
+    let [id, destination, method, path, headers, body] = parts;
+    let text = |v: Vec<u8>| String::from_utf8(v).ok();
+    let decoded: Vec<Header> = decode_headers(&headers).ok()?;
+    let encoding = &whole[..used];
+    Some((
+        Logged {
             seq,
             encoded_headers: headers,
+            place: Place {
+                at,
+                len: u32::try_from(used).ok()?,
+                crc: crc32c::crc32c(encoding),
+            },
+            segment,
             event: NewEvent {
                 id: text(id)?,
                 destination: text(destination)?,
@@ -221,13 +276,9 @@ pub fn decode(lsn: u64, mut p: &[u8], count: usize) -> Result<Vec<Logged>, Malfo
                 body: body.into(),
                 accepted_ms,
             },
-        });
-    }
-    if p.is_empty() {
-        Ok(out)
-    } else {
-        Err(Malformed { lsn, index: count })
-    }
+        },
+        used,
+    ))
 }
 
 fn padded(len: usize) -> u64 {
@@ -297,10 +348,17 @@ pub struct LogWriter {
 impl LogWriter {
     /// A writer that starts a fresh segment at `pos`. Existing segment files
     /// that end at or before `pos` become spares (the caller has made their
-    /// records durable elsewhere). The mark is set to `pos` and `next_seq`
+    /// records durable elsewhere), unless journal rows still point into
+    /// them (`pinned`, by start). The mark is set to `pos` and `next_seq`
     /// and synced first, so it never claims more than the log will hold.
-    pub fn open(dir: &Path, pos: u64, next_seq: i64) -> io::Result<LogWriter> {
+    pub fn open(
+        dir: &Path,
+        pos: u64,
+        next_seq: i64,
+        pinned: &BTreeSet<u64>,
+    ) -> io::Result<LogWriter> {
         let mut spares = Vec::new();
+        let mut retired = Vec::new();
         for (start, size, path) in segments(dir)? {
             if start + size > pos {
                 return Err(io::Error::other(format!(
@@ -308,7 +366,9 @@ impl LogWriter {
                     path.display()
                 )));
             }
-            if spares.len() < SPARES && size >= SEGMENT {
+            if pinned.contains(&start) {
+                retired.push((start, size));
+            } else if spares.len() < SPARES && size >= SEGMENT {
                 spares.push(path);
             } else {
                 std::fs::remove_file(&path)?;
@@ -323,7 +383,7 @@ impl LogWriter {
             dir: dir.to_path_buf(),
             current: None,
             pos,
-            retired: Vec::new(),
+            retired,
             spares,
             buf: Vec::with_capacity(1 << 20),
             mark,
@@ -389,14 +449,20 @@ impl LogWriter {
     }
 
     /// Segments wholly before `durable` (whose events SQLite has synced)
-    /// are kept as spares or removed.
-    /// On a full disk (`keep` false) none is kept: the space goes back.
-    pub fn recycle(&mut self, durable: u64, keep: bool) -> io::Result<()> {
-        while let Some(&(start, size)) = self.retired.first() {
+    /// and holding no pending event (`pinned` lists those that do) are kept
+    /// as spares or removed. On a full disk (`keep` false) none is kept:
+    /// the space goes back.
+    pub fn recycle(&mut self, durable: u64, keep: bool, pinned: &BTreeSet<u64>) -> io::Result<()> {
+        let mut i = 0;
+        while let Some(&(start, size)) = self.retired.get(i) {
             if start + size > durable {
                 break;
             }
-            self.retired.remove(0);
+            if pinned.contains(&start) {
+                i += 1;
+                continue;
+            }
+            self.retired.remove(i);
             let path = self.dir.join(name(start));
             // A small segment (made on a nearly full disk) is not worth keeping.
             if keep && self.spares.len() < SPARES && size >= SEGMENT {
@@ -644,7 +710,7 @@ impl LogReader {
             return Ok(None);
         }
         let events =
-            decode(lsn, &payload, count as usize).map_err(|source| ReadError::Malformed {
+            decode(seg.start, lsn, &payload, count as usize).map_err(|source| ReadError::Malformed {
                 file: path.clone(),
                 source,
             })?;
@@ -711,7 +777,7 @@ mod tests {
     #[test]
     fn records_round_trip_with_every_field() {
         let tmp = tempfile::tempdir().expect("tempdir");
-        let mut w = LogWriter::open(tmp.path(), 0, 1).expect("open");
+        let mut w = LogWriter::open(tmp.path(), 0, 1, &BTreeSet::new()).expect("open");
         let (p, n) = group(1..4);
         let end = w.append(&p, n).expect("append");
         assert_eq!(end % ALIGN, 0);
@@ -730,7 +796,7 @@ mod tests {
     #[test]
     fn a_torn_last_record_is_the_end_of_the_log() {
         let tmp = tempfile::tempdir().expect("tempdir");
-        let mut w = LogWriter::open(tmp.path(), 0, 1).expect("open");
+        let mut w = LogWriter::open(tmp.path(), 0, 1, &BTreeSet::new()).expect("open");
         let (p, n) = group(1..3);
         let first_end = w.append(&p, n).expect("append");
         let (p, n) = group(3..5);
@@ -749,7 +815,7 @@ mod tests {
     #[test]
     fn a_damaged_record_with_later_records_is_corruption_not_the_end() {
         let tmp = tempfile::tempdir().expect("tempdir");
-        let mut w = LogWriter::open(tmp.path(), 0, 1).expect("open");
+        let mut w = LogWriter::open(tmp.path(), 0, 1, &BTreeSet::new()).expect("open");
         for i in 0..3 {
             let (p, n) = group(i * 10..i * 10 + 2);
             w.append(&p, n).expect("append");
@@ -768,7 +834,7 @@ mod tests {
     #[test]
     fn records_go_on_in_the_next_segment_and_recycled_segments_read_as_empty() {
         let tmp = tempfile::tempdir().expect("tempdir");
-        let mut w = LogWriter::open(tmp.path(), 0, 1).expect("open");
+        let mut w = LogWriter::open(tmp.path(), 0, 1, &BTreeSet::new()).expect("open");
         // Records of ~1 MiB: 15 fit a 16 MiB segment, the 16th rotates.
         let big = NewEvent {
             body: Bytes::from(vec![b'x'; 1024 * 1024 - 200]),
@@ -786,7 +852,7 @@ mod tests {
         assert_eq!(end, w.end());
         // Everything durable elsewhere: the old segments become spares and
         // are reused; their old records must not be read as new ones.
-        w.recycle(w.end(), true).expect("recycle");
+        w.recycle(w.end(), true, &BTreeSet::new()).expect("recycle");
         let from = w.end();
         let (p, n) = group(100..101);
         for _ in 0..20 {
@@ -797,10 +863,44 @@ mod tests {
         assert!(segments(tmp.path()).expect("list").len() <= 2 + SPARES);
     }
 
+    /// Segments rows point into are neither recycled nor made spares, at
+    /// run time or at the next open, until they are no longer pinned.
+    #[test]
+    fn pinned_segments_stay_until_released() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let mut w = LogWriter::open(tmp.path(), 0, 1, &BTreeSet::new()).expect("open");
+        let big = NewEvent {
+            body: Bytes::from(vec![b'x'; 1024 * 1024 - 200]),
+            ..event(0)
+        };
+        let mut p = Vec::new();
+        encode(&mut p, 1, &big);
+        for _ in 0..40 {
+            w.append(&p, 1).expect("append");
+        }
+        let starts: Vec<u64> = segments(tmp.path()).expect("list").iter().map(|s| s.0).collect();
+        assert_eq!(starts.len(), 3, "{starts:?}");
+        let pinned = BTreeSet::from([starts[0]]);
+        w.recycle(w.end(), false, &pinned).expect("recycle");
+        let left: Vec<u64> = segments(tmp.path()).expect("list").iter().map(|s| s.0).collect();
+        assert_eq!(left, vec![starts[0], starts[2]], "only the unpinned old one goes");
+        let end = w.end();
+        drop(w);
+        let resume = starts[2] + SEGMENT;
+        assert!(resume >= end);
+        let mut w = LogWriter::open(tmp.path(), resume, 1, &pinned).expect("reopen");
+        let left: Vec<u64> = segments(tmp.path()).expect("list").iter().map(|s| s.0).collect();
+        assert_eq!(left, vec![starts[0], starts[2]], "the pinned one survives the open");
+        w.append(&p, 1).expect("append");
+        w.recycle(w.end(), false, &BTreeSet::new()).expect("recycle");
+        let left: Vec<u64> = segments(tmp.path()).expect("list").iter().map(|s| s.0).collect();
+        assert_eq!(left, vec![resume], "released, it goes");
+    }
+
     #[test]
     fn a_damaged_last_record_of_a_segment_is_corruption_not_a_skip() {
         let tmp = tempfile::tempdir().expect("tempdir");
-        let mut w = LogWriter::open(tmp.path(), 0, 1).expect("open");
+        let mut w = LogWriter::open(tmp.path(), 0, 1, &BTreeSet::new()).expect("open");
         let big = NewEvent {
             body: Bytes::from(vec![b'x'; 1024 * 1024 - 200]),
             ..event(0)
@@ -829,7 +929,7 @@ mod tests {
     #[test]
     fn a_missing_segment_in_the_middle_is_corruption_not_the_end() {
         let tmp = tempfile::tempdir().expect("tempdir");
-        let mut w = LogWriter::open(tmp.path(), 0, 1).expect("open");
+        let mut w = LogWriter::open(tmp.path(), 0, 1, &BTreeSet::new()).expect("open");
         let big = NewEvent {
             body: Bytes::from(vec![b'x'; 1024 * 1024 - 200]),
             ..event(0)
@@ -849,7 +949,7 @@ mod tests {
     #[test]
     fn a_group_larger_than_a_segment_gets_its_own() {
         let tmp = tempfile::tempdir().expect("tempdir");
-        let mut w = LogWriter::open(tmp.path(), 0, 1).expect("open");
+        let mut w = LogWriter::open(tmp.path(), 0, 1, &BTreeSet::new()).expect("open");
         let huge = NewEvent {
             body: Bytes::from(vec![b'y'; SEGMENT as usize + 10]),
             ..event(0)
@@ -864,10 +964,10 @@ mod tests {
     #[test]
     fn opening_refuses_segments_past_the_resume_position() {
         let tmp = tempfile::tempdir().expect("tempdir");
-        let mut w = LogWriter::open(tmp.path(), 0, 1).expect("open");
+        let mut w = LogWriter::open(tmp.path(), 0, 1, &BTreeSet::new()).expect("open");
         let (p, n) = group(1..2);
         w.append(&p, n).expect("append");
-        assert!(LogWriter::open(tmp.path(), 4096, 1).is_err());
-        assert!(LogWriter::open(tmp.path(), SEGMENT, 1).is_ok());
+        assert!(LogWriter::open(tmp.path(), 4096, 1, &BTreeSet::new()).is_err());
+        assert!(LogWriter::open(tmp.path(), SEGMENT, 1, &BTreeSet::new()).is_ok());
     }
 }

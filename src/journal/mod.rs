@@ -5,14 +5,19 @@
 //! accepted events to the intake log as one record with one fdatasync
 //! (group commit: the group grows with load, so there is no linger timer),
 //! and only then answers. The indexer follows the log into SQLite (WAL
-//! mode), where retries scheduled hours ahead are rows with an index on
-//! (destination, next due): no tombstones or compaction to write. Reads go
-//! through their own connections, which WAL lets run beside the indexer.
-//! On start, whatever the log holds beyond SQLite's last synced commit is
-//! indexed again before anything else runs.
+//! mode), where events that wait (retries scheduled hours ahead, a held
+//! back destination's backlog) are rows with an index on (destination,
+//! next due). A row keeps its event's place in the log, not a copy
+//! (`fetch`): segments stay while rows point into them, and one mostly
+//! delivered has its last waiting events copied into their rows so that
+//! it can go (`Indexer::spill`). Reads go through their own connections,
+//! which WAL lets run beside the indexer. On start, whatever the log holds
+//! beyond SQLite's last synced commit is indexed again before anything
+//! else runs.
 
 mod backpressure;
 mod dedupe;
+mod fetch;
 mod indexer;
 mod inspect;
 pub(crate) mod intake;
@@ -37,12 +42,12 @@ use crate::clock;
 use arc_swap::ArcSwap;
 use dedupe::{Check, Claim, Dedupe};
 use indexer::{Indexer, ToIndexer};
-use intake::{LogReader, LogWriter};
+use intake::LogWriter;
 use pauses::{Pauses, PausesError};
 use reserve::Reserve;
 use rusqlite::Connection;
 use skip::Skip;
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -204,8 +209,11 @@ pub(crate) struct Shared {
     dir: PathBuf,
     path: PathBuf,
     /// The intake log's position up to which SQLite has synced the rows:
-    /// segments before it may be recycled.
+    /// segments before it may be recycled, unless `pinned`.
     durable_pos: AtomicU64,
+    /// Starts of the log segments synced rows point into; published before
+    /// `durable_pos`, so it is never older than the position read first.
+    pinned: Mutex<Arc<BTreeSet<u64>>>,
     max_bytes: u64,
     pending_bytes: AtomicU64,
     dedupe: Option<Arc<Mutex<Dedupe>>>,
@@ -362,7 +370,7 @@ impl Journal {
             spawn_integrity_check(&path).map_err(|e| OpenError::Dir(dir.to_path_buf(), e))?;
         let recovered = Indexer::new(
             conn,
-            LogReader::new(dir),
+            dir,
             full_sync,
             indexer::Pace::from_env(),
             dedupe_ms,
@@ -429,7 +437,9 @@ impl Journal {
             .resume_at(resume)
             .map_err(|e| full(&e).unwrap_or(OpenError::Intake(dir.to_path_buf(), e.to_string())))?;
         let next_seq = next_seq.max(mark.map_or(0, |m| m.next_seq));
-        let log = LogWriter::open(dir, resume, next_seq)
+        let pinned = indexer.pinned();
+        report_lost_segments(dir, &pinned);
+        let log = LogWriter::open(dir, resume, next_seq, &pinned)
             .map_err(|e| full(&e).unwrap_or_else(|| intake_err(e)))?;
         let conn = indexer.conn();
         let summary = store::summary(conn).map_err(|e| OpenError::Open(path.clone(), e))?;
@@ -475,6 +485,7 @@ impl Journal {
             dir: dir.to_path_buf(),
             path,
             durable_pos: AtomicU64::new(resume),
+            pinned: Mutex::new(Arc::new(pinned)),
             max_bytes,
             pending_bytes: AtomicU64::new(total),
             dedupe,
@@ -741,6 +752,21 @@ impl Journal {
 
     pub fn path(&self) -> &Path {
         &self.shared.path
+    }
+}
+
+/// Segments rows point into that are gone (removed by hand, or a restore
+/// of journal.db without them): their events cannot be delivered, and each
+/// is quarantined as damaged when it comes due. Said at start, by name.
+fn report_lost_segments(dir: &Path, pinned: &BTreeSet<u64>) {
+    let present: BTreeSet<u64> = intake::segments(dir)
+        .map(|s| s.into_iter().map(|(start, _, _)| start).collect())
+        .unwrap_or_default();
+    for start in pinned.difference(&present) {
+        tracing::error!(
+            file = %dir.join(intake::name(*start)).display(),
+            "an intake log segment that pending events point into is missing: those events cannot be delivered and will be quarantined; restore the file from a backup to keep them"
+        );
     }
 }
 

@@ -5,30 +5,36 @@ use super::StoredEvent;
 use super::store::{self, StoreError};
 use rusqlite::Connection;
 use std::collections::HashSet;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 /// One dispatcher's read connection. Queries run on the blocking pool.
 #[derive(Clone)]
 pub struct Reader {
     conn: Arc<Mutex<Connection>>,
+    /// The journal's directory, whose intake log holds the rows' events.
+    dir: Arc<PathBuf>,
 }
+
+type Loaded = Vec<Result<StoredEvent, StoreError>>;
 
 impl Reader {
     pub(super) fn open(path: &Path) -> Result<Reader, rusqlite::Error> {
         Ok(Reader {
             conn: Arc::new(Mutex::new(store::open_reader(path)?)),
+            dir: Arc::new(path.parent().unwrap_or(Path::new(".")).to_path_buf()),
         })
     }
 
     async fn with<T: Send + 'static>(
         &self,
-        f: impl FnOnce(&Connection) -> Result<T, rusqlite::Error> + Send + 'static,
+        f: impl FnOnce(&Connection, &Path) -> Result<T, rusqlite::Error> + Send + 'static,
     ) -> Result<T, rusqlite::Error> {
         let conn = self.conn.clone();
+        let dir = self.dir.clone();
         tokio::task::spawn_blocking(move || {
             let guard = conn.lock().map_err(|_| rusqlite::Error::InvalidQuery)?;
-            f(&guard)
+            f(&guard, &dir)
         })
         .await
         .map_err(|_| rusqlite::Error::InvalidQuery)?
@@ -47,10 +53,10 @@ impl Reader {
         now_ms: u64,
         limit: usize,
         held: &HashSet<i64>,
-    ) -> Result<(Vec<Result<StoredEvent, StoreError>>, bool), rusqlite::Error> {
+    ) -> Result<(Loaded, bool), rusqlite::Error> {
         let d = destination.to_string();
         let held = held.clone();
-        self.with(move |c| {
+        self.with(move |c, dir| {
             let tx = c.unchecked_transaction()?;
             let seqs = store::due_seqs(&tx, &d, now_ms, limit + held.len())?;
             let fresh: Vec<i64> = seqs
@@ -61,9 +67,10 @@ impl Reader {
             // Counted before loading: a row deleted meanwhile (a late
             // answer) must not make the rest look like the end.
             let more = fresh.len() >= limit;
-            let mut rows = store::load(&tx, &fresh)?;
-            add_batch_siblings(&tx, &d, now_ms, &held, &mut rows)?;
+            let mut rows = store::load(&tx, dir, &fresh)?;
+            add_batch_siblings(&tx, dir, &d, now_ms, &held, &mut rows)?;
             tx.finish()?;
+            read_again_what_moved(c, dir, &mut rows)?;
             Ok((rows, more))
         })
         .await
@@ -77,11 +84,11 @@ impl Reader {
         cutoff_ms: u64,
         limit: usize,
         held: &HashSet<i64>,
-    ) -> Result<Vec<Result<StoredEvent, StoreError>>, rusqlite::Error> {
+    ) -> Result<Loaded, rusqlite::Error> {
         let d = destination.to_string();
         let scan = limit + held.len();
         let seqs = self
-            .with(move |c| store::accepted_before(c, &d, cutoff_ms, scan))
+            .with(move |c, _| store::accepted_before(c, &d, cutoff_ms, scan))
             .await?;
         self.load_unheld(seqs, held, limit).await
     }
@@ -91,7 +98,7 @@ impl Reader {
         seqs: Vec<i64>,
         held: &HashSet<i64>,
         limit: usize,
-    ) -> Result<Vec<Result<StoredEvent, StoreError>>, rusqlite::Error> {
+    ) -> Result<Loaded, rusqlite::Error> {
         let fresh: Vec<i64> = seqs
             .into_iter()
             .filter(|s| !held.contains(s))
@@ -100,12 +107,17 @@ impl Reader {
         if fresh.is_empty() {
             return Ok(Vec::new());
         }
-        self.with(move |c| store::load(c, &fresh)).await
+        self.with(move |c, dir| {
+            let mut rows = store::load(c, dir, &fresh)?;
+            read_again_what_moved(c, dir, &mut rows)?;
+            Ok(rows)
+        })
+        .await
     }
 
     pub async fn oldest_accepted(&self, destination: &str) -> Result<Option<u64>, rusqlite::Error> {
         let d = destination.to_string();
-        self.with(move |c| store::oldest_accepted(c, &d)).await
+        self.with(move |c, _| store::oldest_accepted(c, &d)).await
     }
 
     pub async fn next_due_after(
@@ -114,7 +126,7 @@ impl Reader {
         now_ms: u64,
     ) -> Result<Option<u64>, rusqlite::Error> {
         let d = destination.to_string();
-        self.with(move |c| store::next_due_after(c, &d, now_ms))
+        self.with(move |c, _| store::next_due_after(c, &d, now_ms))
             .await
     }
 }
@@ -123,10 +135,11 @@ impl Reader {
 /// the rest of its events (due at the same time) are read too.
 fn add_batch_siblings(
     c: &Connection,
+    dir: &Path,
     destination: &str,
     now_ms: u64,
     held: &HashSet<i64>,
-    rows: &mut Vec<Result<StoredEvent, StoreError>>,
+    rows: &mut Loaded,
 ) -> Result<(), rusqlite::Error> {
     let batches: HashSet<String> = rows
         .iter()
@@ -149,7 +162,27 @@ fn add_batch_siblings(
         );
     }
     if !missing.is_empty() {
-        rows.extend(store::load(c, &missing)?);
+        rows.extend(store::load(c, dir, &missing)?);
     }
+    Ok(())
+}
+
+/// Rows that failed are read once more, outside the read transaction that
+/// found them: a spill may have copied a row's event into it and freed the
+/// segment it pointed into meanwhile. What fails again is damaged; a row
+/// gone since (delivered, by a late answer) is left out.
+fn read_again_what_moved(c: &Connection, dir: &Path, rows: &mut Loaded) -> Result<(), rusqlite::Error> {
+    let failed: Vec<i64> = rows
+        .iter()
+        .filter_map(|r| match r {
+            Err(StoreError::Corrupt { seq, .. }) => Some(*seq),
+            _ => None,
+        })
+        .collect();
+    if failed.is_empty() {
+        return Ok(());
+    }
+    rows.retain(Result::is_ok);
+    rows.extend(store::load(c, dir, &failed)?);
     Ok(())
 }

@@ -1,8 +1,11 @@
 //! The SQLite file: schema, opening with the right pragmas, the integrity
 //! check at start, and the read queries the dispatchers and `inspect` use.
 
+use super::fetch::Fetch;
+use super::intake::Place;
 use super::record::{NewEvent, StoredEvent, decode_headers};
 use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, params};
+use std::collections::BTreeMap;
 use std::path::Path;
 
 pub const FILE: &str = "journal.db";
@@ -45,10 +48,31 @@ INSERT INTO totals (destination, pending, bytes)
     FROM events GROUP BY destination;
 ";
 
-/// A row's bytes as `totals` counts them (`NewEvent::size` with the
-/// headers as stored).
-pub const ROW_BYTES: &str =
+/// A row's bytes as `totals` counts them (`NewEvent::size`). A row that
+/// points into the log (`at`) holds the event's id, destination and
+/// method, not its path, headers and body; its encoding there (`len`) is
+/// `NewEvent::size` plus the destination and method, plus 40 bytes of
+/// lengths, seq and accept time.
+pub const ROW_BYTES: &str = "CASE WHEN at IS NULL
+    THEN length(body) + length(headers) + length(CAST(path AS BLOB)) + length(CAST(id AS BLOB))
+    ELSE len - 40 - length(CAST(destination AS BLOB)) - length(CAST(method AS BLOB)) END";
+
+/// The same, for a journal from before rows pointed into the log.
+const INLINE_BYTES: &str =
     "length(body) + length(headers) + length(CAST(path AS BLOB)) + length(CAST(id AS BLOB))";
+
+/// Rows written before rows pointed into the log lack `at` and `len`:
+/// they are added in place (NULL: those rows hold their event). `pins`
+/// counts, per log segment, the rows that point into it, kept in the same
+/// transaction as the rows.
+const PLACES: &str = "
+ALTER TABLE events ADD COLUMN at INTEGER;
+ALTER TABLE events ADD COLUMN len INTEGER;
+";
+const PINS: &str = "
+CREATE INDEX IF NOT EXISTS events_at ON events(at) WHERE at IS NOT NULL;
+CREATE TABLE IF NOT EXISTS pins (segment INTEGER PRIMARY KEY, events INTEGER NOT NULL, bytes INTEGER NOT NULL);
+";
 
 /// Where the intake log goes on after what the rows hold: recorded in the
 /// same transaction as the rows, so replay after a crash resumes exactly.
@@ -82,7 +106,80 @@ pub fn open_writer(path: &Path) -> Result<Connection, rusqlite::Error> {
     conn.execute_batch(SCHEMA)?;
     add_batch_column(&conn)?;
     create_totals(&conn)?;
+    if !has_column(&conn, "at")? {
+        conn.execute_batch(PLACES)?;
+    }
+    conn.execute_batch(PINS)?;
     Ok(conn)
+}
+
+fn has_column(conn: &Connection, name: &str) -> Result<bool, rusqlite::Error> {
+    conn.query_row(
+        "SELECT EXISTS (SELECT 1 FROM pragma_table_info('events') WHERE name = ?1)",
+        [name],
+        |r| r.get(0),
+    )
+}
+
+/// Events and bytes of rows pointing into one log segment.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Pin {
+    pub events: i64,
+    pub bytes: i64,
+}
+
+/// Every segment rows point into, by start.
+pub fn load_pins(conn: &Connection) -> Result<BTreeMap<u64, Pin>, rusqlite::Error> {
+    let mut stmt = conn.prepare("SELECT segment, events, bytes FROM pins WHERE events > 0")?;
+    let rows = stmt.query_map([], |r| {
+        Ok((
+            r.get::<_, i64>(0)?.max(0) as u64,
+            Pin {
+                events: r.get(1)?,
+                bytes: r.get(2)?,
+            },
+        ))
+    })?;
+    rows.collect()
+}
+
+/// Adds one commit's changes to `pins`; segments at zero leave it.
+pub fn add_pins(conn: &Connection, deltas: &BTreeMap<u64, Pin>) -> Result<(), rusqlite::Error> {
+    if deltas.is_empty() {
+        return Ok(());
+    }
+    let mut stmt = conn.prepare_cached(
+        "INSERT INTO pins (segment, events, bytes) VALUES (?1, ?2, ?3)
+         ON CONFLICT (segment) DO UPDATE SET events = events + excluded.events, bytes = bytes + excluded.bytes",
+    )?;
+    for (segment, pin) in deltas {
+        stmt.execute(params![*segment as i64, pin.events, pin.bytes])?;
+    }
+    conn.prepare_cached("DELETE FROM pins WHERE events <= 0")?
+        .execute([])?;
+    Ok(())
+}
+
+/// The seqs and places of the rows pointing into `[from, to)` of the log.
+pub fn placed_in(
+    conn: &Connection,
+    from: u64,
+    to: u64,
+) -> Result<Vec<(i64, Place)>, rusqlite::Error> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT seq, at, len, crc FROM events WHERE at >= ?1 AND at < ?2 ORDER BY at",
+    )?;
+    let rows = stmt.query_map(params![from as i64, to as i64], |r| {
+        Ok((
+            r.get(0)?,
+            Place {
+                at: r.get::<_, i64>(1)?.max(0) as u64,
+                len: r.get::<_, i64>(2)?.clamp(0, u32::MAX as i64) as u32,
+                crc: r.get::<_, i64>(3)? as u32,
+            },
+        ))
+    })?;
+    rows.collect()
 }
 
 fn has_table(conn: &Connection, name: &str) -> Result<bool, rusqlite::Error> {
@@ -215,19 +312,87 @@ pub fn integrity_problem(conn: &Connection) -> Result<Option<String>, rusqlite::
     })
 }
 
+/// `batch`, `at` and `len` come last: `journal inspect` may open a journal
+/// from before them (read-only, so not migrated) and reads NULL instead.
 const COLUMNS: &str = "seq, id, destination, method, path, headers, body, accepted_ms, crc, attempts, next_due_ms, last_outcome, last_status, last_attempt_ms";
 
-/// `batch` is read apart from `COLUMNS`: `journal inspect` may open a
-/// journal from before batching, which lacks the column.
-const LOAD_COLUMNS: &str = "seq, id, destination, method, path, headers, body, accepted_ms, crc, attempts, next_due_ms, last_outcome, last_status, last_attempt_ms, batch";
+fn load_columns(conn: &Connection) -> Result<String, rusqlite::Error> {
+    let batch = if has_column(conn, "batch")? { "batch" } else { "NULL" };
+    let place = if has_column(conn, "at")? { "at, len" } else { "NULL, NULL" };
+    Ok(format!("{COLUMNS}, {batch}, {place}"))
+}
 
-fn row(r: &Row) -> Result<Result<StoredEvent, StoreError>, rusqlite::Error> {
+/// The columns of a row the writer's connection has brought up to date.
+const LOAD_COLUMNS: &str = "seq, id, destination, method, path, headers, body, accepted_ms, crc, attempts, next_due_ms, last_outcome, last_status, last_attempt_ms, batch, at, len";
+
+/// An I/O error reading the log, carried through rusqlite's error type (as
+/// the `at` column's value failing to become an event) so that it fails
+/// the read, to be tried again, rather than condemn the row.
+fn io_error(e: std::io::Error) -> rusqlite::Error {
+    rusqlite::Error::FromSqlConversionFailure(15, rusqlite::types::Type::Integer, Box::new(e))
+}
+
+fn row(r: &Row, fetch: &mut Fetch) -> Result<Result<StoredEvent, StoreError>, rusqlite::Error> {
     let seq: i64 = r.get(0)?;
+    let stored_crc: i64 = r.get(8)?;
+    let place = match (r.get::<_, Option<i64>>(15)?, r.get::<_, Option<i64>>(16)?) {
+        (Some(at), Some(len)) => Some(Place {
+            at: at.max(0) as u64,
+            len: len.clamp(0, u32::MAX as i64) as u32,
+            crc: stored_crc as u32,
+        }),
+        _ => None,
+    };
+    let event = match place {
+        // The row's accept time rules (TTLs are computed from it).
+        Some(place) => match fetch.event(place, seq).map_err(io_error)? {
+            Some(logged) => NewEvent {
+                accepted_ms: r.get::<_, Option<i64>>(7)?.map_or(0, |v| v.max(0) as u64),
+                ..logged.event
+            },
+            None => {
+                return Ok(Err(StoreError::Corrupt {
+                    seq,
+                    what: format!(
+                        "its event at position {} of the intake log is missing or damaged",
+                        place.at
+                    ),
+                }));
+            }
+        },
+        None => match inline_event(r, seq, stored_crc)? {
+            Ok(e) => e,
+            Err(e) => return Ok(Err(e)),
+        },
+    };
+    let ms = |i: usize| -> Result<Option<u64>, rusqlite::Error> {
+        Ok(r.get::<_, Option<i64>>(i)?.map(|v| v.max(0) as u64))
+    };
+    Ok(Ok(StoredEvent {
+        seq,
+        event,
+        attempts: r.get::<_, i64>(9)?.clamp(0, u32::MAX as i64) as u32,
+        next_due_ms: ms(10)?.unwrap_or(0),
+        last_outcome: r.get(11)?,
+        last_status: r
+            .get::<_, Option<i64>>(12)?
+            .and_then(|s| u16::try_from(s).ok()),
+        last_attempt_ms: ms(13)?,
+        batch: r.get(14)?,
+    }))
+}
+
+/// The event a row holds itself (written before rows pointed into the
+/// log, or copied in by a spill), checked against its CRC.
+fn inline_event(
+    r: &Row,
+    seq: i64,
+    stored_crc: i64,
+) -> Result<Result<NewEvent, StoreError>, rusqlite::Error> {
     let headers_blob: Vec<u8> = r.get(5)?;
     let body: Vec<u8> = r.get(6)?;
     let (id, destination, method, path): (String, String, String, String) =
         (r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?);
-    let stored_crc: i64 = r.get(8)?;
     let crc = super::record::crc(&id, &destination, &method, &path, &headers_blob, &body);
     if i64::from(crc) != stored_crc {
         return Ok(Err(StoreError::Corrupt {
@@ -244,32 +409,14 @@ fn row(r: &Row) -> Result<Result<StoredEvent, StoreError>, rusqlite::Error> {
             }));
         }
     };
-    let ms = |i: usize| -> Result<Option<u64>, rusqlite::Error> {
-        Ok(r.get::<_, Option<i64>>(i)?.map(|v| v.max(0) as u64))
-    };
-    Ok(Ok(StoredEvent {
-        seq,
-        event: NewEvent {
-            id,
-            destination,
-            method,
-            path,
-            headers,
-            body: body.into(),
-            accepted_ms: ms(7)?.unwrap_or(0),
-        },
-        attempts: r.get::<_, i64>(9)?.clamp(0, u32::MAX as i64) as u32,
-        next_due_ms: ms(10)?.unwrap_or(0),
-        last_outcome: r.get(11)?,
-        last_status: r
-            .get::<_, Option<i64>>(12)?
-            .and_then(|s| u16::try_from(s).ok()),
-        last_attempt_ms: ms(13)?,
-        batch: if r.as_ref().column_count() > 14 {
-            r.get(14)?
-        } else {
-            None
-        },
+    Ok(Ok(NewEvent {
+        id,
+        destination,
+        method,
+        path,
+        headers,
+        body: body.into(),
+        accepted_ms: r.get::<_, Option<i64>>(7)?.map_or(0, |v| v.max(0) as u64),
     }))
 }
 
@@ -304,17 +451,23 @@ pub fn batch_seqs(
     rows.collect()
 }
 
-/// The rows of `seqs` still present. A row that fails its checksum comes
+/// The rows of `seqs` still present, their events read from the log in
+/// `dir` where they point into it. A row that fails its checksum comes
 /// back as `Err` so the caller can quarantine it.
 pub fn load(
     conn: &Connection,
+    dir: &Path,
     seqs: &[i64],
 ) -> Result<Vec<Result<StoredEvent, StoreError>>, rusqlite::Error> {
     let mut stmt =
         conn.prepare_cached(&format!("SELECT {LOAD_COLUMNS} FROM events WHERE seq = ?1"))?;
+    let mut fetch = Fetch::new(dir);
     let mut out = Vec::with_capacity(seqs.len());
     for seq in seqs {
-        if let Some(row) = stmt.query_row([seq], row).optional()? {
+        if let Some(row) = stmt
+            .query_row([seq], |r| row(r, &mut fetch))
+            .optional()?
+        {
             out.push(row);
         }
     }
@@ -388,11 +541,19 @@ pub fn summary(conn: &Connection) -> Result<Vec<DestinationSummary>, rusqlite::E
                 (SELECT MIN(accepted_ms) FROM events e WHERE e.destination = t.destination),
                 (SELECT COUNT(*) FROM events e WHERE e.destination = t.destination AND e.next_due_ms = ?1)
          FROM totals t WHERE t.pending > 0 ORDER BY t.destination"
+            .to_string()
     } else {
-        "SELECT destination, COUNT(*), SUM(length(body) + length(headers) + length(CAST(path AS BLOB)) + length(CAST(id AS BLOB))), MIN(accepted_ms),
+        let bytes = if has_column(conn, "at")? {
+            ROW_BYTES
+        } else {
+            INLINE_BYTES
+        };
+        format!(
+            "SELECT destination, COUNT(*), SUM({bytes}), MIN(accepted_ms),
                 SUM(next_due_ms = ?1) FROM events GROUP BY destination ORDER BY destination"
+        )
     };
-    let mut stmt = conn.prepare(sql)?;
+    let mut stmt = conn.prepare(&sql)?;
     let rows = stmt.query_map([QUARANTINED], |r| {
         Ok(DestinationSummary {
             destination: r.get(0)?,
@@ -405,10 +566,12 @@ pub fn summary(conn: &Connection) -> Result<Vec<DestinationSummary>, rusqlite::E
     rows.collect()
 }
 
-/// Every row that fails its checksum or header decoding (for `journal inspect`).
-pub fn corrupt_rows(conn: &Connection) -> Result<Vec<StoreError>, rusqlite::Error> {
-    let mut stmt = conn.prepare(&format!("SELECT {COLUMNS} FROM events"))?;
-    let rows = stmt.query_map([], row)?;
+/// Every row that fails its checksum or header decoding, or whose event
+/// is not in the log in `dir` (for `journal inspect`).
+pub fn corrupt_rows(conn: &Connection, dir: &Path) -> Result<Vec<StoreError>, rusqlite::Error> {
+    let mut stmt = conn.prepare(&format!("SELECT {} FROM events", load_columns(conn)?))?;
+    let mut fetch = Fetch::new(dir);
+    let rows = stmt.query_map([], |r| row(r, &mut fetch))?;
     let mut bad = Vec::new();
     for r in rows {
         if let Err(e) = r? {

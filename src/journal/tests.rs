@@ -1,7 +1,8 @@
 //! The journal across its two stages: what the intake log alone holds
 //! comes back at open, and what a damaged log would lose stops the start.
 
-use super::intake::{self, LogWriter};
+use super::intake::{self, LogReader, LogWriter};
+use super::indexer::SPILL_EVERY;
 use super::*;
 use bytes::Bytes;
 use std::os::unix::fs::FileExt;
@@ -23,7 +24,7 @@ fn event(i: u64) -> NewEvent {
 /// 202s), marking each as acknowledged.
 fn log_only(dir: &Path, groups: &[std::ops::Range<i64>]) {
     drop(store::open_writer(&dir.join(FILE)).expect("create journal.db"));
-    let mut w = LogWriter::open(dir, 0, 1).expect("open log");
+    let mut w = LogWriter::open(dir, 0, 1, &BTreeSet::new()).expect("open log");
     for g in groups {
         let mut payload = Vec::new();
         for seq in g.clone() {
@@ -150,10 +151,11 @@ async fn with_sync_os_a_lost_tail_is_reported_and_the_start_goes_on() {
     assert_eq!(seq, 6);
 }
 
-/// Once SQLite holds them, the log's segments are only a cache: losing them
-/// loses nothing, and the start must not cry wolf.
+/// Rows point into the log's segments: a segment lost under them is
+/// damage, reported as such, and its events are never delivered as
+/// something else; the start goes on with the rest.
 #[tokio::test]
-async fn a_lost_segment_whose_events_sqlite_holds_is_no_loss() {
+async fn a_lost_segment_that_rows_point_into_is_reported_as_damage() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let (journal, _) = open(tmp.path()).expect("open");
     journal
@@ -165,9 +167,116 @@ async fn a_lost_segment_whose_events_sqlite_holds_is_no_loss() {
     for (_, _, seg) in intake::segments(tmp.path()).expect("list") {
         std::fs::remove_file(seg).expect("remove");
     }
+    let report = inspect_closed(tmp.path()).await;
+    assert_eq!(report.corrupt.len(), 4, "{:?}", report.corrupt);
+    assert!(
+        report.corrupt[0].contains("of the intake log is missing or damaged"),
+        "{:?}",
+        report.corrupt
+    );
     let (journal, summary) = reopen(tmp.path()).await;
     assert_eq!(summary[0].pending, 4);
+    let due = journal
+        .reader()
+        .expect("reader")
+        .due("orders", u64::MAX / 2, 100, &HashSet::new())
+        .await
+        .expect("due")
+        .0;
+    assert_eq!(due.len(), 4);
+    assert!(due.iter().all(Result::is_err), "{due:?}");
     journal.close().await;
+}
+
+/// A segment the writer has left, with fewer than half of its bytes still
+/// waiting, has those events copied into their rows and goes back to the
+/// volume; one mostly waiting stays as it is. The copied events read back
+/// whole, after a restart too.
+#[tokio::test]
+async fn a_mostly_delivered_segment_is_spilled_and_recycled() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let (journal, _) = open(tmp.path()).expect("open");
+    let big = |i: u64| NewEvent {
+        body: Bytes::from(vec![b'a' + (i % 26) as u8; 1024 * 1024]),
+        ..event(i)
+    };
+    // One record each: 15 fill the first 16 MiB segment, the rest go on.
+    for i in 1..=20 {
+        journal.append(vec![big(i)]).await.expect("append");
+    }
+    let conn = Connection::open(tmp.path().join(FILE)).expect("open db");
+    let rows = |conn: &Connection| -> i64 {
+        conn.query_row("SELECT COUNT(*) FROM events", [], |r| r.get(0))
+            .expect("count")
+    };
+    until("every event is a row", || rows(&conn) == 20).await;
+    let placed = |conn: &Connection, seq: i64| -> bool {
+        conn.query_row("SELECT at IS NOT NULL FROM events WHERE seq = ?1", [seq], |r| r.get(0))
+            .expect("row")
+    };
+    let first = intake::segments(tmp.path()).expect("list")[0].0;
+    let delete = |seq: i64| Change::Delete {
+        seq,
+        destination: "orders".into(),
+        size: big(seq as u64).size(),
+        only_if_attempts: None,
+    };
+    // 12 of the first segment's 15 MiB still wait: it stays.
+    journal
+        .apply((1..=3).map(delete).collect())
+        .await
+        .expect("apply");
+    tokio::time::sleep(SPILL_EVERY + Duration::from_millis(500)).await;
+    assert!(placed(&conn, 15), "a mostly waiting segment was spilled");
+    // One of 15 waits: it is copied into its row, and the segment goes.
+    journal
+        .apply((4..=14).map(delete).collect())
+        .await
+        .expect("apply");
+    until("the waiting event is copied into its row", || !placed(&conn, 15)).await;
+    assert!(placed(&conn, 16), "an event of the current segment was copied");
+    // Freed, the segment becomes a spare, which the next rotation reuses
+    // under a new name: then it is gone under its own.
+    let mut appended = 0;
+    for i in 21..=60 {
+        journal.append(vec![big(i)]).await.expect("append");
+        appended += 1;
+        if intake::segments(tmp.path())
+            .expect("list")
+            .iter()
+            .all(|s| s.0 != first)
+        {
+            break;
+        }
+    }
+    assert!(
+        intake::segments(tmp.path()).expect("list").iter().all(|s| s.0 != first),
+        "the spilled segment was never recycled"
+    );
+    let read = |journal: Journal| async move {
+        let due = journal
+            .reader()
+            .expect("reader")
+            .due("orders", u64::MAX / 2, 10, &HashSet::new())
+            .await
+            .expect("due")
+            .0;
+        let got: Vec<(i64, NewEvent)> = due
+            .into_iter()
+            .take(6)
+            .map(|r| r.map(|s| (s.seq, s.event)).expect("sound row"))
+            .collect();
+        assert_eq!(
+            got,
+            (15..=20).map(|s| (s, big(s as u64))).collect::<Vec<_>>()
+        );
+        journal.close().await;
+    };
+    read(journal).await;
+    drop(conn);
+    let (journal, summary) = reopen(tmp.path()).await;
+    assert_eq!(summary[0].pending, 6 + appended);
+    read(journal).await;
 }
 
 #[tokio::test]
@@ -228,6 +337,10 @@ async fn events_only_in_the_intake_log_are_indexed_at_open_and_seqs_go_on() {
         .collect::<Result<_, _>>()
         .expect("rows");
     assert_eq!(seqs, vec![1, 2, 3, 4, 5, 6]);
+    let copied: i64 = conn
+        .query_row("SELECT SUM(length(body)) FROM events", [], |r| r.get(0))
+        .expect("sum");
+    assert_eq!(copied, 0, "rows point into the log, they hold no body");
 }
 
 #[tokio::test]

@@ -76,7 +76,13 @@ impl Writer {
         }
         let durable = self.shared.durable_pos.load(Ordering::Acquire);
         let keep = !self.shared.disk_full.load(Ordering::Acquire);
-        if let Err(e) = self.log.recycle(durable, keep) {
+        let pinned = self.shared.pinned.lock().ok().map(|p| Arc::clone(&p));
+        // A poisoned lock frees nothing: segments may be pinned.
+        let recycled = match &pinned {
+            Some(pinned) => self.log.recycle(durable, keep, pinned),
+            None => Ok(()),
+        };
+        if let Err(e) = recycled {
             tracing::warn!(error = %e, "cannot recycle intake log segments; will retry");
         }
         let first_seq = self.next_seq;
