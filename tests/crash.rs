@@ -302,11 +302,9 @@ async fn a_corrupt_record_is_quarantined_not_delivered_and_the_rest_goes_on() {
     let dir = tmp.path().join("journal");
     let conn = rusqlite::Connection::open(dir.join("journal.db")).expect("open journal");
     let (at, len): (i64, i64) = conn
-        .query_row(
-            "SELECT at, len FROM events WHERE id = 'bad'",
-            [],
-            |r| Ok((r.get(0)?, r.get(1)?)),
-        )
+        .query_row("SELECT at, len FROM events WHERE id = 'bad'", [], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })
         .expect("the second event's place");
     drop(conn);
     let (start, segment) = std::fs::read_dir(&dir)
@@ -376,7 +374,8 @@ async fn a_corrupt_record_is_quarantined_not_delivered_and_the_rest_goes_on() {
         out.stdout
     );
     assert!(
-        out.stdout.contains("of the intake log is missing or damaged"),
+        out.stdout
+            .contains("of the intake log is missing or damaged"),
         "{}",
         out.stdout
     );

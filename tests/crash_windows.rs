@@ -232,11 +232,17 @@ async fn an_event_copied_out_of_a_reused_segment_survives_sigkill() {
     let r = client::post(
         &url,
         slow.clone(),
-        &[("idempotency-key", "evt-slow"), ("content-type", "application/json")],
+        &[
+            ("idempotency-key", "evt-slow"),
+            ("content-type", "application/json"),
+        ],
     )
     .await;
     assert_eq!(r.status, 202);
-    let first = tmp.path().join("journal").join("intake-0000000000000000.log");
+    let first = tmp
+        .path()
+        .join("journal")
+        .join("intake-0000000000000000.log");
     assert!(first.exists(), "the first segment is {}", first.display());
     let db = tmp.path().join("journal").join("journal.db");
     let placed = || -> Option<bool> {
@@ -265,9 +271,20 @@ async fn an_event_copied_out_of_a_reused_segment_survives_sigkill() {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }
-    assert!(pointed, "the retried event's row never pointed into the log");
-    assert!(!first.exists(), "the first segment was never reused\n{}", courier.logs());
-    assert_eq!(placed(), Some(false), "the event was not copied into its row");
+    assert!(
+        pointed,
+        "the retried event's row never pointed into the log"
+    );
+    assert!(
+        !first.exists(),
+        "the first segment was never reused\n{}",
+        courier.logs()
+    );
+    assert_eq!(
+        placed(),
+        Some(false),
+        "the event was not copied into its row"
+    );
     courier.kill();
     let before = receiver.received().len();
     failing.store(false, Ordering::Relaxed);

@@ -102,7 +102,8 @@ fn sample_events() -> Vec<NewEvent> {
 /// last record (the reader takes the file's size as the segment's).
 fn segment(groups: &[&[NewEvent]]) -> Vec<u8> {
     let tmp = tempfile::tempdir().expect("tempdir");
-    let mut w = LogWriter::open(tmp.path(), 0, 1, &std::collections::BTreeSet::new()).expect("open");
+    let mut w =
+        LogWriter::open(tmp.path(), 0, 1, &std::collections::BTreeSet::new()).expect("open");
     let mut end = 0;
     let mut seq = 1;
     for g in groups {

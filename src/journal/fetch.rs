@@ -21,9 +21,12 @@ use std::path::{Path, PathBuf};
 /// that was since removed would keep its space from the volume.
 pub struct Fetch {
     dir: PathBuf,
-    /// (start, size, file), listed on first use.
-    segments: Option<Vec<(u64, u64, Option<File>, PathBuf)>>,
+    /// Listed on first use; each opened on first read.
+    segments: Option<Vec<Segment>>,
 }
+
+/// (start, size, handle once opened, path).
+type Segment = (u64, u64, Option<File>, PathBuf);
 
 impl Fetch {
     pub fn new(dir: &Path) -> Fetch {

@@ -216,11 +216,11 @@ impl Indexer {
         if self.dirty {
             return;
         }
-        if self.pins_changed {
-            if let Ok(mut pinned) = shared.pinned.lock() {
-                *pinned = Arc::new(self.pinned());
-                self.pins_changed = false;
-            }
+        if self.pins_changed
+            && let Ok(mut pinned) = shared.pinned.lock()
+        {
+            *pinned = Arc::new(self.pinned());
+            self.pins_changed = false;
         }
         // After the pins: the writer reads the position first, so what it
         // recycles by it was unpinned in pins at least as new.
@@ -357,16 +357,17 @@ impl Indexer {
     /// Returns whether it spilled one, so the caller looks again soon.
     fn spill(&mut self) -> Result<bool, IndexError> {
         let sizes = super::intake::segments(&self.dir).map_err(ReadError::Io)?;
-        let Some((start, size)) = sizes
-            .iter()
-            .map(|(start, size, _)| (*start, *size))
-            .find(|(start, size)| {
-                start + size <= self.durable
-                    && self
-                        .pins
-                        .get(start)
-                        .is_some_and(|p| (p.bytes.max(0) as u64) * 2 < *size)
-            })
+        let Some((start, size)) =
+            sizes
+                .iter()
+                .map(|(start, size, _)| (*start, *size))
+                .find(|(start, size)| {
+                    start + size <= self.durable
+                        && self
+                            .pins
+                            .get(start)
+                            .is_some_and(|p| (p.bytes.max(0) as u64) * 2 < *size)
+                })
         else {
             return Ok(false);
         };
@@ -421,7 +422,11 @@ impl Indexer {
                 self.add_pins(deltas);
                 // Synced before the writer may free the segment (`publish`).
                 self.dirty = true;
-                tracing::debug!(segment = start, events = moved.len(), "copied waiting events out of an intake log segment");
+                tracing::debug!(
+                    segment = start,
+                    events = moved.len(),
+                    "copied waiting events out of an intake log segment"
+                );
                 Ok(true)
             }
             Err(e) => {

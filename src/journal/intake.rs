@@ -709,11 +709,12 @@ impl LogReader {
         if record_crc(lsn, count, &payload) != crc {
             return Ok(None);
         }
-        let events =
-            decode(seg.start, lsn, &payload, count as usize).map_err(|source| ReadError::Malformed {
+        let events = decode(seg.start, lsn, &payload, count as usize).map_err(|source| {
+            ReadError::Malformed {
                 file: path.clone(),
                 source,
-            })?;
+            }
+        })?;
         Ok(Some(Read::Record(events, lsn + padded(len as usize))))
     }
 
@@ -878,22 +879,47 @@ mod tests {
         for _ in 0..40 {
             w.append(&p, 1).expect("append");
         }
-        let starts: Vec<u64> = segments(tmp.path()).expect("list").iter().map(|s| s.0).collect();
+        let starts: Vec<u64> = segments(tmp.path())
+            .expect("list")
+            .iter()
+            .map(|s| s.0)
+            .collect();
         assert_eq!(starts.len(), 3, "{starts:?}");
         let pinned = BTreeSet::from([starts[0]]);
         w.recycle(w.end(), false, &pinned).expect("recycle");
-        let left: Vec<u64> = segments(tmp.path()).expect("list").iter().map(|s| s.0).collect();
-        assert_eq!(left, vec![starts[0], starts[2]], "only the unpinned old one goes");
+        let left: Vec<u64> = segments(tmp.path())
+            .expect("list")
+            .iter()
+            .map(|s| s.0)
+            .collect();
+        assert_eq!(
+            left,
+            vec![starts[0], starts[2]],
+            "only the unpinned old one goes"
+        );
         let end = w.end();
         drop(w);
         let resume = starts[2] + SEGMENT;
         assert!(resume >= end);
         let mut w = LogWriter::open(tmp.path(), resume, 1, &pinned).expect("reopen");
-        let left: Vec<u64> = segments(tmp.path()).expect("list").iter().map(|s| s.0).collect();
-        assert_eq!(left, vec![starts[0], starts[2]], "the pinned one survives the open");
+        let left: Vec<u64> = segments(tmp.path())
+            .expect("list")
+            .iter()
+            .map(|s| s.0)
+            .collect();
+        assert_eq!(
+            left,
+            vec![starts[0], starts[2]],
+            "the pinned one survives the open"
+        );
         w.append(&p, 1).expect("append");
-        w.recycle(w.end(), false, &BTreeSet::new()).expect("recycle");
-        let left: Vec<u64> = segments(tmp.path()).expect("list").iter().map(|s| s.0).collect();
+        w.recycle(w.end(), false, &BTreeSet::new())
+            .expect("recycle");
+        let left: Vec<u64> = segments(tmp.path())
+            .expect("list")
+            .iter()
+            .map(|s| s.0)
+            .collect();
         assert_eq!(left, vec![resume], "released, it goes");
     }
 

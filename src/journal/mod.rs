@@ -368,26 +368,20 @@ impl Journal {
             .map_err(|e| full(&e).unwrap_or(OpenError::Open(path.clone(), e)))?;
         let check =
             spawn_integrity_check(&path).map_err(|e| OpenError::Dir(dir.to_path_buf(), e))?;
-        let recovered = Indexer::new(
-            conn,
-            dir,
-            full_sync,
-            indexer::Pace::from_env(),
-            dedupe_ms,
-        )
-        .map_err(|e| OpenError::Open(path.clone(), e))
-        .and_then(|mut indexer| {
-            let indexed = indexer.recover().map_err(|e| {
-                full(&e).unwrap_or_else(|| {
-                    if e.transient() {
-                        OpenError::Retry(dir.to_path_buf(), e.to_string())
-                    } else {
-                        OpenError::Intake(dir.to_path_buf(), e.to_string())
-                    }
-                })
-            })?;
-            Ok((indexer, indexed))
-        });
+        let recovered = Indexer::new(conn, dir, full_sync, indexer::Pace::from_env(), dedupe_ms)
+            .map_err(|e| OpenError::Open(path.clone(), e))
+            .and_then(|mut indexer| {
+                let indexed = indexer.recover().map_err(|e| {
+                    full(&e).unwrap_or_else(|| {
+                        if e.transient() {
+                            OpenError::Retry(dir.to_path_buf(), e.to_string())
+                        } else {
+                            OpenError::Intake(dir.to_path_buf(), e.to_string())
+                        }
+                    })
+                })?;
+                Ok((indexer, indexed))
+            });
         // The check's verdict comes first: whatever else failed, a damaged
         // file is what the operator must hear about.
         let checked_in = match check.join() {

@@ -171,7 +171,11 @@ fn add_batch_siblings(
 /// found them: a spill may have copied a row's event into it and freed the
 /// segment it pointed into meanwhile. What fails again is damaged; a row
 /// gone since (delivered, by a late answer) is left out.
-fn read_again_what_moved(c: &Connection, dir: &Path, rows: &mut Loaded) -> Result<(), rusqlite::Error> {
+fn read_again_what_moved(
+    c: &Connection,
+    dir: &Path,
+    rows: &mut Loaded,
+) -> Result<(), rusqlite::Error> {
     let failed: Vec<i64> = rows
         .iter()
         .filter_map(|r| match r {

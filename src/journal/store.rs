@@ -317,8 +317,16 @@ pub fn integrity_problem(conn: &Connection) -> Result<Option<String>, rusqlite::
 const COLUMNS: &str = "seq, id, destination, method, path, headers, body, accepted_ms, crc, attempts, next_due_ms, last_outcome, last_status, last_attempt_ms";
 
 fn load_columns(conn: &Connection) -> Result<String, rusqlite::Error> {
-    let batch = if has_column(conn, "batch")? { "batch" } else { "NULL" };
-    let place = if has_column(conn, "at")? { "at, len" } else { "NULL, NULL" };
+    let batch = if has_column(conn, "batch")? {
+        "batch"
+    } else {
+        "NULL"
+    };
+    let place = if has_column(conn, "at")? {
+        "at, len"
+    } else {
+        "NULL, NULL"
+    };
     Ok(format!("{COLUMNS}, {batch}, {place}"))
 }
 
@@ -464,10 +472,7 @@ pub fn load(
     let mut fetch = Fetch::new(dir);
     let mut out = Vec::with_capacity(seqs.len());
     for seq in seqs {
-        if let Some(row) = stmt
-            .query_row([seq], |r| row(r, &mut fetch))
-            .optional()?
-        {
+        if let Some(row) = stmt.query_row([seq], |r| row(r, &mut fetch)).optional()? {
             out.push(row);
         }
     }

@@ -1,8 +1,8 @@
 //! The journal across its two stages: what the intake log alone holds
 //! comes back at open, and what a damaged log would lose stops the start.
 
-use super::intake::{self, LogReader, LogWriter};
 use super::indexer::SPILL_EVERY;
+use super::intake::{self, LogReader, LogWriter};
 use super::*;
 use bytes::Bytes;
 use std::os::unix::fs::FileExt;
@@ -211,8 +211,12 @@ async fn a_mostly_delivered_segment_is_spilled_and_recycled() {
     };
     until("every event is a row", || rows(&conn) == 20).await;
     let placed = |conn: &Connection, seq: i64| -> bool {
-        conn.query_row("SELECT at IS NOT NULL FROM events WHERE seq = ?1", [seq], |r| r.get(0))
-            .expect("row")
+        conn.query_row(
+            "SELECT at IS NOT NULL FROM events WHERE seq = ?1",
+            [seq],
+            |r| r.get(0),
+        )
+        .expect("row")
     };
     let first = intake::segments(tmp.path()).expect("list")[0].0;
     let delete = |seq: i64| Change::Delete {
@@ -233,8 +237,14 @@ async fn a_mostly_delivered_segment_is_spilled_and_recycled() {
         .apply((4..=14).map(delete).collect())
         .await
         .expect("apply");
-    until("the waiting event is copied into its row", || !placed(&conn, 15)).await;
-    assert!(placed(&conn, 16), "an event of the current segment was copied");
+    until("the waiting event is copied into its row", || {
+        !placed(&conn, 15)
+    })
+    .await;
+    assert!(
+        placed(&conn, 16),
+        "an event of the current segment was copied"
+    );
     // Freed, the segment becomes a spare, which the next rotation reuses
     // under a new name: then it is gone under its own.
     let mut appended = 0;
@@ -250,7 +260,10 @@ async fn a_mostly_delivered_segment_is_spilled_and_recycled() {
         }
     }
     assert!(
-        intake::segments(tmp.path()).expect("list").iter().all(|s| s.0 != first),
+        intake::segments(tmp.path())
+            .expect("list")
+            .iter()
+            .all(|s| s.0 != first),
         "the spilled segment was never recycled"
     );
     let read = |journal: Journal| async move {
