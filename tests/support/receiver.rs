@@ -383,16 +383,27 @@ impl Drop for Receiver {
 }
 
 async fn bind(addr: SocketAddr) -> TcpListener {
-    let socket = match addr {
-        SocketAddr::V4(_) => TcpSocket::new_v4(),
-        SocketAddr::V6(_) => TcpSocket::new_v6(),
-    }
-    .expect("create socket");
-    // So a receiver can come back on the port of a stopped one.
-    socket.set_reuseaddr(true).expect("set SO_REUSEADDR");
-    socket
-        .bind(addr)
-        .unwrap_or_else(|e| panic!("receiver cannot bind {addr}: {e}"));
+    // A receiver coming back on the port of one just dropped may find its
+    // listener not yet closed (its task sees the shutdown a moment later):
+    // tried again for up to 2 s.
+    let mut tries = 0;
+    let socket = loop {
+        let socket = match addr {
+            SocketAddr::V4(_) => TcpSocket::new_v4(),
+            SocketAddr::V6(_) => TcpSocket::new_v6(),
+        }
+        .expect("create socket");
+        // So a receiver can come back on the port of a stopped one.
+        socket.set_reuseaddr(true).expect("set SO_REUSEADDR");
+        match socket.bind(addr) {
+            Ok(()) => break socket,
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse && tries < 100 => {
+                tries += 1;
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+            Err(e) => panic!("receiver cannot bind {addr}: {e}"),
+        }
+    };
     socket
         .listen(1024)
         .unwrap_or_else(|e| panic!("receiver cannot listen on {addr}: {e}"))
