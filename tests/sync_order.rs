@@ -3,7 +3,8 @@
 //! are written to an intake log segment, then that segment is fdatasynced,
 //! and only after the sync returned does courier start writing the
 //! `HTTP/1.1 202` to the app's socket. With `journal.sync: os` no sync of
-//! the segment comes between the write and the 202.
+//! the segment comes between the write and the 202, but one comes before
+//! the event's row, which points into the segment, is written to SQLite.
 //!
 //! Needs strace (`.ci/run` installs it); without it the tests fail, saying
 //! so, rather than pass without looking.
@@ -290,6 +291,43 @@ async fn sync_os_answers_without_syncing_the_intake_log() {
             write.fd,
             write.end + 1,
             answer.start + 1,
+        );
+    }
+}
+
+/// With `sync: os` a row is written only once the log bytes it points
+/// into are on disk: SQLite's WAL is synced on its own schedule (the
+/// checkpointer), and a synced row over a lost page would come back after a
+/// power loss as damage, not as the event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sync_os_syncs_the_intake_log_before_writing_rows_that_point_into_it() {
+    let (markers, trace) = traced_run("os").await;
+    let calls = calls(&trace);
+    for marker in &markers {
+        let (write, _) = write_and_answer(&calls, marker, &trace);
+        let row = calls
+            .iter()
+            .find(|c| {
+                WRITES.contains(&c.name.as_str())
+                    && c.fd.ends_with("journal.db-wal")
+                    && c.text.contains(marker.as_str())
+                    && c.start > write.end
+            })
+            .unwrap_or_else(|| {
+                panic!(
+                    "{marker}: no write of its row to journal.db-wal after its write to {} (line {}):\n{}",
+                    write.fd,
+                    write.end + 1,
+                    trace.join("\n")
+                )
+            });
+        let syncs = syncs_between(&calls, &write.fd, write.end, row.start);
+        assert!(
+            syncs.iter().any(|s| s.end < row.start),
+            "{marker}: its row went to the WAL (line {}) before {} (written at line {}) was synced; syncs started in between: {syncs:?}",
+            row.start + 1,
+            write.fd,
+            write.end + 1,
         );
     }
 }

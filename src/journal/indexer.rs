@@ -111,7 +111,13 @@ pub(super) struct Indexer {
     pins: BTreeMap<u64, Pin>,
     /// Whether `pins` changed since they were last published.
     pins_changed: bool,
+    /// With `sync: os`: the lsn up to which the log is known on disk.
+    log_synced: u64,
     last_spill: Instant,
+    /// Segments a spill could not copy anything out of (every row left is
+    /// unreadable), with their row count then: passed over until it
+    /// changes, so one damaged event does not hold back every later spill.
+    unspillable: HashMap<u64, i64>,
     /// The lsn up to which rows are in SQLite.
     indexed: u64,
     /// The lsn up to which they are synced.
@@ -183,7 +189,9 @@ impl Indexer {
             dir: dir.to_path_buf(),
             pins,
             pins_changed: true,
+            log_synced: 0,
             last_spill: Instant::now(),
+            unspillable: HashMap::new(),
             indexed,
             durable: indexed,
             rows_through: 0,
@@ -304,6 +312,9 @@ impl Indexer {
         sync: bool,
         end: u64,
     ) -> Result<HashSet<i64>, IndexError> {
+        if insert.iter().any(|i| *i) {
+            self.sync_log(end).map_err(ReadError::Io)?;
+        }
         let full = self.full_sync && sync;
         if full {
             store::set_full_sync(&self.conn, true)?;
@@ -354,7 +365,8 @@ impl Indexer {
     /// one event retried for hours must not keep 16 MiB of delivered ones
     /// on the volume. A segment mostly live (a paused destination's
     /// backlog) stays: copying it would only double its bytes for a while.
-    /// Returns whether it spilled one, so the caller looks again soon.
+    /// Returns whether another segment may be waiting: the caller looks
+    /// again at its next turn.
     fn spill(&mut self) -> Result<bool, IndexError> {
         let sizes = super::intake::segments(&self.dir).map_err(ReadError::Io)?;
         let Some((start, size)) =
@@ -363,23 +375,34 @@ impl Indexer {
                 .map(|(start, size, _)| (*start, *size))
                 .find(|(start, size)| {
                     start + size <= self.durable
-                        && self
-                            .pins
-                            .get(start)
-                            .is_some_and(|p| (p.bytes.max(0) as u64) * 2 < *size)
+                        && self.pins.get(start).is_some_and(|p| {
+                            (p.bytes.max(0) as u64) * 2 < *size
+                                && self.unspillable.get(start) != Some(&p.events)
+                        })
                 })
         else {
             return Ok(false);
         };
+        self.unspillable.retain(|s, _| self.pins.contains_key(s));
+        let events = self.pins.get(&start).map_or(0, |p| p.events);
         let placed = store::placed_in(&self.conn, start, start + size)?;
         let mut fetch = Fetch::new(&self.dir);
         let mut moved = Vec::with_capacity(placed.len());
         for (seq, place) in placed {
             // A row whose event cannot be read keeps the segment: it stays
             // for an operator, and the row is quarantined when it is due.
-            if let Some(l) = fetch.event(place, seq).map_err(ReadError::Io)? {
-                moved.push((l, place));
+            match fetch.event(place, seq) {
+                Ok(Some(l)) => moved.push((l, place)),
+                Ok(None) => {}
+                Err(e) => {
+                    self.unspillable.insert(start, events);
+                    return Err(ReadError::Io(e).into());
+                }
             }
+        }
+        if moved.is_empty() {
+            self.unspillable.insert(start, events);
+            return Ok(true);
         }
         self.conn.execute_batch("BEGIN IMMEDIATE")?;
         let result = (|| {
@@ -450,6 +473,30 @@ impl Indexer {
         store::set_full_sync(&self.conn, false)?;
         result?;
         self.synced();
+        Ok(())
+    }
+
+    /// With `sync: os` the writer never fdatasyncs the log: before rows
+    /// that point into it are written (even unsynced: the checkpointer
+    /// syncs the WAL on its own schedule), the log's pages under them go to
+    /// disk, or a power loss could keep rows whose events never got there.
+    /// One fdatasync per commit of rows, not per request.
+    fn sync_log(&mut self, end: u64) -> std::io::Result<()> {
+        if self.full_sync || end <= self.log_synced {
+            return Ok(());
+        }
+        for (start, size, path) in super::intake::segments(&self.dir)? {
+            if start >= end || start + size <= self.log_synced {
+                continue;
+            }
+            match std::fs::File::open(&path) {
+                Ok(file) => file.sync_data()?,
+                // A spare renamed away while listing: no row points there.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e),
+            }
+        }
+        self.log_synced = end;
         Ok(())
     }
 
@@ -564,7 +611,7 @@ impl Indexer {
                     Ok(true) => {}
                     Ok(false) => self.last_spill = Instant::now(),
                     Err(e) => {
-                        tracing::warn!(error = %e, "cannot copy waiting events out of an intake log segment; will retry");
+                        tracing::warn!(error = %e, "cannot copy waiting events out of an intake log segment; it stays until its rows change");
                         self.last_spill = Instant::now();
                     }
                 }

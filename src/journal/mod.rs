@@ -741,7 +741,7 @@ impl Journal {
 
     /// A read connection for one dispatcher.
     pub fn reader(&self) -> Result<Reader, rusqlite::Error> {
-        Reader::open(&self.shared.path)
+        Reader::open(&self.shared)
     }
 
     pub fn path(&self) -> &Path {
@@ -753,9 +753,14 @@ impl Journal {
 /// of journal.db without them): their events cannot be delivered, and each
 /// is quarantined as damaged when it comes due. Said at start, by name.
 fn report_lost_segments(dir: &Path, pinned: &BTreeSet<u64>) {
-    let present: BTreeSet<u64> = intake::segments(dir)
-        .map(|s| s.into_iter().map(|(start, _, _)| start).collect())
-        .unwrap_or_default();
+    let present: BTreeSet<u64> = match intake::segments(dir) {
+        Ok(s) => s.into_iter().map(|(start, _, _)| start).collect(),
+        // Not a reason to call every segment missing.
+        Err(e) => {
+            tracing::warn!(dir = %dir.display(), error = %e, "cannot list the intake log's segments to look for missing ones");
+            return;
+        }
+    };
     for start in pinned.difference(&present) {
         tracing::error!(
             file = %dir.join(intake::name(*start)).display(),

@@ -1,12 +1,12 @@
 //! The dispatchers' and admin API's read side: their own SQLite
 //! connections, which WAL lets run beside the indexer's commits.
 
-use super::StoredEvent;
 use super::store::{self, StoreError};
+use super::{Shared, StoredEvent};
 use rusqlite::Connection;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 
 /// One dispatcher's read connection. Queries run on the blocking pool.
 #[derive(Clone)]
@@ -14,15 +14,19 @@ pub struct Reader {
     conn: Arc<Mutex<Connection>>,
     /// The journal's directory, whose intake log holds the rows' events.
     dir: Arc<PathBuf>,
+    /// To fail the journal on a lasting read error. Weak: a reader kept
+    /// after close must not hold the journal's lock.
+    shared: Weak<Shared>,
 }
 
 type Loaded = Vec<Result<StoredEvent, StoreError>>;
 
 impl Reader {
-    pub(super) fn open(path: &Path) -> Result<Reader, rusqlite::Error> {
+    pub(super) fn open(shared: &Arc<Shared>) -> Result<Reader, rusqlite::Error> {
         Ok(Reader {
-            conn: Arc::new(Mutex::new(store::open_reader(path)?)),
-            dir: Arc::new(path.parent().unwrap_or(Path::new(".")).to_path_buf()),
+            conn: Arc::new(Mutex::new(store::open_reader(&shared.path)?)),
+            dir: Arc::new(shared.dir.clone()),
+            shared: Arc::downgrade(shared),
         })
     }
 
@@ -32,12 +36,22 @@ impl Reader {
     ) -> Result<T, rusqlite::Error> {
         let conn = self.conn.clone();
         let dir = self.dir.clone();
-        tokio::task::spawn_blocking(move || {
+        let result = tokio::task::spawn_blocking(move || {
             let guard = conn.lock().map_err(|_| rusqlite::Error::InvalidQuery)?;
             f(&guard, &dir)
         })
         .await
-        .map_err(|_| rusqlite::Error::InvalidQuery)?
+        .map_err(|_| rusqlite::Error::InvalidQuery)?;
+        if let Err(e) = &result
+            && let Some(reason) = log_failure(e)
+            && let Some(shared) = self.shared.upgrade()
+        {
+            tracing::error!(error = %reason, dir = %self.dir.display(), "journal read failed; refusing writes until restart");
+            if let Ok(mut f) = shared.failed.lock() {
+                f.get_or_insert(reason);
+            }
+        }
+        result
     }
 
     /// Up to `limit` due events of `destination`, skipping those in `held`
@@ -167,6 +181,18 @@ fn add_batch_siblings(
     Ok(())
 }
 
+/// A read of the intake log that failed for more than a passing shortage
+/// (EIO, EACCES) fails the journal, as a failed write does (README
+/// "Journal faults"): retried for ever, it would stall its destination
+/// without a word to the kubelet.
+fn log_failure(e: &rusqlite::Error) -> Option<String> {
+    let rusqlite::Error::FromSqlConversionFailure(_, _, inner) = e else {
+        return None;
+    };
+    let io = inner.downcast_ref::<std::io::Error>()?;
+    (!super::intake::is_transient(io)).then(|| format!("cannot read the intake log: {io}"))
+}
+
 /// Rows that failed are read once more, outside the read transaction that
 /// found them: a spill may have copied a row's event into it and freed the
 /// segment it pointed into meanwhile. What fails again is damaged; a row
@@ -186,7 +212,42 @@ fn read_again_what_moved(
     if failed.is_empty() {
         return Ok(());
     }
-    rows.retain(Result::is_ok);
-    rows.extend(store::load(c, dir, &failed)?);
+    // In place: the caller's order (due time, age) holds.
+    let mut again = HashMap::new();
+    let mut other = Vec::new();
+    for r in store::load(c, dir, &failed)? {
+        match &r {
+            Ok(s) => _ = again.insert(s.seq, r),
+            Err(StoreError::Corrupt { seq, .. }) => _ = again.insert(*seq, r),
+            Err(StoreError::Sqlite(_)) => other.push(r),
+        }
+    }
+    let read = std::mem::take(rows);
+    rows.extend(read.into_iter().filter_map(|r| match r {
+        Err(StoreError::Corrupt { seq, .. }) => again.remove(&seq),
+        sound => Some(sound),
+    }));
+    rows.extend(other);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_lasting_log_read_error_fails_the_journal() {
+        let io = |errno| store::io_error(std::io::Error::from_raw_os_error(errno));
+        let said = log_failure(&io(libc::EIO)).expect("EIO fails the journal");
+        assert!(said.contains("cannot read the intake log"), "{said}");
+        assert!(log_failure(&io(libc::EACCES)).is_some());
+        assert_eq!(log_failure(&io(libc::EMFILE)), None);
+        assert_eq!(log_failure(&rusqlite::Error::InvalidQuery), None);
+        let other = rusqlite::Error::FromSqlConversionFailure(
+            0,
+            rusqlite::types::Type::Text,
+            "not an I/O error".into(),
+        );
+        assert_eq!(log_failure(&other), None);
+    }
 }

@@ -107,7 +107,11 @@ pub fn open_writer(path: &Path) -> Result<Connection, rusqlite::Error> {
     add_batch_column(&conn)?;
     create_totals(&conn)?;
     if !has_column(&conn, "at")? {
-        conn.execute_batch(PLACES)?;
+        // Both columns or neither: a crash between them would leave a
+        // journal that this check passes and every query then fails on.
+        let tx = conn.unchecked_transaction()?;
+        tx.execute_batch(PLACES)?;
+        tx.commit()?;
     }
     conn.execute_batch(PINS)?;
     Ok(conn)
@@ -335,8 +339,9 @@ const LOAD_COLUMNS: &str = "seq, id, destination, method, path, headers, body, a
 
 /// An I/O error reading the log, carried through rusqlite's error type (as
 /// the `at` column's value failing to become an event) so that it fails
-/// the read, to be tried again, rather than condemn the row.
-fn io_error(e: std::io::Error) -> rusqlite::Error {
+/// the read rather than condemn the row: a passing shortage is tried
+/// again, anything else fails the journal (`reader`).
+pub(super) fn io_error(e: std::io::Error) -> rusqlite::Error {
     rusqlite::Error::FromSqlConversionFailure(15, rusqlite::types::Type::Integer, Box::new(e))
 }
 

@@ -307,6 +307,65 @@ async fn a_deleted_journal_db_beside_its_intake_log_is_named_not_taken_for_damag
     );
 }
 
+#[tokio::test]
+async fn an_unreadable_event_holds_its_segment_but_not_the_spill_of_later_ones() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let (journal, _) = open(tmp.path()).expect("open");
+    let big = |i: u64| NewEvent {
+        body: Bytes::from(vec![b'a' + (i % 26) as u8; 1024 * 1024]),
+        ..event(i)
+    };
+    // 15 per 16 MiB segment: 1..=15, 16..=30, then the current one.
+    for i in 1..=33 {
+        journal.append(vec![big(i)]).await.expect("append");
+    }
+    let conn = Connection::open(tmp.path().join(FILE)).expect("open db");
+    until("every event is a row", || {
+        conn.query_row("SELECT COUNT(*) FROM events", [], |r| r.get::<_, i64>(0))
+            .expect("count")
+            == 33
+    })
+    .await;
+    let at = |seq: i64| -> Option<i64> {
+        conn.query_row("SELECT at FROM events WHERE seq = ?1", [seq], |r| r.get(0))
+            .expect("row")
+    };
+    // Event 15's bytes in the first segment are damaged.
+    let segments = intake::segments(tmp.path()).expect("list");
+    let (start, _, path) = &segments[0];
+    let offset = at(15).expect("placed") as u64 - start + 100;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(path)
+        .expect("open segment")
+        .write_all_at(b"damage", offset)
+        .expect("damage");
+    let delete = |seq: i64| Change::Delete {
+        seq,
+        destination: "orders".into(),
+        size: big(seq as u64).size(),
+        only_if_attempts: None,
+    };
+    // Both retired segments now hold one waiting event each.
+    journal
+        .apply((1..=14).chain(16..=29).map(delete).collect())
+        .await
+        .expect("apply");
+    for _ in 0..5 {
+        if at(30).is_none() {
+            break;
+        }
+        tokio::time::sleep(SPILL_EVERY).await;
+    }
+    assert_eq!(
+        at(30),
+        None,
+        "the second segment's waiting event was never copied out"
+    );
+    assert!(at(15).is_some(), "an unreadable event was copied");
+    journal.close().await;
+}
+
 fn open(dir: &Path) -> Result<(Journal, Vec<DestinationSummary>), OpenError> {
     Journal::open(dir, true, 1 << 30, None, &["orders".to_string()])
 }
