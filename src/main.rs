@@ -355,7 +355,13 @@ fn run(path: &Path) -> ExitCode {
         }
     };
     limit_malloc_arenas();
-    let _log = courier::logging::init(&loaded.settings.log);
+    let _log = match courier::logging::init(&loaded.settings.log) {
+        Ok(guard) => guard,
+        Err(e) => {
+            eprintln!("cannot start the log writer thread: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

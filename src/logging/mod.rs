@@ -10,11 +10,12 @@
 
 use crate::config::LogFormat;
 use crate::config::settings::LogSettings;
-use std::io::{BufWriter, IsTerminal};
+use std::io::IsTerminal;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering};
-use tracing_appender::non_blocking::WorkerGuard;
 use tracing_subscriber::EnvFilter;
+
+mod lines;
 
 /// `log.bodies`. Global like the subscriber it belongs to.
 static BODIES: AtomicBool = AtomicBool::new(false);
@@ -23,8 +24,12 @@ static BODIES: AtomicBool = AtomicBool::new(false);
 /// an event, not so much that one event floods the log.
 const BODY_LIMIT: usize = 2048;
 
-/// Lines queued for the writer thread before a logging task waits.
-const LINES_QUEUED: usize = 4096;
+/// Bytes queued for the writer thread before a logging task waits.
+const QUEUED_BYTES: usize = 1 << 20;
+
+/// How long the writer thread lets a burst of lines gather: how late a
+/// line may reach stderr, and the bound on the thread's wakeups (100/s).
+const LINGER: std::time::Duration = std::time::Duration::from_millis(10);
 
 /// Sets the level filter of the installed subscriber; `None` when
 /// `COURIER_LOG` is set, which wins over `log.level` for the whole run.
@@ -39,23 +44,16 @@ fn filter(level: &str) -> EnvFilter {
 /// over `log.level`) and the panic hook. Call once, before anything logs;
 /// keep the guard until exit: dropping it writes out what is queued.
 ///
-/// Lines go to stderr from a thread of their own, each burst in one write:
-/// a write per delivered event on the delivery path cost 7% of courier's
-/// CPU under load (bench/RESULTS.md). The queue blocks rather than drops
-/// (`lossy(false)`): an outcome line is a promise of SPEC §6. A SIGKILL
-/// loses only lines logged in the last moment before it.
-#[must_use = "dropping the guard stops the log writer"]
-pub fn init(log: &LogSettings) -> WorkerGuard {
+/// Lines go to stderr from a thread of their own, each burst in one write
+/// (`lines`): a write per delivered event on the delivery path cost 7% of
+/// courier's CPU under load (bench/RESULTS.md). A full queue blocks rather
+/// than drops: an outcome line is a promise of SPEC §6. A SIGKILL loses
+/// only lines logged in the last `LINGER` before it.
+pub fn init(log: &LogSettings) -> std::io::Result<lines::Guard> {
     BODIES.store(log.bodies, Ordering::Relaxed);
     let from_env = EnvFilter::try_from_env("COURIER_LOG").ok();
     let fixed = from_env.is_some();
-    let (writer, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
-        .lossy(false)
-        // The queue's slots are allocated up front: the default (128k
-        // lines) held 4 MiB of an idle courier's RSS.
-        .buffered_lines_limit(LINES_QUEUED)
-        .thread_name("log-writer")
-        .finish(BufWriter::with_capacity(64 * 1024, std::io::stderr()));
+    let (writer, guard) = lines::spawn(std::io::stderr(), LINGER, QUEUED_BYTES, "log-writer")?;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(from_env.unwrap_or_else(|| filter(&log.level)))
         .with_writer(writer);
@@ -91,7 +89,7 @@ pub fn init(log: &LogSettings) -> WorkerGuard {
             "a courier task panicked (a bug; please report it)"
         );
     }));
-    guard
+    Ok(guard)
 }
 
 /// Applies a reloaded config's `log.level` and `log.bodies` (the format
