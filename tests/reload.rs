@@ -185,7 +185,14 @@ async fn an_invalid_config_is_refused_and_the_old_one_delivers_on() {
         Some(1.0),
         "one bad write refused more than once"
     );
-    check_eq!(c, c.logs().matches("config reload refused").count(), 1);
+    check_eq!(
+        c,
+        c.settled_logs()
+            .await
+            .matches("config reload refused")
+            .count(),
+        1
+    );
     check!(
         c,
         c.logs().contains("config reload refused"),
@@ -193,9 +200,11 @@ async fn an_invalid_config_is_refused_and_the_old_one_delivers_on() {
     );
     check!(
         c,
-        c.logs()
-            .lines()
-            .any(|l| l.contains("config reload refused") && l.contains("courier.yaml:")),
+        c.logged(
+            |l| l.contains("config reload refused") && l.contains("courier.yaml:"),
+            PROMPT
+        )
+        .await,
         "the refusal does not name the file and position"
     );
     check_eq!(
@@ -213,9 +222,13 @@ async fn an_invalid_config_is_refused_and_the_old_one_delivers_on() {
     wait_failures(&c, 2.0).await;
     check!(
         c,
-        c.logs().lines().any(|l| l.contains("config reload refused")
-            && l.contains("courier.yaml:9:")
-            && l.contains("destinations.orders.retry.max_attempts: 99 is out of range")),
+        c.logged(
+            |l| l.contains("config reload refused")
+                && l.contains("courier.yaml:9:")
+                && l.contains("destinations.orders.retry.max_attempts: 99 is out of range"),
+            PROMPT
+        )
+        .await,
         "the refusal does not name the key, value and position"
     );
     accept(&c, "orders", "after-out-of-range").await;
@@ -437,7 +450,11 @@ async fn the_log_level_changes_without_a_restart() {
     let c = Courier::start(dir.path(), &quiet_cfg).await;
     accept(&c, "orders", "at-info").await;
     requests(&c, &rx, 1, PROMPT).await;
-    check!(c, !c.logs().contains("DEBUG"), "a debug line at level info");
+    check!(
+        c,
+        !c.settled_logs().await.contains("DEBUG"),
+        "a debug line at level info"
+    );
     write_atomic(c.config_path(), &config("orders", &rx.url(), ""));
     wait_reloads(&c, 1).await;
     accept(&c, "orders", "at-debug").await;

@@ -179,7 +179,8 @@ async fn the_soft_open_file_limit_is_raised_to_the_hard_limit() {
     check_eq!(c, soft, hard, "{line}");
     check!(
         c,
-        c.logs().contains("old=256"),
+        c.logged(|l| l.contains("old=256"), Duration::from_secs(10))
+            .await,
         "the raise is logged with the old value"
     );
 }

@@ -169,7 +169,7 @@ async fn the_reference_library_verifies_with_each_rotation_secret_and_rejects_ta
     for secret in [OLD, NEW, "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"] {
         check!(
             c,
-            !c.logs().contains(secret),
+            !c.settled_logs().await.contains(secret),
             "a signing secret is in the logs"
         );
     }

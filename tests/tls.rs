@@ -274,8 +274,11 @@ async fn certificate_files_replaced_in_place_are_used_by_the_next_connection() {
     );
     check!(
         c,
-        c.logs()
-            .contains("TLS files changed: new connections use them"),
+        c.logged(
+            |l| l.contains("TLS files changed: new connections use them"),
+            PROMPT
+        )
+        .await,
         "the change was not logged"
     );
     for name in ["roots", "client"] {

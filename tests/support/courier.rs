@@ -228,6 +228,30 @@ impl Courier {
         lock(&self.logs).clone()
     }
 
+    /// Whether a log line matching `pred` shows up within `timeout`:
+    /// courier's log writer lets each burst gather for 10 ms (README
+    /// "Logs"), so a line is not in `logs()` the moment after its cause.
+    pub async fn logged(&self, pred: impl Fn(&str) -> bool, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if lock(&self.logs).lines().any(&pred) {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    /// The logs once every line logged before this call has reached them
+    /// (the writer's 10 ms linger, with room for a busy machine): for
+    /// checks that a line is absent, or counts.
+    pub async fn settled_logs(&self) -> String {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        self.logs()
+    }
+
     /// Waits until the logs contain `needle` (panics with the logs after
     /// `timeout`).
     pub async fn wait_for_log(&self, needle: &str, timeout: Duration) {
