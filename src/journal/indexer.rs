@@ -90,8 +90,9 @@ fn reply_all(applies: Vec<Apply>, result: &Result<(), JournalError>) {
 }
 
 pub(super) enum ToIndexer {
-    /// The log holds records up to this lsn.
-    Written(u64),
+    /// The writer wrote while the indexer slept with nothing to index:
+    /// where the log ends is in `Shared::written_end`.
+    Wake,
     Apply {
         changes: Vec<Change>,
         /// Synced before the reply (with `sync: always`).
@@ -523,8 +524,12 @@ impl Indexer {
 
     fn run(mut self, rx: Receiver<ToIndexer>, shared: Arc<Shared>) {
         let mut target = self.indexed;
-        // Log ends the writer reported, and when: indexed once `lag` old.
+        // Log ends the writer published, and when they were seen: indexed
+        // once `lag` old. Read from `Shared` rather than sent per group, so
+        // a busy writer does not wake the indexer thousands of times a
+        // second (a context switch each, on cores shared with ingress).
         let mut written: VecDeque<(Instant, u64)> = VecDeque::new();
+        let mut seen_end = self.indexed;
         let mut retry = false;
         loop {
             let mut wait = if retry {
@@ -538,7 +543,16 @@ impl Indexer {
             };
             if let Some((at, _)) = written.front() {
                 let due = (*at + self.pace.lag).max(self.last_commit + INDEX_EVERY);
+                // Writes go on meanwhile: look at the log's end that often.
+                wait = wait.min(INDEX_EVERY);
                 wait = wait.min(due.saturating_duration_since(Instant::now()));
+            } else {
+                // Nothing written to index: the writer's next group wakes
+                // the indexer (once), or it finds the group here.
+                shared.indexer_idle.store(true, Ordering::SeqCst);
+                if shared.written_end.load(Ordering::SeqCst) > seen_end {
+                    wait = Duration::ZERO;
+                }
             }
             let mut applies = Vec::new();
             let mut close = None;
@@ -547,12 +561,13 @@ impl Indexer {
                 Err(RecvTimeoutError::Timeout) => None,
                 Err(RecvTimeoutError::Disconnected) => return,
             };
+            shared.indexer_idle.store(false, Ordering::SeqCst);
             for msg in first
                 .into_iter()
                 .chain(std::iter::from_fn(|| rx.try_recv().ok()).take(4096))
             {
                 match msg {
-                    ToIndexer::Written(lsn) => written.push_back((Instant::now(), lsn)),
+                    ToIndexer::Wake => {}
                     ToIndexer::Apply {
                         changes,
                         sync,
@@ -560,6 +575,13 @@ impl Indexer {
                     } => applies.push((changes, sync, reply)),
                     ToIndexer::Close { reply } => close = Some(reply),
                 }
+            }
+            // After the messages: a change to an event, or the close, was
+            // sent after the writer published the end that holds it.
+            let end = shared.written_end.load(Ordering::SeqCst);
+            if end > seen_end {
+                written.push_back((Instant::now(), end));
+                seen_end = end;
             }
             // A change may concern an event the indexer has not made a row
             // yet (an attempt sent from the ready queue): catch up with the

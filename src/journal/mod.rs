@@ -214,6 +214,10 @@ pub(crate) struct Shared {
     /// Starts of the log segments synced rows point into; published before
     /// `durable_pos`, so it is never older than the position read first.
     pinned: Mutex<Arc<BTreeSet<u64>>>,
+    /// The intake log's end after the writer's last group.
+    written_end: AtomicU64,
+    /// The indexer sleeps with nothing to index: the next group wakes it.
+    indexer_idle: AtomicBool,
     max_bytes: u64,
     pending_bytes: AtomicU64,
     dedupe: Option<Arc<Mutex<Dedupe>>>,
@@ -479,6 +483,8 @@ impl Journal {
             dir: dir.to_path_buf(),
             path,
             durable_pos: AtomicU64::new(resume),
+            written_end: AtomicU64::new(0),
+            indexer_idle: AtomicBool::new(false),
             pinned: Mutex::new(Arc::new(pinned)),
             max_bytes,
             pending_bytes: AtomicU64::new(total),

@@ -92,9 +92,13 @@ impl Writer {
         match &result {
             Ok(end) => {
                 account(group, &self.shared);
-                // The indexer hears of them first: a change to one of them
-                // (sent once a dispatcher took it) must find it in the log.
-                let _ = self.indexer.send(ToIndexer::Written(*end));
+                // Published first: a change to one of them (sent once a
+                // dispatcher took it) must find it in the log. The indexer
+                // is woken only when it sleeps with nothing to index.
+                self.shared.written_end.store(*end, Ordering::SeqCst);
+                if self.shared.indexer_idle.swap(false, Ordering::SeqCst) {
+                    let _ = self.indexer.send(ToIndexer::Wake);
+                }
                 make_ready(group, first_seq, &self.shared);
             }
             Err(_) => release(group, &self.shared),
