@@ -194,22 +194,8 @@ async fn a_lost_segment_that_rows_point_into_is_reported_as_damage() {
 /// whole, after a restart too.
 #[tokio::test]
 async fn a_mostly_delivered_segment_is_spilled_and_recycled() {
-    let tmp = tempfile::tempdir().expect("tempdir");
-    let (journal, _) = open(tmp.path()).expect("open");
-    let big = |i: u64| NewEvent {
-        body: Bytes::from(vec![b'a' + (i % 26) as u8; 1024 * 1024]),
-        ..event(i)
-    };
-    // One record each: 15 fill the first 16 MiB segment, the rest go on.
-    for i in 1..=20 {
-        journal.append(vec![big(i)]).await.expect("append");
-    }
-    let conn = Connection::open(tmp.path().join(FILE)).expect("open db");
-    let rows = |conn: &Connection| -> i64 {
-        conn.query_row("SELECT COUNT(*) FROM events", [], |r| r.get(0))
-            .expect("count")
-    };
-    until("every event is a row", || rows(&conn) == 20).await;
+    // 1..=15 fill the first segment, the rest go on.
+    let (tmp, journal, conn) = with_big_rows(20).await;
     let placed = |conn: &Connection, seq: i64| -> bool {
         conn.query_row(
             "SELECT at IS NOT NULL FROM events WHERE seq = ?1",
@@ -219,22 +205,16 @@ async fn a_mostly_delivered_segment_is_spilled_and_recycled() {
         .expect("row")
     };
     let first = intake::segments(tmp.path()).expect("list")[0].0;
-    let delete = |seq: i64| Change::Delete {
-        seq,
-        destination: "orders".into(),
-        size: big(seq as u64).size(),
-        only_if_attempts: None,
-    };
     // 12 of the first segment's 15 MiB still wait: it stays.
     journal
-        .apply((1..=3).map(delete).collect())
+        .apply((1..=3).map(delete_big).collect())
         .await
         .expect("apply");
     tokio::time::sleep(SPILL_EVERY + Duration::from_millis(500)).await;
     assert!(placed(&conn, 15), "a mostly waiting segment was spilled");
     // One of 15 waits: it is copied into its row, and the segment goes.
     journal
-        .apply((4..=14).map(delete).collect())
+        .apply((4..=14).map(delete_big).collect())
         .await
         .expect("apply");
     until("the waiting event is copied into its row", || {
@@ -309,23 +289,8 @@ async fn a_deleted_journal_db_beside_its_intake_log_is_named_not_taken_for_damag
 
 #[tokio::test]
 async fn an_unreadable_event_holds_its_segment_but_not_the_spill_of_later_ones() {
-    let tmp = tempfile::tempdir().expect("tempdir");
-    let (journal, _) = open(tmp.path()).expect("open");
-    let big = |i: u64| NewEvent {
-        body: Bytes::from(vec![b'a' + (i % 26) as u8; 1024 * 1024]),
-        ..event(i)
-    };
-    // 15 per 16 MiB segment: 1..=15, 16..=30, then the current one.
-    for i in 1..=33 {
-        journal.append(vec![big(i)]).await.expect("append");
-    }
-    let conn = Connection::open(tmp.path().join(FILE)).expect("open db");
-    until("every event is a row", || {
-        conn.query_row("SELECT COUNT(*) FROM events", [], |r| r.get::<_, i64>(0))
-            .expect("count")
-            == 33
-    })
-    .await;
+    // Segments of 1..=15 and 16..=30, then the current one.
+    let (tmp, journal, conn) = with_big_rows(33).await;
     let at = |seq: i64| -> Option<i64> {
         conn.query_row("SELECT at FROM events WHERE seq = ?1", [seq], |r| r.get(0))
             .expect("row")
@@ -340,15 +305,9 @@ async fn an_unreadable_event_holds_its_segment_but_not_the_spill_of_later_ones()
         .expect("open segment")
         .write_all_at(b"damage", offset)
         .expect("damage");
-    let delete = |seq: i64| Change::Delete {
-        seq,
-        destination: "orders".into(),
-        size: big(seq as u64).size(),
-        only_if_attempts: None,
-    };
     // Both retired segments now hold one waiting event each.
     journal
-        .apply((1..=14).chain(16..=29).map(delete).collect())
+        .apply((1..=14).chain(16..=29).map(delete_big).collect())
         .await
         .expect("apply");
     for _ in 0..5 {
@@ -364,6 +323,41 @@ async fn an_unreadable_event_holds_its_segment_but_not_the_spill_of_later_ones()
     );
     assert!(at(15).is_some(), "an unreadable event was copied");
     journal.close().await;
+}
+
+/// A 1 MiB event: 15 of them, one record each, fill a 16 MiB segment.
+fn big(i: u64) -> NewEvent {
+    NewEvent {
+        body: Bytes::from(vec![b'a' + (i % 26) as u8; 1024 * 1024]),
+        ..event(i)
+    }
+}
+
+fn delete_big(seq: i64) -> Change {
+    Change::Delete {
+        seq,
+        destination: "orders".into(),
+        size: big(seq as u64).size(),
+        only_if_attempts: None,
+    }
+}
+
+/// A journal that took `big` events 1..=n, one record each, once every
+/// one is a row; and a connection to look at the rows.
+async fn with_big_rows(n: i64) -> (tempfile::TempDir, Journal, Connection) {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let (journal, _) = open(tmp.path()).expect("open");
+    for i in 1..=n {
+        journal.append(vec![big(i as u64)]).await.expect("append");
+    }
+    let conn = Connection::open(tmp.path().join(FILE)).expect("open db");
+    until("every event is a row", || {
+        conn.query_row("SELECT COUNT(*) FROM events", [], |r| r.get::<_, i64>(0))
+            .expect("count")
+            == n
+    })
+    .await;
+    (tmp, journal, conn)
 }
 
 fn open(dir: &Path) -> Result<(Journal, Vec<DestinationSummary>), OpenError> {
