@@ -1,7 +1,7 @@
 //! courier against nginx under the same wrk load, in one invocation:
 //!
 //! `cargo bench --bench courier_bench [-- --seconds 10 --connections 50
-//!  --steps nabcdep --scale 1 --compare PATH --write-results]`
+//!  --steps nhabcdep --scale 1 --compare PATH --write-results]`
 //!
 //! n. baselines: wrk against nginx answering 200 (`direct`), and against an
 //!    nginx `proxy_pass` to it with upstream keepalive (`proxy`, the
@@ -15,6 +15,11 @@
 //! d. a 1,000,000-event backlog: courier's RSS, the journal's disk use, then
 //!    SIGKILL and the time from the new process's spawn to `/readyz` 200;
 //! e. idle RSS: one destination, nothing sent, after 2 s;
+//! h. the floor of courier's HTTP stack (`courier_bench/floor.rs`): wrk
+//!    through a proxy made of hyper and hyper-util's client alone (nothing
+//!    stored), and step c's backlog sent to nginx by a hyper client with 64
+//!    connections: what the crates courier is built on reach here without
+//!    courier, beside nginx's `proxy` and `direct`;
 //! p. passthrough (issue #11): wrk through a `mode: passthrough`
 //!    destination to nginx (beside `direct` and `proxy`), then to a receiver
 //!    in this process answering 200, and to the same receiver answering each
@@ -38,8 +43,14 @@
 //! wrk, nginx, courier and this process share the machine's CPUs, so compare
 //! ratios within one invocation, not absolute numbers across machines.
 
+#[path = "courier_bench/floor.rs"]
+mod floor;
 #[path = "../tests/support/mod.rs"]
 mod support;
+
+/// As courier's own binary, so the floor (step h) pays what courier pays.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use std::fmt::Write as _;
 use std::net::{Ipv4Addr, TcpListener, TcpStream};
@@ -57,11 +68,13 @@ const DESTINATION: &str = "bench";
 const PENDING: &str = r#"courier_events_pending{destination="bench"}"#;
 const ACCEPTED: &str = r#"courier_events_accepted_total{destination="bench"}"#;
 const DELIVERED: &str = r#"courier_events_delivered_total{destination="bench"}"#;
-const STEPS: &str = "nabcdep";
+const STEPS: &str = "nhabcdep";
 /// Every step: the default ones and `x`, run when asked.
-const ALL_STEPS: &str = "nabcdepx";
+const ALL_STEPS: &str = "nhabcdepx";
 /// Step c's backlog and step d's, before `--scale`.
 const DRAIN_BACKLOG: f64 = 100_000.0;
+/// Step h's client: as many connections as courier's `concurrency: 64`.
+const FLOOR_CONNECTIONS: usize = 64;
 const BIG_BACKLOG: f64 = 1_000_000.0;
 /// Step x's backlog, before `--scale`.
 const EXPIRY_BACKLOG: f64 = 100_000.0;
@@ -74,7 +87,7 @@ const POLL: Duration = Duration::from_millis(20);
 /// Step e waits this long after the start before reading RSS.
 const IDLE: Duration = Duration::from_secs(2);
 const MIB: f64 = 1024.0 * 1024.0;
-const USAGE: &str = "usage: cargo bench --bench courier_bench [-- --seconds N --connections N --steps nabcdepx --scale F --compare PATH --write-results]";
+const USAGE: &str = "usage: cargo bench --bench courier_bench [-- --seconds N --connections N --steps nhabcdepx --scale F --compare PATH --write-results]";
 
 struct Args {
     seconds: u64,
@@ -754,6 +767,49 @@ async fn idle(label: &str, bin: &Path, rx: &str) -> Result<Row, String> {
     })
 }
 
+/// Step h: the HTTP stack's floor (`floor.rs`), run once as the baselines
+/// are. Its CPU is this process's.
+async fn floor_rows(nginx: &Nginx, args: &Args) -> Result<Vec<Row>, String> {
+    let me = std::process::id();
+    let proxy = floor::Proxy::start(&Nginx::url(nginx.direct))?;
+    let cpu = cpu_seconds(me).unwrap_or(0.0);
+    let w = wrk(&Nginx::url(proxy.port), args).await?;
+    let used = cpu_seconds(me).unwrap_or(0.0) - cpu;
+    drop(proxy);
+    let mut proxied = Row::load("floor h. hyper proxy → nginx, nothing stored".into(), &w);
+    proxied.cpu = Some(used);
+    proxied.note = format!("CPU: the proxy's process. {}", proxied.note);
+    let events = backlog(DRAIN_BACKLOG, args);
+    let spec = LoadSpec {
+        url: Nginx::url(nginx.direct),
+        connections: FLOOR_CONNECTIONS,
+        duration: DEADLINE,
+        body: json_body(BODY_BYTES, 0),
+        headers: vec![("content-type".into(), "application/json".into())],
+    };
+    let cpu = cpu_seconds(me).unwrap_or(0.0);
+    let report = load::run_n(spec, events).await;
+    let used = cpu_seconds(me).unwrap_or(0.0) - cpu;
+    if report.ok != events {
+        return Err(format!(
+            "hyper client: {events} sent, {} answered 2xx, statuses {:?}, first error {:?}",
+            report.ok, report.statuses, report.first_error
+        ));
+    }
+    let sent = Row {
+        target: format!("floor h. hyper client → nginx, {events} events"),
+        rate: Some(report.rate()),
+        cpu: Some(used),
+        vs_direct: true,
+        note: format!(
+            "{FLOOR_CONNECTIONS} connections (courier's concurrency), sent in {:.2} s. CPU: the client's process",
+            report.elapsed.as_secs_f64()
+        ),
+        ..Row::default()
+    };
+    Ok(vec![proxied, sent])
+}
+
 /// Step p: passthrough to nginx, to an in-process receiver, and to the
 /// same receiver with one in-line retry per request.
 async fn passthrough(label: &str, bin: &Path, rx: &str, args: &Args) -> Result<Vec<Row>, String> {
@@ -1077,6 +1133,15 @@ async fn run(args: Args) -> ExitCode {
                     eprintln!("courier_bench: nginx {name}: {e}");
                     ok = false;
                 }
+            }
+        }
+    }
+    if args.steps.contains('h') {
+        match floor_rows(&nginx, &args).await {
+            Ok(floor) => rows.extend(floor),
+            Err(e) => {
+                eprintln!("courier_bench: floor: {e}");
+                ok = false;
             }
         }
     }
