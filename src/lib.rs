@@ -10,6 +10,7 @@ pub mod event_path;
 mod fd_limit;
 #[doc(hidden)]
 pub mod fuzzing;
+mod ids;
 mod ingress;
 pub mod journal;
 pub mod lifecycle;

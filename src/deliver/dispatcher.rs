@@ -169,10 +169,7 @@ impl Dispatcher {
                         break;
                     };
                     // A retried batch keeps its id; a new one gets a UUIDv7.
-                    let id = first
-                        .batch
-                        .clone()
-                        .unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
+                    let id = first.batch.clone().unwrap_or_else(crate::ids::new);
                     Unit {
                         events,
                         batch: Some(id),

@@ -204,7 +204,7 @@ impl Ingress {
             }
             // Validation allows passthrough only with schema custom, which
             // always has an id; any other would get a fresh one.
-            let id = custom_id.unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
+            let id = custom_id.unwrap_or_else(crate::ids::new);
             return self.pass(dest, request.event(id, &dest.name, body)).await;
         }
         let parsed = schema::parse(route.schema(), &head.headers, &body);

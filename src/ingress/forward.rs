@@ -73,7 +73,7 @@ pub fn event_id(headers: &HeaderMap) -> Result<String, &'static str> {
             return Ok(id.to_string());
         }
     }
-    Ok(uuid::Uuid::now_v7().to_string())
+    Ok(crate::ids::new())
 }
 
 #[cfg(test)]

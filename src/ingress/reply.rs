@@ -46,11 +46,23 @@ pub fn success_status(schema: Schema, headers: &HeaderMap) -> StatusCode {
 /// `ids` are every event acknowledged; `duplicates` those among them that
 /// were already stored within `ingress.dedupe_window` (listed only if any).
 pub fn accepted(status: StatusCode, ids: &[String], duplicates: &[String]) -> Response<Body> {
-    let mut body = json!({ "accepted": ids.len(), "ids": ids });
-    if !duplicates.is_empty() {
-        body["duplicates"] = json!(duplicates);
+    /// Serialized from the ids in place: this answers every request, and a
+    /// `serde_json::Value` copied each id first.
+    #[derive(serde::Serialize)]
+    struct Accepted<'a> {
+        accepted: usize,
+        ids: &'a [String],
+        #[serde(skip_serializing_if = "<[String]>::is_empty")]
+        duplicates: &'a [String],
     }
-    json(status, &body)
+    let body = Accepted {
+        accepted: ids.len(),
+        ids,
+        duplicates,
+    };
+    // Strings and a number: serializing cannot fail.
+    let bytes = serde_json::to_vec(&body).unwrap_or_default();
+    crate::server::json_bytes(status, bytes.into()).map(Either::Left)
 }
 
 /// A topic's answer (README "Topics"), with `status` as for a
@@ -233,6 +245,37 @@ pub fn unknown_destination(
 mod tests {
     use super::super::test_headers as with;
     use super::*;
+
+    async fn body_of(resp: Response<Body>) -> serde_json::Value {
+        use http_body_util::BodyExt;
+        let bytes = resp
+            .into_body()
+            .collect()
+            .await
+            .expect("a full body")
+            .to_bytes();
+        serde_json::from_slice(&bytes).expect("JSON")
+    }
+
+    #[tokio::test]
+    async fn the_acknowledgement_lists_ids_and_duplicates_only_when_there_are_some() {
+        let ids = ["a".to_string(), "b\"c".to_string()];
+        let resp = accepted(StatusCode::ACCEPTED, &ids, &[]);
+        assert_eq!(resp.status(), StatusCode::ACCEPTED);
+        assert_eq!(
+            resp.headers().get(http::header::CONTENT_TYPE),
+            Some(&HeaderValue::from_static("application/json"))
+        );
+        assert_eq!(
+            body_of(resp).await,
+            json!({ "accepted": 2, "ids": ["a", "b\"c"] })
+        );
+        let resp = accepted(StatusCode::OK, &ids, &ids[1..]);
+        assert_eq!(
+            body_of(resp).await,
+            json!({ "accepted": 2, "ids": ["a", "b\"c"], "duplicates": ["b\"c"] })
+        );
+    }
 
     #[test]
     fn event_grid_publishers_get_200_and_everyone_else_202() {

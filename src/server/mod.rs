@@ -134,7 +134,12 @@ async fn refuse(mut stream: TcpStream) {
 
 /// A JSON response.
 pub fn json(status: http::StatusCode, value: &serde_json::Value) -> Response<Body> {
-    let mut resp = Response::new(Full::new(Bytes::from(value.to_string())));
+    json_bytes(status, Bytes::from(value.to_string()))
+}
+
+/// A JSON answer already serialized.
+pub fn json_bytes(status: http::StatusCode, body: Bytes) -> Response<Body> {
+    let mut resp = Response::new(Full::new(body));
     *resp.status_mut() = status;
     resp.headers_mut().insert(
         http::header::CONTENT_TYPE,
