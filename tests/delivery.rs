@@ -685,3 +685,91 @@ async fn binary_body_is_dead_lettered_as_base64() {
     check_eq!(c, d["path"], "/bin");
     check_eq!(c, d["deadLetterReason"], "NonRetriableStatus");
 }
+
+/// The most requests the receiver held at once: each from its arrival until
+/// its answer was written, since courier can put the next attempt in that
+/// slot only once it has read the answer.
+fn most_at_once(received: &[support::Received]) -> usize {
+    let mut edges: Vec<(Instant, i32)> = received
+        .iter()
+        .flat_map(|r| [Some((r.at, 1)), r.answered.map(|a| (a, -1))])
+        .flatten()
+        .collect();
+    // At one instant an answer (-1) sorts before an arrival (+1).
+    edges.sort();
+    let (mut now, mut most) = (0i32, 0i32);
+    for (_, step) in edges {
+        now += step;
+        most = most.max(now);
+    }
+    most as usize
+}
+
+/// `concurrency` counts attempts on the wire: a delivered event that has a
+/// journal row gives its slot back when its answer is in, before the
+/// indexer has committed its delete, and no more than `concurrency`
+/// requests are ever at the endpoint at once, for events sent from memory
+/// and for events read back from the index.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrency_caps_the_attempts_on_the_wire_from_memory_and_from_the_index() {
+    const CONCURRENCY: usize = 3;
+    const EVENTS: usize = 24;
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let rx = Receiver::start(behavior(|_, _| {
+        Reply::status(200).delay(Duration::from_millis(40))
+    }))
+    .await;
+    let yaml = config(
+        "orders",
+        &format!("{}/hooks", rx.url()),
+        &format!("concurrency: {CONCURRENCY}"),
+    );
+    let c = start(tmp.path(), &yaml).await;
+    let admin = |action: &str| format!("{}/v1/destinations/orders/{action}", c.admin_url());
+    let r = post(&admin("pause"), "", &[]).await;
+    check!(c, r.status < 300, "pause: {} {}", r.status, r.text());
+    let send = |from: usize| {
+        let url = c.url("orders");
+        async move {
+            let mut posts = tokio::task::JoinSet::new();
+            for i in from..from + EVENTS {
+                let url = url.clone();
+                posts.spawn(async move {
+                    let key = format!("evt-{i}");
+                    post(&url, "{}", &[("Idempotency-Key", key.as_str())])
+                        .await
+                        .status
+                });
+            }
+            posts.join_all().await
+        }
+    };
+    let statuses = send(0).await;
+    check!(c, statuses.iter().all(|s| *s == 202), "{statuses:?}");
+    // Every event a row, so that each delivery waits for the indexer.
+    let db = tmp.path().join("journal/journal.db");
+    let deadline = Instant::now() + PROMPT;
+    // Bounded by the deadline.
+    while (0..EVENTS).any(|i| !matches!(journal_row(&db, &format!("evt-{i}")), Ok(Some(_)))) {
+        check!(
+            c,
+            Instant::now() < deadline,
+            "the paused events never became rows"
+        );
+        tokio::time::sleep(POLL).await;
+    }
+    let r = post(&admin("resume"), "", &[]).await;
+    check!(c, r.status < 300, "resume: {} {}", r.status, r.text());
+    requests(&c, &rx, EVENTS, PROMPT).await;
+    wait_nothing_pending(&c, "orders").await;
+    let from_index = most_at_once(&rx.received());
+    let statuses = send(EVENTS).await;
+    check!(c, statuses.iter().all(|s| *s == 202), "{statuses:?}");
+    let got = requests(&c, &rx, 2 * EVENTS, PROMPT).await;
+    let from_memory = most_at_once(&got[EVENTS..]);
+    check!(
+        c,
+        from_index == CONCURRENCY && from_memory == CONCURRENCY,
+        "at most {CONCURRENCY} requests at once, and the slots used: {from_index} at once from the index, {from_memory} from memory"
+    );
+}

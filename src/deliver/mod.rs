@@ -12,6 +12,7 @@ mod passthrough;
 mod request;
 mod settle;
 mod shape;
+mod slots;
 pub mod stack;
 
 pub use client::{Connector, HttpsClient, build_connector};

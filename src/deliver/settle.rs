@@ -11,6 +11,7 @@
 use super::health::{Health, PauseReason};
 use super::outcome_log::{self, Confirmed};
 use super::request;
+use super::slots::Slot;
 use super::stack::{AttemptService, Attempted, LateAnswer, PassthroughService};
 use crate::admin::metrics;
 use crate::clock;
@@ -73,8 +74,9 @@ impl Settled {
 }
 
 /// `probe`: this attempt is the one probe after a probation; if no attempt
-/// is made after all, another unit may probe.
-pub async fn run(ctx: &Arc<Ctx>, unit: Unit, probe: bool) -> Settled {
+/// is made after all, another unit may probe. `slot` is given back as soon
+/// as the attempt has its answer, before the outcome is recorded.
+pub async fn run(ctx: &Arc<Ctx>, unit: Unit, probe: bool, slot: Slot) -> Settled {
     let no_attempt = || {
         if probe {
             ctx.health.probe_cancelled();
@@ -124,6 +126,7 @@ pub async fn run(ctx: &Arc<Ctx>, unit: Unit, probe: bool) -> Settled {
     ctx.health.in_flight.fetch_add(1, Ordering::Relaxed);
     let Ok(attempted) = ctx.stack.clone().oneshot(request).await;
     ctx.health.in_flight.fetch_sub(1, Ordering::Relaxed);
+    drop(slot);
     let settled = settle(ctx, live, batch, attempted, probe).await;
     Settled {
         release: settled.release && kept,
