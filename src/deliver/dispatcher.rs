@@ -41,12 +41,16 @@ const EXPIRY_GROUPS: usize = 2;
 /// into memory.
 const MAX_BATCH_WINDOW: usize = 16_384;
 /// Units in hand per slot: on the wire, or done with it and recording
-/// their outcome (`slots`). Bounds the events held while the journal
-/// records slowly: 16 single events (a drain of the index went 28.9–29.9k
-/// → 31.7–32.5k events/s from 4 to 16), or one batch of up to
-/// `max_events`: two gained nothing in the batched drain (102.9k against
-/// 105.7k events/s) and cost 14 MiB of RSS.
+/// their outcome (`slots`): 16 single events, or one batch of up to
+/// `max_events` (two gained nothing in the batched drain and cost 14 MiB
+/// of RSS). Beyond one per slot, only while the events in hand hold less
+/// than `IN_HAND_BYTES`: that bounds the memory held, and the attempts
+/// sent but not yet recorded, while the journal records slowly. A drain
+/// of the index went 19.7–21.7k → 28.9–29.9k events/s with 4 single events
+/// per slot, 31.7–32.5k with 16 (`/tmp/prof/drain.sh`, 1 KiB events).
 const IN_HAND: usize = 16;
+/// As much as a destination's ready queue holds (`journal::ReadyQueue`).
+const IN_HAND_BYTES: u64 = 4 * 1024 * 1024;
 const IN_HAND_BATCHES: usize = 1;
 
 pub struct Dispatcher {
@@ -59,14 +63,45 @@ pub struct Dispatcher {
     stop: CancellationToken,
 }
 
+/// A unit in hand: its events' seqs, and their bytes.
+struct Running {
+    seqs: Vec<i64>,
+    bytes: u64,
+}
+
 /// Events read from the journal and not yet settled: queued or in flight.
 #[derive(Default)]
 struct Held {
     seqs: HashSet<i64>,
     ready: VecDeque<StoredEvent>,
-    running: HashMap<tokio::task::Id, Vec<i64>>,
+    running: HashMap<tokio::task::Id, Running>,
+    /// What the events of `running` count against `journal.max_bytes`.
+    running_bytes: u64,
     /// The tasks dead-lettering a group of expired events.
     expiring: HashSet<tokio::task::Id>,
+}
+
+impl Running {
+    fn of(events: &[StoredEvent]) -> Running {
+        Running {
+            seqs: events.iter().map(|ev| ev.seq).collect(),
+            bytes: events.iter().map(|ev| ev.event.size()).sum(),
+        }
+    }
+}
+
+impl Held {
+    fn hand(&mut self, task: tokio::task::Id, running: Running) {
+        self.running_bytes += running.bytes;
+        self.running.insert(task, running);
+    }
+
+    /// The seqs of a unit whose task ended.
+    fn back(&mut self, task: tokio::task::Id) -> Option<Vec<i64>> {
+        let running = self.running.remove(&task)?;
+        self.running_bytes = self.running_bytes.saturating_sub(running.bytes);
+        Some(running.seqs)
+    }
 }
 
 impl Dispatcher {
@@ -151,7 +186,8 @@ impl Dispatcher {
             let journal_ok = !self.ctx.journal.failed();
             while journal_ok
                 && slots.taken() < concurrency
-                && tasks.len() < in_hand
+                && (tasks.len() < concurrency
+                    || (tasks.len() < in_hand && held.running_bytes < IN_HAND_BYTES))
                 && !stop.is_cancelled()
             {
                 let Some(front) = held.ready.front() else {
@@ -195,11 +231,11 @@ impl Dispatcher {
                         batch: Some(id),
                     }
                 };
-                let seqs = unit.events.iter().map(|ev| ev.seq).collect();
+                let running = Running::of(&unit.events);
                 let ctx = self.ctx.clone();
                 let slot = slots.take();
                 let handle = tasks.spawn(async move { settle::run(&ctx, unit, probe, slot).await });
-                held.running.insert(handle.id(), seqs);
+                held.hand(handle.id(), running);
             }
             // Ingress is paced only while this destination is delivering.
             let flowing = journal_ok && answering && gated.is_none() && !stop.is_cancelled();
@@ -245,7 +281,7 @@ impl Dispatcher {
                     if held.expiring.remove(&id) {
                         expiry_at = Some(0);
                     }
-                    if let Some(seqs) = held.running.remove(&id)
+                    if let Some(seqs) = held.back(id)
                         && release
                     {
                         for seq in seqs {
@@ -359,11 +395,11 @@ impl Dispatcher {
         }
         let full = expired.len() >= EXPIRY_GROUP;
         if !expired.is_empty() {
-            let seqs = expired.iter().map(|ev| ev.seq).collect();
+            let running = Running::of(&expired);
             let ctx = self.ctx.clone();
             let handle =
                 tasks.spawn(async move { Settled::done(settle::expire(&ctx, expired).await) });
-            held.running.insert(handle.id(), seqs);
+            held.hand(handle.id(), running);
             held.expiring.insert(handle.id());
         }
         if full {

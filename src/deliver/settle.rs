@@ -74,8 +74,9 @@ impl Settled {
 }
 
 /// `probe`: this attempt is the one probe after a probation; if no attempt
-/// is made after all, another unit may probe. `slot` is given back as soon
-/// as the attempt has its answer, before the outcome is recorded.
+/// is made after all, another unit may probe. `slot` is given back once
+/// the answer is in and has told the destination's health (a Retry-After
+/// hold, probation, a 410's pause), before the outcome is recorded.
 pub async fn run(ctx: &Arc<Ctx>, unit: Unit, probe: bool, slot: Slot) -> Settled {
     let no_attempt = || {
         if probe {
@@ -126,8 +127,7 @@ pub async fn run(ctx: &Arc<Ctx>, unit: Unit, probe: bool, slot: Slot) -> Settled
     ctx.health.in_flight.fetch_add(1, Ordering::Relaxed);
     let Ok(attempted) = ctx.stack.clone().oneshot(request).await;
     ctx.health.in_flight.fetch_sub(1, Ordering::Relaxed);
-    drop(slot);
-    let settled = settle(ctx, live, batch, attempted, probe).await;
+    let settled = settle(ctx, live, batch, attempted, probe, slot).await;
     Settled {
         release: settled.release && kept,
         ..settled
@@ -191,6 +191,7 @@ async fn settle(
     batch: Option<String>,
     mut a: Attempted,
     probe: bool,
+    slot: Slot,
 ) -> Settled {
     let dest = &ctx.dest;
     let n = evs.len() as u64;
@@ -231,6 +232,7 @@ async fn settle(
                 outcome_log::delivered(ev, attempts, a.status, batch, Confirmed::InTime);
             }
             let changes = evs.iter().map(delete).collect();
+            drop(slot);
             return Settled::done(apply(ctx, changes, Durable::Lazily).await);
         }
         Verdict::DeadLetter => Box::new(|_| Next::DeadLetter(Reason::NonRetriableStatus)),
@@ -259,6 +261,9 @@ async fn settle(
             })
         }
     };
+    // Health knows the answer now (its hold, probation, a 410's pause): the
+    // next attempt's gate sees it.
+    drop(slot);
     // A last attempt that timed out may still be answered: its events wait
     // out the late-answer window instead of being dead-lettered now; a
     // success completes them, else they are dead-lettered when due.
