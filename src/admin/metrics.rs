@@ -1,9 +1,11 @@
 //! Prometheus metrics (SPEC §5). Names live here only; other modules call
 //! these functions, so a metric cannot be misspelt at a call site.
 
+use crate::policy::Outcome;
 use crate::server::Edge;
-use metrics::{counter, gauge, histogram};
+use metrics::{Counter, Histogram, counter, gauge, histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use std::sync::OnceLock;
 use std::time::Duration;
 
 pub const ACCEPTED: &str = "courier_events_accepted_total";
@@ -137,10 +139,45 @@ pub fn accepted(destination: &str, n: u64) {
     counter!(ACCEPTED, "destination" => destination.to_string()).increment(n);
 }
 
-pub fn attempt(destination: &str, outcome: &'static str, took: Duration, events: u64) {
-    counter!(ATTEMPTS, "destination" => destination.to_string(), "outcome" => outcome)
-        .increment(events);
-    histogram!(DURATION, "destination" => destination.to_string()).record(took.as_secs_f64());
+/// A destination's series of its attempts, looked up once per delivery
+/// context: `counter!` with a `destination` label allocates the label and
+/// finds the series in the registry on every call, three times per attempt.
+pub struct Delivery {
+    destination: String,
+    delivered: Counter,
+    duration: Histogram,
+    /// By outcome (its place in `classify::ALL`), each made at its first
+    /// use, so that `/metrics` lists only outcomes that happened.
+    attempts: [OnceLock<Counter>; crate::policy::classify::ALL.len()],
+}
+
+impl Delivery {
+    pub fn new(destination: &str) -> Delivery {
+        Delivery {
+            destination: destination.to_string(),
+            delivered: counter!(DELIVERED, "destination" => destination.to_string()),
+            duration: histogram!(DURATION, "destination" => destination.to_string()),
+            attempts: [const { OnceLock::new() }; crate::policy::classify::ALL.len()],
+        }
+    }
+
+    pub fn attempt(&self, outcome: Outcome, took: Duration, events: u64) {
+        let name = outcome.as_str();
+        let series =
+            || counter!(ATTEMPTS, "destination" => self.destination.clone(), "outcome" => name);
+        match crate::policy::classify::ALL
+            .iter()
+            .position(|o| *o == outcome)
+        {
+            Some(i) => self.attempts[i].get_or_init(series).increment(events),
+            None => series().increment(events),
+        }
+        self.duration.record(took.as_secs_f64());
+    }
+
+    pub fn delivered(&self, n: u64) {
+        self.delivered.increment(n);
+    }
 }
 
 /// A passthrough attempt: the same series as a durable one's, told apart
@@ -150,10 +187,6 @@ pub fn passthrough_attempt(destination: &str, outcome: &'static str, took: Durat
         .increment(1);
     histogram!(DURATION, "destination" => destination.to_string(), "mode" => "passthrough")
         .record(took.as_secs_f64());
-}
-
-pub fn delivered(destination: &str, n: u64) {
-    counter!(DELIVERED, "destination" => destination.to_string()).increment(n);
 }
 
 pub fn dead_lettered(destination: &str, reason: &'static str) {
@@ -211,4 +244,35 @@ pub fn pending(destination: &str, events: u64, bytes: u64, probation: bool) {
     } else {
         0.0
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn delivery_handles_count_in_the_destinations_series_and_list_only_outcomes_that_happened() {
+        let recorder = PrometheusBuilder::new().build_recorder();
+        let handle = recorder.handle();
+        metrics::with_local_recorder(&recorder, || {
+            let d = Delivery::new("orders");
+            d.attempt(Outcome::Busy, Duration::from_millis(3), 2);
+            d.attempt(Outcome::Busy, Duration::from_millis(5), 1);
+            d.attempt(Outcome::Delivered, Duration::from_millis(1), 1);
+            d.delivered(1);
+        });
+        let text = handle.render();
+        for line in [
+            r#"courier_delivery_attempts_total{destination="orders",outcome="Busy"} 3"#,
+            r#"courier_delivery_attempts_total{destination="orders",outcome="Delivered"} 1"#,
+            r#"courier_events_delivered_total{destination="orders"} 1"#,
+            r#"courier_delivery_duration_seconds_count{destination="orders"} 3"#,
+        ] {
+            assert!(text.lines().any(|l| l == line), "no {line:?} in\n{text}");
+        }
+        assert!(
+            !text.contains("Failed"),
+            "an outcome that never happened is listed:\n{text}"
+        );
+    }
 }

@@ -167,6 +167,7 @@ impl Fleet {
                 stack: stack::build(dest, client),
                 health,
                 late,
+                metrics: metrics::Delivery::new(name),
             });
             if let Some(running) = inner.running.get(name) {
                 running.ctx.send_replace(ctx);

@@ -44,6 +44,7 @@ pub struct Ctx {
     /// Shared by every version of the context a reload makes, so that a
     /// late answer still cancels a retry read under the old one.
     pub late: Arc<LateCompleted>,
+    pub metrics: metrics::Delivery,
 }
 
 /// What one attempt carries.
@@ -199,7 +200,7 @@ async fn settle(
     let number = super::request::attempt_number(&evs);
     let outcome = a.classified.outcome.as_str();
     let now = clock::now_ms();
-    metrics::attempt(&dest.name, outcome, a.took, n);
+    ctx.metrics.attempt(a.classified.outcome, a.took, n);
     // A Retry-After on 429 or 503 holds the whole destination, not just
     // this attempt's events. A batch is one attempt for probation too.
     let hold = a
@@ -226,7 +227,7 @@ async fn settle(
     };
     let next: Box<dyn Fn(&StoredEvent) -> Next + Send + Sync> = match a.classified.verdict {
         Verdict::Delivered => {
-            metrics::delivered(&dest.name, n);
+            ctx.metrics.delivered(n);
             for ev in &evs {
                 let (attempts, batch) = (ev.attempts + 1, batch.as_deref());
                 outcome_log::delivered(ev, attempts, a.status, batch, Confirmed::InTime);
@@ -378,7 +379,7 @@ fn watch_late_answer(
                 let batch = batch.as_deref();
                 outcome_log::delivered(ev, *attempts, Some(status), batch, Confirmed::Late);
             }
-            metrics::delivered(&ctx.dest.name, evs.len() as u64);
+            ctx.metrics.delivered(evs.len() as u64);
         }
     });
 }

@@ -66,7 +66,8 @@ impl Outcome {
     }
 }
 
-const ALL: [Outcome; 14] = [
+/// Every outcome, in declaration order.
+pub const ALL: [Outcome; 14] = [
     Outcome::Delivered,
     Outcome::BadRequest,
     Outcome::Unauthorized,
