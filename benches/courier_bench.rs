@@ -466,18 +466,22 @@ async fn start(bin: &Path, url: &str, extra: &str) -> Result<Run, String> {
     Ok(Run { courier, dir })
 }
 
+/// The Rust load generator's 1 KiB JSON events to `url`, for `load::run_n`.
+fn events_to(url: String, connections: usize) -> LoadSpec {
+    LoadSpec {
+        url,
+        connections,
+        duration: DEADLINE,
+        body: json_body(BODY_BYTES, 0),
+        headers: vec![("content-type".into(), "application/json".into())],
+    }
+}
+
 /// Pauses the destination and sends it exactly `events` events with the
 /// Rust load generator; the note says how long that took.
 async fn fill(c: &Courier, events: u64, args: &Args) -> Result<String, String> {
     admin_action(c, "pause").await?;
-    let spec = LoadSpec {
-        url: c.url(DESTINATION),
-        connections: args.connections,
-        duration: DEADLINE,
-        body: json_body(BODY_BYTES, 0),
-        headers: vec![("content-type".into(), "application/json".into())],
-    };
-    let report = load::run_n(spec, events).await;
+    let report = load::run_n(events_to(c.url(DESTINATION), args.connections), events).await;
     let accepted = report.status_count(202);
     let pending = metric(c, PENDING).await.unwrap_or(-1.0);
     if accepted != events || pending != events as f64 {
@@ -780,13 +784,7 @@ async fn floor_rows(nginx: &Nginx, args: &Args) -> Result<Vec<Row>, String> {
     proxied.cpu = Some(used);
     proxied.note = format!("CPU: the proxy's process. {}", proxied.note);
     let events = backlog(DRAIN_BACKLOG, args);
-    let spec = LoadSpec {
-        url: Nginx::url(nginx.direct),
-        connections: FLOOR_CONNECTIONS,
-        duration: DEADLINE,
-        body: json_body(BODY_BYTES, 0),
-        headers: vec![("content-type".into(), "application/json".into())],
-    };
+    let spec = events_to(Nginx::url(nginx.direct), FLOOR_CONNECTIONS);
     let cpu = cpu_seconds(me).unwrap_or(0.0);
     let report = load::run_n(spec, events).await;
     let used = cpu_seconds(me).unwrap_or(0.0) - cpu;

@@ -40,18 +40,17 @@ const EXPIRY_GROUPS: usize = 2;
 /// full batches to go out back to back, without reading a large backlog
 /// into memory.
 const MAX_BATCH_WINDOW: usize = 16_384;
-/// Units in hand per slot: on the wire, or done with it and recording
-/// their outcome (`slots`): 16 single events, or one batch of up to
-/// `max_events` (two gained nothing in the batched drain and cost 14 MiB
-/// of RSS). Beyond one per slot, only while the events in hand hold less
-/// than `IN_HAND_BYTES`: that bounds the memory held, and the attempts
-/// sent but not yet recorded, while the journal records slowly. A drain
-/// of the index went 19.7–21.7k → 28.9–29.9k events/s with 4 single events
-/// per slot, 31.7–32.5k with 16 (`/tmp/prof/drain.sh`, 1 KiB events).
+/// Single events in hand per slot: on the wire, or done with it and
+/// recording their outcome (`slots`). Beyond one per slot, only while the
+/// events in hand hold less than `IN_HAND_BYTES`: that bounds the memory
+/// held, and the attempts sent but not yet recorded, while the journal
+/// records slowly. A drain of the index went 19.7–21.7k → 28.9–29.9k
+/// events/s with 4 per slot, 31.7–32.5k with 16 (`/tmp/prof/drain.sh`,
+/// 1 KiB events). Batches stay one per slot: two gained nothing in the
+/// batched drain and cost 14 MiB of RSS.
 const IN_HAND: usize = 16;
 /// As much as a destination's ready queue holds (`journal::ReadyQueue`).
 const IN_HAND_BYTES: u64 = 4 * 1024 * 1024;
-const IN_HAND_BATCHES: usize = 1;
 
 pub struct Dispatcher {
     ctx: Arc<Ctx>,
@@ -174,12 +173,11 @@ impl Dispatcher {
                         .min();
                 }
             }
-            let in_hand = concurrency
-                * if batching.enabled() {
-                    IN_HAND_BATCHES
-                } else {
-                    IN_HAND
-                };
+            let in_hand = if batching.enabled() {
+                concurrency
+            } else {
+                concurrency * IN_HAND
+            };
             let mut gated = None;
             // After a failed commit no outcome can be recorded: sending would
             // only deliver everything twice (once now, once after restart).
