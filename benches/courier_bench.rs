@@ -1,7 +1,7 @@
 //! courier against nginx under the same wrk load, in one invocation:
 //!
 //! `cargo bench --bench courier_bench [-- --seconds 10 --connections 50
-//!  --steps nhabcdep --scale 1 --compare PATH --write-results]`
+//!  --steps nhabcdepx --scale 1 --compare PATH --write-results]`
 //!
 //! n. baselines: wrk against nginx answering 200 (`direct`), and against an
 //!    nginx `proxy_pass` to it with upstream keepalive (`proxy`, the
@@ -26,7 +26,7 @@
 //!    request's first attempt 503 and its second 200 (one in-line retry
 //!    per request, `schedule: [1ms]`): the last two rows' difference is what
 //!    an in-line retry costs;
-//! x. mass expiry (issue #12; not in the default steps): a 100,000-event
+//! x. mass expiry (issue #12): a 100,000-event
 //!    backlog of a paused destination (`--scale` multiplies it) whose TTL
 //!    has run out: SIGTERM, every event made an hour older in `journal.db`
 //!    (`event_ttl: 1h`), start again, and time until every event is
@@ -68,9 +68,8 @@ const DESTINATION: &str = "bench";
 const PENDING: &str = r#"courier_events_pending{destination="bench"}"#;
 const ACCEPTED: &str = r#"courier_events_accepted_total{destination="bench"}"#;
 const DELIVERED: &str = r#"courier_events_delivered_total{destination="bench"}"#;
-const STEPS: &str = "nhabcdep";
-/// Every step: the default ones and `x`, run when asked.
-const ALL_STEPS: &str = "nhabcdepx";
+/// Every step, run by default; `--steps` picks some.
+const STEPS: &str = "nhabcdepx";
 /// Step c's backlog and step d's, before `--scale`.
 const DRAIN_BACKLOG: f64 = 100_000.0;
 /// Step h's client: as many connections as courier's `concurrency: 64`.
@@ -122,10 +121,8 @@ fn parse_args() -> Result<Args, String> {
             "--compare" => args.compare = Some(PathBuf::from(value("--compare")?)),
             "--steps" => {
                 let steps = value("--steps")?;
-                if steps.is_empty() || !steps.chars().all(|c| ALL_STEPS.contains(c)) {
-                    return Err(format!(
-                        "--steps takes letters from {ALL_STEPS}, not {steps:?}"
-                    ));
+                if steps.is_empty() || !steps.chars().all(|c| STEPS.contains(c)) {
+                    return Err(format!("--steps takes letters from {STEPS}, not {steps:?}"));
                 }
                 args.steps = steps;
             }
@@ -389,15 +386,7 @@ fn cpu_seconds(pid: u32) -> Option<f64> {
 
 /// A `VmRSS`/`VmHWM`-style line of /proc/PID/status, in bytes.
 fn proc_status(pid: u32, key: &str) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let line = status.lines().find(|l| l.starts_with(key))?;
-    let kb: u64 = line[key.len()..]
-        .trim_start_matches(':')
-        .split_whitespace()
-        .next()?
-        .parse()
-        .ok()?;
-    Some(kb * 1024)
+    support::proc_status(pid, key).map(|kib| kib * 1024)
 }
 
 /// Bytes allocated under `dir` (like `du`: fallocated room counts) and

@@ -385,12 +385,11 @@ fn run(path: &Path) -> ExitCode {
     }
 }
 
+/// SQLite allocates with glibc's malloc (Rust code with mimalloc), and
 /// glibc gives a thread that meets contention an arena of its own, up to
-/// eight per core, and memory freed in one is rarely returned to the
-/// system. A burst spread over tokio's blocking threads (dead-lettering an
-/// expired backlog) then leaves the pod's RSS high: bench step x measured
-/// a 90 MiB peak at 100,000 events, 41 MiB with one arena per core, at the
-/// same rate. `MALLOC_ARENA_MAX`, when set, is the operator's choice.
+/// eight per core, whose freed memory is rarely returned to the system:
+/// index reads spread over tokio's blocking threads would leave the pod's
+/// RSS high. `MALLOC_ARENA_MAX`, when set, is the operator's choice.
 fn limit_malloc_arenas() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     if std::env::var_os("MALLOC_ARENA_MAX").is_none() {

@@ -7,7 +7,7 @@ mod support;
 
 use std::collections::HashMap;
 use std::time::Duration;
-use support::{Courier, Receiver, Reply, behavior, client, json_body, refusing_port};
+use support::{Courier, Receiver, Reply, behavior, client, json_body, proc_status, refusing_port};
 
 const WORKERS: usize = 16;
 const PER_WORKER: usize = 2000;
@@ -18,16 +18,6 @@ const BODY: usize = 2048;
 /// room for a loaded CI machine (43 MiB seen); holding the backlog (64 MiB
 /// of bodies on top of the process) would pass it.
 const PEAK_RSS_KIB: u64 = 60 * 1024;
-
-fn peak_rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_else(|e| panic!("read /proc/{pid}/status: {e}"));
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or_else(|| panic!("no VmHWM in /proc/{pid}/status"))
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_backlog_beyond_the_memory_bound_waits_in_the_index_and_is_all_delivered() {
@@ -95,7 +85,7 @@ async fn a_backlog_beyond_the_memory_bound_waits_in_the_index_and_is_all_deliver
             assert!(got == body, "event {id} delivered with other bytes");
         }
     }
-    let peak = peak_rss_kib(courier.pid());
+    let peak = proc_status(courier.pid(), "VmHWM").expect("VmHWM of a running courier");
     println!("backlog {total} events of {BODY} bytes: peak RSS {peak} KiB");
     assert!(
         peak < PEAK_RSS_KIB,

@@ -191,22 +191,23 @@ impl Dispatcher {
                 let Some(front) = held.ready.front() else {
                     break;
                 };
-                let expired = self
+                if self
                     .ctx
                     .dest
                     .limits
-                    .expired(front.event.accepted_ms, clock::now_ms());
-                let gate = if expired {
-                    Gate::Go { probe: false }
-                } else {
-                    self.ctx.health.gate()
-                };
+                    .expired(front.event.accepted_ms, clock::now_ms())
+                {
+                    // Dead-lettered in groups by `expire_overdue`, not one
+                    // task and sink write each.
+                    expiry_at = Some(0);
+                    break;
+                }
+                let gate = self.ctx.health.gate();
                 let Gate::Go { probe } = gate else {
                     gated = Some(gate);
                     break;
                 };
-                let unit = if expired || !batching.enabled() {
-                    // An expired event is dead-lettered alone, unattempted.
+                let unit = if !batching.enabled() {
                     let Some(ev) = held.ready.pop_front() else {
                         break;
                     };
@@ -375,10 +376,16 @@ impl Dispatcher {
         let dest = &self.ctx.dest;
         let now = clock::now_ms();
         let ttl = dest.limits.ttl.as_millis() as u64;
-        let (mut expired, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut held.ready)
-            .into_iter()
-            .partition(|ev| dest.limits.expired(ev.event.accepted_ms, now));
-        held.ready = waiting.into();
+        let mut expired = Vec::new();
+        let mut waiting = VecDeque::with_capacity(held.ready.len());
+        for ev in std::mem::take(&mut held.ready) {
+            if expired.len() < EXPIRY_GROUP && dest.limits.expired(ev.event.accepted_ms, now) {
+                expired.push(ev);
+            } else {
+                waiting.push_back(ev);
+            }
+        }
+        held.ready = waiting;
         if expired.len() < EXPIRY_GROUP {
             let want = EXPIRY_GROUP - expired.len();
             let cutoff = now.saturating_sub(ttl);

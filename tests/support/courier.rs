@@ -40,6 +40,16 @@ pub fn courier_bin() -> PathBuf {
 
 type Logs = Arc<Mutex<String>>;
 
+/// A number from `/proc/<pid>/status`: `Threads`, or `VmHWM`, `VmRSS`,
+/// `RssAnon` in KiB; `None` once the process is gone.
+pub fn proc_status(pid: u32, field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let value = status
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))?;
+    value.split_whitespace().next()?.parse().ok()
+}
+
 fn lock(logs: &Logs) -> MutexGuard<'_, String> {
     logs.lock().unwrap_or_else(|p| p.into_inner())
 }
