@@ -449,9 +449,32 @@ struct Run {
     dir: tempfile::TempDir,
 }
 
+/// The config is checked first (`courier check`): a `--compare` build
+/// that lacks a step's feature fails that step, not the whole run.
 async fn start(bin: &Path, url: &str, extra: &str) -> Result<Run, String> {
     let dir = tempfile::tempdir().map_err(|e| format!("tempdir for courier: {e}"))?;
-    let courier = Courier::start_with(bin, dir.path(), &config(url, extra)).await;
+    let yaml = config(url, extra);
+    let path = dir.path().join("check.yaml");
+    std::fs::write(&path, &yaml).map_err(|e| format!("write {}: {e}", path.display()))?;
+    let checked = std::process::Command::new(bin)
+        .args(["check", "-c"])
+        .arg(&path)
+        .output()
+        .map_err(|e| format!("run {} check: {e}", bin.display()))?;
+    if !checked.status.success() {
+        let said = format!(
+            "{}{}",
+            String::from_utf8_lossy(&checked.stdout).trim(),
+            String::from_utf8_lossy(&checked.stderr).trim()
+        );
+        // One line: the message becomes a table cell.
+        return Err(format!(
+            "{} refuses the step's config: {}",
+            bin.display(),
+            said.replace('\n', "; ")
+        ));
+    }
+    let courier = Courier::start_with(bin, dir.path(), &yaml).await;
     Ok(Run { courier, dir })
 }
 
