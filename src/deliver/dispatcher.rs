@@ -78,6 +78,8 @@ struct Held {
     running_bytes: u64,
     /// The tasks dead-lettering a group of expired events.
     expiring: HashSet<tokio::task::Id>,
+    /// Taken from `ready` past their TTL, waiting for a group.
+    expired: VecDeque<StoredEvent>,
 }
 
 impl Running {
@@ -159,7 +161,11 @@ impl Dispatcher {
                 look = true;
                 index_due = None;
             }
-            if held.ready.len() < window / 4 && !stop.is_cancelled() {
+            // Expired events set aside wait for the dead-letter sink: while
+            // it fails, up to a group of them, not the whole backlog.
+            let wants_more =
+                |held: &Held| held.ready.len() < window / 4 && held.expired.len() < EXPIRY_GROUP;
+            if wants_more(&held) && !stop.is_cancelled() {
                 if look {
                     (index_due, look) = self.refill(&mut held, window).await;
                 }
@@ -197,10 +203,13 @@ impl Dispatcher {
                     .limits
                     .expired(front.event.accepted_ms, clock::now_ms())
                 {
-                    // Dead-lettered in groups by `expire_overdue`, not one
-                    // task and sink write each.
+                    // Set aside for `expire_overdue`'s groups (not one task
+                    // and sink write each); the live events behind it go on.
+                    if let Some(ev) = held.ready.pop_front() {
+                        held.expired.push_back(ev);
+                    }
                     expiry_at = Some(0);
-                    break;
+                    continue;
                 }
                 let gate = self.ctx.health.gate();
                 let Gate::Go { probe } = gate else {
@@ -251,7 +260,10 @@ impl Dispatcher {
             let expiry =
                 expiry_at.filter(|_| !stop.is_cancelled() && held.expiring.len() < EXPIRY_GROUPS);
             let due = index_due.filter(|_| !stop.is_cancelled());
-            let wake_at = [due, until, expiry].into_iter().flatten().min();
+            // Everything read was set aside as expired: read on at once, as
+            // no attempt's end will wake this loop.
+            let read_on = (look && wants_more(&held) && !stop.is_cancelled()).then_some(0);
+            let wake_at = [due, until, expiry, read_on].into_iter().flatten().min();
             if stop.is_cancelled() && tasks.is_empty() {
                 return;
             }
@@ -376,7 +388,8 @@ impl Dispatcher {
         let dest = &self.ctx.dest;
         let now = clock::now_ms();
         let ttl = dest.limits.ttl.as_millis() as u64;
-        let mut expired = Vec::new();
+        let take = EXPIRY_GROUP.min(held.expired.len());
+        let mut expired: Vec<_> = held.expired.drain(..take).collect();
         let mut waiting = VecDeque::with_capacity(held.ready.len());
         for ev in std::mem::take(&mut held.ready) {
             if expired.len() < EXPIRY_GROUP && dest.limits.expired(ev.event.accepted_ms, now) {
@@ -386,6 +399,7 @@ impl Dispatcher {
             }
         }
         held.ready = waiting;
+        let mut failed = None;
         if expired.len() < EXPIRY_GROUP {
             let want = EXPIRY_GROUP - expired.len();
             let cutoff = now.saturating_sub(ttl);
@@ -395,10 +409,12 @@ impl Dispatcher {
                 .await
             {
                 Ok(rows) => expired.extend(self.claim(held, rows).await),
-                Err(e) => return self.read_failed(&e, now),
+                Err(e) => failed = Some(self.read_failed(&e, now)),
             }
         }
-        let full = expired.len() >= EXPIRY_GROUP;
+        let full = expired.len() >= EXPIRY_GROUP || !held.expired.is_empty();
+        // Those taken from memory go even when the read failed: their seqs
+        // are held, so nothing else would ever settle them.
         if !expired.is_empty() {
             let running = Running::of(&expired);
             let ctx = self.ctx.clone();
@@ -406,6 +422,9 @@ impl Dispatcher {
                 tasks.spawn(async move { Settled::done(settle::expire(&ctx, expired).await) });
             held.hand(handle.id(), running);
             held.expiring.insert(handle.id());
+        }
+        if let Some(retry) = failed {
+            return retry;
         }
         if full {
             // More are overdue: read the next group while this one is written.

@@ -140,7 +140,9 @@ pub async fn run(ctx: &Arc<Ctx>, unit: Unit, probe: bool, slot: Slot) -> Settled
 /// paused destination's backlog expiring at once costs one fsync per group,
 /// not per event. One held back by probation says so in
 /// `lastDeliveryOutcome`, as in Event Grid.
-pub async fn expire(ctx: &Ctx, evs: Vec<StoredEvent>) -> bool {
+pub async fn expire(ctx: &Ctx, mut evs: Vec<StoredEvent>) -> bool {
+    // Delivered after all, by a late answer to an attempt that timed out.
+    evs.retain(|ev| !ctx.late.take(ev.seq));
     if evs.is_empty() {
         return true;
     }
