@@ -8,6 +8,7 @@ mod support;
 
 use serde_json::{Value, json};
 use std::collections::HashMap;
+use std::path::Path;
 use std::time::{Duration, Instant};
 use support::{
     Courier, Receiver, check, check_eq, config, dl_dir, fail, metric, post, proc_status,
@@ -24,17 +25,24 @@ const DEADLINE: Duration = Duration::from_secs(40);
 /// groups' sink writes (~10 in all on 2 cores).
 const MAX_OTHER_THREADS: u64 = 22;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_paused_backlog_past_its_ttl_is_dead_lettered_each_event_once() {
-    let rx = Receiver::ok().await;
-    let dir = tempfile::tempdir().expect("tempdir");
+/// An Event Grid array of `n` events, ids `{prefix}{from}` onwards.
+fn events(prefix: &str, from: usize, n: usize) -> String {
+    let events: Vec<Value> = (from..from + n)
+        .map(|i| json!({"id": format!("{prefix}{i}"), "subject": "s", "eventType": "t", "eventTime": "2026-11-23T09:00:00Z", "data": {"n": i}, "dataVersion": "1"}))
+        .collect();
+    Value::Array(events).to_string()
+}
+
+/// A stopped courier whose paused destination `orders` holds `n` events
+/// (ids `old0`…) made 61 s older while it was stopped: past their 1 m TTL.
+async fn aged_backlog(rx: &Receiver, dir: &Path, extra: &str, n: usize) -> Courier {
     let yaml = config(
         "orders",
         &rx.url(),
-        "schema: eventgrid\nconcurrency: 64\nretry: { event_ttl: 1m }",
+        &format!("schema: eventgrid\nretry: {{ event_ttl: 1m }}\n{extra}"),
     )
     .replacen("log: { level: debug }", "log: { level: info }", 1);
-    let mut c = Courier::start(dir.path(), &yaml).await;
+    let mut c = Courier::start(dir, &yaml).await;
     let pause = post(
         &format!("{}/v1/destinations/orders/pause", c.admin_url()),
         "",
@@ -42,27 +50,32 @@ async fn a_paused_backlog_past_its_ttl_is_dead_lettered_each_event_once() {
     )
     .await;
     check_eq!(c, pause.status, 200, "{}", pause.text());
-    for r in 0..EVENTS / PER_REQUEST {
-        let events: Vec<Value> = (0..PER_REQUEST)
-            .map(|i| json!({"id": format!("e{}", r * PER_REQUEST + i), "subject": "s", "eventType": "t", "eventTime": "2026-11-23T09:00:00Z", "data": {"n": i}, "dataVersion": "1"}))
-            .collect();
-        let resp = post(&c.url("orders"), Value::Array(events).to_string(), &[]).await;
+    for from in (0..n).step_by(PER_REQUEST) {
+        let body = events("old", from, PER_REQUEST.min(n - from));
+        let resp = post(&c.url("orders"), body, &[]).await;
         check!(
             c,
             resp.status < 300,
-            "publish {r}: {} {}",
+            "publish from {from}: {} {}",
             resp.status,
             resp.text()
         );
     }
-    // Stopped, every event is made 61 s older: its 1 m TTL has run out.
     c.terminate();
     c.wait_exit(Duration::from_secs(30)).await;
-    let db = dir.path().join("journal").join("journal.db");
+    let db = dir.join("journal").join("journal.db");
     let aged = rusqlite::Connection::open(&db)
         .and_then(|conn| conn.execute("UPDATE events SET accepted_ms = accepted_ms - 61000", []))
         .unwrap_or_else(|e| fail!(c, "age the events in {}: {e}", db.display()));
-    check_eq!(c, aged, EVENTS, "rows aged");
+    check_eq!(c, aged, n, "rows aged");
+    c
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_backlog_past_its_ttl_is_dead_lettered_each_event_once() {
+    let rx = Receiver::ok().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut c = aged_backlog(&rx, dir.path(), "concurrency: 64", EVENTS).await;
     let started = Instant::now();
     c.restart().await;
     let series =
@@ -112,7 +125,7 @@ async fn a_paused_backlog_past_its_ttl_is_dead_lettered_each_event_once() {
     );
     check!(
         c,
-        (0..EVENTS).all(|i| seen.contains_key(format!("e{i}").as_str())),
+        (0..EVENTS).all(|i| seen.contains_key(format!("old{i}").as_str())),
         "an id is missing"
     );
     check_eq!(c, rx.count(), 0, "a paused destination was sent to");
@@ -135,43 +148,7 @@ async fn live_events_are_delivered_while_expired_ones_wait_for_a_failing_sink() 
     const LIVE: usize = 50;
     let rx = Receiver::ok().await;
     let dir = tempfile::tempdir().expect("tempdir");
-    let yaml = config(
-        "orders",
-        &rx.url(),
-        "schema: eventgrid\nretry: { event_ttl: 1m }",
-    )
-    .replacen("log: { level: debug }", "log: { level: info }", 1);
-    let mut c = Courier::start(dir.path(), &yaml).await;
-    let admin = c.admin_url();
-    let pause = post(&format!("{admin}/v1/destinations/orders/pause"), "", &[]).await;
-    check_eq!(c, pause.status, 200, "{}", pause.text());
-    let publish = |prefix: &'static str, from: usize, n: usize| {
-        let events: Vec<Value> = (from..from + n)
-            .map(|i| json!({"id": format!("{prefix}{i}"), "subject": "s", "eventType": "t", "eventTime": "2026-11-23T09:00:00Z", "data": {"n": i}, "dataVersion": "1"}))
-            .collect();
-        Value::Array(events).to_string()
-    };
-    for r in 0..EXPIRED / PER_REQUEST + 1 {
-        let n = PER_REQUEST.min(EXPIRED - r * PER_REQUEST);
-        if n == 0 {
-            break;
-        }
-        let resp = post(&c.url("orders"), publish("old", r * PER_REQUEST, n), &[]).await;
-        check!(
-            c,
-            resp.status < 300,
-            "publish: {} {}",
-            resp.status,
-            resp.text()
-        );
-    }
-    c.terminate();
-    c.wait_exit(Duration::from_secs(30)).await;
-    let db = dir.path().join("journal").join("journal.db");
-    let aged = rusqlite::Connection::open(&db)
-        .and_then(|conn| conn.execute("UPDATE events SET accepted_ms = accepted_ms - 61000", []))
-        .unwrap_or_else(|e| fail!(c, "age the events in {}: {e}", db.display()));
-    check_eq!(c, aged, EXPIRED, "rows aged");
+    let mut c = aged_backlog(&rx, dir.path(), "", EXPIRED).await;
     // The destination's dead-letter folder is a file: every write fails.
     let sink = dl_dir(&c, "orders");
     if let Some(parent) = sink.parent() {
@@ -179,7 +156,7 @@ async fn live_events_are_delivered_while_expired_ones_wait_for_a_failing_sink() 
     }
     std::fs::write(&sink, b"not a folder").expect("block the sink");
     c.restart().await;
-    let resp = post(&c.url("orders"), publish("live", 0, LIVE), &[]).await;
+    let resp = post(&c.url("orders"), events("live", 0, LIVE), &[]).await;
     check!(
         c,
         resp.status < 300,
