@@ -462,11 +462,12 @@ async fn start(bin: &Path, url: &str, extra: &str) -> Result<Run, String> {
         .output()
         .map_err(|e| format!("run {} check: {e}", bin.display()))?;
     if !checked.status.success() {
-        let said = format!(
-            "{}{}",
-            String::from_utf8_lossy(&checked.stdout).trim(),
-            String::from_utf8_lossy(&checked.stderr).trim()
-        );
+        let said = [&checked.stdout, &checked.stderr]
+            .map(|out| String::from_utf8_lossy(out).trim().to_string())
+            .into_iter()
+            .filter(|s| !s.is_empty())
+            .collect::<Vec<_>>()
+            .join("; ");
         // One line: the message becomes a table cell.
         return Err(format!(
             "{} refuses the step's config: {}",

@@ -74,7 +74,7 @@ struct Held {
     seqs: HashSet<i64>,
     ready: VecDeque<StoredEvent>,
     running: HashMap<tokio::task::Id, Running>,
-    /// What the events of `running` count against `journal.max_bytes`.
+    /// The bytes of `running`'s events (`NewEvent::size`), for `IN_HAND_BYTES`.
     running_bytes: u64,
     /// The tasks dead-lettering a group of expired events.
     expiring: HashSet<tokio::task::Id>,
