@@ -55,8 +55,8 @@ impl Reader {
     }
 
     /// Up to `limit` due events of `destination`, skipping those in `held`
-    /// without reading their rows (plus the rest of a stored batch the
-    /// limit cut through), and whether more may be due.
+    /// without reading their events from the log (plus the rest of a
+    /// stored batch the limit cut through), and whether more may be due.
     ///
     /// One read transaction for the scan and every row: in autocommit each
     /// statement takes and drops the WAL read lock (an `fcntl` apiece),
@@ -72,16 +72,7 @@ impl Reader {
         let held = held.clone();
         self.with(move |c, dir| {
             let tx = c.unchecked_transaction()?;
-            let seqs = store::due_seqs(&tx, &d, now_ms, limit + held.len())?;
-            let fresh: Vec<i64> = seqs
-                .into_iter()
-                .filter(|s| !held.contains(s))
-                .take(limit)
-                .collect();
-            // Counted before loading: a row deleted meanwhile (a late
-            // answer) must not make the rest look like the end.
-            let more = fresh.len() >= limit;
-            let mut rows = store::load(&tx, dir, &fresh)?;
+            let (mut rows, more) = store::due(&tx, dir, &d, now_ms, limit, &held)?;
             add_batch_siblings(&tx, dir, &d, now_ms, &held, &mut rows)?;
             tx.finish()?;
             read_again_what_moved(c, dir, &mut rows)?;

@@ -5,7 +5,7 @@ use super::fetch::Fetch;
 use super::intake::Place;
 use super::record::{NewEvent, StoredEvent, decode_headers};
 use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, params};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
 
 pub const FILE: &str = "journal.db";
@@ -433,21 +433,33 @@ fn inline_event(
     }))
 }
 
-/// Seqs of `destination`'s events due at `now_ms`, oldest due first. Reads
-/// only the (destination, next_due_ms) index, never a body.
-pub fn due_seqs(
+/// Up to `limit` due events of `destination` not in `held`, by due time,
+/// and whether more may be due: one statement for the scan and the rows
+/// (a scan for seqs, then a lookup per seq, ran a statement per event).
+pub fn due(
     conn: &Connection,
+    dir: &Path,
     destination: &str,
     now_ms: u64,
     limit: usize,
-) -> Result<Vec<i64>, rusqlite::Error> {
-    let mut stmt = conn.prepare_cached(
-        "SELECT seq FROM events WHERE destination = ?1 AND next_due_ms <= ?2 ORDER BY next_due_ms, seq LIMIT ?3",
-    )?;
-    let rows = stmt.query_map(params![destination, now_ms as i64, limit as i64], |r| {
-        r.get(0)
-    })?;
-    rows.collect()
+    held: &HashSet<i64>,
+) -> Result<(Vec<Result<StoredEvent, StoreError>>, bool), rusqlite::Error> {
+    let mut stmt = conn.prepare_cached(&format!(
+        "SELECT {LOAD_COLUMNS} FROM events WHERE destination = ?1 AND next_due_ms <= ?2 ORDER BY next_due_ms, seq LIMIT ?3"
+    ))?;
+    let scan = limit.saturating_add(held.len());
+    let mut rows = stmt.query(params![destination, now_ms as i64, scan as i64])?;
+    let mut fetch = Fetch::new(dir);
+    let mut out = Vec::with_capacity(limit.min(scan));
+    while out.len() < limit
+        && let Some(r) = rows.next()?
+    {
+        if !held.contains(&r.get::<_, i64>(0)?) {
+            out.push(row(r, &mut fetch)?);
+        }
+    }
+    let more = out.len() >= limit;
+    Ok((out, more))
 }
 
 /// Seqs of the due events of one stored batch, in the batch's order.
