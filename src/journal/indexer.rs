@@ -19,6 +19,7 @@ use super::intake::{LogReader, Logged, Read, ReadError};
 use super::store::{self, Pin, QUARANTINED};
 use super::{Change, DiskError, JournalError, Shared};
 use rusqlite::{Connection, OptionalExtension, params};
+use std::cell::Cell;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -65,12 +66,12 @@ impl Pace {
 }
 /// How often the indexer checkpoints, which lets the WAL restart.
 const CHECKPOINT_EVERY: Duration = Duration::from_secs(1);
-/// Under load, how long after a commit the next one gathers unsynced state
-/// changes: a commit writes every page it touched into the WAL (and the
-/// checkpoint copies them again), so a drain's commits of a few dozen
-/// deletes each wrote 2.2 KiB of WAL per event; lingering, 0.7 KiB. A settle
-/// waits that much longer, never under light load (the last commit is
-/// long past).
+/// How long after a commit the next one gathers unsynced state changes
+/// (deliveries, reschedules): a commit writes every page it touched into
+/// the WAL (and the checkpoint copies them again), so a drain's commits of
+/// a few dozen deletes each wrote 2.2 KiB of WAL per event; lingering,
+/// 0.7 KiB. A settle may wait that much longer; a change that must be
+/// synced (a dead letter's delete) or the close ends the wait.
 const LINGER: Duration = Duration::from_millis(3);
 /// New rows are committed at most this often (state changes at once, or
 /// `LINGER` after the last commit).
@@ -571,13 +572,16 @@ impl Indexer {
             };
             shared.indexer_idle.store(false, Ordering::SeqCst);
             // A change that needs no sync waits while the last commit is
-            // recent, for more to share the next one (`LINGER`).
-            let linger_until = matches!(&first, Some(ToIndexer::Apply { sync: false, .. }))
-                .then(|| self.last_commit + LINGER);
+            // recent, for more to share the next one (`LINGER`); one that
+            // does, or the close, ends the wait.
+            let linger = Cell::new(matches!(&first, Some(ToIndexer::Apply { sync: false, .. })));
+            let linger_until = self.last_commit + LINGER;
             let more = std::iter::from_fn(|| {
-                match linger_until.map(|t| t.saturating_duration_since(Instant::now())) {
-                    Some(left) if !left.is_zero() => rx.recv_timeout(left).ok(),
-                    _ => rx.try_recv().ok(),
+                let left = linger_until.saturating_duration_since(Instant::now());
+                if linger.get() && !left.is_zero() {
+                    rx.recv_timeout(left).ok()
+                } else {
+                    rx.try_recv().ok()
                 }
             });
             for msg in first.into_iter().chain(more.take(4096)) {
@@ -587,8 +591,14 @@ impl Indexer {
                         changes,
                         sync,
                         reply,
-                    } => applies.push((changes, sync, reply)),
-                    ToIndexer::Close { reply } => close = Some(reply),
+                    } => {
+                        linger.set(linger.get() && !sync);
+                        applies.push((changes, sync, reply));
+                    }
+                    ToIndexer::Close { reply } => {
+                        linger.set(false);
+                        close = Some(reply);
+                    }
                 }
             }
             // After the messages: a change to an event, or the close, was
@@ -766,7 +776,7 @@ impl Indexer {
                     if let Ok(mut skip) = shared.skip.lock() {
                         skip.committed(self.rows_through);
                     }
-                    account(&events, &insert, &changes, &deleted, shared);
+                    account(&events, &insert, &changes, deleted, shared);
                     if self.durable == self.indexed {
                         self.publish(shared);
                     }
@@ -790,7 +800,7 @@ impl Indexer {
         let (changes, sync) = self.changes_of(&applies);
         match self.commit(&[], &[], &changes, sync, self.indexed) {
             Ok(deleted) => {
-                account(&[], &[], &changes, &deleted, shared);
+                account(&[], &[], &changes, deleted, shared);
                 reply_all(applies, &Ok(()));
                 true
             }
@@ -1063,13 +1073,14 @@ fn add(totals: &mut HashMap<String, (i64, i64)>, destination: &str, events: i64,
     }
 }
 
-/// After a commit: frees the bytes of deleted events and wakes the
-/// dispatchers whose events became rows.
+/// After a commit: frees the bytes of deleted events, each once (two
+/// deletes of one event may share a commit: a late answer's and a
+/// retry's), and wakes the dispatchers whose events became rows.
 fn account(
     events: &[Logged],
     inserted: &[bool],
     changes: &[Change],
-    deleted: &HashSet<i64>,
+    mut deleted: HashSet<i64>,
     shared: &Shared,
 ) {
     let states = shared.destinations.load();
@@ -1080,7 +1091,7 @@ fn account(
             size,
             ..
         } = c
-            && deleted.contains(seq)
+            && deleted.remove(seq)
         {
             shared.forget(states.get(destination).map(Arc::as_ref), *size);
         }
