@@ -41,7 +41,10 @@
 //! #10; `--write-results` also writes it to bench/RESULTS.md.
 //!
 //! wrk, nginx, courier and this process share the machine's CPUs, so compare
-//! ratios within one invocation, not absolute numbers across machines.
+//! ratios within one invocation, not absolute numbers across machines. The
+//! machine's speed also drifts within a run (nginx's own rate by 20–30%
+//! between two files): steps a and b are judged against nginx proxy, and
+//! step c against nginx direct, measured again just before them.
 
 #[path = "courier_bench/floor.rs"]
 mod floor;
@@ -272,6 +275,7 @@ const WRK: &str = "/usr/bin/wrk";
 const NGINX: &str = "/usr/sbin/nginx";
 
 /// What one wrk run measured (from post.lua's `done` line).
+#[derive(Clone)]
 struct Wrk {
     rate: f64,
     seconds: f64,
@@ -337,6 +341,10 @@ struct Row {
     /// Compared with nginx direct (drains, and nginx itself) rather than
     /// only with the proxy.
     vs_direct: bool,
+    /// The baseline measured just before this row (proxy for a load,
+    /// direct for a drain), which its ratio and budget use: the machine's
+    /// speed drifts over a run by more than the budgets' margins.
+    against: Option<Wrk>,
     note: String,
 }
 
@@ -371,6 +379,24 @@ fn budget(name: String, pass: Option<bool>, detail: String) -> Budget {
 struct Baselines {
     direct: Option<Wrk>,
     proxy: Option<Wrk>,
+    /// nginx's ports, for the baselines taken again beside each courier
+    /// load and drain (none without step n).
+    urls: Option<(String, String)>,
+}
+
+impl Baselines {
+    /// nginx direct or proxy measured again now, for the step that follows.
+    async fn again(&self, proxy: bool, args: &Args) -> Option<Wrk> {
+        let (direct_url, proxy_url) = self.urls.as_ref()?;
+        let url = if proxy { proxy_url } else { direct_url };
+        match wrk(url, args).await {
+            Ok(w) => Some(w),
+            Err(e) => {
+                eprintln!("courier_bench: nginx baseline again: {e}");
+                None
+            }
+        }
+    }
 }
 
 /// utime + stime of `pid` in seconds, from /proc/PID/stat.
@@ -866,6 +892,20 @@ async fn passthrough(label: &str, bin: &Path, rx: &str, args: &Args) -> Result<V
     Ok(rows)
 }
 
+/// `row` with the baseline measured just before it, named in its note.
+fn beside(mut row: Row, near: Option<Wrk>) -> Row {
+    if let Some(w) = &near {
+        let what = if row.vs_direct { "direct" } else { "proxy" };
+        let note = format!(
+            "nginx {what} just before: {:.0}/s, p99 {:.2} ms.",
+            w.rate, w.p99
+        );
+        row.note = format!("{} {note}", row.note).trim().to_owned();
+    }
+    row.against = near;
+    row
+}
+
 fn ratio(value: f64, base: Option<&Wrk>) -> Option<f64> {
     base.filter(|b| b.rate > 0.0).map(|b| value / b.rate)
 }
@@ -892,9 +932,11 @@ async fn courier_steps(
     };
     let proxy = base.proxy.as_ref();
     let direct = base.direct.as_ref();
-    // A load budget: rate ≥ min × proxy and p99 ≤ 2 × proxy's.
+    // A load budget: rate ≥ min × proxy and p99 ≤ 2 × proxy's, the proxy
+    // as measured just before the row when it was.
     let load_budget = |name: &str, row: &Row, min: f64| {
         let (rate, p99) = (row.rate.unwrap_or(0.0), row.latency.map_or(0.0, |l| l.1));
+        let proxy = row.against.as_ref().or(proxy);
         let pass = proxy.map(|p| rate >= min * p.rate && p99 <= 2.0 * p.p99);
         let detail = proxy.map_or("no nginx proxy baseline".into(), |p| {
             format!(
@@ -907,24 +949,35 @@ async fn courier_steps(
     };
     for step in args.steps.chars() {
         match step {
-            'a' => match accept_only(label, bin, rx, args).await {
-                Ok(row) => {
-                    budgets.push(load_budget("accept-only", &row, 1.0));
-                    rows.push(row);
+            'a' => {
+                let near = base.again(true, args).await;
+                match accept_only(label, bin, rx, args).await {
+                    Ok(row) => {
+                        let row = beside(row, near);
+                        budgets.push(load_budget("accept-only", &row, 1.0));
+                        rows.push(row);
+                    }
+                    Err(e) => failed("a. accept-only", e, rows),
                 }
-                Err(e) => failed("a. accept-only", e, rows),
-            },
-            'b' => match end_to_end(label, bin, rx, args).await {
-                Ok(row) => {
-                    budgets.push(load_budget("end-to-end unbatched", &row, 0.7));
-                    rows.push(row);
+            }
+            'b' => {
+                let near = base.again(true, args).await;
+                match end_to_end(label, bin, rx, args).await {
+                    Ok(row) => {
+                        let row = beside(row, near);
+                        budgets.push(load_budget("end-to-end unbatched", &row, 0.7));
+                        rows.push(row);
+                    }
+                    Err(e) => failed("b. end-to-end", e, rows),
                 }
-                Err(e) => failed("b. end-to-end", e, rows),
-            },
+            }
             'c' => {
+                let near = base.again(false, args).await;
                 for (max_events, min) in [(1, 0.5), (100, 1.0)] {
                     match drain(label, bin, rx, max_events, args).await {
                         Ok(row) => {
+                            let row = beside(row, near.clone());
+                            let direct = row.against.as_ref().or(direct);
                             let rate = row.rate.unwrap_or(0.0);
                             let pass = ratio(rate, direct).map(|r| r >= min);
                             let detail = ratio(rate, direct)
@@ -1016,6 +1069,8 @@ fn render(rows: &[Row], budgets: &[Budget], base: &Baselines) -> String {
     );
     for r in rows {
         let lat = |i: usize| opt(r.latency.map(|l| [l.0, l.1, l.2][i]), 2);
+        // The baseline taken beside the row is the direct one for a drain.
+        let near = |direct: bool| r.against.as_ref().filter(|_| r.vs_direct == direct);
         let _ = writeln!(
             out,
             "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
@@ -1026,13 +1081,13 @@ fn render(rows: &[Row], budgets: &[Budget], base: &Baselines) -> String {
             lat(2),
             opt(
                 r.rate
-                    .and_then(|v| ratio(v, base.proxy.as_ref()))
+                    .and_then(|v| ratio(v, near(false).or(base.proxy.as_ref())))
                     .filter(|_| r.latency.is_some()),
                 2
             ),
             opt(
                 r.rate
-                    .and_then(|v| ratio(v, base.direct.as_ref()))
+                    .and_then(|v| ratio(v, near(true).or(base.direct.as_ref())))
                     .filter(|_| r.vs_direct),
                 2
             ),
@@ -1079,7 +1134,8 @@ fn write_results(
          Other work on the machine: `uptime` before the run: {load_before}; after: {}.\n\n\
          {header}\n\n{table}\n\
          × proxy / × direct: req/s (events/s for drains, accepted / (load + drain) for \
-         end-to-end) over nginx's. CPU: courier's utime + stime during the load (a, b), \
+         end-to-end) over nginx's, as measured just before the row (named in its notes) \
+         for courier's loads and drains. CPU: courier's utime + stime during the load (a, b), \
          the drain (c), the fill (d) or since start (e). Peak RSS: VmHWM (e: VmRSS).\n",
         shell("date", &["-u", "+%Y-%m-%d %H:%M UTC"]),
         shell("git", &["rev-parse", "--short", "HEAD"]),
@@ -1127,6 +1183,7 @@ async fn run(args: Args) -> ExitCode {
     let mut base = Baselines::default();
     let mut ok = true;
     if args.steps.contains('n') {
+        base.urls = Some((Nginx::url(nginx.direct), Nginx::url(nginx.proxy)));
         for (name, port) in [("direct", nginx.direct), ("proxy", nginx.proxy)] {
             match wrk(&Nginx::url(port), &args).await {
                 Ok(w) => {
