@@ -933,9 +933,9 @@ fn write(
         )?;
         let mut quarantine =
             conn.prepare_cached("UPDATE events SET next_due_ms = ?2 WHERE seq = ?1")?;
-        // Deletes whatever the row's state go after the rest, in runs:
-        // the result is the same (a reschedule or quarantine of a row also
-        // deleted changes nothing that stays), and a run of consecutive
+        // Unconditional deletes go after the other changes, in runs: the
+        // end state is the same (a reschedule or quarantine of a row that
+        // is deleted too leaves nothing behind), and a run of consecutive
         // seqs, a drain's usual commit, is one range read and one range
         // delete instead of two statements a row.
         let mut unconditional: Vec<(i64, &str)> = Vec::new();
