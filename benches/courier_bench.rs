@@ -949,26 +949,22 @@ async fn courier_steps(
     };
     for step in args.steps.chars() {
         match step {
-            'a' => {
+            'a' | 'b' => {
                 let near = base.again(true, args).await;
-                match accept_only(label, bin, rx, args).await {
+                let (run, name, budget_name, min) = if step == 'a' {
+                    let run = accept_only(label, bin, rx, args).await;
+                    (run, "a. accept-only", "accept-only", 1.0)
+                } else {
+                    let run = end_to_end(label, bin, rx, args).await;
+                    (run, "b. end-to-end", "end-to-end unbatched", 0.7)
+                };
+                match run {
                     Ok(row) => {
                         let row = beside(row, near);
-                        budgets.push(load_budget("accept-only", &row, 1.0));
+                        budgets.push(load_budget(budget_name, &row, min));
                         rows.push(row);
                     }
-                    Err(e) => failed("a. accept-only", e, rows),
-                }
-            }
-            'b' => {
-                let near = base.again(true, args).await;
-                match end_to_end(label, bin, rx, args).await {
-                    Ok(row) => {
-                        let row = beside(row, near);
-                        budgets.push(load_budget("end-to-end unbatched", &row, 0.7));
-                        rows.push(row);
-                    }
-                    Err(e) => failed("b. end-to-end", e, rows),
+                    Err(e) => failed(name, e, rows),
                 }
             }
             'c' => {

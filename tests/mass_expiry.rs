@@ -33,6 +33,13 @@ fn events(prefix: &str, from: usize, n: usize) -> String {
     Value::Array(events).to_string()
 }
 
+/// Pauses or resumes the destination `orders` through the admin API.
+async fn orders(c: &Courier, verb: &str) {
+    let url = format!("{}/v1/destinations/orders/{verb}", c.admin_url());
+    let resp = post(&url, "", &[]).await;
+    check_eq!(c, resp.status, 200, "{verb}: {}", resp.text());
+}
+
 /// A stopped courier whose paused destination `orders` holds `n` events
 /// (ids `old0`…) made 61 s older while it was stopped: past their 1 m TTL.
 async fn aged_backlog(rx: &Receiver, dir: &Path, extra: &str, n: usize) -> Courier {
@@ -43,13 +50,7 @@ async fn aged_backlog(rx: &Receiver, dir: &Path, extra: &str, n: usize) -> Couri
     )
     .replacen("log: { level: debug }", "log: { level: info }", 1);
     let mut c = Courier::start(dir, &yaml).await;
-    let pause = post(
-        &format!("{}/v1/destinations/orders/pause", c.admin_url()),
-        "",
-        &[],
-    )
-    .await;
-    check_eq!(c, pause.status, 200, "{}", pause.text());
+    orders(&c, "pause").await;
     for from in (0..n).step_by(PER_REQUEST) {
         let body = events("old", from, PER_REQUEST.min(n - from));
         let resp = post(&c.url("orders"), body, &[]).await;
@@ -164,13 +165,7 @@ async fn live_events_are_delivered_while_expired_ones_wait_for_a_failing_sink() 
         resp.status,
         resp.text()
     );
-    let resume = post(
-        &format!("{}/v1/destinations/orders/resume", c.admin_url()),
-        "",
-        &[],
-    )
-    .await;
-    check_eq!(c, resume.status, 200, "{}", resume.text());
+    orders(&c, "resume").await;
     let Some(got) = rx.try_wait_for(LIVE, Duration::from_secs(20)).await else {
         let state = support::get(&format!("{}/v1/destinations", c.admin_url())).await;
         fail!(
