@@ -4,9 +4,9 @@ unknown fields are errors. Usage: validate_manifests.py VERSION... (e.g. 1.29.0)
 
 Not validated here, each said in the output: kustomization.yaml files
 (Kustomize's own config), configMapGenerator inputs (courier configs, checked
-by `courier check` in tests/deploy.rs), *-patch.yaml (partial objects: they
+by `courier check` in tests/suite/deploy.rs), *-patch.yaml (partial objects: they
 are validated as part of the rendered overlay, deploy/kustomize/example.rendered.yaml)
-and PodMonitor objects (a CRD without a shipped schema: tests/deploy.rs
+and PodMonitor objects (a CRD without a shipped schema: tests/suite/deploy.rs
 checks their shape). A missing schema for any other kind is an error, so a
 typo in apiVersion or kind cannot pass as "no schema".
 """
@@ -46,7 +46,7 @@ def main(versions):
                 continue
             what = f"{path} {doc.get('kind')}/{doc.get('metadata', {}).get('name')}"
             if (doc.get("apiVersion"), doc.get("kind")) in CRDS:
-                print(f"skip {what}: CRD, shape checked by tests/deploy.rs")
+                print(f"skip {what}: CRD, shape checked by tests/suite/deploy.rs")
                 continue
             for version in versions:
                 checked += 1

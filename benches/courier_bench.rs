@@ -48,9 +48,6 @@
 
 #[path = "courier_bench/floor.rs"]
 mod floor;
-#[path = "../tests/support/mod.rs"]
-mod support;
-
 /// As courier's own binary, so the floor (step h) pays what courier pays.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;

@@ -1,5 +1,5 @@
 //! Entry points for the fuzz targets in `fuzz/` and for
-//! `tests/fuzz_corpus.rs`, which replays their corpora on every `cargo test`.
+//! `tests/suite/fuzz_corpus.rs`, which replays their corpora on every `cargo test`.
 //! The parsers they reach are private to their modules; re-exporting them
 //! here, and only here, leaves those modules' own interfaces as they were.
 //! Not an API: hidden from the docs and free to change with the fuzzers.

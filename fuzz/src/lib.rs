@@ -1,5 +1,5 @@
 //! What each fuzz target does with one input, shared by the targets in
-//! `fuzz_targets/` and by `tests/fuzz_corpus.rs` (which includes this file
+//! `fuzz_targets/` and by `tests/suite/fuzz_corpus.rs` (which includes this file
 //! with `#[path]`), so that every committed seed and crash is replayed by a
 //! plain `cargo test` on stable, with the same checks as under libFuzzer.
 //!

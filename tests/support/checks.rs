@@ -1,10 +1,8 @@
-#![allow(unused_macros)]
 //! Checks that print courier's logs when they fail: the `fail!`, `check!`
 //! and `check_eq!` macros (first argument: anything with `.logs()`, e.g. a
 //! `Courier`) and bounded waits built on them.
 //!
-//! The macros call each other by name: import all three where one is used
-//! (`use support::{check, check_eq, fail};`).
+//! The macros are exported at the crate's root: `use support::{check, fail};`.
 
 use std::time::{Duration, Instant};
 
@@ -15,6 +13,7 @@ use super::receiver::{Received, Receiver};
 const POLL: Duration = Duration::from_millis(10);
 
 /// `panic!` with courier's logs appended.
+#[macro_export]
 macro_rules! fail {
     ($c:expr, $($arg:tt)+) => {
         panic!("{}\n--- courier logs ---\n{}", format!($($arg)+), $c.logs())
@@ -22,26 +21,28 @@ macro_rules! fail {
 }
 
 /// `assert!` that shows courier's logs when it fails.
+#[macro_export]
 macro_rules! check {
     ($c:expr, $cond:expr) => {
-        check!($c, $cond, "{}", stringify!($cond))
+        $crate::check!($c, $cond, "{}", stringify!($cond))
     };
     ($c:expr, $cond:expr, $($arg:tt)+) => {
         if !$cond {
-            fail!($c, "check failed: {}: {}", stringify!($cond), format!($($arg)+));
+            $crate::fail!($c, "check failed: {}: {}", stringify!($cond), format!($($arg)+));
         }
     };
 }
 
 /// `assert_eq!` that shows courier's logs when it fails.
+#[macro_export]
 macro_rules! check_eq {
     ($c:expr, $left:expr, $right:expr) => {
-        check_eq!($c, $left, $right, "{}", stringify!($left))
+        $crate::check_eq!($c, $left, $right, "{}", stringify!($left))
     };
     ($c:expr, $left:expr, $right:expr, $($arg:tt)+) => {{
         let (left, right) = (&$left, &$right);
         if left != right {
-            fail!(
+            $crate::fail!(
                 $c,
                 "{}\n  left: {:?}\n right: {:?}",
                 format!($($arg)+),
@@ -51,8 +52,6 @@ macro_rules! check_eq {
         }
     }};
 }
-
-pub(crate) use {check, check_eq, fail};
 
 /// Waits (bounded) until the receiver got at least `n` requests.
 pub async fn requests(c: &Courier, rx: &Receiver, n: usize, timeout: Duration) -> Vec<Received> {

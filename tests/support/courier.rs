@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -18,24 +18,27 @@ pub const CLI_TIMEOUT: Duration = Duration::from_secs(60);
 
 const POLL: Duration = Duration::from_millis(10);
 
-/// The courier binary: cargo's `CARGO_BIN_EXE_courier` when this code is
-/// built as an integration test or bench of the courier package, else
-/// `target/release/courier` or `target/debug/courier` under the package root.
+/// The courier binary that cargo built beside the running test or bench:
+/// those run from `target/<profile>/deps/`, the binary is
+/// `target/<profile>/courier`. (`CARGO_BIN_EXE_courier` is only set when
+/// compiling the package's own tests, not this crate.)
 pub fn courier_bin() -> PathBuf {
-    if let Some(path) = option_env!("CARGO_BIN_EXE_courier") {
-        return PathBuf::from(path);
-    }
-    let target = Path::new(env!("CARGO_MANIFEST_DIR")).join("target");
-    for profile in ["release", "debug"] {
-        let path = target.join(profile).join("courier");
-        if path.exists() {
-            return path;
-        }
-    }
-    panic!(
-        "courier binary not found under {}; run `cargo build` first",
-        target.display()
-    )
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let exe = std::env::current_exe().expect("the test's own path");
+        let profile = exe
+            .parent()
+            .and_then(Path::parent)
+            .expect("the test runs from target/<profile>/deps");
+        let bin = profile.join("courier");
+        assert!(
+            bin.exists(),
+            "courier binary not found at {}; cargo builds it for the package's tests and benches",
+            bin.display()
+        );
+        bin
+    })
+    .clone()
 }
 
 type Logs = Arc<Mutex<String>>;

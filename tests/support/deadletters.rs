@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use super::checks::fail;
 use super::courier::Courier;
+use crate::fail;
 
 const POLL: Duration = Duration::from_millis(10);
 

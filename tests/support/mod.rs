@@ -1,12 +1,12 @@
-#![allow(dead_code, unused_imports)]
 //! Test support for courier: a webhook `Receiver` (and `chaos`, one that
 //! misbehaves at random), the `Courier` child process harness, HTTP `client`
 //! helpers and a `load` generator; for the end-to-end tests, `checks`
 //! (`fail!`, `check!`, `check_eq!` and bounded waits), `deadletters`
 //! readers, `setup` helpers and `python` (independent checkers from PyPI).
 //!
-//! Used by the integration tests (`mod support;`) and by
-//! `benches/courier_bench.rs` (`#[path = "../tests/support/mod.rs"] mod support;`).
+//! A crate of its own (`courier-test-support`, a dev-dependency named
+//! `support`) used by the integration tests and `benches/courier_bench.rs`,
+//! so it is compiled once instead of into every test binary.
 
 pub mod certs;
 pub mod chaos;
@@ -19,7 +19,6 @@ pub mod python;
 pub mod receiver;
 pub mod setup;
 
-pub(crate) use checks::{check, check_eq, fail};
 pub use checks::{quiet, requests, wait_metric};
 pub use client::{Resp, get, json, metric, metric_sum, post};
 pub use courier::{CliOutput, Courier, courier_bin, proc_status, run_cli};

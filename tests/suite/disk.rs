@@ -1,0 +1,292 @@
+//! A full disk is bad input too: courier answers 507, stores nothing
+//! partial, keeps every event it acknowledged (through a SIGKILL and a start
+//! on the still-full disk), and goes on by itself once there is room.
+
+use std::collections::HashSet;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use support::{Courier, Receiver, Reply, behavior, client, run_cli};
+
+/// A small tmpfs, unmounted on drop. Mounting needs root (the machines
+/// courier is tested on run tests as root); elsewhere the test says so and
+/// passes without running.
+struct SmallDisk(PathBuf);
+
+impl SmallDisk {
+    fn mount(at: &Path, size: &str) -> Result<SmallDisk, String> {
+        std::fs::create_dir_all(at).map_err(|e| e.to_string())?;
+        let out = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(at)
+            .output()
+            .map_err(|e| e.to_string())?;
+        if !out.status.success() {
+            return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+        }
+        Ok(SmallDisk(at.to_path_buf()))
+    }
+
+    /// Fills the disk with `filler` until the write fails, then gives back
+    /// `leave` bytes.
+    fn fill(&self, leave: u64) {
+        let path = self.0.join("filler");
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .expect("filler");
+        let chunk = vec![7u8; 16 * 1024];
+        // Bounded: the disk is a few MiB.
+        for _ in 0..100_000 {
+            if f.write_all(&chunk).is_err() {
+                break;
+            }
+        }
+        let len = f.metadata().expect("filler size").len();
+        f.set_len(len.saturating_sub(leave)).expect("give back");
+    }
+
+    fn free(&self) {
+        std::fs::remove_file(self.0.join("filler")).expect("remove the filler");
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+const BODY: usize = 16 * 1024;
+
+/// A courier whose journal is on a small tmpfs, delivering to a receiver
+/// that answers 503 until `open`, and remembers the ids it answered 200.
+struct Setup {
+    disk: SmallDisk,
+    open: Arc<AtomicBool>,
+    delivered: Arc<Mutex<HashSet<String>>>,
+    _receiver: Receiver,
+    courier: Courier,
+    _tmp: tempfile::TempDir,
+}
+
+async fn setup(size: &str) -> Option<Setup> {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let disk = match SmallDisk::mount(&tmp.path().join("fs"), size) {
+        Ok(d) => d,
+        Err(why) => {
+            println!("skipped: cannot mount a small tmpfs here ({why})");
+            return None;
+        }
+    };
+    let open = Arc::new(AtomicBool::new(false));
+    let delivered = Arc::new(Mutex::new(HashSet::new()));
+    let (gate, sink) = (open.clone(), delivered.clone());
+    let receiver = Receiver::start(behavior(move |r, _| {
+        if !gate.load(Ordering::Relaxed) {
+            return Reply::status(503);
+        }
+        if let (Some(id), Ok(mut sink)) = (r.header("webhook-id"), sink.lock()) {
+            sink.insert(id.to_string());
+        }
+        Reply::status(200)
+    }))
+    .await;
+    let config = format!(
+        "listen: 127.0.0.1:0
+admin_listen: 127.0.0.1:0
+shutdown_grace: 2s
+journal: {{ dir: {}/journal }}
+destinations:
+  orders:
+    url: {}
+    retry: {{ schedule: [1s], max_attempts: 30, jitter: 0 }}
+    status: {{ min_delay: {{ 5xx: 0s }} }}
+    probation: {{ after_failures: 0 }}
+",
+        disk.0.display(),
+        receiver.url()
+    );
+    let courier = Courier::start(tmp.path(), &config).await;
+    Some(Setup {
+        disk,
+        open,
+        delivered,
+        _receiver: receiver,
+        courier,
+        _tmp: tmp,
+    })
+}
+
+fn body() -> String {
+    format!("{{\"pad\":\"{}\"}}", "x".repeat(BODY))
+}
+
+/// Posts until the first 507, which must say why.
+async fn fill_with_events(s: &Setup, acked: &mut HashSet<String>) {
+    let url = s.courier.url("orders");
+    let mut full = None;
+    for i in 0..1000 {
+        let id = format!("e{i}");
+        let r = client::post(&url, body(), &[("idempotency-key", &id)]).await;
+        match r.status {
+            202 => {
+                acked.insert(id);
+            }
+            507 => {
+                full = Some(r);
+                break;
+            }
+            other => panic!("unexpected {other}: {}\n{}", r.text(), s.courier.logs()),
+        }
+    }
+    let full = full.unwrap_or_else(|| panic!("the disk never filled\n{}", s.courier.logs()));
+    // Enough that the loss checks after it mean something; how many fit
+    // depends on how far the indexer lags (the writer keeps room for it).
+    assert!(
+        acked.len() >= 5,
+        "only {} accepted before the disk filled",
+        acked.len()
+    );
+    let err = full.json();
+    assert_eq!(err["reason"], "disk_full", "{err}");
+    assert!(
+        err["error"].as_str().is_some_and(|e| e.contains("disk")),
+        "{err}"
+    );
+}
+
+/// Polls until ingress takes an event again (at most 10 s); prints how
+/// long after `since` that was, and returns the event's id.
+async fn accepted_again(s: &Setup, since: &str) -> String {
+    let start = Instant::now();
+    for n in 0..200 {
+        let id = format!("again{n}");
+        let r = client::post(
+            &s.courier.url("orders"),
+            body(),
+            &[("idempotency-key", &id)],
+        )
+        .await;
+        if r.status == 202 {
+            println!(
+                "ingress accepted again {} ms after {since}",
+                start.elapsed().as_millis()
+            );
+            return id;
+        }
+        assert_eq!(r.status, 507, "{}", r.text());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("ingress stayed at 507 after {since}\n{}", s.courier.logs());
+}
+
+/// Opens the receiver and waits until every acknowledged id got its 200.
+async fn all_delivered(s: &Setup, acked: &HashSet<String>) {
+    s.open.store(true, Ordering::Relaxed);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut got = HashSet::new();
+    // Bounded by the deadline.
+    while Instant::now() < deadline {
+        got = s.delivered.lock().expect("delivered ids").clone();
+        if acked.is_subset(&got) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let missing: Vec<_> = acked.difference(&got).collect();
+    assert!(
+        missing.is_empty(),
+        "{} acknowledged events never delivered: {missing:?}\n{}",
+        missing.len(),
+        s.courier.logs()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_gets_507_and_courier_recovers_by_itself_losing_nothing() {
+    let Some(mut s) = setup("8m").await else {
+        return;
+    };
+    let mut acked = HashSet::new();
+    s.disk.fill(4 * 1024 * 1024);
+    fill_with_events(&s, &mut acked).await;
+    let healthz = format!("{}/healthz", s.courier.admin_url());
+    assert_eq!(
+        client::get(&healthz).await.status,
+        200,
+        "a full disk is no reason to restart"
+    );
+
+    // SIGKILL, and the disk filled to the last byte: with the reserve gone
+    // (given to SQLite at the 507), the start cannot recover and says why.
+    s.courier.kill();
+    s.disk.fill(0);
+    let config_path = s.courier.config_path().display().to_string();
+    let out = run_cli(None, &["run", "-c", &config_path], &[]).await;
+    assert_eq!(out.code, 2, "{}", out.show());
+    assert!(out.stderr.contains("is full"), "{}", out.show());
+    assert!(
+        !out.stderr.contains("aside"),
+        "a full disk is not damage: {}",
+        out.show()
+    );
+
+    // Room again: the start takes its reserve back. Then SIGKILL, the disk
+    // fills up to the last byte, and the reserve is the start's room.
+    s.disk.free();
+    s.courier.restart().await;
+    s.courier.kill();
+    s.disk.fill(0);
+    s.courier.restart().await;
+    let r = client::post(&s.courier.url("orders"), body(), &[]).await;
+    assert_eq!(r.status, 507, "{}\n{}", r.text(), s.courier.logs());
+
+    // Room again: ingress comes back by itself.
+    s.disk.free();
+    let id = accepted_again(&s, "space was freed").await;
+    acked.insert(id);
+
+    all_delivered(&s, &acked).await;
+    s.courier.terminate();
+    let status = s.courier.wait_exit(Duration::from_secs(7)).await;
+    assert!(status.success(), "{status}\n{}", s.courier.logs());
+}
+
+/// SIGTERM on a full disk keeps to its grace and loses nothing: the next
+/// start, once there is room, delivers every acknowledged event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_on_a_full_disk_exits_within_its_grace() {
+    let Some(mut s) = setup("8m").await else {
+        return;
+    };
+    let mut acked = HashSet::new();
+    s.disk.fill(4 * 1024 * 1024);
+    fill_with_events(&s, &mut acked).await;
+    s.courier.terminate();
+    // shutdown_grace 2s, plus the journal's close.
+    let status = s.courier.wait_exit(Duration::from_secs(7)).await;
+    assert!(status.success(), "{status}\n{}", s.courier.logs());
+    s.disk.free();
+    s.courier.restart().await;
+    all_delivered(&s, &acked).await;
+}
+
+/// The disk filled by courier's own backlog (the receiver down), with no
+/// operator to free anything: once the receiver is back and the backlog is
+/// delivered, the space goes back to the volume and ingress
+/// opens again by itself. Red before ingress kept room for SQLite: the
+/// backlog's WAL frames could then not be checkpointed into journal.db, and
+/// no delivery could be recorded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_disk_filled_by_the_backlog_opens_again_once_it_is_delivered() {
+    let Some(s) = setup("8m").await else { return };
+    let mut acked = HashSet::new();
+    fill_with_events(&s, &mut acked).await;
+    all_delivered(&s, &acked).await;
+    accepted_again(&s, "the backlog was delivered").await;
+}

@@ -1,0 +1,197 @@
+//! Mass expiry at speed (issue #12, item 4): a paused destination's backlog
+//! whose TTL runs out is dead-lettered in groups (one sink append and sync,
+//! one journal commit per group), each event exactly once. The rate is the
+//! benchmark's (`cargo bench --bench courier_bench -- --steps x`); this test
+//! bounds the wait only so far that one sync per event would miss it.
+
+use serde_json::{Value, json};
+use std::collections::HashMap;
+use std::path::Path;
+use std::time::{Duration, Instant};
+use support::{
+    Courier, Receiver, check, check_eq, config, dl_dir, fail, metric, post, proc_status,
+    read_dead_letters, wait_metric,
+};
+
+const EVENTS: usize = 100_000;
+const PER_REQUEST: usize = 1000;
+/// One fsync per event took about 60 s for 100,000 here; groups take ~5 s.
+const DEADLINE: Duration = Duration::from_secs(40);
+/// Beyond the runtime's workers (one per core): the main thread, the
+/// journal's writer, indexer and checkpointer, the log writer, the config
+/// watcher, and a few blocking threads for index reads and the two expiry
+/// groups' sink writes (~10 in all on 2 cores).
+const MAX_OTHER_THREADS: u64 = 22;
+
+/// An Event Grid array of `n` events, ids `{prefix}{from}` onwards.
+fn events(prefix: &str, from: usize, n: usize) -> String {
+    let events: Vec<Value> = (from..from + n)
+        .map(|i| json!({"id": format!("{prefix}{i}"), "subject": "s", "eventType": "t", "eventTime": "2026-11-23T09:00:00Z", "data": {"n": i}, "dataVersion": "1"}))
+        .collect();
+    Value::Array(events).to_string()
+}
+
+/// Pauses or resumes the destination `orders` through the admin API.
+async fn orders(c: &Courier, verb: &str) {
+    let url = format!("{}/v1/destinations/orders/{verb}", c.admin_url());
+    let resp = post(&url, "", &[]).await;
+    check_eq!(c, resp.status, 200, "{verb}: {}", resp.text());
+}
+
+/// A stopped courier whose paused destination `orders` holds `n` events
+/// (ids `old0`…) made 61 s older while it was stopped: past their 1 m TTL.
+async fn aged_backlog(rx: &Receiver, dir: &Path, extra: &str, n: usize) -> Courier {
+    let yaml = config(
+        "orders",
+        &rx.url(),
+        &format!("schema: eventgrid\nretry: {{ event_ttl: 1m }}\n{extra}"),
+    )
+    .replacen("log: { level: debug }", "log: { level: info }", 1);
+    let mut c = Courier::start(dir, &yaml).await;
+    orders(&c, "pause").await;
+    for from in (0..n).step_by(PER_REQUEST) {
+        let body = events("old", from, PER_REQUEST.min(n - from));
+        let resp = post(&c.url("orders"), body, &[]).await;
+        check!(
+            c,
+            resp.status < 300,
+            "publish from {from}: {} {}",
+            resp.status,
+            resp.text()
+        );
+    }
+    c.terminate();
+    c.wait_exit(Duration::from_secs(30)).await;
+    let db = dir.join("journal").join("journal.db");
+    let aged = rusqlite::Connection::open(&db)
+        .and_then(|conn| conn.execute("UPDATE events SET accepted_ms = accepted_ms - 61000", []))
+        .unwrap_or_else(|e| fail!(c, "age the events in {}: {e}", db.display()));
+    check_eq!(c, aged, n, "rows aged");
+    c
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_backlog_past_its_ttl_is_dead_lettered_each_event_once() {
+    let rx = Receiver::ok().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut c = aged_backlog(&rx, dir.path(), "concurrency: 64", EVENTS).await;
+    let started = Instant::now();
+    c.restart().await;
+    let series =
+        r#"courier_events_dead_lettered_total{destination="orders",reason="TimeToLiveExceeded"}"#;
+    let mut threads = 0;
+    // Bounded by the deadline.
+    loop {
+        threads = threads.max(proc_status(c.pid(), "Threads").unwrap_or(0));
+        let dead = metric(&c.admin_url(), series).await.unwrap_or(0.0);
+        if dead >= EVENTS as f64 {
+            break;
+        }
+        if started.elapsed() >= DEADLINE {
+            fail!(c, "{dead} of {EVENTS} dead-lettered within {DEADLINE:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    eprintln!(
+        "{EVENTS} expired events dead-lettered {:?} after the restart, at most {threads} threads",
+        started.elapsed()
+    );
+    // Events read into memory before they were seen as expired once went
+    // one task and one blocking sink write each: 76 threads here (waiting
+    // on the sink's lock), and 166–195 MiB of RSS with 1 KiB events.
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get()) as u64;
+    check!(
+        c,
+        threads <= cores + MAX_OTHER_THREADS,
+        "{threads} threads while dead-lettering: expired events are not written in groups"
+    );
+    let (_, records) = read_dead_letters(&c, &dl_dir(&c, "orders"));
+    check_eq!(c, records.len(), EVENTS, "records");
+    let mut seen: HashMap<&str, usize> = HashMap::new();
+    for r in &records {
+        *seen
+            .entry(r["id"].as_str().unwrap_or_default())
+            .or_default() += 1;
+        if r["deadLetterReason"] != "TimeToLiveExceeded" || r["deliveryAttempts"] != 0 {
+            fail!(c, "not a TTL dead letter of an unattempted event: {r}");
+        }
+    }
+    check_eq!(c, seen.len(), EVENTS, "distinct ids");
+    check!(
+        c,
+        seen.values().all(|&n| n == 1),
+        "an event was dead-lettered twice"
+    );
+    check!(
+        c,
+        (0..EVENTS).all(|i| seen.contains_key(format!("old{i}").as_str())),
+        "an id is missing"
+    );
+    check_eq!(c, rx.count(), 0, "a paused destination was sent to");
+    let pending = metric(
+        &c.admin_url(),
+        r#"courier_events_pending{destination="orders"}"#,
+    )
+    .await;
+    check_eq!(c, pending, Some(0.0));
+}
+
+/// While the dead-letter sink fails (its writes retried for 10 minutes),
+/// expired events wait for it in memory, a group's worth at most, and the
+/// live events behind them are still delivered. Dead-lettering each
+/// expired event in a task of its own held every slot instead, and
+/// waiting at the front for a free group stopped delivery outright.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn live_events_are_delivered_while_expired_ones_wait_for_a_failing_sink() {
+    const EXPIRED: usize = 2500;
+    const LIVE: usize = 50;
+    let rx = Receiver::ok().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut c = aged_backlog(&rx, dir.path(), "", EXPIRED).await;
+    // The destination's dead-letter folder is a file: every write fails.
+    let sink = dl_dir(&c, "orders");
+    if let Some(parent) = sink.parent() {
+        std::fs::create_dir_all(parent).expect("dead-letter root");
+    }
+    std::fs::write(&sink, b"not a folder").expect("block the sink");
+    c.restart().await;
+    let resp = post(&c.url("orders"), events("live", 0, LIVE), &[]).await;
+    check!(
+        c,
+        resp.status < 300,
+        "publish: {} {}",
+        resp.status,
+        resp.text()
+    );
+    orders(&c, "resume").await;
+    let Some(got) = rx.try_wait_for(LIVE, Duration::from_secs(20)).await else {
+        let state = support::get(&format!("{}/v1/destinations", c.admin_url())).await;
+        fail!(
+            c,
+            "{} of {LIVE} live events delivered while expired ones wait for the sink; {}",
+            rx.count(),
+            state.text()
+        );
+    };
+    for r in &got {
+        let id = r.json()[0]["id"].as_str().unwrap_or_default().to_string();
+        check!(c, id.starts_with("live"), "an expired event was sent: {id}");
+    }
+    check!(
+        c,
+        c.logged(
+            |l| l.contains("cannot write the dead letter; retrying"),
+            Duration::from_secs(5)
+        )
+        .await,
+        "the sink did not fail as the test meant"
+    );
+    // The expired events stay pending, the live ones' deletes recorded.
+    wait_metric(
+        &c,
+        r#"courier_events_pending{destination="orders"}"#,
+        EXPIRED as f64,
+        Duration::from_secs(10),
+    )
+    .await;
+}
