@@ -192,12 +192,6 @@ impl ChaosReceiver {
         self.state.seed
     }
 
-    /// The action for attempt `attempt` of event `id` (what the receiver
-    /// does, or will do, to it).
-    pub fn action_for(&self, id: &str, attempt: u32) -> Action {
-        pick(self.state.seed, &self.state.mix, id, attempt)
-    }
-
     /// Every request so far, in the order the heads were read.
     pub fn records(&self) -> Vec<ChaosRecord> {
         self.state.records().clone()

@@ -199,7 +199,7 @@ pub async fn metric_sum(admin_url: &str, selector: &str) -> f64 {
 type Series = (String, Vec<(String, String)>);
 
 /// Parses `name{a="x",b="y"}` (labels optional).
-pub fn parse_series(s: &str) -> Option<Series> {
+fn parse_series(s: &str) -> Option<Series> {
     let s = s.trim();
     let Some(open) = s.find('{') else {
         return (!s.is_empty()).then(|| (s.to_owned(), Vec::new()));

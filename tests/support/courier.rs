@@ -200,11 +200,6 @@ impl Courier {
         }
     }
 
-    /// `http://127.0.0.1:PORT` of the ingress.
-    pub fn ingress_url(&self) -> String {
-        format!("http://{}", self.ingress)
-    }
-
     /// `http://127.0.0.1:PORT/{path}` on the ingress, e.g. `url("orders")`.
     pub fn url(&self, path: &str) -> String {
         format!("http://{}/{}", self.ingress, path.trim_start_matches('/'))
@@ -217,10 +212,6 @@ impl Courier {
 
     pub fn ingress_addr(&self) -> SocketAddr {
         self.ingress
-    }
-
-    pub fn admin_addr(&self) -> SocketAddr {
-        self.admin
     }
 
     pub fn dir(&self) -> &Path {
@@ -284,7 +275,7 @@ impl Courier {
     }
 
     /// The exit status if the process has exited (reaps it).
-    pub fn try_exit(&mut self) -> Option<ExitStatus> {
+    fn try_exit(&mut self) -> Option<ExitStatus> {
         if self.exit.is_none()
             && let Ok(Some(status)) = self.child.try_wait()
         {

@@ -46,11 +46,6 @@ impl LoadReport {
         per_second(self.ok, self.elapsed)
     }
 
-    /// Answers with `status` per second.
-    pub fn status_rate(&self, status: u16) -> f64 {
-        per_second(self.status_count(status), self.elapsed)
-    }
-
     pub fn status_count(&self, status: u16) -> u64 {
         self.statuses.get(&status).copied().unwrap_or(0)
     }
