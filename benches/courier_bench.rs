@@ -17,9 +17,13 @@
 //! e. idle RSS: one destination, nothing sent, after 2 s;
 //! h. the floor of courier's HTTP stack (`courier_bench/floor.rs`): wrk
 //!    through a proxy made of hyper and hyper-util's client alone (nothing
-//!    stored), and step c's backlog sent to nginx by a hyper client with 64
-//!    connections: what the crates courier is built on reach here without
-//!    courier, beside nginx's `proxy` and `direct`;
+//!    stored); through the least durable sidecar (each body appended and
+//!    `fdatasync`ed in groups before its 202, then sent on from memory
+//!    once: no index, retries or acks), accept only and end to end; and
+//!    step c's backlog sent to nginx by a hyper client with 64
+//!    connections: what the crates courier is built on, and durability on
+//!    this disk, reach here without courier, beside nginx's `proxy` and
+//!    `direct`;
 //! p. passthrough (issue #11): wrk through a `mode: passthrough`
 //!    destination to nginx (beside `direct` and `proxy`), then to a receiver
 //!    in this process answering 200, and to the same receiver answering each
@@ -807,11 +811,12 @@ async fn idle(label: &str, bin: &Path, rx: &str) -> Result<Row, String> {
     })
 }
 
-/// Step h: the HTTP stack's floor (`floor.rs`), run once as the baselines
-/// are. Its CPU is this process's.
+/// Step h: the floor of courier's HTTP stack and of durability
+/// (`floor.rs`), run once as the baselines are. Its CPU is this process's.
 async fn floor_rows(nginx: &Nginx, args: &Args) -> Result<Vec<Row>, String> {
     let me = std::process::id();
-    let proxy = floor::Proxy::start(&Nginx::url(nginx.direct))?;
+    let upstream = Nginx::url(nginx.direct);
+    let proxy = floor::proxy(&upstream)?;
     let cpu = cpu_seconds(me).unwrap_or(0.0);
     let w = wrk(&Nginx::url(proxy.port), args).await?;
     let used = cpu_seconds(me).unwrap_or(0.0) - cpu;
@@ -819,6 +824,10 @@ async fn floor_rows(nginx: &Nginx, args: &Args) -> Result<Vec<Row>, String> {
     let mut proxied = Row::load("floor h. hyper proxy → nginx, nothing stored".into(), &w);
     proxied.cpu = Some(used);
     proxied.note = format!("CPU: the proxy's process. {}", proxied.note);
+    let mut rows = vec![proxied];
+    for deliver in [false, true] {
+        rows.push(durable_floor(&upstream, deliver, args).await?);
+    }
     let events = backlog(DRAIN_BACKLOG, args);
     let spec = events_to(Nginx::url(nginx.direct), FLOOR_CONNECTIONS);
     let cpu = cpu_seconds(me).unwrap_or(0.0);
@@ -841,7 +850,53 @@ async fn floor_rows(nginx: &Nginx, args: &Args) -> Result<Vec<Row>, String> {
         ),
         ..Row::default()
     };
-    Ok(vec![proxied, sent])
+    rows.push(sent);
+    Ok(rows)
+}
+
+/// Step h's durable proxy under wrk: accept only, or end to end (as step
+/// b: accepted / (load + the drain after it)).
+async fn durable_floor(upstream: &str, deliver: bool, args: &Args) -> Result<Row, String> {
+    let me = std::process::id();
+    let dir = tempfile::tempdir().map_err(|e| format!("tempdir for the floor: {e}"))?;
+    let (server, counts) =
+        floor::durable(&dir.path().join("journal"), deliver.then_some(upstream))?;
+    let cpu = cpu_seconds(me).unwrap_or(0.0);
+    let w = wrk(&Nginx::url(server.port), args).await?;
+    let load = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
+    let (accepted, during) = (load(&counts.accepted), load(&counts.delivered));
+    let start = Instant::now();
+    // Bounded by the deadline.
+    while deliver && load(&counts.delivered) + load(&counts.failed) < accepted {
+        if start.elapsed() >= DEADLINE {
+            return Err(format!(
+                "durable floor: {accepted} accepted, {} delivered after {DEADLINE:?}",
+                load(&counts.delivered)
+            ));
+        }
+        tokio::time::sleep(POLL).await;
+    }
+    let drain = start.elapsed().as_secs_f64();
+    let used = cpu_seconds(me).unwrap_or(0.0) - cpu;
+    drop(server);
+    let what = if deliver {
+        "end to end, delivered from memory"
+    } else {
+        "accept only"
+    };
+    let mut row = Row::load(format!("floor h. hyper + append + fdatasync, {what}"), &w);
+    row.cpu = Some(used);
+    if deliver {
+        row.rate = Some(accepted as f64 / (w.seconds + drain));
+        row.note = format!(
+            "accepted {accepted} ({:.0}/s), delivered {during} during the load, drain {drain:.1} s, failed {}. {}",
+            w.rate,
+            load(&counts.failed),
+            row.note
+        );
+    }
+    row.note = format!("CPU: the proxy's process. {}", row.note);
+    Ok(row)
 }
 
 /// Step p: passthrough to nginx, to an in-process receiver, and to the
