@@ -395,7 +395,8 @@ impl Indexer {
         };
         self.unspillable.retain(|s, _| self.pins.contains_key(s));
         let events = self.pins.get(&start).map_or(0, |p| p.events);
-        let placed = store::placed_in(&self.conn, start, start + size)?;
+        let seqs = seqs_in(&self.dir, start, size);
+        let placed = store::placed_in(&self.conn, start, start + size, seqs)?;
         let mut fetch = Fetch::new(&self.dir);
         let mut moved = Vec::with_capacity(placed.len());
         for (seq, place) in placed {
@@ -860,6 +861,21 @@ impl Indexer {
         }
         JournalError::Failed(reason)
     }
+}
+
+/// The seqs of the events in the segment at `start`: from the first seq of
+/// its first record to that of the next segment's. Events go into the log
+/// in seq order, so every row pointing into the segment is in this range;
+/// where a first record cannot be read, the range stays open on that side.
+pub(super) fn seqs_in(dir: &Path, start: u64, size: u64) -> std::ops::Range<i64> {
+    let mut reader = LogReader::new(dir);
+    let mut first_seq = |lsn| match reader.read(lsn) {
+        Ok(Read::Record(events, _)) => events.first().map(|l| l.seq),
+        _ => None,
+    };
+    let from = first_seq(start).unwrap_or(i64::MIN);
+    let to = first_seq(start + size).unwrap_or(i64::MAX);
+    from..to
 }
 
 /// Indexing and checkpoints are catch-up work: under a burst the threads

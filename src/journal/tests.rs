@@ -1,7 +1,7 @@
 //! The journal across its two stages: what the intake log alone holds
 //! comes back at open, and what a damaged log would lose stops the start.
 
-use super::indexer::SPILL_EVERY;
+use super::indexer::{SPILL_EVERY, seqs_in};
 use super::intake::{self, LogReader, LogWriter};
 use super::*;
 use bytes::Bytes;
@@ -204,7 +204,9 @@ async fn a_mostly_delivered_segment_is_spilled_and_recycled() {
         )
         .expect("row")
     };
-    let first = intake::segments(tmp.path()).expect("list")[0].0;
+    let (first, size, _) = intake::segments(tmp.path()).expect("list")[0].clone();
+    // A spill finds the segment's rows by their seqs (no index on `at`).
+    assert_eq!(seqs_in(tmp.path(), first, size), 1..16);
     // 12 of the first segment's 15 MiB still wait: it stays.
     journal
         .apply((1..=3).map(delete_big).collect())
@@ -270,6 +272,29 @@ async fn a_mostly_delivered_segment_is_spilled_and_recycled() {
     let (journal, summary) = reopen(tmp.path()).await;
     assert_eq!(summary[0].pending, 6 + appended);
     read(journal).await;
+}
+
+/// The index on `at` of journals from before spills found rows by seq
+/// goes at open: it only made every insert dearer.
+#[tokio::test]
+async fn an_older_journal_loses_its_index_on_at() {
+    let (tmp, journal, conn) = with_big_rows(2).await;
+    journal.close().await;
+    drop(journal);
+    conn.execute_batch("CREATE INDEX events_at ON events(at) WHERE at IS NOT NULL")
+        .expect("the older index");
+    drop(conn);
+    let (journal, _) = reopen(tmp.path()).await;
+    let conn = Connection::open(tmp.path().join(FILE)).expect("open db");
+    let left: i64 = conn
+        .query_row(
+            "SELECT COUNT(*) FROM sqlite_master WHERE type = 'index' AND name = 'events_at'",
+            [],
+            |r| r.get(0),
+        )
+        .expect("count");
+    assert_eq!(left, 0);
+    journal.close().await;
 }
 
 #[tokio::test]
