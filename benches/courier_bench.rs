@@ -863,15 +863,15 @@ async fn durable_floor(upstream: &str, deliver: bool, args: &Args) -> Result<Row
         floor::durable(&dir.path().join("journal"), deliver.then_some(upstream))?;
     let cpu = cpu_seconds(me).unwrap_or(0.0);
     let w = wrk(&Nginx::url(server.port), args).await?;
-    let load = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
-    let (accepted, during) = (load(&counts.accepted), load(&counts.delivered));
+    let count = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
+    let (accepted, during) = (count(&counts.accepted), count(&counts.delivered));
     let start = Instant::now();
     // Bounded by the deadline.
-    while deliver && load(&counts.delivered) + load(&counts.failed) < accepted {
+    while deliver && count(&counts.delivered) + count(&counts.failed) < accepted {
         if start.elapsed() >= DEADLINE {
             return Err(format!(
                 "durable floor: {accepted} accepted, {} delivered after {DEADLINE:?}",
-                load(&counts.delivered)
+                count(&counts.delivered)
             ));
         }
         tokio::time::sleep(POLL).await;
@@ -891,7 +891,7 @@ async fn durable_floor(upstream: &str, deliver: bool, args: &Args) -> Result<Row
         row.note = format!(
             "accepted {accepted} ({:.0}/s), delivered {during} during the load, drain {drain:.1} s, failed {}. {}",
             w.rate,
-            load(&counts.failed),
+            count(&counts.failed),
             row.note
         );
     }

@@ -866,11 +866,12 @@ impl Indexer {
 /// The seqs of the events in the segment at `start`: from the first seq of
 /// its first record to that of the next segment's. Events go into the log
 /// in seq order, so every row pointing into the segment is in this range;
-/// where a first record cannot be read, the range stays open on that side.
+/// where a first record cannot be read, the range stays open on that side
+/// (a read that went on into a later segment does not count).
 pub(super) fn seqs_in(dir: &Path, start: u64, size: u64) -> std::ops::Range<i64> {
     let mut reader = LogReader::new(dir);
     let mut first_seq = |lsn| match reader.read(lsn) {
-        Ok(Read::Record(events, _)) => events.first().map(|l| l.seq),
+        Ok(Read::Record(events, _)) => events.first().filter(|l| l.segment == lsn).map(|l| l.seq),
         _ => None,
     };
     let from = first_seq(start).unwrap_or(i64::MIN);

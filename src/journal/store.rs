@@ -69,7 +69,6 @@ const PLACES: &str = "
 ALTER TABLE events ADD COLUMN at INTEGER;
 ALTER TABLE events ADD COLUMN len INTEGER;
 ";
-///
 /// No index on `at`: rows point into the log in seq order, so the rows of
 /// one segment are a range of seqs (`placed_in`). The index cost every
 /// insert ~1 µs (14% of the indexer's CPU per accepted event) for a spill
