@@ -64,8 +64,14 @@ pub const MAX_ID: usize = 256;
 /// `custom` schema: the app's `Idempotency-Key`, else `webhook-id`, else a
 /// new UUIDv7. `Err` carries the header whose value is unusable.
 pub fn event_id(headers: &HeaderMap) -> Result<String, &'static str> {
-    for name in ["idempotency-key", "webhook-id"] {
+    // Names made once: a `&str` key is parsed again at every lookup.
+    static NAMES: [http::HeaderName; 2] = [
+        http::HeaderName::from_static("idempotency-key"),
+        http::HeaderName::from_static("webhook-id"),
+    ];
+    for name in NAMES.iter() {
         if let Some(v) = headers.get(name) {
+            let name = name.as_str();
             let id = v.to_str().map_err(|_| name)?.trim();
             if id.is_empty() || id.len() > MAX_ID {
                 return Err(name);

@@ -42,7 +42,7 @@ impl ReadyQueue {
     /// Holds `ev` unless that would pass the bound; `false`: left to the index.
     pub fn push(&mut self, ev: StoredEvent) -> bool {
         let size = ev.event.size();
-        if self.bytes + size > self.limit {
+        if !self.fits(size) {
             return false;
         }
         self.bytes += size;
@@ -50,6 +50,11 @@ impl ReadyQueue {
             self.bytes -= old.event.size();
         }
         true
+    }
+
+    /// Whether an event of `size` bytes would be held.
+    pub fn fits(&self, size: u64) -> bool {
+        self.bytes + size <= self.limit
     }
 
     /// Up to `n` events, oldest first.

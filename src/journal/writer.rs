@@ -90,32 +90,41 @@ impl Writer {
         let result = self.write(group, payload);
         metrics::journal_sync(started.elapsed());
         match &result {
-            Ok(end) => {
-                account(group, &self.shared);
-                // Published first: a change to one of them (sent once a
-                // dispatcher took it) must find it in the log. The indexer
-                // is woken only when it sleeps with nothing to index.
-                self.shared.written_end.store(*end, Ordering::SeqCst);
-                if self.shared.indexer_idle.swap(false, Ordering::SeqCst) {
-                    let _ = self.indexer.send(ToIndexer::Wake);
-                }
-                make_ready(group, first_seq, &self.shared);
-            }
+            Ok(_) => account(group, &self.shared),
             Err(_) => release(group, &self.shared),
         }
-        let result = result.map(|_| ());
+        // The answers go first: every app waits for its group's turn, and
+        // what follows only hands the events on.
+        let answer = result.as_ref().map(|_| ()).map_err(Clone::clone);
         let now = crate::clock::now_ms();
+        let mut written = Vec::new();
         for cmd in group.drain(..) {
-            if let Command::Append { reply, claims, .. } = cmd {
+            if let Command::Append {
+                events,
+                reply,
+                claims,
+            } = cmd
+            {
                 // Duplicates of these ids become duplicates only now; on
                 // failure the claims drop and free the ids.
-                if result.is_ok() {
+                if answer.is_ok() {
                     for claim in claims {
                         claim.stored(now);
                     }
                 }
-                let _ = reply.send(result.clone());
+                let _ = reply.send(answer.clone());
+                written.extend(events);
             }
+        }
+        if let Ok(end) = result {
+            // Published first: a change to one of them (sent once a
+            // dispatcher took it) must find it in the log. The indexer is
+            // woken only when it sleeps with nothing to index.
+            self.shared.written_end.store(end, Ordering::SeqCst);
+            if self.shared.indexer_idle.swap(false, Ordering::SeqCst) {
+                let _ = self.indexer.send(ToIndexer::Wake);
+            }
+            make_ready(written, first_seq, &self.shared);
         }
     }
 
@@ -286,47 +295,42 @@ fn account(group: &[Command], shared: &Shared) {
 /// lock, which the indexer takes to claim records: an event already
 /// claimed is (or is about to be) a row, where its dispatcher finds it,
 /// so it must not be handed out a second time from memory.
-fn make_ready(group: &mut [Command], first_seq: i64, shared: &Shared) {
+fn make_ready(events: Vec<NewEvent>, first_seq: i64, shared: &Shared) {
     let states = shared.destinations.load();
     let Ok(skip) = shared.skip.lock() else {
         return;
     };
-    let mut seq = first_seq;
     let mut woken: Vec<&DestinationState> = Vec::new();
-    for cmd in group {
-        let Command::Append { events, .. } = cmd else {
+    for (seq, mut event) in (first_seq..).zip(events) {
+        let Some(state) = states.get(&event.destination) else {
             continue;
         };
-        for mut event in std::mem::take(events) {
-            let this = seq;
-            seq += 1;
-            let Some(state) = states.get(&event.destination) else {
-                continue;
-            };
-            if skip.claimed(this) {
-                continue;
+        if skip.claimed(seq) {
+            continue;
+        }
+        let held = match state.ready.lock() {
+            // Looked at before the copy: a paused destination's queue
+            // stays full while its backlog grows.
+            Ok(mut ready) if ready.fits(event.size()) => {
+                // Its own bytes: the body may be a slice of a large
+                // request (an array post, a topic's fan-out), which must
+                // not stay alive for one small event.
+                event.body = bytes::Bytes::copy_from_slice(&event.body);
+                ready.push(StoredEvent {
+                    seq,
+                    next_due_ms: event.accepted_ms,
+                    event,
+                    attempts: 0,
+                    last_outcome: None,
+                    last_status: None,
+                    last_attempt_ms: None,
+                    batch: None,
+                })
             }
-            // Its own bytes: the body may be a slice of a large request
-            // (an array post, a topic's fan-out), which must not stay alive
-            // for one small event.
-            event.body = bytes::Bytes::copy_from_slice(&event.body);
-            let ev = StoredEvent {
-                seq: this,
-                next_due_ms: event.accepted_ms,
-                event,
-                attempts: 0,
-                last_outcome: None,
-                last_status: None,
-                last_attempt_ms: None,
-                batch: None,
-            };
-            let held = match state.ready.lock() {
-                Ok(mut ready) => ready.push(ev),
-                Err(_) => false,
-            };
-            if held && !woken.iter().any(|w| std::ptr::eq(*w, state.as_ref())) {
-                woken.push(state);
-            }
+            _ => false,
+        };
+        if held && !woken.iter().any(|w| std::ptr::eq(*w, state.as_ref())) {
+            woken.push(state);
         }
     }
     for state in woken {
