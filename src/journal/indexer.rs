@@ -128,6 +128,9 @@ pub(super) struct Indexer {
     /// unreadable), with their row count then: passed over until it
     /// changes, so one damaged event does not hold back every later spill.
     unspillable: HashMap<u64, i64>,
+    /// Segments a spill could take, with their count of waiting events and
+    /// since when it has stayed so.
+    settling: HashMap<u64, (i64, Instant)>,
     /// The lsn up to which rows are in SQLite.
     indexed: u64,
     /// The lsn up to which they are synced.
@@ -202,6 +205,7 @@ impl Indexer {
             log_synced: 0,
             last_spill: Instant::now(),
             unspillable: HashMap::new(),
+            settling: HashMap::new(),
             indexed,
             durable: indexed,
             rows_through: 0,
@@ -375,22 +379,38 @@ impl Indexer {
     /// one event retried for hours must not keep 16 MiB of delivered ones
     /// on the volume. A segment mostly live (a paused destination's
     /// backlog) stays: copying it would only double its bytes for a while.
+    /// Nor one whose events are still going out (its count of waiting
+    /// events changed within `SPILL_EVERY`): it frees itself, and copying
+    /// its rest would write those events twice for nothing (a drain of a
+    /// 100k backlog copied 15% of its events into rows).
     /// Returns whether another segment may be waiting: the caller looks
     /// again at its next turn.
     fn spill(&mut self) -> Result<bool, IndexError> {
         let sizes = super::intake::segments(&self.dir).map_err(ReadError::Io)?;
-        let Some((start, size)) =
-            sizes
-                .iter()
-                .map(|(start, size, _)| (*start, *size))
-                .find(|(start, size)| {
-                    start + size <= self.durable
-                        && self.pins.get(start).is_some_and(|p| {
-                            (p.bytes.max(0) as u64) * 2 < *size
-                                && self.unspillable.get(start) != Some(&p.events)
-                        })
-                })
-        else {
+        let now = Instant::now();
+        let mut candidates = HashMap::new();
+        let mut found = None;
+        for &(start, size, _) in &sizes {
+            let Some(pin) = self.pins.get(&start) else {
+                continue;
+            };
+            if start + size > self.durable
+                || (pin.bytes.max(0) as u64) * 2 >= size
+                || self.unspillable.get(&start) == Some(&pin.events)
+            {
+                continue;
+            }
+            let since = match self.settling.get(&start) {
+                Some(&(events, since)) if events == pin.events => since,
+                _ => now,
+            };
+            candidates.insert(start, (pin.events, since));
+            if found.is_none() && now.duration_since(since) >= SPILL_EVERY {
+                found = Some((start, size));
+            }
+        }
+        self.settling = candidates;
+        let Some((start, size)) = found else {
             return Ok(false);
         };
         self.unspillable.retain(|s, _| self.pins.contains_key(s));

@@ -274,6 +274,39 @@ async fn a_mostly_delivered_segment_is_spilled_and_recycled() {
     read(journal).await;
 }
 
+/// A segment whose events are still going out is left to free itself,
+/// even once most of it is delivered: copying its rest into rows would
+/// write those events twice while a drain sends them anyway.
+#[tokio::test]
+async fn a_segment_still_draining_is_not_spilled() {
+    let (_tmp, journal, conn) = with_big_rows(20).await;
+    let placed = |seq: i64| -> bool {
+        conn.query_row(
+            "SELECT at IS NOT NULL FROM events WHERE seq = ?1",
+            [seq],
+            |r| r.get(0),
+        )
+        .expect("row")
+    };
+    // 5 of the first segment's 15 still wait, then one fewer at each step.
+    journal
+        .apply((1..=10).map(delete_big).collect())
+        .await
+        .expect("apply");
+    for seq in 11..=14 {
+        tokio::time::sleep(SPILL_EVERY / 4).await;
+        journal.apply(vec![delete_big(seq)]).await.expect("apply");
+        assert!(placed(15), "a segment still draining was spilled");
+    }
+    // 1.25 looks' time since it was less than half live: a spill that did
+    // not wait for the drain to stop has come round by now.
+    tokio::time::sleep(SPILL_EVERY / 4).await;
+    assert!(placed(15), "a segment still draining was spilled");
+    // Once nothing more of it goes out, its last event is copied.
+    until("the settled segment is spilled", || !placed(15)).await;
+    journal.close().await;
+}
+
 /// The index on `at` of journals from before spills found rows by seq
 /// goes at open: it only made every insert dearer.
 #[tokio::test]
