@@ -24,8 +24,9 @@ pub(super) async fn keep_pace(shared: &Shared, events: &[NewEvent]) {
     // accept-only: 9% of admission).
     let mut names: Vec<&str> = Vec::with_capacity(1);
     for e in events {
-        if !names.contains(&e.destination.as_str()) {
-            names.push(&e.destination);
+        let name = e.destination.as_str();
+        if names.last() != Some(&name) && !names.contains(&name) {
+            names.push(name);
         }
     }
     let deadline = tokio::time::Instant::now() + MAX_WAIT;

@@ -16,9 +16,10 @@ use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
-/// How much one read of the log takes in: rows read together (a refill in
-/// due order, a spill) mostly point into one stretch of a segment, so the
-/// next events are then in memory, not one `pread` each.
+/// How much one read of the log takes in once reads go forward: rows read
+/// together (a refill of a backlog, a spill) mostly point into one stretch
+/// of a segment, so the next events are then in memory, not one `pread`
+/// each. Retries due at scattered times read just their event.
 const READ_AHEAD: u64 = 64 * 1024;
 
 /// The segments one read (of a refill, a spill, an inspection) needs,
@@ -32,6 +33,8 @@ pub struct Fetch {
     /// The bytes last read, and the lsn where they start.
     ahead: Vec<u8>,
     ahead_at: u64,
+    /// Where the last event asked for ended.
+    last_end: u64,
 }
 
 /// (start, size, handle once opened, path).
@@ -44,6 +47,7 @@ impl Fetch {
             segments: None,
             ahead: Vec::new(),
             ahead_at: 0,
+            last_end: 0,
         }
     }
 
@@ -79,9 +83,14 @@ impl Fetch {
                     Err(e) => return Err(e),
                 },
             };
-            let want = u64::from(place.len)
-                .max(READ_AHEAD)
-                .min(start + size - place.at);
+            let forward = (self.last_end..self.last_end + READ_AHEAD).contains(&place.at);
+            let want = if forward {
+                u64::from(place.len)
+                    .max(READ_AHEAD)
+                    .min(start + size - place.at)
+            } else {
+                u64::from(place.len)
+            };
             self.ahead.resize(want as usize, 0);
             self.ahead_at = place.at;
             let got = read_at_least(file, &mut self.ahead, place.at - start, place.len as usize);
@@ -96,6 +105,7 @@ impl Fetch {
                 return Ok(None);
             }
         }
+        self.last_end = end;
         let from = (place.at - self.ahead_at) as usize;
         let bytes = &self.ahead[from..from + place.len as usize];
         if crc32c::crc32c(bytes) != place.crc {

@@ -87,6 +87,11 @@ const FULL_CHUNK_BYTES: u64 = 256 * 1024;
 const EXPIRE_SEEN_EVERY: Duration = Duration::from_secs(10);
 /// How often the segments rows point into are looked at for a spill.
 pub(super) const SPILL_EVERY: Duration = Duration::from_secs(1);
+/// The longest a segment waits for a spill while its events go on going
+/// out: a slow trickle (retries delivered one by one from many old
+/// segments) must not keep every such segment on the volume for hours.
+/// A drain of 800 events/s empties half a segment of 1 KiB events within it.
+const SPILL_WAITS_AT_MOST: Duration = Duration::from_secs(10);
 
 type Reply = oneshot::Sender<Result<(), JournalError>>;
 /// Changes, whether they must be synced before the reply, and the reply.
@@ -128,9 +133,9 @@ pub(super) struct Indexer {
     /// unreadable), with their row count then: passed over until it
     /// changes, so one damaged event does not hold back every later spill.
     unspillable: HashMap<u64, i64>,
-    /// Segments a spill could take, with their count of waiting events and
-    /// since when it has stayed so.
-    settling: HashMap<u64, (i64, Instant)>,
+    /// Segments a spill could take: their count of waiting events, since
+    /// when it has stayed so, and since when they could be taken.
+    settling: HashMap<u64, (i64, Instant, Instant)>,
     /// The lsn up to which rows are in SQLite.
     indexed: u64,
     /// The lsn up to which they are synced.
@@ -379,10 +384,10 @@ impl Indexer {
     /// one event retried for hours must not keep 16 MiB of delivered ones
     /// on the volume. A segment mostly live (a paused destination's
     /// backlog) stays: copying it would only double its bytes for a while.
-    /// Nor one whose events are still going out (its count of waiting
-    /// events changed within `SPILL_EVERY`): it frees itself, and copying
-    /// its rest would write those events twice for nothing (a drain of a
-    /// 100k backlog copied 15% of its events into rows).
+    /// Nor, for a while, one whose events are still going out (`settled`):
+    /// a drain frees it, and copying its rest would write those events
+    /// twice for nothing (a drain of a 100k backlog copied 15% of its
+    /// events into rows).
     /// Returns whether another segment may be waiting: the caller looks
     /// again at its next turn.
     fn spill(&mut self) -> Result<bool, IndexError> {
@@ -400,12 +405,13 @@ impl Indexer {
             {
                 continue;
             }
-            let since = match self.settling.get(&start) {
-                Some(&(events, since)) if events == pin.events => since,
-                _ => now,
+            let (since, first) = match self.settling.get(&start) {
+                Some(&(events, since, first)) if events == pin.events => (since, first),
+                Some(&(_, _, first)) => (now, first),
+                None => (now, now),
             };
-            candidates.insert(start, (pin.events, since));
-            if found.is_none() && now.duration_since(since) >= SPILL_EVERY {
+            candidates.insert(start, (pin.events, since, first));
+            if found.is_none() && settled(now - since, now - first) {
                 found = Some((start, size));
             }
         }
@@ -899,6 +905,13 @@ pub(super) fn seqs_in(dir: &Path, start: u64, size: u64) -> std::ops::Range<i64>
     from..to
 }
 
+/// Whether a segment a spill could take is taken: once its count of
+/// waiting events has stayed the same for `SPILL_EVERY` (nothing goes out
+/// of it any more), or once it has waited `SPILL_WAITS_AT_MOST`.
+fn settled(unchanged_for: Duration, waited: Duration) -> bool {
+    unchanged_for >= SPILL_EVERY || waited >= SPILL_WAITS_AT_MOST
+}
+
 /// Indexing and checkpoints are catch-up work: under a burst the threads
 /// that answer the app go first, and the intake log holds the difference.
 pub(super) fn lower_priority() {
@@ -1140,5 +1153,22 @@ fn account(
         {
             d.notify.notify_one();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_spill_waits_while_events_go_out_but_not_for_ever() {
+        let ms = Duration::from_millis;
+        // Nothing went out of it for a look's time: taken.
+        assert!(settled(SPILL_EVERY, SPILL_EVERY));
+        // Still going out: left to free itself...
+        assert!(!settled(SPILL_EVERY - ms(1), SPILL_EVERY));
+        assert!(!settled(ms(200), SPILL_WAITS_AT_MOST - ms(1)));
+        // ...up to a bound.
+        assert!(settled(ms(200), SPILL_WAITS_AT_MOST));
     }
 }

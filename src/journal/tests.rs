@@ -288,19 +288,18 @@ async fn a_segment_still_draining_is_not_spilled() {
         )
         .expect("row")
     };
-    // 5 of the first segment's 15 still wait, then one fewer at each step.
+    // 7 of the first segment's 15 still wait (less than half), then one
+    // fewer at each step, for longer than a look takes to come round.
     journal
-        .apply((1..=10).map(delete_big).collect())
+        .apply((1..=8).map(delete_big).collect())
         .await
         .expect("apply");
-    for seq in 11..=14 {
-        tokio::time::sleep(SPILL_EVERY / 4).await;
+    for seq in 9..=14 {
+        tokio::time::sleep(SPILL_EVERY / 5).await;
         journal.apply(vec![delete_big(seq)]).await.expect("apply");
         assert!(placed(15), "a segment still draining was spilled");
     }
-    // 1.25 looks' time since it was less than half live: a spill that did
-    // not wait for the drain to stop has come round by now.
-    tokio::time::sleep(SPILL_EVERY / 4).await;
+    tokio::time::sleep(SPILL_EVERY / 5).await;
     assert!(placed(15), "a segment still draining was spilled");
     // Once nothing more of it goes out, its last event is copied.
     until("the settled segment is spilled", || !placed(15)).await;

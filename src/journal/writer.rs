@@ -308,27 +308,27 @@ fn make_ready(events: Vec<NewEvent>, first_seq: i64, shared: &Shared) {
         if skip.claimed(seq) {
             continue;
         }
-        let held = match state.ready.lock() {
-            // Looked at before the copy: a paused destination's queue
-            // stays full while its backlog grows.
-            Ok(mut ready) if ready.fits(event.size()) => {
-                // Its own bytes: the body may be a slice of a large
-                // request (an array post, a topic's fan-out), which must
-                // not stay alive for one small event.
-                event.body = bytes::Bytes::copy_from_slice(&event.body);
-                ready.push(StoredEvent {
-                    seq,
-                    next_due_ms: event.accepted_ms,
-                    event,
-                    attempts: 0,
-                    last_outcome: None,
-                    last_status: None,
-                    last_attempt_ms: None,
-                    batch: None,
-                })
-            }
-            _ => false,
-        };
+        // Looked at before the copy: a paused destination's queue stays
+        // full while its backlog grows.
+        if !state.ready.lock().is_ok_and(|r| r.fits(event.size())) {
+            continue;
+        }
+        // Its own bytes: the body may be a slice of a large request (an
+        // array post, a topic's fan-out), which must not stay alive for one
+        // small event. Copied outside the lock the dispatcher takes too.
+        event.body = bytes::Bytes::copy_from_slice(&event.body);
+        let held = state.ready.lock().is_ok_and(|mut ready| {
+            ready.push(StoredEvent {
+                seq,
+                next_due_ms: event.accepted_ms,
+                event,
+                attempts: 0,
+                last_outcome: None,
+                last_status: None,
+                last_attempt_ms: None,
+                batch: None,
+            })
+        });
         if held && !woken.iter().any(|w| std::ptr::eq(*w, state.as_ref())) {
             woken.push(state);
         }
