@@ -212,7 +212,18 @@ async fn every_event_ends_exactly_once_and_dead_letters_name_the_last_answer() {
     }
     let settled = started.elapsed();
 
-    let logs = c.logs();
+    // Outcome lines go out through courier's log writer thread, after the
+    // counters: read the logs once they have stopped growing (seed
+    // 4255713867718809195 read them one `delivered` line short).
+    let mut logs = c.logs();
+    for _ in 0..30 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let now = c.logs();
+        if now.len() == logs.len() {
+            break;
+        }
+        logs = now;
+    }
     let mut summary = Vec::new();
     for (dest, rx) in [("alpha", &alpha), ("beta", &beta)] {
         let ids = &accepted_ids[dest];
