@@ -9,7 +9,7 @@ use crate::policy::probation::ProbationPolicy;
 use crate::policy::{Limits, Schedule, StatusPolicy};
 use crate::signature::Secret;
 use crate::tls::TlsFiles;
-use http::{HeaderName, HeaderValue};
+use http::{HeaderName, HeaderValue, Uri};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -162,9 +162,23 @@ pub struct Target {
     /// Path without a trailing slash (empty for the root).
     pub path: String,
     pub query: Option<String>,
+    /// The url itself, parsed once: most apps post to `/<name>` alone, and
+    /// a clone shares its bytes where a format and a parse would allocate.
+    base: Option<Uri>,
 }
 
 impl Target {
+    pub fn new(origin: String, path: String, query: Option<String>) -> Target {
+        let mut t = Target {
+            origin,
+            path,
+            query,
+            base: None,
+        };
+        t.base = t.url("", None).parse().ok();
+        t
+    }
+
     /// The url of one attempt: the configured path plus the app's `rest`, and
     /// both queries joined with `&`.
     pub fn url(&self, rest: &str, query: Option<&str>) -> String {
@@ -183,6 +197,14 @@ impl Target {
         }
         url
     }
+
+    /// `url`, parsed.
+    pub fn uri(&self, rest: &str, query: Option<&str>) -> Result<Uri, http::uri::InvalidUri> {
+        match &self.base {
+            Some(base) if rest.is_empty() && query.is_none_or(str::is_empty) => Ok(base.clone()),
+            _ => self.url(rest, query).parse(),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -191,22 +213,38 @@ mod tests {
 
     #[test]
     fn rest_and_query_are_appended() {
-        let t = Target {
-            origin: "https://h.example".into(),
-            path: "/hooks".into(),
-            query: Some("code=k".into()),
-        };
+        let t = Target::new(
+            "https://h.example".into(),
+            "/hooks".into(),
+            Some("code=k".into()),
+        );
         assert_eq!(t.url("", None), "https://h.example/hooks?code=k");
         assert_eq!(
             t.url("/a/b", Some("x=1")),
             "https://h.example/hooks/a/b?code=k&x=1"
         );
-        let root = Target {
-            origin: "http://127.0.0.1:9".into(),
-            path: String::new(),
-            query: None,
-        };
+        let root = Target::new("http://127.0.0.1:9".into(), String::new(), None);
         assert_eq!(root.url("", None), "http://127.0.0.1:9/");
         assert_eq!(root.url("/x", Some("")), "http://127.0.0.1:9/x");
+    }
+    #[test]
+    fn the_parsed_url_is_the_url_with_or_without_the_apps_part() {
+        for t in [
+            Target::new(
+                "https://h.example".into(),
+                "/hooks".into(),
+                Some("code=k".into()),
+            ),
+            Target::new("http://127.0.0.1:9".into(), String::new(), None),
+        ] {
+            for (rest, query) in [("", None), ("", Some("")), ("/a", None), ("", Some("x=1"))] {
+                let uri = t.uri(rest, query).expect("a url");
+                assert_eq!(
+                    uri.to_string(),
+                    t.url(rest, query),
+                    "{t:?} {rest} {query:?}"
+                );
+            }
+        }
     }
 }

@@ -583,11 +583,7 @@ pub(super) fn valid_name(name: &str) -> bool {
 }
 
 fn target(c: &mut Checker, path: &str, url: &str) -> Target {
-    let fallback = Target {
-        origin: String::new(),
-        path: String::new(),
-        query: None,
-    };
+    let fallback = Target::new(String::new(), String::new(), None);
     let uri: http::Uri = match url.parse() {
         Ok(u) => u,
         Err(_) => {
@@ -614,11 +610,11 @@ fn target(c: &mut Checker, path: &str, url: &str) -> Target {
     if authority.as_str().contains('@') {
         c.err(path, "credentials in the url are not allowed: use a header with `from_env` and `secret: true`");
     }
-    Target {
-        origin: format!("{scheme}://{authority}"),
-        path: uri.path().trim_end_matches('/').to_string(),
-        query: uri.query().map(str::to_string),
-    }
+    Target::new(
+        format!("{scheme}://{authority}"),
+        uri.path().trim_end_matches('/').to_string(),
+        uri.query().map(str::to_string),
+    )
 }
 
 fn probation(c: &mut Checker, path: &str, spec: &super::schema::ProbationSpec) -> ProbationPolicy {

@@ -451,7 +451,7 @@ impl Dispatcher {
         if let Err(err) = self
             .ctx
             .journal
-            .apply(vec![Change::Quarantine { seq: *seq }])
+            .apply(&[Change::Quarantine { seq: *seq }])
             .await
         {
             tracing::error!(destination = %name, error = %err, "cannot quarantine the corrupt record");

@@ -87,9 +87,11 @@ fn assemble(
     let method = Method::from_bytes(e.method.as_bytes()).unwrap_or(Method::POST);
     let mut req = Request::builder()
         .method(method)
-        .uri(dest.target.url(rest, query))
+        .uri(dest.target.uri(rest, query)?)
         .body(Full::new(shaped.body))?;
     let headers = req.headers_mut();
+    // The app's, a content type, and the attempt's own (`HeadersLayer`).
+    headers.reserve(e.headers.len() + 4);
     for (name, value) in &e.headers {
         if skip.contains(&name.as_str()) {
             continue;

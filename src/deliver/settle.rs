@@ -372,11 +372,11 @@ fn watch_late_answer(
             return;
         }
         ctx.late.mark(evs.iter().map(|(ev, _)| ev.seq));
-        let changes = evs
+        let changes: Vec<Change> = evs
             .iter()
             .map(|(ev, attempts)| delete_if(ev, Some(*attempts)))
             .collect();
-        if ctx.journal.settle(changes).await.is_ok() {
+        if ctx.journal.settle(&changes).await.is_ok() {
             for (ev, attempts) in &evs {
                 let batch = batch.as_deref();
                 outcome_log::delivered(ev, *attempts, Some(status), batch, Confirmed::Late);
@@ -429,8 +429,8 @@ async fn apply(ctx: &Ctx, changes: Vec<Change>, durable: Durable) -> bool {
     let give_up = tokio::time::Instant::now() + PERSIST_FOR;
     loop {
         let recorded = match durable {
-            Durable::Now => ctx.journal.apply(changes.clone()).await,
-            Durable::Lazily => ctx.journal.settle(changes.clone()).await,
+            Durable::Now => ctx.journal.apply(&changes).await,
+            Durable::Lazily => ctx.journal.settle(&changes).await,
         };
         match recorded {
             Ok(()) => return true,

@@ -228,17 +228,15 @@ impl Ingress {
                     return refused;
                 }
                 let ids: Vec<String> = parts.iter().map(|(id, _)| id.clone()).collect();
-                let events = parts
-                    .into_iter()
-                    .map(|(id, body)| request.event(id, &dest.name, body))
-                    .collect();
+                let success = request.success;
+                let events = request.events(parts, &dest.name);
                 // One append: every event of the request is committed in one
                 // group, or none is.
                 match self.journal.append(events).await {
                     Ok(a) => {
                         let dup: Vec<String> =
                             a.duplicates.iter().map(|&i| ids[i].clone()).collect();
-                        reply::accepted(request.success, &ids, &dup)
+                        reply::accepted(success, &ids, &dup)
                     }
                     Err(e) => reply::journal_error(name, &e),
                 }
@@ -368,6 +366,30 @@ struct Admitted {
 }
 
 impl Admitted {
+    /// One event per part; the last takes what they share rather than a
+    /// copy (most requests carry one event).
+    fn events(self, parts: Vec<(String, Bytes)>, destination: &str) -> Vec<NewEvent> {
+        let mut events = Vec::with_capacity(parts.len());
+        let mut parts = parts.into_iter().peekable();
+        while let Some((id, body)) = parts.next() {
+            if parts.peek().is_some() {
+                events.push(self.event(id, destination, body));
+            } else {
+                events.push(NewEvent {
+                    id,
+                    destination: destination.to_string(),
+                    method: self.method,
+                    path: self.path,
+                    headers: self.headers,
+                    body,
+                    accepted_ms: self.accepted_ms,
+                });
+                break;
+            }
+        }
+        events
+    }
+
     fn event(&self, id: String, destination: &str, body: Bytes) -> NewEvent {
         NewEvent {
             id,

@@ -620,9 +620,9 @@ impl Journal {
     /// Applies changes that must survive a crash once this returns (with
     /// `sync: always`): a dead letter's delete, a quarantine. They go
     /// straight to the indexer, never behind a burst of ingress.
-    pub async fn apply(&self, changes: Vec<Change>) -> Result<(), JournalError> {
+    pub async fn apply(&self, changes: &[Change]) -> Result<(), JournalError> {
         self.writable()?;
-        self.to_indexer(changes, true).await
+        self.to_indexer(changes.to_vec(), true).await
     }
 
     /// Records deliveries and reschedules: committed when this returns, so
@@ -630,14 +630,16 @@ impl Journal {
     /// `DURABLE_EVERY` (a crash before then delivers those events again,
     /// or retries them one attempt behind, as at-least-once allows). A
     /// delivery of an event the indexer has not reached costs no write.
-    pub async fn settle(&self, changes: Vec<Change>) -> Result<(), JournalError> {
+    /// Takes the changes by reference so that a caller can try again
+    /// without a copy made each time for a failure that seldom comes.
+    pub async fn settle(&self, changes: &[Change]) -> Result<(), JournalError> {
         self.writable()?;
         let mut rest = Vec::new();
         {
             let mut skip = self.shared.skip.lock().map_err(|_| JournalError::Closed)?;
             let states = self.shared.destinations.load();
             for c in changes {
-                match &c {
+                match c {
                     Change::Delete {
                         seq,
                         destination,
@@ -646,11 +648,11 @@ impl Journal {
                     } if !skip.claimed(*seq) => {
                         // A retried `settle` may bring it twice: counted once.
                         if skip.delivered(*seq) {
-                            let state = states.get(destination).map(Arc::as_ref);
+                            let state = states.get(destination.as_str()).map(Arc::as_ref);
                             self.shared.forget(state, *size);
                         }
                     }
-                    _ => rest.push(c),
+                    _ => rest.push(c.clone()),
                 }
             }
         }

@@ -209,14 +209,14 @@ async fn a_mostly_delivered_segment_is_spilled_and_recycled() {
     assert_eq!(seqs_in(tmp.path(), first, size), 1..16);
     // 12 of the first segment's 15 MiB still wait: it stays.
     journal
-        .apply((1..=3).map(delete_big).collect())
+        .apply(&(1..=3).map(delete_big).collect::<Vec<_>>())
         .await
         .expect("apply");
     tokio::time::sleep(SPILL_EVERY + Duration::from_millis(500)).await;
     assert!(placed(&conn, 15), "a mostly waiting segment was spilled");
     // One of 15 waits: it is copied into its row, and the segment goes.
     journal
-        .apply((4..=14).map(delete_big).collect())
+        .apply(&(4..=14).map(delete_big).collect::<Vec<_>>())
         .await
         .expect("apply");
     until("the waiting event is copied into its row", || {
@@ -291,12 +291,12 @@ async fn a_segment_still_draining_is_not_spilled() {
     // 7 of the first segment's 15 still wait (less than half), then one
     // fewer at each step, for longer than a look takes to come round.
     journal
-        .apply((1..=8).map(delete_big).collect())
+        .apply(&(1..=8).map(delete_big).collect::<Vec<_>>())
         .await
         .expect("apply");
     for seq in 9..=14 {
         tokio::time::sleep(SPILL_EVERY / 5).await;
-        journal.apply(vec![delete_big(seq)]).await.expect("apply");
+        journal.apply(&[delete_big(seq)]).await.expect("apply");
         assert!(placed(15), "a segment still draining was spilled");
     }
     tokio::time::sleep(SPILL_EVERY / 5).await;
@@ -364,7 +364,7 @@ async fn an_unreadable_event_holds_its_segment_but_not_the_spill_of_later_ones()
         .expect("damage");
     // Both retired segments now hold one waiting event each.
     journal
-        .apply((1..=14).chain(16..=29).map(delete_big).collect())
+        .apply(&(1..=14).chain(16..=29).map(delete_big).collect::<Vec<_>>())
         .await
         .expect("apply");
     for _ in 0..5 {
@@ -686,7 +686,11 @@ async fn a_stored_batch_is_read_whole_even_when_the_scan_limit_cuts_it() {
         batch: batch.map(str::to_string),
     };
     journal
-        .apply((4..=6).map(|s| reschedule(s, Some("b"))).collect())
+        .apply(
+            &(4..=6)
+                .map(|s| reschedule(s, Some("b")))
+                .collect::<Vec<_>>(),
+        )
         .await
         .expect("apply");
     let reader = journal.reader().expect("reader");
@@ -726,10 +730,7 @@ async fn a_stored_batch_is_read_whole_even_when_the_scan_limit_cuts_it() {
         .expect("due")
         .0;
     assert_eq!(due.len(), 3, "the batch is not due before 2000");
-    journal
-        .apply(vec![reschedule(6, None)])
-        .await
-        .expect("apply");
+    journal.apply(&[reschedule(6, None)]).await.expect("apply");
     let due = reader.due("orders", 5_000, 10, &held).await.expect("due").0;
     let batches: Vec<Option<String>> = due
         .into_iter()
@@ -798,7 +799,7 @@ async fn totals_match_the_rows_after_inserts_and_deletes() {
         only_if_attempts,
     };
     journal
-        .apply(vec![
+        .apply(&[
             delete(4, None),
             delete(2, None),
             delete(1, None),

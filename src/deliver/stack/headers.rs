@@ -18,10 +18,18 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use tower::{Layer, Service};
 
+/// Made once: a `&str` name is copied into a new `HeaderName` on every insert.
+const WEBHOOK_ID: HeaderName = HeaderName::from_static("webhook-id");
+const ATTEMPT: HeaderName = HeaderName::from_static("courier-delivery-attempt");
+const DESTINATION: HeaderName = HeaderName::from_static("courier-destination");
+
 #[derive(Clone)]
 pub struct HeadersLayer {
     destination: HeaderValue,
     custom: Arc<[CustomHeader]>,
+    /// `courier-delivery-attempt`'s values up to `max_attempts`, made once
+    /// (a clone shares the bytes; a number made into a value allocates).
+    numbers: Arc<[HeaderValue]>,
 }
 
 impl HeadersLayer {
@@ -30,6 +38,16 @@ impl HeadersLayer {
             destination: HeaderValue::from_str(&dest.name)
                 .unwrap_or(HeaderValue::from_static("invalid")),
             custom: dest.headers.clone().into(),
+            numbers: (0..=dest.limits.max_attempts)
+                .map(HeaderValue::from)
+                .collect(),
+        }
+    }
+
+    fn number(&self, n: u32) -> HeaderValue {
+        match self.numbers.get(n as usize) {
+            Some(v) => v.clone(),
+            None => HeaderValue::from(n),
         }
     }
 
@@ -74,15 +92,15 @@ where
             .layer
             .reads_event()
             .then(|| event_path::parse_body(&body_bytes(&mut req)));
-        let attempt = req.extensions().get::<Attempt>().cloned();
-        let h = req.headers_mut();
-        if let Some(a) = attempt {
+        let (mut parts, body) = req.into_parts();
+        let h = &mut parts.headers;
+        if let Some(a) = parts.extensions.get::<Attempt>() {
             if let Ok(id) = HeaderValue::from_str(&a.id) {
-                h.insert("webhook-id", id);
+                h.insert(WEBHOOK_ID, id);
             }
-            h.insert("courier-delivery-attempt", HeaderValue::from(a.number));
+            h.insert(ATTEMPT, self.layer.number(a.number));
         }
-        h.insert("courier-destination", self.layer.destination.clone());
+        h.insert(DESTINATION, self.layer.destination.clone());
         for c in self.layer.custom.iter() {
             match &c.value {
                 HeaderSource::Fixed(v) => {
@@ -94,7 +112,7 @@ where
                 }
             }
         }
-        self.inner.call(req)
+        self.inner.call(AttemptRequest::from_parts(parts, body))
     }
 }
 
@@ -140,6 +158,7 @@ mod tests {
         HeadersLayer {
             destination: HeaderValue::from_static("orders"),
             custom: custom.into(),
+            numbers: (0..=3).map(HeaderValue::from).collect(),
         }
     }
 
@@ -171,6 +190,13 @@ mod tests {
             number: 3,
         });
         layer.layer(echo).oneshot(req).await.expect("infallible")
+    }
+
+    #[test]
+    fn attempt_numbers_beyond_the_table_are_made_on_the_spot() {
+        let l = layer(Vec::new());
+        assert_eq!(l.number(3), "3");
+        assert_eq!(l.number(40), "40");
     }
 
     #[tokio::test]

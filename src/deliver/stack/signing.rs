@@ -11,7 +11,7 @@
 
 use super::{AttemptRequest, body_bytes};
 use crate::signature::{Secret, signature_header};
-use http::HeaderValue;
+use http::{HeaderName, HeaderValue};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use tower::{Layer, Service};
@@ -66,6 +66,9 @@ where
     }
 }
 
+const TIMESTAMP: HeaderName = HeaderName::from_static("webhook-timestamp");
+const SIGNATURE: HeaderName = HeaderName::from_static("webhook-signature");
+
 /// Sets `webhook-timestamp` and `webhook-signature` on `req`.
 fn sign(req: &mut AttemptRequest, secrets: &[Secret], timestamp: u64) {
     let body = body_bytes(req);
@@ -75,10 +78,10 @@ fn sign(req: &mut AttemptRequest, secrets: &[Secret], timestamp: u64) {
         .map(HeaderValue::as_bytes)
         .unwrap_or_default();
     let signature = signature_header(secrets, id, timestamp, &body);
-    h.insert("webhook-timestamp", HeaderValue::from(timestamp));
+    h.insert(TIMESTAMP, HeaderValue::from(timestamp));
     // Base64, `v1,` and spaces only: always a valid header value.
     if let Ok(v) = HeaderValue::from_str(&signature) {
-        h.insert("webhook-signature", v);
+        h.insert(SIGNATURE, v);
     }
 }
 

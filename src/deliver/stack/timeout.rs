@@ -75,8 +75,10 @@ impl<S, ReqBody, B> Service<Request<ReqBody>> for Timeout<S>
 where
     S: Service<Request<ReqBody>, Response = Response<B>>,
     S::Error: Into<BoxError>,
-    S::Future: Send + 'static,
-    B: hyper::body::Body + Send + 'static,
+    // Unpin: the attempt is awaited in place, and on a timeout moved into
+    // the task that waits for its late answer.
+    S::Future: Send + Unpin + 'static,
+    B: hyper::body::Body + Send + Unpin + 'static,
     B::Data: Send,
     B::Error: Into<BoxError>,
 {
@@ -96,7 +98,7 @@ where
         if let Some(Deadline(at)) = req.extensions().get::<Deadline>() {
             timeout = timeout.min(at.saturating_duration_since(tokio::time::Instant::now()));
         }
-        let mut fut = Box::pin(self.inner.call(req));
+        let mut fut = self.inner.call(req);
         Box::pin(async move {
             match tokio::time::timeout(timeout, &mut fut).await {
                 Ok(result) => result.map_err(Into::into),
@@ -135,13 +137,14 @@ mod tests {
         Request<()>,
         Response = Response<Empty<Bytes>>,
         Error = BoxError,
-        Future: Send + 'static,
+        Future: Send + Unpin + 'static,
     > + Clone {
         tower::service_fn(move |_: Request<()>| async move {
             tokio::time::sleep(after).await;
             let resp = Response::builder().status(201).body(Empty::new());
             Ok::<_, BoxError>(resp.expect("response"))
         })
+        .map_future(Box::pin)
     }
 
     fn req() -> Request<()> {
