@@ -98,6 +98,7 @@ pub enum StoreError {
 /// durable, and the indexer syncs (`set_full_sync`) when it must.
 pub fn open_writer(path: &Path) -> Result<Connection, rusqlite::Error> {
     let conn = Connection::open(path)?;
+    stable_plans(&conn)?;
     // Takes effect for a new file only (an older journal would need a
     // VACUUM): lets a full disk get back the pages of delivered events.
     conn.pragma_update(None, "auto_vacuum", "INCREMENTAL")?;
@@ -307,7 +308,18 @@ pub fn open_reader(path: &Path) -> Result<Connection, rusqlite::Error> {
         OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
     )?;
     conn.pragma_update(None, "query_only", 1)?;
+    stable_plans(&conn)?;
     Ok(conn)
+}
+
+/// SQLite (as built with STAT4) marks a statement whose `LIMIT ?` or range
+/// parameter could change its plan, and prepares it again each time that
+/// parameter is bound: every `due` read of a drain did (1% of its CPU).
+/// The plans here never depend on bound values (no ANALYZE is run), so
+/// the query planner stability guarantee costs nothing and keeps them.
+fn stable_plans(conn: &Connection) -> Result<(), rusqlite::Error> {
+    conn.set_db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true)?;
+    Ok(())
 }
 
 /// SQLite's own structural check; `None` when the file is sound.
@@ -683,4 +695,44 @@ mod tests {
         assert_eq!(kept.len(), 1, "{kept:?}");
         assert_eq!((kept[0].pending, kept[0].bytes), (2, 200));
     }
+
+    #[test]
+    fn a_statement_with_a_bound_limit_is_not_prepared_again_for_each_limit() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let path = tmp.path().join(FILE);
+        let reprepares = |conn: &Connection| {
+            for (d, ms) in [("a", 1), ("a", 2), ("a", 3)] {
+                insert(conn, d, b"x", ms);
+            }
+            let sql = "SELECT seq FROM events WHERE destination = ?1 AND next_due_ms <= ?2 ORDER BY next_due_ms, seq LIMIT ?3";
+            let mut stmt = conn.prepare_cached(sql).expect("prepare");
+            for limit in [1, 2, 3] {
+                let n = stmt
+                    .query_map(params!["a", 10, limit], |r| r.get::<_, i64>(0))
+                    .expect("query")
+                    .count();
+                assert_eq!(n, limit as usize);
+            }
+            let n = stmt.get_status(rusqlite::StatementStatus::RePrepare);
+            conn.execute_batch("DELETE FROM events").expect("empty");
+            n
+        };
+        let plain = open_writer(&path).expect("open");
+        plain
+            .set_db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, false)
+            .expect("config");
+        // Without it, each new limit prepares the statement again.
+        assert!(reprepares(&plain) > 0);
+        drop(plain);
+        assert_eq!(reprepares(&open_writer(&path).expect("open")), 0);
+        assert_eq!(reprepares(&open_reader_rw_for_test(&path)), 0);
+    }
+
+    /// `open_reader` is query-only; the test inserts through it first.
+    fn open_reader_rw_for_test(path: &Path) -> Connection {
+        let conn = open_reader(path).expect("open");
+        conn.pragma_update(None, "query_only", 0).expect("writable");
+        conn
+    }
+
 }
