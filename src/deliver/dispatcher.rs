@@ -245,6 +245,9 @@ impl Dispatcher {
                 let handle = tasks.spawn(async move { settle::run(&ctx, unit, probe, slot).await });
                 held.hand(handle.id(), running);
             }
+            // A freed slot matters only when slots held events back; else
+            // each attempt's answer would wake this loop once more.
+            let slot_bound = slots.taken() >= concurrency && !held.ready.is_empty();
             // Ingress is paced only while this destination is delivering.
             let flowing = journal_ok && answering && gated.is_none() && !stop.is_cancelled();
             self.state.flowing.store(flowing, Ordering::Relaxed);
@@ -274,30 +277,36 @@ impl Dispatcher {
                 _ = self.state.notify.notified(), if !stop.is_cancelled() => look = true,
                 _ = self.state.fresh.notified(), if !stop.is_cancelled() => {}
                 _ = self.ctx.health.wake.notified(), if !stop.is_cancelled() => {}
-                _ = slots.freed(), if !stop.is_cancelled() => {}
+                _ = slots.freed(), if slot_bound && !stop.is_cancelled() => {}
                 Some(done) = tasks.join_next_with_id(), if !tasks.is_empty() => {
-                    let (id, release) = match done {
-                        Ok((id, settled)) => {
-                            look |= settled.rescheduled;
-                            answering = !settled.rescheduled;
-                            (id, settled.release)
+                    // Every attempt that has ended, not one per turn of
+                    // this loop: under load several end between turns.
+                    let mut next = Some(done);
+                    while let Some(done) = next {
+                        let (id, release) = match done {
+                            Ok((id, settled)) => {
+                                look |= settled.rescheduled;
+                                answering = !settled.rescheduled;
+                                (id, settled.release)
+                            }
+                            Err(e) => {
+                                tracing::error!(destination = %self.ctx.dest.name, error = %e, "an attempt task failed");
+                                look = true;
+                                (e.id(), true)
+                            }
+                        };
+                        // A group expired: more may be overdue behind it.
+                        if held.expiring.remove(&id) {
+                            expiry_at = Some(0);
                         }
-                        Err(e) => {
-                            tracing::error!(destination = %self.ctx.dest.name, error = %e, "an attempt task failed");
-                            look = true;
-                            (e.id(), true)
+                        if let Some(seqs) = held.back(id)
+                            && release
+                        {
+                            for seq in seqs {
+                                held.seqs.remove(&seq);
+                            }
                         }
-                    };
-                    // A group expired: more may be overdue behind it.
-                    if held.expiring.remove(&id) {
-                        expiry_at = Some(0);
-                    }
-                    if let Some(seqs) = held.back(id)
-                        && release
-                    {
-                        for seq in seqs {
-                            held.seqs.remove(&seq);
-                        }
+                        next = tasks.try_join_next_with_id();
                     }
                 }
                 changed = self.updates.changed(), if updates_open && !stop.is_cancelled() => {

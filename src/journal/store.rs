@@ -318,7 +318,10 @@ pub fn open_reader(path: &Path) -> Result<Connection, rusqlite::Error> {
 /// The plans here never depend on bound values (no ANALYZE is run), so
 /// the query planner stability guarantee costs nothing and keeps them.
 fn stable_plans(conn: &Connection) -> Result<(), rusqlite::Error> {
-    conn.set_db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true)?;
+    conn.set_db_config(
+        rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG,
+        true,
+    )?;
     Ok(())
 }
 
@@ -719,7 +722,10 @@ mod tests {
         };
         let plain = open_writer(&path).expect("open");
         plain
-            .set_db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, false)
+            .set_db_config(
+                rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG,
+                false,
+            )
             .expect("config");
         // Without it, each new limit prepares the statement again.
         assert!(reprepares(&plain) > 0);
@@ -734,5 +740,4 @@ mod tests {
         conn.pragma_update(None, "query_only", 0).expect("writable");
         conn
     }
-
 }
