@@ -158,10 +158,10 @@ pub enum HeaderSource {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Target {
     /// `scheme://authority`
-    pub origin: String,
+    origin: String,
     /// Path without a trailing slash (empty for the root).
-    pub path: String,
-    pub query: Option<String>,
+    path: String,
+    query: Option<String>,
     /// The url itself, parsed once: most apps post to `/<name>` alone, and
     /// a clone shares its bytes where a format and a parse would allocate.
     base: Option<Uri>,
@@ -177,6 +177,11 @@ impl Target {
         };
         t.base = t.url("", None).parse().ok();
         t
+    }
+
+    /// `http://`, where a destination's `tls` settings cannot apply.
+    pub fn is_plain_http(&self) -> bool {
+        self.origin.starts_with("http://")
     }
 
     /// The url of one attempt: the configured path plus the app's `rest`, and

@@ -534,7 +534,7 @@ fn passthrough(
 /// not mounted, a missing file is a warning.
 fn tls(c: &mut Checker, p: &str, target: &Target, spec: &TlsSpec) -> Option<TlsFiles> {
     let p = format!("{p}.tls");
-    if target.origin.starts_with("http://") {
+    if target.is_plain_http() {
         c.err(
             &p,
             "the url is http://, and tls applies to https:// only: use https or remove tls",

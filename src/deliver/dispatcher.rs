@@ -185,11 +185,15 @@ impl Dispatcher {
                 concurrency * IN_HAND
             };
             let mut gated = None;
+            // Whether every slot was taken while events were ready: only then
+            // must a freed slot wake this loop (else each answer would, once
+            // more). Decided where the loop stops: a slot given back after
+            // this look leaves a permit that `freed` then finds.
+            let mut slot_bound = false;
             // After a failed commit no outcome can be recorded: sending would
             // only deliver everything twice (once now, once after restart).
             let journal_ok = !self.ctx.journal.failed();
             while journal_ok
-                && slots.taken() < concurrency
                 && (tasks.len() < concurrency
                     || (tasks.len() < in_hand && held.running_bytes < IN_HAND_BYTES))
                 && !stop.is_cancelled()
@@ -197,6 +201,10 @@ impl Dispatcher {
                 let Some(front) = held.ready.front() else {
                     break;
                 };
+                if slots.taken() >= concurrency {
+                    slot_bound = true;
+                    break;
+                }
                 if self
                     .ctx
                     .dest
@@ -245,9 +253,6 @@ impl Dispatcher {
                 let handle = tasks.spawn(async move { settle::run(&ctx, unit, probe, slot).await });
                 held.hand(handle.id(), running);
             }
-            // A freed slot matters only when slots held events back; else
-            // each attempt's answer would wake this loop once more.
-            let slot_bound = slots.taken() >= concurrency && !held.ready.is_empty();
             // Ingress is paced only while this destination is delivering.
             let flowing = journal_ok && answering && gated.is_none() && !stop.is_cancelled();
             self.state.flowing.store(flowing, Ordering::Relaxed);

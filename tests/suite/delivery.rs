@@ -771,3 +771,51 @@ async fn concurrency_caps_the_attempts_on_the_wire_from_memory_and_from_the_inde
         "at most {CONCURRENCY} requests at once, and the slots used: {from_index} at once from the index, {from_memory} from memory"
     );
 }
+
+/// An attempt gives its slot back once its answer is in, and the event
+/// waiting for that slot goes out then, while the attempt still records its
+/// outcome: here a 400 whose dead letter cannot be written (the folder is a
+/// file), so that attempt retries the sink for minutes. With
+/// `concurrency: 1`, the next event must not wait for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_freed_slot_sends_the_next_event_while_the_last_one_still_records_its_outcome() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let rx = Receiver::start(behavior(|r, _| {
+        if r.text().contains("refused") {
+            Reply::status(400).delay(Duration::from_millis(300))
+        } else {
+            Reply::status(200)
+        }
+    }))
+    .await;
+    let yaml = config("orders", &rx.url(), "concurrency: 1");
+    let c = start(tmp.path(), &yaml).await;
+    let sink = support::dl_dir(&c, "orders");
+    if let Some(parent) = sink.parent() {
+        std::fs::create_dir_all(parent).expect("dead-letter root");
+    }
+    std::fs::write(&sink, b"not a folder").expect("block the sink");
+    let r = post(&c.url("orders"), r#"{"n":"refused"}"#, &[]).await;
+    check_eq!(c, r.status, 202, "{}", r.text());
+    // On the wire, its answer 300 ms away: the next event waits for the slot.
+    rx.wait_for(1, PROMPT).await;
+    let r = post(&c.url("orders"), r#"{"n":"next"}"#, &[]).await;
+    check_eq!(c, r.status, 202, "{}", r.text());
+    let Some(got) = rx.try_wait_for(2, PROMPT).await else {
+        fail!(
+            c,
+            "the next event was not sent while the refused one waits for its dead letter ({} requests)",
+            rx.count()
+        );
+    };
+    check!(c, got[1].text().contains("next"), "{}", got[1].text());
+    check!(
+        c,
+        c.logged(
+            |l| l.contains("cannot write the dead letter; retrying"),
+            PROMPT
+        )
+        .await,
+        "the sink did not fail as the test meant"
+    );
+}

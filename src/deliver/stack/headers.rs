@@ -193,10 +193,16 @@ mod tests {
     }
 
     #[test]
-    fn attempt_numbers_beyond_the_table_are_made_on_the_spot() {
-        let l = layer(Vec::new());
-        assert_eq!(l.number(3), "3");
-        assert_eq!(l.number(40), "40");
+    fn attempt_numbers_up_to_max_attempts_are_made_once_and_beyond_on_the_spot() {
+        let yaml = "destinations:\n  orders:\n    url: https://h.example/\n    retry: { max_attempts: 5 }\n";
+        let env = crate::config::ProcessEnv;
+        let run = crate::config::Purpose::Run;
+        let loaded = crate::config::parse("c.yaml", yaml, ".".into(), run, &env).expect("config");
+        let l = HeadersLayer::new(&loaded.settings.destinations[0]);
+        assert_eq!(l.numbers.len(), 6);
+        for n in [1, 5, 6, 40] {
+            assert_eq!(l.number(n), n.to_string().as_str());
+        }
     }
 
     #[tokio::test]

@@ -120,17 +120,19 @@ mod tests {
         }
     }
 
-    /// Endless 16 KiB frames, counting those taken.
-    struct Endless(Arc<AtomicUsize>);
+    /// Ten frames of 16 KiB, counting those taken.
+    struct Large(Arc<AtomicUsize>);
 
-    impl Body for Endless {
+    impl Body for Large {
         type Data = Bytes;
         type Error = std::convert::Infallible;
         fn poll_frame(
             self: Pin<&mut Self>,
             _: &mut Context<'_>,
         ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-            self.0.fetch_add(1, Ordering::Relaxed);
+            if self.0.fetch_add(1, Ordering::Relaxed) >= 10 {
+                return Poll::Ready(None);
+            }
             Poll::Ready(Some(Ok(Frame::data(Bytes::from(vec![0; 16 * 1024])))))
         }
         fn size_hint(&self) -> SizeHint {
@@ -148,7 +150,7 @@ mod tests {
     #[test]
     fn a_body_past_the_limit_is_left_unread() {
         let taken = Arc::new(AtomicUsize::new(0));
-        drain(Endless(taken.clone()));
+        drain(Large(taken.clone()));
         // 64 KiB fit in four frames; the fifth is one too many.
         assert_eq!(taken.load(Ordering::Relaxed), 5);
     }
@@ -157,7 +159,10 @@ mod tests {
     async fn a_body_still_coming_is_read_by_a_task_to_its_end() {
         let (tx, rx) = mpsc::unbounded_channel();
         drain(Chunks(rx));
+        // The task runs and waits for the body before each part comes.
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         tx.send(Bytes::from_static(b"ok")).expect("send");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         tx.send(Bytes::new()).expect("send");
         // The body is dropped once read to its end.
         tokio::time::timeout(std::time::Duration::from_secs(5), tx.closed())
