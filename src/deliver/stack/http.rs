@@ -98,7 +98,7 @@ impl<B: hyper::body::Body + Unpin> Future for Discard<B> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use hyper::body::{Body, Frame, SizeHint};
+    use hyper::body::{Body, Frame};
     use std::sync::Arc;
     use std::sync::atomic::{AtomicUsize, Ordering};
     use tokio::sync::mpsc;
@@ -134,9 +134,6 @@ mod tests {
                 return Poll::Ready(None);
             }
             Poll::Ready(Some(Ok(Frame::data(Bytes::from(vec![0; 16 * 1024])))))
-        }
-        fn size_hint(&self) -> SizeHint {
-            SizeHint::default()
         }
     }
 
