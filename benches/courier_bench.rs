@@ -90,7 +90,7 @@ const POLL: Duration = Duration::from_millis(20);
 /// Step e waits this long after the start before reading RSS.
 const IDLE: Duration = Duration::from_secs(2);
 const MIB: f64 = 1024.0 * 1024.0;
-const USAGE: &str = "usage: cargo bench --bench courier_bench [-- --seconds N --connections N --steps nhabcdepx --scale F --compare PATH --write-results]";
+const USAGE: &str = "usage: cargo bench --bench courier_bench [-- --seconds N --connections N --steps nhabcdepx --scale F --compare PATH --rounds N --write-results]";
 
 struct Args {
     seconds: u64,
@@ -98,6 +98,10 @@ struct Args {
     steps: String,
     scale: f64,
     compare: Option<PathBuf>,
+    /// Each binary's steps this many times, the binaries taking turns: this
+    /// machine's speed moves by ±20% between runs minutes apart, so one
+    /// round's ratio is one draw; rounds show the spread and pair the turns.
+    rounds: usize,
     write_results: bool,
 }
 
@@ -108,6 +112,7 @@ fn parse_args() -> Result<Args, String> {
         steps: STEPS.into(),
         scale: 1.0,
         compare: None,
+        rounds: 1,
         write_results: false,
     };
     let mut it = std::env::args().skip(1);
@@ -123,6 +128,7 @@ fn parse_args() -> Result<Args, String> {
             }
             "--scale" => args.scale = number(&value("--scale")?, "--scale")?,
             "--compare" => args.compare = Some(PathBuf::from(value("--compare")?)),
+            "--rounds" => args.rounds = number(&value("--rounds")?, "--rounds")?,
             "--steps" => {
                 let steps = value("--steps")?;
                 if steps.is_empty() || !steps.chars().all(|c| STEPS.contains(c)) {
@@ -134,8 +140,13 @@ fn parse_args() -> Result<Args, String> {
             other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
         }
     }
-    if args.seconds == 0 || args.connections == 0 || args.scale.is_nan() || args.scale <= 0.0 {
-        return Err("--seconds, --connections and --scale must be > 0".into());
+    if args.seconds == 0
+        || args.connections == 0
+        || args.rounds == 0
+        || args.scale.is_nan()
+        || args.scale <= 0.0
+    {
+        return Err("--seconds, --connections, --rounds and --scale must be > 0".into());
     }
     Ok(args)
 }
@@ -1262,8 +1273,15 @@ async fn run(args: Args) -> ExitCode {
         }
     }
     let rx = Nginx::url(nginx.direct);
-    for (label, bin) in &binaries {
-        ok &= courier_steps(label, bin, &rx, &args, &base, &mut rows, &mut budgets).await;
+    for round in 1..=args.rounds {
+        for (label, bin) in &binaries {
+            let label = if args.rounds > 1 {
+                format!("{label} (round {round})")
+            } else {
+                label.clone()
+            };
+            ok &= courier_steps(&label, bin, &rx, &args, &base, &mut rows, &mut budgets).await;
+        }
     }
     drop(nginx);
     let table = render(&rows, &budgets, &base);
