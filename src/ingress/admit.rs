@@ -356,6 +356,7 @@ fn shutting_down(name: &str) -> Response<Body> {
 }
 
 /// What every event of one request shares.
+#[derive(Clone)]
 struct Admitted {
     /// The answer once stored: 202, or 200 for an Event Grid publisher.
     success: StatusCode,
@@ -375,15 +376,7 @@ impl Admitted {
             if parts.peek().is_some() {
                 events.push(self.event(id, destination, body));
             } else {
-                events.push(NewEvent {
-                    id,
-                    destination: destination.to_string(),
-                    method: self.method,
-                    path: self.path,
-                    headers: self.headers,
-                    body,
-                    accepted_ms: self.accepted_ms,
-                });
+                events.push(self.into_event(id, destination, body));
                 break;
             }
         }
@@ -391,12 +384,16 @@ impl Admitted {
     }
 
     fn event(&self, id: String, destination: &str, body: Bytes) -> NewEvent {
+        self.clone().into_event(id, destination, body)
+    }
+
+    fn into_event(self, id: String, destination: &str, body: Bytes) -> NewEvent {
         NewEvent {
             id,
             destination: destination.to_string(),
-            method: self.method.clone(),
-            path: self.path.clone(),
-            headers: self.headers.clone(),
+            method: self.method,
+            path: self.path,
+            headers: self.headers,
             body,
             accepted_ms: self.accepted_ms,
         }
