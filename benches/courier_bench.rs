@@ -1,7 +1,7 @@
 //! courier against nginx under the same wrk load, in one invocation:
 //!
 //! `cargo bench --bench courier_bench [-- --seconds 10 --connections 50
-//!  --steps nhabcdepx --scale 1 --compare PATH --write-results]`
+//!  --steps nhabcdekpx --scale 1 --compare PATH --rounds 1 --write-results]`
 //!
 //! n. baselines: wrk against nginx answering 200 (`direct`), and against an
 //!    nginx `proxy_pass` to it with upstream keepalive (`proxy`, the
@@ -15,6 +15,12 @@
 //! d. a 1,000,000-event backlog: courier's RSS, the journal's disk use, then
 //!    SIGKILL and the time from the new process's spawn to `/readyz` 200;
 //! e. idle RSS: one destination, nothing sent, after 2 s;
+//! k. the duplicate window: courier delivers to a receiver in this
+//!    process (which notes when each answer was written) under the load of
+//!    step b from the Rust load generator, is SIGKILLed after 3 s, started
+//!    again on its journal and drained. Every event answered 202 must
+//!    arrive; an event that arrives twice is a duplicate, and how long
+//!    before the kill its first copy had been answered is the window;
 //! h. the floor of courier's HTTP stack (`courier_bench/floor.rs`): wrk
 //!    through a proxy made of hyper and hyper-util's client alone (nothing
 //!    stored); through the least durable sidecar (each body appended and
@@ -40,7 +46,9 @@
 //!
 //! Each courier step runs for the courier built by `cargo bench` (or
 //! `COURIER_BIN`) and, with `--compare PATH`, for a second binary, so
-//! before/after lands in one table. `--scale F` multiplies the backlog sizes
+//! before/after lands in one table. `--rounds N` runs them N times, the
+//! binaries taking turns, and adds the medians of the rounds, with each
+//! budget judged on its medians. `--scale F` multiplies the backlog sizes
 //! of c and d. The table is printed with PASS/MISS for the budgets of issue
 //! #10; `--write-results` also writes it to bench/RESULTS.md.
 //!
@@ -73,7 +81,7 @@ const PENDING: &str = r#"courier_events_pending{destination="bench"}"#;
 const ACCEPTED: &str = r#"courier_events_accepted_total{destination="bench"}"#;
 const DELIVERED: &str = r#"courier_events_delivered_total{destination="bench"}"#;
 /// Every step, run by default; `--steps` picks some.
-const STEPS: &str = "nhabcdepx";
+const STEPS: &str = "nhabcdekpx";
 /// Step c's backlog and step d's, before `--scale`.
 const DRAIN_BACKLOG: f64 = 100_000.0;
 /// Step h's client: as many connections as courier's `concurrency: 64`.
@@ -90,7 +98,7 @@ const POLL: Duration = Duration::from_millis(20);
 /// Step e waits this long after the start before reading RSS.
 const IDLE: Duration = Duration::from_secs(2);
 const MIB: f64 = 1024.0 * 1024.0;
-const USAGE: &str = "usage: cargo bench --bench courier_bench [-- --seconds N --connections N --steps nhabcdepx --scale F --compare PATH --rounds N --write-results]";
+const USAGE: &str = "usage: cargo bench --bench courier_bench [-- --seconds N --connections N --steps nhabcdekpx --scale F --compare PATH --rounds N --write-results]";
 
 struct Args {
     seconds: u64,
@@ -349,6 +357,8 @@ struct Row {
     rate: Option<f64>,
     latency: Option<(f64, f64, f64)>,
     cpu: Option<f64>,
+    /// The events (or requests) that `cpu` was spent on, for CPU per event.
+    events: Option<f64>,
     rss: Option<u64>,
     /// Compared with nginx direct (drains, and nginx itself) rather than
     /// only with the proxy.
@@ -370,21 +380,103 @@ impl Row {
             target,
             rate: Some(w.rate),
             latency: Some((w.p50, w.p99, w.p999)),
+            events: Some(w.rate * w.seconds),
             note,
             ..Row::default()
         }
     }
 }
 
-/// One budget's verdict; `pass: None` when its baseline was not measured.
+/// One measure of a budget against its limit.
+#[derive(Clone, Copy)]
+struct Check {
+    value: f64,
+    limit: f64,
+    at_least: bool,
+    /// After the number: "x proxy", " MiB".
+    unit: &'static str,
+}
+
+impl Check {
+    fn at_least(value: f64, limit: f64, unit: &'static str) -> Check {
+        Check {
+            value,
+            limit,
+            at_least: true,
+            unit,
+        }
+    }
+
+    fn at_most(value: f64, limit: f64, unit: &'static str) -> Check {
+        Check {
+            value,
+            limit,
+            at_least: false,
+            unit,
+        }
+    }
+
+    fn pass(&self) -> bool {
+        if self.at_least {
+            self.value >= self.limit
+        } else {
+            self.value <= self.limit
+        }
+    }
+
+    /// Ratios with three decimals, MiB with one, ms and rates whole.
+    fn number(&self, value: f64) -> String {
+        let digits = match self.limit {
+            l if l >= 100.0 => 0,
+            l if l >= 10.0 => 1,
+            _ => 3,
+        };
+        format!("{value:.digits$}")
+    }
+}
+
+/// One budget's verdict: every check passes; none when its baseline was
+/// not measured.
 struct Budget {
     name: String,
-    pass: Option<bool>,
+    checks: Vec<Check>,
     detail: String,
 }
 
-fn budget(name: String, pass: Option<bool>, detail: String) -> Budget {
-    Budget { name, pass, detail }
+fn budget(name: String, checks: Vec<Check>, detail: String) -> Budget {
+    Budget {
+        name,
+        checks,
+        detail,
+    }
+}
+
+impl Budget {
+    fn pass(&self) -> Option<bool> {
+        (!self.checks.is_empty()).then(|| self.checks.iter().all(Check::pass))
+    }
+}
+
+/// `target` without its " (round k)" label, to gather the rounds of a row
+/// or a budget.
+fn without_round(target: &str) -> String {
+    match target.find(" (round ") {
+        Some(at) => match target[at..].find(')') {
+            Some(end) => format!("{}{}", &target[..at], &target[at + end + 1..]),
+            None => target.to_owned(),
+        },
+        None => target.to_owned(),
+    }
+}
+
+fn median(values: &mut [f64]) -> Option<f64> {
+    values.sort_by(f64::total_cmp);
+    let n = values.len();
+    match n {
+        0 => None,
+        _ if n % 2 == 1 => Some(values[n / 2]),
+        _ => Some((values[n / 2 - 1] + values[n / 2]) / 2.0),
+    }
 }
 
 #[derive(Default)]
@@ -573,6 +665,7 @@ async fn end_to_end(label: &str, bin: &Path, rx: &str, args: &Args) -> Result<Ro
     let delivered = metric(c, DELIVERED).await.unwrap_or(0.0);
     let mut row = Row::load(format!("{label} b. end-to-end"), &w);
     row.rate = Some(accepted / (w.seconds + drain));
+    row.events = Some(accepted);
     row.cpu = Some(cpu_seconds(c.pid()).unwrap_or(0.0) - cpu.unwrap_or(0.0));
     row.rss = proc_status(c.pid(), "VmHWM");
     row.note = format!(
@@ -580,6 +673,104 @@ async fn end_to_end(label: &str, bin: &Path, rx: &str, args: &Args) -> Result<Ro
         w.rate, row.note
     );
     Ok(row)
+}
+
+/// Step k: the SIGKILL comes this long into the load.
+const KILL_AFTER: Duration = Duration::from_secs(3);
+
+/// Step k: a SIGKILL under load, then the same journal started again.
+/// The row, and the window: how long before the kill the first copy of a
+/// repeated event had been answered, at most.
+async fn crash_window(label: &str, bin: &Path, args: &Args) -> Result<(Row, f64), String> {
+    // Records each request and when its answer was written.
+    let receiver = support::Receiver::ok().await;
+    let mut run = start(bin, &receiver.url(), "").await?;
+    let c = &mut run.courier;
+    let spec = LoadSpec {
+        // A little past the kill: the load's last requests meet a closed port.
+        duration: KILL_AFTER + Duration::from_millis(200),
+        ..events_to(c.url(DESTINATION), args.connections)
+    };
+    let load = tokio::spawn(load::run_keeping_answers(spec));
+    tokio::time::sleep(KILL_AFTER).await;
+    let signalled = std::time::Instant::now();
+    c.kill();
+    let reaped = std::time::Instant::now();
+    let report = load.await.map_err(|e| format!("the load's task: {e}"))?;
+    c.restart().await;
+    drained(c).await?;
+    let mut acknowledged = Vec::new();
+    for answer in &report.answers {
+        let json: serde_json::Value = serde_json::from_slice(answer)
+            .map_err(|e| format!("a 202 that is not JSON ({e}): {answer:?}"))?;
+        let ids = json["ids"]
+            .as_array()
+            .ok_or_else(|| format!("a 202 without ids: {json}"))?;
+        acknowledged.extend(ids.iter().filter_map(|id| id.as_str().map(str::to_owned)));
+    }
+    let received = receiver.received();
+    let mut copies: std::collections::HashMap<&str, Vec<&support::Received>> =
+        std::collections::HashMap::new();
+    for r in &received {
+        copies
+            .entry(r.header("webhook-id").unwrap_or(""))
+            .or_default()
+            .push(r);
+    }
+    let missing = acknowledged
+        .iter()
+        .filter(|id| !copies.contains_key(id.as_str()))
+        .count();
+    if missing > 0 {
+        return Err(format!(
+            "{missing} of {} events answered 202 never arrived",
+            acknowledged.len()
+        ));
+    }
+    let kills = [(signalled, reaped)];
+    let mut duplicates = 0;
+    let mut cut_off = 0;
+    // For each repeated event, how long before the kill its first copy's
+    // answer was written.
+    let mut ages = Vec::new();
+    for list in copies.values().filter(|l| l.len() > 1) {
+        duplicates += list.len() - 1;
+        let first = list
+            .iter()
+            .filter(|r| r.answered_within_life(&kills))
+            .filter_map(|r| r.answered)
+            .min();
+        match first {
+            Some(at) if at <= signalled => ages.push((signalled - at).as_secs_f64() * 1000.0),
+            _ => cut_off += 1,
+        }
+    }
+    let answered_before = received
+        .iter()
+        .filter(|r| r.answered.is_some_and(|at| at <= signalled))
+        .count();
+    let last_second = received
+        .iter()
+        .filter(|r| {
+            r.answered
+                .is_some_and(|at| at <= signalled && signalled - at <= Duration::from_secs(1))
+        })
+        .count();
+    let longest = ages.iter().copied().fold(0.0, f64::max);
+    let typical = median(&mut ages.clone()).unwrap_or(0.0);
+    let row = Row {
+        target: format!("{label} k. SIGKILL under load, then restart"),
+        note: format!(
+            "{} answered 202 in {:.1} s, all delivered after the restart; {answered_before} deliveries answered before the kill ({last_second} in its last second); {duplicates} duplicates ({:.1}% of the 202s): {} first answered before the kill, up to {longest:.0} ms before it (median {typical:.0} ms), {cut_off} cut off by it; {duplicates} deliveries are {:.0} ms of the rate before the kill",
+            acknowledged.len(),
+            KILL_AFTER.as_secs_f64(),
+            100.0 * duplicates as f64 / acknowledged.len().max(1) as f64,
+            ages.len(),
+            1000.0 * duplicates as f64 / last_second.max(1) as f64,
+        ),
+        ..Row::default()
+    };
+    Ok((row, longest))
 }
 
 /// Step c, one half.
@@ -607,6 +798,7 @@ async fn drain(
         target: format!("{label} c. drain {events}, {name}"),
         rate: Some(events as f64 / took.as_secs_f64()),
         cpu: Some(cpu_seconds(c.pid()).unwrap_or(0.0) - cpu.unwrap_or(0.0)),
+        events: Some(events as f64),
         rss: proc_status(c.pid(), "VmHWM"),
         vs_direct: true,
         note: format!("{filled}; drained in {:.2} s", took.as_secs_f64()),
@@ -656,6 +848,7 @@ async fn big_backlog(label: &str, bin: &Path, rx: &str, args: &Args) -> Result<(
     let row = Row {
         target: format!("{label} d. backlog {events}"),
         cpu,
+        events: Some(events as f64),
         rss: Some(hwm),
         note: format!(
             "{filled}; RSS {:.1} MiB (peak {:.1}); journal {:.0} MiB on disk ({:.2}x the bodies; files' size {:.0} MiB); SIGKILL, spawn to /readyz {} ms, then {pending:.0} pending",
@@ -854,6 +1047,7 @@ async fn floor_rows(nginx: &Nginx, args: &Args) -> Result<Vec<Row>, String> {
         target: format!("floor h. hyper client → nginx, {events} events"),
         rate: Some(report.rate()),
         cpu: Some(used),
+        events: Some(events as f64),
         vs_direct: true,
         note: format!(
             "{FLOOR_CONNECTIONS} connections (courier's concurrency), sent in {:.2} s. CPU: the client's process",
@@ -899,6 +1093,7 @@ async fn durable_floor(upstream: &str, deliver: bool, args: &Args) -> Result<Row
     row.cpu = Some(used);
     if deliver {
         row.rate = Some(accepted as f64 / (w.seconds + drain));
+        row.events = Some(accepted as f64);
         row.note = format!(
             "accepted {accepted} ({:.0}/s), delivered {during} during the load, drain {drain:.1} s, failed {}. {}",
             w.rate,
@@ -1000,7 +1195,12 @@ async fn courier_steps(
     let load_budget = |name: &str, row: &Row, min: f64| {
         let (rate, p99) = (row.rate.unwrap_or(0.0), row.latency.map_or(0.0, |l| l.1));
         let proxy = row.against.as_ref().or(proxy);
-        let pass = proxy.map(|p| rate >= min * p.rate && p99 <= 2.0 * p.p99);
+        let checks = proxy.map_or(Vec::new(), |p| {
+            vec![
+                Check::at_least(rate / p.rate, min, "x proxy"),
+                Check::at_most(p99 / p.p99, 2.0, "x proxy's p99"),
+            ]
+        });
         let detail = proxy.map_or("no nginx proxy baseline".into(), |p| {
             format!(
                 "{rate:.0}/s = {:.3}x proxy (≥ {min}), p99 {p99:.2} ms = {:.3}x proxy's (≤ 2)",
@@ -1008,7 +1208,7 @@ async fn courier_steps(
                 p99 / p.p99
             )
         });
-        budget(format!("{label} {name}"), pass, detail)
+        budget(format!("{label} {name}"), checks, detail)
     };
     for step in args.steps.chars() {
         match step {
@@ -1038,13 +1238,14 @@ async fn courier_steps(
                             let row = beside(row, near.clone());
                             let direct = row.against.as_ref().or(direct);
                             let rate = row.rate.unwrap_or(0.0);
-                            let pass = ratio(rate, direct).map(|r| r >= min);
+                            let checks = ratio(rate, direct)
+                                .map_or(Vec::new(), |r| vec![Check::at_least(r, min, "x direct")]);
                             let detail = ratio(rate, direct)
                                 .map_or("no nginx direct baseline".into(), |r| {
                                     format!("{rate:.0} events/s = {r:.3}x direct (≥ {min})")
                                 });
                             let name = format!("drain, max_events {max_events}");
-                            budgets.push(budget(format!("{label} {name}"), pass, detail));
+                            budgets.push(budget(format!("{label} {name}"), checks, detail));
                             rows.push(row);
                         }
                         Err(e) => failed(&format!("c. drain, max_events {max_events}"), e, rows),
@@ -1057,18 +1258,26 @@ async fn courier_steps(
                     let (rss, hwm) = (big.rss as f64 / MIB, big.hwm as f64 / MIB);
                     budgets.push(budget(
                         name("peak RSS"),
-                        Some(hwm <= 64.0),
+                        vec![Check::at_most(hwm, 64.0, " MiB")],
                         format!("VmHWM {hwm:.1} MiB (≤ 64), VmRSS {rss:.1} MiB"),
                     ));
                     budgets.push(budget(
                         name("ready after SIGKILL"),
-                        Some(big.ready <= Duration::from_secs(1)),
+                        vec![Check::at_most(
+                            big.ready.as_secs_f64() * 1000.0,
+                            1000.0,
+                            " ms",
+                        )],
                         format!("{} ms (≤ 1000)", big.ready.as_millis()),
                     ));
                     let bodies = big.events as f64 * BODY_BYTES as f64;
                     budgets.push(budget(
                         name("disk"),
-                        Some(big.disk as f64 <= 1.2 * bodies),
+                        vec![Check::at_most(
+                            big.disk as f64 / bodies,
+                            1.2,
+                            "x the bodies",
+                        )],
                         format!(
                             "{:.0} MiB = {:.2}x the bodies (≤ 1.2)",
                             big.disk as f64 / MIB,
@@ -1086,7 +1295,10 @@ async fn courier_steps(
                     // Issue #12: 1,000,000 in ≤ 60 s, RSS ≤ 64 MiB.
                     budgets.push(budget(
                         format!("{label} mass expiry {events}"),
-                        Some(rate >= 1_000_000.0 / 60.0 && hwm <= 64.0),
+                        vec![
+                            Check::at_least(rate, 1_000_000.0 / 60.0, " events/s"),
+                            Check::at_most(hwm, 64.0, " MiB"),
+                        ],
                         format!("{rate:.0} events/s (≥ 16,667: 1M in 60 s), peak RSS {hwm:.1} MiB (≤ 64)"),
                     ));
                     rows.push(row);
@@ -1098,12 +1310,24 @@ async fn courier_steps(
                 Ok(p) => rows.extend(p),
                 Err(e) => failed("p. passthrough", e, rows),
             },
+            'k' => match crash_window(label, bin, args).await {
+                Ok((row, window)) => {
+                    // README, "The duplicate window": about 200 ms.
+                    budgets.push(budget(
+                        format!("{label} duplicate window after SIGKILL"),
+                        vec![Check::at_most(window, 200.0, " ms")],
+                        format!("{window:.0} ms (≤ 200, the README's \"about 200 ms\"); none of the 202s lost"),
+                    ));
+                    rows.push(row);
+                }
+                Err(e) => failed("k. SIGKILL under load", e, rows),
+            },
             'e' => match idle(label, bin, rx).await {
                 Ok(row) => {
                     let rss = row.rss.unwrap_or(u64::MAX) as f64 / MIB;
                     budgets.push(budget(
                         format!("{label} idle RSS"),
-                        Some(rss <= 20.0),
+                        vec![Check::at_most(rss, 20.0, " MiB")],
                         format!("{rss:.1} MiB (≤ 20)"),
                     ));
                     rows.push(row);
@@ -1120,37 +1344,60 @@ fn opt(v: Option<f64>, digits: usize) -> String {
     v.map_or("-".into(), |v| format!("{v:.digits$}"))
 }
 
-/// The table and the budgets as markdown (also what is printed).
+impl Row {
+    /// Its rate over nginx proxy's (loads only) and over nginx direct's
+    /// (drains and nginx itself), each as measured just before the row
+    /// when it was.
+    fn ratios(&self, base: &Baselines) -> (Option<f64>, Option<f64>) {
+        let near = |direct: bool| self.against.as_ref().filter(|_| self.vs_direct == direct);
+        let proxy = self
+            .rate
+            .and_then(|v| ratio(v, near(false).or(base.proxy.as_ref())))
+            .filter(|_| self.latency.is_some());
+        let direct = self
+            .rate
+            .and_then(|v| ratio(v, near(true).or(base.direct.as_ref())))
+            .filter(|_| self.vs_direct);
+        (proxy, direct)
+    }
+
+    fn cpu_per_event_us(&self) -> Option<f64> {
+        self.cpu
+            .zip(self.events.filter(|&e| e > 0.0))
+            .map(|(cpu, events)| cpu * 1e6 / events)
+    }
+}
+
+fn verdict(pass: Option<bool>) -> &'static str {
+    match pass {
+        Some(true) => "PASS",
+        Some(false) => "MISS",
+        None => "n/a",
+    }
+}
+
+/// The table and the budgets as markdown (also what is printed); with
+/// rounds, their medians after them.
 fn render(rows: &[Row], budgets: &[Budget], base: &Baselines) -> String {
     let mut out = String::from(
-        "| target | req/s | p50 ms | p99 ms | p999 ms | × proxy | × direct | courier CPU s | peak RSS MiB | notes |\n\
-         |---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n",
+        "| target | req/s | p50 ms | p99 ms | p999 ms | × proxy | × direct | courier CPU s | CPU µs/event | peak RSS MiB | notes |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n",
     );
     for r in rows {
         let lat = |i: usize| opt(r.latency.map(|l| [l.0, l.1, l.2][i]), 2);
-        // The baseline taken beside the row is the direct one for a drain.
-        let near = |direct: bool| r.against.as_ref().filter(|_| r.vs_direct == direct);
+        let (proxy, direct) = r.ratios(base);
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             r.target,
             opt(r.rate, 0),
             lat(0),
             lat(1),
             lat(2),
-            opt(
-                r.rate
-                    .and_then(|v| ratio(v, near(false).or(base.proxy.as_ref())))
-                    .filter(|_| r.latency.is_some()),
-                2
-            ),
-            opt(
-                r.rate
-                    .and_then(|v| ratio(v, near(true).or(base.direct.as_ref())))
-                    .filter(|_| r.vs_direct),
-                2
-            ),
+            opt(proxy, 2),
+            opt(direct, 2),
             opt(r.cpu, 1),
+            opt(r.cpu_per_event_us(), 1),
             opt(r.rss.map(|b| b as f64 / MIB), 1),
             r.note.trim()
         );
@@ -1159,12 +1406,106 @@ fn render(rows: &[Row], budgets: &[Budget], base: &Baselines) -> String {
         out.push_str("\n| budget | verdict | measured |\n|---|---|---|\n");
     }
     for b in budgets {
-        let verdict = match b.pass {
-            Some(true) => "PASS",
-            Some(false) => "MISS",
-            None => "n/a",
+        let _ = writeln!(out, "| {} | {} | {} |", b.name, verdict(b.pass()), b.detail);
+    }
+    out.push_str(&render_medians(rows, budgets, base));
+    out
+}
+
+/// Rows and budgets run in more than one round, gathered by name: the
+/// median of each figure (ratios taken per round, each against its own
+/// baseline), and each budget judged on its medians. Empty without rounds.
+fn render_medians(rows: &[Row], budgets: &[Budget], base: &Baselines) -> String {
+    let mut out = String::new();
+    let mut groups: Vec<(String, Vec<&Row>)> = Vec::new();
+    for r in rows.iter().filter(|r| r.target.contains(" (round ")) {
+        let key = without_round(&r.target);
+        match groups.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, members)) => members.push(r),
+            None => groups.push((key, vec![r])),
+        }
+    }
+    // Rows with figures (step k's is all notes), seen in more than one round.
+    groups.retain(|(_, members)| {
+        members.len() > 1
+            && members
+                .iter()
+                .any(|r| r.rate.is_some() || r.cpu.is_some() || r.rss.is_some())
+    });
+    if !groups.is_empty() {
+        out.push_str(
+            "\n| target, median of rounds | rounds | req/s | p99 ms | × proxy | × direct | CPU µs/event | peak RSS MiB |\n\
+             |---|---:|---:|---:|---:|---:|---:|---:|\n",
+        );
+    }
+    for (key, members) in &groups {
+        let med = |f: &dyn Fn(&Row) -> Option<f64>| {
+            median(&mut members.iter().filter_map(|r| f(r)).collect::<Vec<_>>())
         };
-        let _ = writeln!(out, "| {} | {verdict} | {} |", b.name, b.detail);
+        let _ = writeln!(
+            out,
+            "| {key} | {} | {} | {} | {} | {} | {} | {} |",
+            members.len(),
+            opt(med(&|r| r.rate), 0),
+            opt(med(&|r| r.latency.map(|l| l.1)), 2),
+            opt(med(&|r| r.ratios(base).0), 3),
+            opt(med(&|r| r.ratios(base).1), 3),
+            opt(med(&|r| r.cpu_per_event_us()), 1),
+            opt(med(&|r| r.rss.map(|b| b as f64 / MIB)), 1),
+        );
+    }
+    let mut judged: Vec<(String, Vec<&Budget>)> = Vec::new();
+    for b in budgets.iter().filter(|b| b.name.contains(" (round ")) {
+        let key = without_round(&b.name);
+        match judged.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, members)) => members.push(b),
+            None => judged.push((key, vec![b])),
+        }
+    }
+    judged.retain(|(_, members)| members.len() > 1);
+    if !judged.is_empty() {
+        out.push_str("\n| budget, on the medians of rounds | verdict | median (each round) |\n|---|---|---|\n");
+    }
+    for (key, members) in &judged {
+        // A round whose baseline was missing has no checks: left out.
+        let measured: Vec<&&Budget> = members.iter().filter(|b| !b.checks.is_empty()).collect();
+        let Some(first) = measured.first() else {
+            let _ = writeln!(out, "| {key} | n/a | no round measured |");
+            continue;
+        };
+        let mut checks = Vec::new();
+        let mut parts = Vec::new();
+        for (i, check) in first.checks.iter().enumerate() {
+            let mut values: Vec<f64> = measured
+                .iter()
+                .filter_map(|b| b.checks.get(i).map(|c| c.value))
+                .collect();
+            let each = values
+                .iter()
+                .map(|v| check.number(*v))
+                .collect::<Vec<_>>()
+                .join(", ");
+            let Some(value) = median(&mut values) else {
+                continue;
+            };
+            let m = Check { value, ..*check };
+            let bound = if m.at_least { "≥" } else { "≤" };
+            parts.push(format!(
+                "{}{} ({bound} {}; rounds: {each})",
+                m.number(value),
+                m.unit,
+                m.limit
+            ));
+            checks.push(m);
+        }
+        let pass = (!checks.is_empty()).then(|| checks.iter().all(Check::pass));
+        let _ = writeln!(
+            out,
+            "| {key} | {} | median of {}: {} |",
+            verdict(pass),
+            measured.len(),
+            parts.join("; ")
+        );
     }
     out
 }
@@ -1195,7 +1536,9 @@ fn write_results(
          × proxy / × direct: req/s (events/s for drains, accepted / (load + drain) for \
          end-to-end) over nginx's, as measured just before the row (named in its notes) \
          for courier's loads and drains. CPU: courier's utime + stime during the load (a, b), \
-         the drain (c), the fill (d) or since start (e). Peak RSS: VmHWM (e: VmRSS).\n",
+         the drain (c), the fill (d) or since start (e); CPU µs/event: that over the events \
+         accepted (a, b), drained (c) or filled (d). Peak RSS: VmHWM (e: VmRSS). With \
+         `--rounds`, the medians of the rounds follow the budgets.\n",
         shell("date", &["-u", "+%Y-%m-%d %H:%M UTC"]),
         shell("git", &["rev-parse", "--short", "HEAD"]),
         shell("uptime", &[]),

@@ -150,6 +150,7 @@ async fn load_generator_drives_the_receiver() {
         report.elapsed
     );
     assert_eq!(report.latencies_us.len() as u64, report.ok);
+    assert!(report.answers.is_empty(), "`run` keeps no answers");
     assert!(
         report.latencies_us.windows(2).all(|w| w[0] <= w[1]),
         "latencies sorted"
@@ -185,6 +186,25 @@ async fn load_generator_drives_the_receiver() {
         assert_eq!(req.header("host"), Some(rx.addr().to_string().as_str()));
         assert_eq!(req.body, body);
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn load_generator_keeps_the_body_of_each_2xx_answer_when_asked() {
+    let rx = Receiver::start(behavior(|_, n| {
+        Reply::status(if n % 2 == 0 { 200 } else { 500 }).body(n.to_string())
+    }))
+    .await;
+    rx.set_recording(false);
+    let report = load::run_keeping_answers(spec(rx.url(), 4, Duration::from_millis(300))).await;
+    assert!(report.ok > 20 && report.non_2xx > 20, "{report:?}");
+    assert_eq!(report.answers.len() as u64, report.ok);
+    let numbers: std::collections::HashSet<usize> = report
+        .answers
+        .iter()
+        .map(|b| String::from_utf8_lossy(b).parse().expect("a number"))
+        .collect();
+    assert_eq!(numbers.len(), report.answers.len(), "each answer once");
+    assert!(numbers.iter().all(|n| n % 2 == 0), "only 2xx answers kept");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

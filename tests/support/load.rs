@@ -38,6 +38,9 @@ pub struct LoadReport {
     pub statuses: BTreeMap<u16, u64>,
     /// The first transport error, for diagnostics.
     pub first_error: Option<String>,
+    /// The body of every 2xx answer, in no particular order; kept only by
+    /// [`run_keeping_answers`].
+    pub answers: Vec<Bytes>,
 }
 
 impl LoadReport {
@@ -71,13 +74,19 @@ fn per_second(count: u64, elapsed: Duration) -> f64 {
 /// Loads `spec.url` for `spec.duration`. Requests still in flight at the end
 /// are abandoned and not counted.
 pub async fn run(spec: LoadSpec) -> LoadReport {
-    run_inner(spec, None).await
+    run_inner(spec, None, false).await
+}
+
+/// As [`run`], and keeps each 2xx answer's body (courier's 202 lists the
+/// ids it acknowledged): what a crash test needs to know was promised.
+pub async fn run_keeping_answers(spec: LoadSpec) -> LoadReport {
+    run_inner(spec, None, true).await
 }
 
 /// Sends exactly `total` requests (as fast as `spec.connections` allow),
 /// with `spec.duration` as a deadline.
 pub async fn run_n(spec: LoadSpec, total: u64) -> LoadReport {
-    run_inner(spec, Some(total)).await
+    run_inner(spec, Some(total), false).await
 }
 
 struct Target {
@@ -88,7 +97,7 @@ struct Target {
     body: Bytes,
 }
 
-async fn run_inner(spec: LoadSpec, total: Option<u64>) -> LoadReport {
+async fn run_inner(spec: LoadSpec, total: Option<u64>, keep: bool) -> LoadReport {
     assert!(spec.connections > 0, "LoadSpec.connections must be > 0");
     let uri: Uri = spec
         .url
@@ -136,7 +145,7 @@ async fn run_inner(spec: LoadSpec, total: Option<u64>) -> LoadReport {
     for _ in 0..spec.connections {
         let target = target.clone();
         let issued = issued.clone();
-        tasks.spawn(connection(target, deadline, total, issued));
+        tasks.spawn(connection(target, deadline, total, issued, keep));
     }
     let mut report = LoadReport::default();
     let mut latencies = Vec::new();
@@ -152,6 +161,7 @@ async fn run_inner(spec: LoadSpec, total: Option<u64>) -> LoadReport {
             report.first_error = part.first_error;
         }
         latencies.push(part.latencies_us);
+        report.answers.extend(part.answers);
     }
     report.elapsed = start.elapsed();
     let mut all: Vec<u32> = latencies.concat();
@@ -197,6 +207,7 @@ async fn connection(
     deadline: Instant,
     total: Option<u64>,
     issued: Arc<AtomicU64>,
+    keep: bool,
 ) -> LoadReport {
     let mut part = LoadReport::default();
     let mut sender: Option<SendRequest<Full<Bytes>>> = None;
@@ -230,18 +241,21 @@ async fn connection(
         let exchange = async {
             let resp = conn.send_request(req).await?;
             let status = resp.status().as_u16();
-            resp.into_body().collect().await?;
-            Ok::<u16, hyper::Error>(status)
+            let body = resp.into_body().collect().await?.to_bytes();
+            Ok::<(u16, Bytes), hyper::Error>((status, body))
         };
         match tokio::time::timeout_at(deadline, exchange).await {
             // In flight at the deadline: abandoned, not counted.
             Err(_) => break,
-            Ok(Ok(status)) => {
+            Ok(Ok((status, body))) => {
                 let us = sent.elapsed().as_micros().min(u128::from(u32::MAX)) as u32;
                 part.latencies_us.push(us);
                 *part.statuses.entry(status).or_insert(0) += 1;
                 if (200..300).contains(&status) {
                     part.ok += 1;
+                    if keep {
+                        part.answers.push(body);
+                    }
                 } else {
                     part.non_2xx += 1;
                 }
