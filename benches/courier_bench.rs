@@ -441,6 +441,8 @@ struct Budget {
     name: String,
     checks: Vec<Check>,
     detail: String,
+    /// Its step failed: nothing was measured.
+    failed: bool,
 }
 
 fn budget(name: String, checks: Vec<Check>, detail: String) -> Budget {
@@ -448,13 +450,23 @@ fn budget(name: String, checks: Vec<Check>, detail: String) -> Budget {
         name,
         checks,
         detail,
+        failed: false,
     }
 }
 
 impl Budget {
-    fn pass(&self) -> Option<bool> {
-        (!self.checks.is_empty()).then(|| self.checks.iter().all(Check::pass))
+    fn verdict(&self) -> &'static str {
+        if self.failed {
+            "FAILED"
+        } else {
+            verdict(all_pass(&self.checks))
+        }
     }
+}
+
+/// Every check passes; none when there are none (no baseline).
+fn all_pass(checks: &[Check]) -> Option<bool> {
+    (!checks.is_empty()).then(|| checks.iter().all(Check::pass))
 }
 
 /// `target` without its " (round k)" label, to gather the rounds of a row
@@ -677,6 +689,8 @@ async fn end_to_end(label: &str, bin: &Path, rx: &str, args: &Args) -> Result<Ro
 
 /// Step k: the SIGKILL comes this long into the load.
 const KILL_AFTER: Duration = Duration::from_secs(3);
+/// Step k's budget: README, "The duplicate window" (about 200 ms).
+const WINDOW_BUDGET: &str = "duplicate window after SIGKILL";
 
 /// Step k: a SIGKILL under load, then the same journal started again.
 /// The row, and the window: how long before the kill the first copy of a
@@ -701,21 +715,27 @@ async fn crash_window(label: &str, bin: &Path, args: &Args) -> Result<(Row, f64)
     drained(c).await?;
     let mut acknowledged = Vec::new();
     for answer in &report.answers {
+        // `{"accepted": n, "ids": [n strings]}` (SPEC), else the step fails.
         let json: serde_json::Value = serde_json::from_slice(answer)
             .map_err(|e| format!("a 202 that is not JSON ({e}): {answer:?}"))?;
-        let ids = json["ids"]
+        let ids: Option<Vec<&str>> = json["ids"]
             .as_array()
-            .ok_or_else(|| format!("a 202 without ids: {json}"))?;
-        acknowledged.extend(ids.iter().filter_map(|id| id.as_str().map(str::to_owned)));
+            .and_then(|ids| ids.iter().map(serde_json::Value::as_str).collect());
+        match ids {
+            Some(ids) if json["accepted"] == ids.len() && !ids.is_empty() => {
+                acknowledged.extend(ids.into_iter().map(str::to_owned))
+            }
+            _ => return Err(format!("a 202 whose ids do not match `accepted`: {json}")),
+        }
     }
     let received = receiver.received();
     let mut copies: std::collections::HashMap<&str, Vec<&support::Received>> =
         std::collections::HashMap::new();
     for r in &received {
-        copies
-            .entry(r.header("webhook-id").unwrap_or(""))
-            .or_default()
-            .push(r);
+        let id = r
+            .header("webhook-id")
+            .ok_or_else(|| format!("a delivery without webhook-id: {:?}", r.headers))?;
+        copies.entry(id).or_default().push(r);
     }
     let missing = acknowledged
         .iter()
@@ -749,6 +769,12 @@ async fn crash_window(label: &str, bin: &Path, args: &Args) -> Result<(Row, f64)
         .iter()
         .filter(|r| r.answered.is_some_and(|at| at <= signalled))
         .count();
+    // Else no window could show: nothing was delivered before the kill.
+    if answered_before == 0 {
+        return Err(format!(
+            "nothing delivered in the {KILL_AFTER:?} before the kill"
+        ));
+    }
     let last_second = received
         .iter()
         .filter(|r| {
@@ -761,7 +787,7 @@ async fn crash_window(label: &str, bin: &Path, args: &Args) -> Result<(Row, f64)
     let row = Row {
         target: format!("{label} k. SIGKILL under load, then restart"),
         note: format!(
-            "{} answered 202 in {:.1} s, all delivered after the restart; {answered_before} deliveries answered before the kill ({last_second} in its last second); {duplicates} duplicates ({:.1}% of the 202s): {} first answered before the kill, up to {longest:.0} ms before it (median {typical:.0} ms), {cut_off} cut off by it; {duplicates} deliveries are {:.0} ms of the rate before the kill",
+            "{} answered 202 in {:.1} s, all delivered by the end; {answered_before} deliveries answered before the kill ({last_second} in its last second); {duplicates} duplicates ({:.1}% of the 202s): {} first answered before the kill, up to {longest:.0} ms before it (median {typical:.0} ms), {cut_off} cut off by it; {duplicates} deliveries are {:.0} ms of the rate before the kill",
             acknowledged.len(),
             KILL_AFTER.as_secs_f64(),
             100.0 * duplicates as f64 / acknowledged.len().max(1) as f64,
@@ -1179,13 +1205,29 @@ async fn courier_steps(
     budgets: &mut Vec<Budget>,
 ) -> bool {
     let mut ok = true;
-    let mut failed = |step: &str, e: String, rows: &mut Vec<Row>| {
+    // A failed step's row says why; its budgets say FAILED, so that the
+    // medians of rounds cannot pass on the rounds that worked.
+    let mut failed = |step: &str,
+                      e: String,
+                      rows: &mut Vec<Row>,
+                      budgets: &mut Vec<Budget>,
+                      names: &[String]| {
         eprintln!("courier_bench: {label} {step} FAILED: {e}");
         rows.push(Row {
             target: format!("{label} {step}"),
             note: format!("FAILED: {e}"),
             ..Row::default()
         });
+        for name in names {
+            budgets.push(Budget {
+                failed: true,
+                ..budget(
+                    format!("{label} {name}"),
+                    Vec::new(),
+                    format!("step {step} failed"),
+                )
+            });
+        }
         ok = false;
     };
     let proxy = base.proxy.as_ref();
@@ -1195,6 +1237,8 @@ async fn courier_steps(
     let load_budget = |name: &str, row: &Row, min: f64| {
         let (rate, p99) = (row.rate.unwrap_or(0.0), row.latency.map_or(0.0, |l| l.1));
         let proxy = row.against.as_ref().or(proxy);
+        // No baseline, or one that measured nothing: no verdict.
+        let proxy = proxy.filter(|p| p.rate > 0.0 && p.p99 > 0.0);
         let checks = proxy.map_or(Vec::new(), |p| {
             vec![
                 Check::at_least(rate / p.rate, min, "x proxy"),
@@ -1227,7 +1271,7 @@ async fn courier_steps(
                         budgets.push(load_budget(budget_name, &row, min));
                         rows.push(row);
                     }
-                    Err(e) => failed(name, e, rows),
+                    Err(e) => failed(name, e, rows, budgets, &[budget_name.into()]),
                 }
             }
             'c' => {
@@ -1248,7 +1292,13 @@ async fn courier_steps(
                             budgets.push(budget(format!("{label} {name}"), checks, detail));
                             rows.push(row);
                         }
-                        Err(e) => failed(&format!("c. drain, max_events {max_events}"), e, rows),
+                        Err(e) => failed(
+                            &format!("c. drain, max_events {max_events}"),
+                            e,
+                            rows,
+                            budgets,
+                            &[format!("drain, max_events {max_events}")],
+                        ),
                     }
                 }
             }
@@ -1286,7 +1336,12 @@ async fn courier_steps(
                     ));
                     rows.push(row);
                 }
-                Err(e) => failed("d. backlog", e, rows),
+                Err(e) => {
+                    let events = backlog(BIG_BACKLOG, args);
+                    let names = ["peak RSS", "ready after SIGKILL", "disk"]
+                        .map(|what| format!("{events} backlog {what}"));
+                    failed("d. backlog", e, rows, budgets, &names)
+                }
             },
             'x' => match mass_expiry(label, bin, rx, args).await {
                 Ok((row, replay, rate, hwm)) => {
@@ -1304,23 +1359,32 @@ async fn courier_steps(
                     rows.push(row);
                     rows.push(replay);
                 }
-                Err(e) => failed("x. mass expiry", e, rows),
+                Err(e) => {
+                    let name = format!("mass expiry {}", backlog(EXPIRY_BACKLOG, args));
+                    failed("x. mass expiry", e, rows, budgets, &[name])
+                }
             },
             'p' => match passthrough(label, bin, rx, args).await {
                 Ok(p) => rows.extend(p),
-                Err(e) => failed("p. passthrough", e, rows),
+                Err(e) => failed("p. passthrough", e, rows, budgets, &[]),
             },
             'k' => match crash_window(label, bin, args).await {
                 Ok((row, window)) => {
                     // README, "The duplicate window": about 200 ms.
                     budgets.push(budget(
-                        format!("{label} duplicate window after SIGKILL"),
+                        format!("{label} {WINDOW_BUDGET}"),
                         vec![Check::at_most(window, 200.0, " ms")],
                         format!("{window:.0} ms (≤ 200, the README's \"about 200 ms\"); none of the 202s lost"),
                     ));
                     rows.push(row);
                 }
-                Err(e) => failed("k. SIGKILL under load", e, rows),
+                Err(e) => failed(
+                    "k. SIGKILL under load",
+                    e,
+                    rows,
+                    budgets,
+                    &[WINDOW_BUDGET.into()],
+                ),
             },
             'e' => match idle(label, bin, rx).await {
                 Ok(row) => {
@@ -1332,7 +1396,7 @@ async fn courier_steps(
                     ));
                     rows.push(row);
                 }
-                Err(e) => failed("e. idle", e, rows),
+                Err(e) => failed("e. idle", e, rows, budgets, &["idle RSS".into()]),
             },
             _ => {}
         }
@@ -1406,7 +1470,7 @@ fn render(rows: &[Row], budgets: &[Budget], base: &Baselines) -> String {
         out.push_str("\n| budget | verdict | measured |\n|---|---|---|\n");
     }
     for b in budgets {
-        let _ = writeln!(out, "| {} | {} | {} |", b.name, verdict(b.pass()), b.detail);
+        let _ = writeln!(out, "| {} | {} | {} |", b.name, b.verdict(), b.detail);
     }
     out.push_str(&render_medians(rows, budgets, base));
     out
@@ -1442,10 +1506,18 @@ fn render_medians(rows: &[Row], budgets: &[Budget], base: &Baselines) -> String 
         let med = |f: &dyn Fn(&Row) -> Option<f64>| {
             median(&mut members.iter().filter_map(|r| f(r)).collect::<Vec<_>>())
         };
+        // Rounds that measured; a failed one is named beside them.
+        let failed = members
+            .iter()
+            .filter(|r| r.note.starts_with("FAILED"))
+            .count();
+        let rounds = match failed {
+            0 => (members.len()).to_string(),
+            n => format!("{} ({n} failed)", members.len() - n),
+        };
         let _ = writeln!(
             out,
-            "| {key} | {} | {} | {} | {} | {} | {} | {} |",
-            members.len(),
+            "| {key} | {rounds} | {} | {} | {} | {} | {} | {} |",
             opt(med(&|r| r.rate), 0),
             opt(med(&|r| r.latency.map(|l| l.1)), 2),
             opt(med(&|r| r.ratios(base).0), 3),
@@ -1467,6 +1539,14 @@ fn render_medians(rows: &[Row], budgets: &[Budget], base: &Baselines) -> String 
         out.push_str("\n| budget, on the medians of rounds | verdict | median (each round) |\n|---|---|---|\n");
     }
     for (key, members) in &judged {
+        if let Some(at) = members.iter().position(|b| b.failed) {
+            let _ = writeln!(
+                out,
+                "| {key} | FAILED | its step failed in round {} |",
+                at + 1
+            );
+            continue;
+        }
         // A round whose baseline was missing has no checks: left out.
         let measured: Vec<&&Budget> = members.iter().filter(|b| !b.checks.is_empty()).collect();
         let Some(first) = measured.first() else {
@@ -1494,15 +1574,14 @@ fn render_medians(rows: &[Row], budgets: &[Budget], base: &Baselines) -> String 
                 "{}{} ({bound} {}; rounds: {each})",
                 m.number(value),
                 m.unit,
-                m.limit
+                m.number(m.limit)
             ));
             checks.push(m);
         }
-        let pass = (!checks.is_empty()).then(|| checks.iter().all(Check::pass));
         let _ = writeln!(
             out,
             "| {key} | {} | median of {}: {} |",
-            verdict(pass),
+            verdict(all_pass(&checks)),
             measured.len(),
             parts.join("; ")
         );
@@ -1537,7 +1616,8 @@ fn write_results(
          end-to-end) over nginx's, as measured just before the row (named in its notes) \
          for courier's loads and drains. CPU: courier's utime + stime during the load (a, b), \
          the drain (c), the fill (d) or since start (e); CPU µs/event: that over the events \
-         accepted (a, b), drained (c) or filled (d). Peak RSS: VmHWM (e: VmRSS). With \
+         answered 2xx (a, p, h's loads), accepted (b, h's end to end), drained (c) or \
+         filled (d). Peak RSS: VmHWM (e: VmRSS). With \
          `--rounds`, the medians of the rounds follow the budgets.\n",
         shell("date", &["-u", "+%Y-%m-%d %H:%M UTC"]),
         shell("git", &["rev-parse", "--short", "HEAD"]),
