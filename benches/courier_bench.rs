@@ -481,6 +481,20 @@ fn without_round(target: &str) -> String {
     }
 }
 
+/// The items labelled with a round, gathered by their name without it, in
+/// the order of their first round.
+fn rounds_of<T>(items: &[T], name: impl Fn(&T) -> &str) -> Vec<(String, Vec<&T>)> {
+    let mut groups: Vec<(String, Vec<&T>)> = Vec::new();
+    for item in items.iter().filter(|i| name(i).contains(" (round ")) {
+        let key = without_round(name(item));
+        match groups.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, members)) => members.push(item),
+            None => groups.push((key, vec![item])),
+        }
+    }
+    groups
+}
+
 fn median(values: &mut [f64]) -> Option<f64> {
     values.sort_by(f64::total_cmp);
     let n = values.len();
@@ -1481,14 +1495,7 @@ fn render(rows: &[Row], budgets: &[Budget], base: &Baselines) -> String {
 /// baseline), and each budget judged on its medians. Empty without rounds.
 fn render_medians(rows: &[Row], budgets: &[Budget], base: &Baselines) -> String {
     let mut out = String::new();
-    let mut groups: Vec<(String, Vec<&Row>)> = Vec::new();
-    for r in rows.iter().filter(|r| r.target.contains(" (round ")) {
-        let key = without_round(&r.target);
-        match groups.iter_mut().find(|(k, _)| *k == key) {
-            Some((_, members)) => members.push(r),
-            None => groups.push((key, vec![r])),
-        }
-    }
+    let mut groups = rounds_of(rows, |r| &r.target);
     // Rows with figures (step k's is all notes), seen in more than one round.
     groups.retain(|(_, members)| {
         members.len() > 1
@@ -1526,14 +1533,7 @@ fn render_medians(rows: &[Row], budgets: &[Budget], base: &Baselines) -> String 
             opt(med(&|r| r.rss.map(|b| b as f64 / MIB)), 1),
         );
     }
-    let mut judged: Vec<(String, Vec<&Budget>)> = Vec::new();
-    for b in budgets.iter().filter(|b| b.name.contains(" (round ")) {
-        let key = without_round(&b.name);
-        match judged.iter_mut().find(|(k, _)| *k == key) {
-            Some((_, members)) => members.push(b),
-            None => judged.push((key, vec![b])),
-        }
-    }
+    let mut judged = rounds_of(budgets, |b| &b.name);
     judged.retain(|(_, members)| members.len() > 1);
     if !judged.is_empty() {
         out.push_str("\n| budget, on the medians of rounds | verdict | median (each round) |\n|---|---|---|\n");
