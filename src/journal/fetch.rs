@@ -117,7 +117,12 @@ impl Fetch {
 
 /// Reads into `buf` from `offset` until at least `need` bytes are in, or
 /// the file ends; returns how many are.
-fn read_at_least(file: &File, buf: &mut [u8], offset: u64, need: usize) -> io::Result<usize> {
+pub(super) fn read_at_least(
+    file: &File,
+    buf: &mut [u8],
+    offset: u64,
+    need: usize,
+) -> io::Result<usize> {
     let mut got = 0;
     // Bounded: each turn reads at least one byte or stops.
     while got < need {

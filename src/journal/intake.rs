@@ -4,8 +4,8 @@
 //! of 1 KiB events writes ~35 separate 4 KiB WAL frames and fsyncs them
 //! (~3 ms per group here), and inserting rows costs the writer ~18 µs of CPU
 //! per event; together they held acceptance to ~16k events/s. Appending the
-//! group as ONE write, padded to 4 KiB (so ext4 never reads a partial page
-//! back), into preallocated space and calling fdatasync once costs ~0.2 ms.
+//! group as ONE write into preallocated space and calling fdatasync once
+//! costs ~0.2 ms.
 //! The rows are then added to SQLite by the indexer thread, off the
 //! acceptance path; this log keeps every event the indexer has not yet made
 //! durable in SQLite. No crate gives this shape (one positional write per
@@ -16,10 +16,24 @@
 //! The log sequence number (lsn) is a byte position that grows across
 //! segments; a record that does not fit a segment's rest goes to the start
 //! of the next segment (at `start + size`). A record is
-//! `[magic u32][payload len u32][lsn u64][crc32c u32][events u32][payload]`
-//! padded with zeros to a multiple of 4 KiB. The lsn inside the header is
-//! what makes a recycled segment's old records (and the zeros after the last
-//! record) read as "end of log".
+//! `[magic u32][payload len u32][lsn u64][crc32c u32][events u32][payload]`,
+//! and the next one starts at the next multiple of 8 bytes. The write also
+//! puts zeros up to the end of its last 4 KiB page, which the next record
+//! then overwrites: a write of part of a page that is not in memory would
+//! make the kernel read it from disk first (a recycled segment's pages are
+//! not), and the zeros make the bytes after the last record read as "end
+//! of log". The lsn inside the header is what makes a recycled segment's
+//! old records read so too.
+//!
+//! Records used to be padded to 4 KiB each (magic "CRR1", still read): a
+//! group of one 1 KiB event, what an app sending one webhook at a time
+//! makes, took 4 KiB of the log, so its segments were mostly padding and
+//! the indexer's spill copied every waiting event into SQLite (a paused
+//! destination, one connection for 30 s: 1,348 bytes of `journal.db` per
+//! event, against 141 now that the events stay in the log). Rewriting the last page of
+//! an acknowledged record with the same bytes plus the next record's is
+//! what SQLite's WAL and PostgreSQL's do: a disk writes each sector whole,
+//! so a power loss mid-write leaves those bytes as they were.
 //!
 //! A record lost at the tail (a truncated or deleted segment, a damaged last
 //! record) reads as a clean end. So after every commit the writer also puts
@@ -35,9 +49,13 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
-const MAGIC: u32 = 0x4352_5231; // "CRR1"
+const MAGIC: u32 = 0x4352_5232; // "CRR2"
+/// The records of logs written before "CRR2", each padded to `PAGE`.
+const MAGIC_PADDED: u32 = 0x4352_5231; // "CRR1"
 const HEADER: usize = 24;
-const ALIGN: u64 = 4096;
+/// Where records start: a multiple of this past their segment's start.
+const ALIGN: u64 = 8;
+const PAGE: u64 = 4096;
 /// Size of a new segment; a group larger than this gets a segment of its own size.
 pub const SEGMENT: u64 = 16 * 1024 * 1024;
 /// Recycled segments kept for reuse; overwriting written blocks avoids the
@@ -282,8 +300,14 @@ fn decode_one(segment: u64, at: u64, whole: &[u8]) -> Option<(Logged, usize)> {
     ))
 }
 
-fn padded(len: usize) -> u64 {
+/// The bytes a record of `len` payload bytes takes in the log.
+fn span(len: usize) -> u64 {
     (HEADER + len).div_ceil(ALIGN as usize) as u64 * ALIGN
+}
+
+/// The same for a "CRR1" record.
+fn padded(len: usize) -> u64 {
+    (HEADER + len).div_ceil(PAGE as usize) as u64 * PAGE
 }
 
 pub(super) fn is_disk_full(e: &io::Error) -> bool {
@@ -411,7 +435,7 @@ impl LogWriter {
         if u32::try_from(payload.len()).is_err() {
             return Err(AppendError::TooLarge);
         }
-        let need = padded(payload.len());
+        let need = span(payload.len());
         let fits = self
             .current
             .as_ref()
@@ -421,7 +445,7 @@ impl LogWriter {
             // it: after a failed write the next group still goes where the
             // reader looks for it (the rest of the old segment).
             let next = self.next_segment(need)?;
-            write_record(&next.file, 0, next.start, payload, count, need)?;
+            write_record(&next, 0, next.start, payload, count)?;
             self.pos = next.start + need;
             if let Some(old) = self.current.replace(next) {
                 self.retired.push((old.start, old.size));
@@ -432,7 +456,7 @@ impl LogWriter {
             return Err(AppendError::Io(io::Error::other("no segment")));
         };
         let lsn = self.pos;
-        write_record(&seg.file, lsn - seg.start, lsn, payload, count, need)?;
+        write_record(seg, lsn - seg.start, lsn, payload, count)?;
         self.pos = lsn + need;
         Ok(self.pos)
     }
@@ -485,7 +509,7 @@ impl LogWriter {
             Some(s) => s.start + s.size,
             None => self.pos,
         };
-        let size = need.max(SEGMENT);
+        let size = need.div_ceil(PAGE).saturating_mul(PAGE).max(SEGMENT);
         let path = self.dir.join(name(start));
         let file = match self.take_spare(size, &path)? {
             Some(f) => f,
@@ -512,27 +536,29 @@ impl LogWriter {
     }
 }
 
-/// Writes the record for `payload` at `lsn`, padded to `need` bytes, at
-/// `offset` in `file`: header, payload and padding as one `pwritev`, so the
-/// group's bytes are not copied once more into a frame (they were 6% of
-/// the writer's CPU under load, and the writer's turn is every 202's wait).
+/// Writes the record for `payload` at `lsn`, at `offset` in `segment`, and
+/// zeros to the end of its last page (or of the segment): header, payload
+/// and zeros as one `pwritev`, so the group's bytes are not copied once
+/// more into a frame (they were 6% of the writer's CPU under load, and the
+/// writer's turn is every 202's wait).
 fn write_record(
-    file: &File,
+    segment: &Segment,
     offset: u64,
     lsn: u64,
     payload: &[u8],
     count: u32,
-    need: u64,
 ) -> io::Result<()> {
-    static ZEROS: [u8; ALIGN as usize] = [0; ALIGN as usize];
+    static ZEROS: [u8; PAGE as usize] = [0; PAGE as usize];
+    let file = &segment.file;
     let mut header = [0u8; HEADER];
     header[0..4].copy_from_slice(&MAGIC.to_le_bytes());
     header[4..8].copy_from_slice(&(payload.len() as u32).to_le_bytes());
     header[8..16].copy_from_slice(&lsn.to_le_bytes());
     header[16..20].copy_from_slice(&record_crc(lsn, count, payload).to_le_bytes());
     header[20..24].copy_from_slice(&count.to_le_bytes());
-    let pad = (need as usize).saturating_sub(HEADER + payload.len());
-    let mut parts: [&[u8]; 3] = [&header, payload, &ZEROS[..pad.min(ZEROS.len())]];
+    let end = offset + (HEADER + payload.len()) as u64;
+    let pad = end.div_ceil(PAGE).saturating_mul(PAGE).min(segment.size) - end.min(segment.size);
+    let mut parts: [&[u8]; 3] = [&header, payload, &ZEROS[..(pad as usize).min(ZEROS.len())]];
     let mut at = offset;
     // Bounded: each turn writes at least one byte or returns.
     while parts.iter().any(|p| !p.is_empty()) {
@@ -738,7 +764,12 @@ impl LogReader {
             word(16),
             word(20),
         );
-        if magic != MAGIC || at != lsn || offset + HEADER as u64 + len > seg.size {
+        let next = match magic {
+            MAGIC => lsn + span(len as usize),
+            MAGIC_PADDED => lsn + padded(len as usize),
+            _ => return Ok(None),
+        };
+        if at != lsn || offset + HEADER as u64 + len > seg.size {
             return Ok(None);
         }
         let mut payload = vec![0u8; len as usize];
@@ -753,21 +784,39 @@ impl LogReader {
                 source,
             }
         })?;
-        Ok(Some(Read::Record(events, lsn + padded(len as usize))))
+        Ok(Some(Read::Record(events, next)))
     }
 
-    /// Whether a valid record starts at any 4 KiB boundary after `lsn` in
-    /// the current segment.
+    /// Whether a valid record starts anywhere after `lsn` in the current
+    /// segment: the rest of it is read once, in chunks, for headers' magic.
+    /// Only a start's recovery (or an inspection) reaches the log's end.
     fn later_record_in_segment(&self, lsn: u64) -> Result<bool, ReadError> {
+        const CHUNK: u64 = 1 << 20;
         let Some((seg, _)) = &self.current else {
             return Ok(false);
         };
+        let seg_end = seg.start + seg.size;
+        let mut buf = vec![0u8; CHUNK as usize];
         let mut at = lsn + ALIGN;
-        while at + HEADER as u64 <= seg.start + seg.size {
-            if self.record_at(at)?.is_some() {
-                return Ok(true);
+        // Bounded: each turn moves `at` a chunk on, towards the segment's end.
+        while at + HEADER as u64 <= seg_end {
+            let want = CHUNK.min(seg_end - at) as usize;
+            let got =
+                super::fetch::read_at_least(&seg.file, &mut buf[..want], at - seg.start, want)?;
+            let mut i = 0;
+            while i + 4 <= got {
+                let word = u32::from_le_bytes([buf[i], buf[i + 1], buf[i + 2], buf[i + 3]]);
+                if (word == MAGIC || word == MAGIC_PADDED)
+                    && self.record_at(at + i as u64)?.is_some()
+                {
+                    return Ok(true);
+                }
+                i += ALIGN as usize;
             }
-            at += ALIGN;
+            if got < want {
+                break;
+            }
+            at += want as u64;
         }
         Ok(false)
     }
@@ -819,7 +868,7 @@ mod tests {
         let mut w = LogWriter::open(tmp.path(), 0, 1, &BTreeSet::new()).expect("open");
         let (p, n) = group(1..4);
         let end = w.append(&p, n).expect("append");
-        assert_eq!(end % ALIGN, 0);
+        assert_eq!(end, span(p.len()), "a record takes its own bytes");
         w.sync().expect("sync");
         let mut r = LogReader::new(tmp.path());
         let Read::Record(events, next) = r.read(0).expect("read") else {
@@ -830,6 +879,60 @@ mod tests {
         assert_eq!(events[1].seq, 2);
         assert_eq!(events[1].event, event(2));
         assert_eq!(r.read(end).expect("read"), Read::End);
+    }
+
+    #[test]
+    fn small_groups_follow_each_other_without_padding() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let mut w = LogWriter::open(tmp.path(), 0, 1, &BTreeSet::new()).expect("open");
+        let mut ends = Vec::new();
+        for seq in 1..=10 {
+            let (p, n) = group(seq..seq + 1);
+            let start = w.end();
+            ends.push(w.append(&p, n).expect("append"));
+            assert_eq!(ends.last(), Some(&(start + span(p.len()))));
+        }
+        assert!(
+            w.end() < 2 * PAGE,
+            "ten one-event groups took {} bytes",
+            w.end()
+        );
+        assert_eq!(
+            read_all(tmp.path(), 0).expect("read"),
+            ((1..=10).collect(), w.end())
+        );
+    }
+
+    /// A log written before records followed each other: each padded to
+    /// 4 KiB under the magic "CRR1". An upgraded courier reads it.
+    #[test]
+    fn a_log_of_padded_records_still_reads() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let mut file = vec![0u8; SEGMENT as usize];
+        let mut lsn: u64 = 0;
+        for seqs in [1..3, 3..4] {
+            let (payload, count) = group(seqs);
+            let at = lsn as usize;
+            file[at..at + 4].copy_from_slice(&MAGIC_PADDED.to_le_bytes());
+            file[at + 4..at + 8].copy_from_slice(&(payload.len() as u32).to_le_bytes());
+            file[at + 8..at + 16].copy_from_slice(&lsn.to_le_bytes());
+            let crc = record_crc(lsn, count, &payload);
+            file[at + 16..at + 20].copy_from_slice(&crc.to_le_bytes());
+            file[at + 20..at + 24].copy_from_slice(&count.to_le_bytes());
+            file[at + HEADER..at + HEADER + payload.len()].copy_from_slice(&payload);
+            lsn += padded(payload.len());
+        }
+        std::fs::write(tmp.path().join(name(0)), &file).expect("write");
+        assert_eq!(
+            read_all(tmp.path(), 0).expect("read"),
+            (vec![1, 2, 3], 2 * PAGE)
+        );
+        // A new run's writer starts a segment of its own after it.
+        let mut w = LogWriter::open(tmp.path(), SEGMENT, 4, &BTreeSet::new()).expect("open");
+        let (p, n) = group(4..5);
+        w.append(&p, n).expect("append");
+        let (seqs, _) = read_all(tmp.path(), SEGMENT).expect("read");
+        assert_eq!(seqs, vec![4]);
     }
 
     #[test]
@@ -900,6 +1003,50 @@ mod tests {
         let (seqs, _) = read_all(tmp.path(), from).expect("read");
         assert_eq!(seqs, vec![100; 20]);
         assert!(segments(tmp.path()).expect("list").len() <= 2 + SPARES);
+    }
+
+    /// The bytes after a record, to the end of its page, are written (as
+    /// zeros) with it: in a recycled segment, a page written in part and
+    /// no longer in memory would be read from disk before the write.
+    #[test]
+    fn the_rest_of_a_records_page_is_zeroed_in_a_recycled_segment() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let mut w = LogWriter::open(tmp.path(), 0, 1, &BTreeSet::new()).expect("open");
+        let big = NewEvent {
+            body: Bytes::from(vec![b'x'; 1024 * 1024 - 200]),
+            ..event(0)
+        };
+        let mut p = Vec::new();
+        encode(&mut p, 1, &big);
+        for _ in 0..20 {
+            w.append(&p, 1).expect("append");
+        }
+        // The first segment becomes the spare; the next rotation takes it.
+        w.recycle(w.end(), true, &BTreeSet::new()).expect("recycle");
+        let current = |w: &LogWriter| w.current.as_ref().map(|s| s.start);
+        let before = current(&w);
+        for _ in 0..20 {
+            if current(&w) != before {
+                break;
+            }
+            w.append(&p, 1).expect("append");
+        }
+        assert_ne!(current(&w), before, "the writer moved on to the spare");
+        let (q, n) = group(100..101);
+        let end = w.append(&q, n).expect("append");
+        let seg = w.current.as_ref().expect("a segment");
+        let at = (end - seg.start) as usize;
+        let page_end = at.div_ceil(PAGE as usize) * PAGE as usize;
+        let mut bytes = vec![0u8; page_end + 64];
+        seg.file.read_exact_at(&mut bytes, 0).expect("read");
+        assert_ne!(at % PAGE as usize, 0, "the record ends inside a page");
+        assert!(bytes[at..page_end].iter().all(|b| *b == 0));
+        assert!(
+            bytes[page_end..].contains(&b'x'),
+            "beyond the page, the recycled segment's old bytes"
+        );
+        let (seqs, _) = read_all(tmp.path(), end - span(q.len())).expect("read");
+        assert_eq!(seqs, vec![100]);
     }
 
     /// Segments rows point into are neither recycled nor made spares, at
@@ -973,8 +1120,8 @@ mod tests {
         for seq in 0..20 {
             let mut p = Vec::new();
             encode(&mut p, seq, &big);
-            starts.push(w.pos);
-            w.append(&p, 1).expect("append");
+            let end = w.append(&p, 1).expect("append");
+            starts.push(end - span(p.len()));
         }
         // The last record that went into the first segment, then damaged.
         let last = *starts.iter().filter(|s| **s < SEGMENT).max().expect("some");

@@ -22,9 +22,11 @@ fn event(i: u64) -> NewEvent {
 /// Writes groups straight into the intake log of a new journal, as the
 /// writer does before the indexer has seen them (a crash right after the
 /// 202s), marking each as acknowledged.
-fn log_only(dir: &Path, groups: &[std::ops::Range<i64>]) {
+/// Where each group's record ends in the log.
+fn log_only(dir: &Path, groups: &[std::ops::Range<i64>]) -> Vec<u64> {
     drop(store::open_writer(&dir.join(FILE)).expect("create journal.db"));
     let mut w = LogWriter::open(dir, 0, 1, &BTreeSet::new()).expect("open log");
+    let mut ends = Vec::new();
     for g in groups {
         let mut payload = Vec::new();
         for seq in g.clone() {
@@ -39,7 +41,9 @@ fn log_only(dir: &Path, groups: &[std::ops::Range<i64>]) {
             next_seq: g.end,
         })
         .expect("mark");
+        ends.push(end);
     }
+    ends
 }
 
 fn only_segment(dir: &Path) -> PathBuf {
@@ -55,26 +59,27 @@ fn open_refused(dir: &Path) -> OpenError {
     }
 }
 
-/// Three groups of 2, 3 and 3 events, one 4 KiB record each; the tail is
-/// then damaged in each way a disk or an operator can.
+/// Three groups of 2, 3 and 3 events, one record each; the tail is then
+/// damaged in each way a disk or an operator can.
 #[tokio::test]
 async fn a_lost_tail_of_acknowledged_events_stops_the_start_with_its_count() {
-    type Damage = fn(&Path);
+    /// The segment, and where the second record ends (the third's start).
+    type Damage = fn(&Path, u64);
     let cases: [(&str, Damage, i64); 4] = [
         (
             "truncated to the last record",
-            |seg| {
+            |seg, second_end| {
                 let f = std::fs::OpenOptions::new()
                     .write(true)
                     .open(seg)
                     .expect("open");
-                f.set_len(2 * 4096).expect("truncate");
+                f.set_len(second_end).expect("truncate");
             },
             3,
         ),
         (
             "truncated to zero",
-            |seg| {
+            |seg, _| {
                 let f = std::fs::OpenOptions::new()
                     .write(true)
                     .open(seg)
@@ -85,26 +90,26 @@ async fn a_lost_tail_of_acknowledged_events_stops_the_start_with_its_count() {
         ),
         (
             "deleted",
-            |seg| std::fs::remove_file(seg).expect("remove"),
+            |seg, _| std::fs::remove_file(seg).expect("remove"),
             8,
         ),
         (
             "a flipped byte in the last record",
-            |seg| {
+            |seg, second_end| {
                 let f = std::fs::OpenOptions::new()
                     .write(true)
                     .open(seg)
                     .expect("open");
-                f.write_all_at(b"\xff", 2 * 4096 + 40).expect("flip");
+                f.write_all_at(b"\xff", second_end + 40).expect("flip");
             },
             3,
         ),
     ];
     for (how, damage, lost) in cases {
         let tmp = tempfile::tempdir().expect("tempdir");
-        log_only(tmp.path(), &[1..3, 3..6, 6..9]);
+        let ends = log_only(tmp.path(), &[1..3, 3..6, 6..9]);
         let seg = only_segment(tmp.path());
-        damage(&seg);
+        damage(&seg, ends[1]);
         for attempt in ["first", "second"] {
             match open_refused(tmp.path()) {
                 OpenError::TailLost { events, file, .. } => {

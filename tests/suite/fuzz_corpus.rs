@@ -171,4 +171,8 @@ fn journal_seeds_are_real_records() {
     };
     assert_eq!(log("two-records"), sample_events());
     assert_eq!(log("one-record"), sample_events()[..1]);
+    // Written before records followed each other (each padded to 4 KiB,
+    // magic "CRR1"): kept as seeds of the older format, which still reads.
+    assert_eq!(log("two-records-padded"), sample_events());
+    assert_eq!(log("one-record-padded"), sample_events()[..1]);
 }
