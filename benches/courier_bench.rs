@@ -545,19 +545,49 @@ fn proc_status(pid: u32, key: &str) -> Option<u64> {
     support::proc_status(pid, key).map(|kib| kib * 1024)
 }
 
-/// Bytes allocated under `dir` (like `du`: fallocated room counts) and
-/// the files' apparent size.
-fn disk_bytes(dir: &Path) -> (u64, u64) {
-    std::fs::read_dir(dir)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .map(|entry| match entry.metadata() {
-            Ok(m) if m.is_dir() => disk_bytes(&entry.path()),
-            Ok(m) => (m.blocks() * 512, m.len()),
-            Err(_) => (0, 0),
-        })
-        .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
+/// Bytes allocated under `dir` (like `du`: fallocated room counts), the
+/// files' apparent size, and the allocated bytes by the journal's part a
+/// file belongs to (`part_of`), in a fixed order.
+fn disk_bytes(dir: &Path) -> (u64, u64, [(&'static str, u64); 4]) {
+    let mut parts = PARTS.map(|p| (p, 0));
+    let (mut allocated, mut apparent) = (0, 0);
+    let mut dirs = vec![dir.to_path_buf()];
+    // Bounded: each directory is taken once; the journal's tree is shallow.
+    while let Some(d) = dirs.pop() {
+        for entry in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            match entry.metadata() {
+                Ok(m) if m.is_dir() => dirs.push(entry.path()),
+                Ok(m) => {
+                    let bytes = m.blocks() * 512;
+                    allocated += bytes;
+                    apparent += m.len();
+                    let part = part_of(&entry.file_name().to_string_lossy());
+                    if let Some(slot) = parts.iter_mut().find(|(p, _)| *p == part) {
+                        slot.1 += bytes;
+                    }
+                }
+                Err(_) => {}
+            }
+        }
+    }
+    (allocated, apparent, parts)
+}
+
+const PARTS: [&str; 4] = ["intake log", "index", "reserve", "other"];
+
+/// The part of the journal a file in its directory belongs to: the intake
+/// log's segments (the events, and preallocated room), SQLite's index of
+/// waiting events with its WAL, or the disk-full reserve.
+fn part_of(name: &str) -> &'static str {
+    if name.starts_with("intake-") {
+        PARTS[0]
+    } else if name.starts_with("journal.db") {
+        PARTS[1]
+    } else if name == "reserve" {
+        PARTS[2]
+    } else {
+        PARTS[3]
+    }
 }
 
 async fn metric(courier: &Courier, series: &str) -> Option<f64> {
@@ -870,7 +900,13 @@ async fn big_backlog(label: &str, bin: &Path, rx: &str, args: &Args) -> Result<(
     let cpu = cpu_seconds(pid);
     let rss = proc_status(pid, "VmRSS").unwrap_or(0);
     let hwm = proc_status(pid, "VmHWM").unwrap_or(0);
-    let (disk, apparent) = disk_bytes(&run.dir.path().join("journal"));
+    let (disk, apparent, parts) = disk_bytes(&run.dir.path().join("journal"));
+    let bodies = (events * BODY_BYTES as u64) as f64;
+    let parts = parts
+        .iter()
+        .map(|(part, bytes)| format!("{part} {:.3}x", *bytes as f64 / bodies))
+        .collect::<Vec<_>>()
+        .join(", ");
     c.kill();
     let spawned = Instant::now();
     c.restart().await;
@@ -892,11 +928,11 @@ async fn big_backlog(label: &str, bin: &Path, rx: &str, args: &Args) -> Result<(
         events: Some(events as f64),
         rss: Some(hwm),
         note: format!(
-            "{filled}; RSS {:.1} MiB (peak {:.1}); journal {:.0} MiB on disk ({:.2}x the bodies; files' size {:.0} MiB); SIGKILL, spawn to /readyz {} ms, then {pending:.0} pending",
+            "{filled}; RSS {:.1} MiB (peak {:.1}); journal {:.0} MiB on disk ({:.2}x the bodies: {parts}; files' size {:.0} MiB); SIGKILL, spawn to /readyz {} ms, then {pending:.0} pending",
             rss as f64 / MIB,
             hwm as f64 / MIB,
             disk as f64 / MIB,
-            disk as f64 / (events * BODY_BYTES as u64) as f64,
+            disk as f64 / bodies,
             apparent as f64 / MIB,
             ready.as_millis()
         ),
