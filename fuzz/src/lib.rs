@@ -173,16 +173,18 @@ pub fn headers(data: &[u8]) {
 
 /// The record layout of `journal/intake.rs`, repeated here so the harness
 /// can give mutated records a valid checksum: without it libFuzzer would
-/// almost never get past the CRC into the event decoder.
-const MAGIC: u32 = 0x4352_5231;
+/// almost never get past the CRC into the event decoder. Records start at
+/// 8-byte steps ("CRR2"); those of older logs at 4 KiB steps ("CRR1"),
+/// which are 8-byte steps too.
+const MAGICS: [u32; 2] = [0x4352_5232, 0x4352_5231];
 const HEADER: usize = 24;
-const ALIGN: usize = 4096;
+const ALIGN: usize = 8;
 
 /// (d) A whole intake log segment read by `LogReader` from lsn 0 to its
 /// end, as recovery and `courier inspect` do. The input is the segment file;
-/// before it is written, every 4 KiB slot whose header has the magic, its
+/// before it is written, every 8-byte step whose header has a magic, its
 /// own lsn and a length that fits gets its CRC recomputed ("resealed"), so
-/// that mutations reach the decoder; other slots stay as damaged as given.
+/// that mutations reach the decoder; other places stay as damaged as given.
 pub fn intake_log(dir: &Path, data: &[u8]) {
     let mut seg = data.to_vec();
     reseal(&mut seg);
@@ -190,6 +192,7 @@ pub fn intake_log(dir: &Path, data: &[u8]) {
     std::fs::write(&path, &seg).expect("write segment");
     let mut reader = fuzzing::LogReader::new(dir);
     let mut at = 0u64;
+    // Bounded: each record moves `at` on by at least one step.
     for _ in 0..=seg.len() / ALIGN {
         match reader.read(at) {
             Ok(Read::Record(_, next)) => {
@@ -210,7 +213,7 @@ pub fn reseal(seg: &mut [u8]) {
         let len = word(head, 4) as usize;
         let lsn = u64::from_le_bytes(head[8..16].try_into().expect("8 bytes"));
         let count = word(head, 20);
-        if word(head, 0) == MAGIC && lsn == off as u64 && off + HEADER + len <= seg.len() {
+        if MAGICS.contains(&word(head, 0)) && lsn == off as u64 && off + HEADER + len <= seg.len() {
             let payload = &seg[off + HEADER..off + HEADER + len];
             let c = crc32c::crc32c(&lsn.to_le_bytes());
             let c = crc32c::crc32c_append(c, &(len as u32).to_le_bytes());

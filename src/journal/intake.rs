@@ -30,10 +30,17 @@
 //! makes, took 4 KiB of the log, so its segments were mostly padding and
 //! the indexer's spill copied every waiting event into SQLite (a paused
 //! destination, one connection for 30 s: 1,348 bytes of `journal.db` per
-//! event, against 141 now that the events stay in the log). Rewriting the last page of
-//! an acknowledged record with the same bytes plus the next record's is
-//! what SQLite's WAL and PostgreSQL's do: a disk writes each sector whole,
-//! so a power loss mid-write leaves those bytes as they were.
+//! event, against 141 now that the events stay in the log). The cost: the
+//! last page of an acknowledged record is written to disk again, with the
+//! same bytes plus the next record's. That is safe under "powersafe
+//! overwrite" (a power loss during a write changes no byte outside the
+//! range written: disks write each sector whole), which SQLite assumes by
+//! default and PostgreSQL's WAL relies on too. On a device that could
+//! tear a sector, the record would fail its CRC at the next start, and the
+//! start would report its events lost (the mark), never skip them silently.
+//!
+//! A log that holds "CRR2" records is not read by builds before it: roll
+//! back only after a clean stop, which leaves nothing unindexed.
 //!
 //! A record lost at the tail (a truncated or deleted segment, a damaged last
 //! record) reads as a clean end. So after every commit the writer also puts
@@ -788,16 +795,19 @@ impl LogReader {
     }
 
     /// Whether a valid record starts anywhere after `lsn` in the current
-    /// segment: the rest of it is read once, in chunks, for headers' magic.
-    /// Only a start's recovery (or an inspection) reaches the log's end.
+    /// segment: the rest of it is read once, in chunks, and only a place
+    /// whose header holds a magic and its own lsn is read as a record.
+    /// Reached where a read finds no record: at a start's recovery, in an
+    /// inspection, and when the indexer crosses into the next segment (the
+    /// rest of the one it leaves is less than the record that did not fit).
     fn later_record_in_segment(&self, lsn: u64) -> Result<bool, ReadError> {
         const CHUNK: u64 = 1 << 20;
         let Some((seg, _)) = &self.current else {
             return Ok(false);
         };
         let seg_end = seg.start + seg.size;
-        let mut buf = vec![0u8; CHUNK as usize];
         let mut at = lsn + ALIGN;
+        let mut buf = vec![0u8; CHUNK.min(seg_end.saturating_sub(at)) as usize];
         // Bounded: each turn moves `at` a chunk on, towards the segment's end.
         while at + HEADER as u64 <= seg_end {
             let want = CHUNK.min(seg_end - at) as usize;
@@ -806,7 +816,13 @@ impl LogReader {
             let mut i = 0;
             while i + 4 <= got {
                 let word = u32::from_le_bytes([buf[i], buf[i + 1], buf[i + 2], buf[i + 3]]);
+                // A header cut by the chunk's end is read from the file.
+                let own_lsn = buf[..got]
+                    .get(i + 8..i + 16)
+                    .and_then(|b| <[u8; 8]>::try_from(b).ok())
+                    .is_none_or(|b| u64::from_le_bytes(b) == at + i as u64);
                 if (word == MAGIC || word == MAGIC_PADDED)
+                    && own_lsn
                     && self.record_at(at + i as u64)?.is_some()
                 {
                     return Ok(true);
@@ -973,11 +989,50 @@ mod tests {
         ));
     }
 
+    /// The search for a later record reads the segment in 1 MiB chunks:
+    /// one that lies chunks past the damage is still found.
+    #[test]
+    fn a_later_record_chunks_past_the_damage_is_still_found() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let mut w = LogWriter::open(tmp.path(), 0, 1, &BTreeSet::new()).expect("open");
+        let big = NewEvent {
+            body: Bytes::from(vec![b'x'; 1100 * 1024]),
+            ..event(0)
+        };
+        let mut starts = Vec::new();
+        for seq in 0..3 {
+            let mut p = Vec::new();
+            encode(&mut p, seq, &big);
+            starts.push(w.end());
+            w.append(&p, 1).expect("append");
+        }
+        let (p, n) = group(3..4);
+        starts.push(w.end());
+        w.append(&p, n).expect("append");
+        let f = OpenOptions::new()
+            .write(true)
+            .open(tmp.path().join(name(0)))
+            .expect("open");
+        // The first three records damaged: the fourth, 3.2 MiB on, is valid.
+        for at in &starts[..3] {
+            f.write_all_at(&[0xff], at + HEADER as u64 + 1)
+                .expect("write");
+        }
+        assert!(matches!(
+            read_all(tmp.path(), 0),
+            Err(ReadError::Corrupt { lsn: 0, .. })
+        ));
+        // With it damaged too, the rest of the segment holds nothing.
+        f.write_all_at(&[0xff], starts[3] + HEADER as u64 + 1)
+            .expect("write");
+        assert_eq!(read_all(tmp.path(), 0).expect("read"), (vec![], 0));
+    }
+
     #[test]
     fn records_go_on_in_the_next_segment_and_recycled_segments_read_as_empty() {
         let tmp = tempfile::tempdir().expect("tempdir");
         let mut w = LogWriter::open(tmp.path(), 0, 1, &BTreeSet::new()).expect("open");
-        // Records of ~1 MiB: 15 fit a 16 MiB segment, the 16th rotates.
+        // Records of ~1 MiB: 16 fit a 16 MiB segment, the 17th rotates.
         let big = NewEvent {
             body: Bytes::from(vec![b'x'; 1024 * 1024 - 200]),
             ..event(0)
