@@ -863,6 +863,18 @@ mod tests {
         (payload, seqs.count() as u32)
     }
 
+    /// The payload of a one-event record whose body is `body` bytes: ~1 MiB
+    /// records fill a 16 MiB segment in a few appends.
+    fn big_payload(seq: i64, body: usize) -> Vec<u8> {
+        let big = NewEvent {
+            body: Bytes::from(vec![b'x'; body]),
+            ..event(0)
+        };
+        let mut p = Vec::new();
+        encode(&mut p, seq, &big);
+        p
+    }
+
     fn read_all(dir: &Path, from: u64) -> Result<(Vec<i64>, u64), ReadError> {
         let mut r = LogReader::new(dir);
         let (mut seqs, mut at) = (Vec::new(), from);
@@ -995,14 +1007,9 @@ mod tests {
     fn a_later_record_chunks_past_the_damage_is_still_found() {
         let tmp = tempfile::tempdir().expect("tempdir");
         let mut w = LogWriter::open(tmp.path(), 0, 1, &BTreeSet::new()).expect("open");
-        let big = NewEvent {
-            body: Bytes::from(vec![b'x'; 1100 * 1024]),
-            ..event(0)
-        };
         let mut starts = Vec::new();
         for seq in 0..3 {
-            let mut p = Vec::new();
-            encode(&mut p, seq, &big);
+            let p = big_payload(seq, 1100 * 1024);
             starts.push(w.end());
             w.append(&p, 1).expect("append");
         }
@@ -1033,14 +1040,9 @@ mod tests {
         let tmp = tempfile::tempdir().expect("tempdir");
         let mut w = LogWriter::open(tmp.path(), 0, 1, &BTreeSet::new()).expect("open");
         // Records of ~1 MiB: 16 fit a 16 MiB segment, the 17th rotates.
-        let big = NewEvent {
-            body: Bytes::from(vec![b'x'; 1024 * 1024 - 200]),
-            ..event(0)
-        };
         let mut ends = Vec::new();
         for seq in 0..40 {
-            let mut p = Vec::new();
-            encode(&mut p, seq, &big);
+            let p = big_payload(seq, 1024 * 1024 - 200);
             ends.push(w.append(&p, 1).expect("append"));
         }
         assert!(segments(tmp.path()).expect("list").len() >= 3);
@@ -1067,12 +1069,7 @@ mod tests {
     fn the_rest_of_a_records_page_is_zeroed_in_a_recycled_segment() {
         let tmp = tempfile::tempdir().expect("tempdir");
         let mut w = LogWriter::open(tmp.path(), 0, 1, &BTreeSet::new()).expect("open");
-        let big = NewEvent {
-            body: Bytes::from(vec![b'x'; 1024 * 1024 - 200]),
-            ..event(0)
-        };
-        let mut p = Vec::new();
-        encode(&mut p, 1, &big);
+        let p = big_payload(1, 1024 * 1024 - 200);
         for _ in 0..20 {
             w.append(&p, 1).expect("append");
         }
@@ -1110,12 +1107,7 @@ mod tests {
     fn pinned_segments_stay_until_released() {
         let tmp = tempfile::tempdir().expect("tempdir");
         let mut w = LogWriter::open(tmp.path(), 0, 1, &BTreeSet::new()).expect("open");
-        let big = NewEvent {
-            body: Bytes::from(vec![b'x'; 1024 * 1024 - 200]),
-            ..event(0)
-        };
-        let mut p = Vec::new();
-        encode(&mut p, 1, &big);
+        let p = big_payload(1, 1024 * 1024 - 200);
         for _ in 0..40 {
             w.append(&p, 1).expect("append");
         }
@@ -1167,14 +1159,9 @@ mod tests {
     fn a_damaged_last_record_of_a_segment_is_corruption_not_a_skip() {
         let tmp = tempfile::tempdir().expect("tempdir");
         let mut w = LogWriter::open(tmp.path(), 0, 1, &BTreeSet::new()).expect("open");
-        let big = NewEvent {
-            body: Bytes::from(vec![b'x'; 1024 * 1024 - 200]),
-            ..event(0)
-        };
         let mut starts = Vec::new();
         for seq in 0..20 {
-            let mut p = Vec::new();
-            encode(&mut p, seq, &big);
+            let p = big_payload(seq, 1024 * 1024 - 200);
             let end = w.append(&p, 1).expect("append");
             starts.push(end - span(p.len()));
         }
@@ -1196,13 +1183,8 @@ mod tests {
     fn a_missing_segment_in_the_middle_is_corruption_not_the_end() {
         let tmp = tempfile::tempdir().expect("tempdir");
         let mut w = LogWriter::open(tmp.path(), 0, 1, &BTreeSet::new()).expect("open");
-        let big = NewEvent {
-            body: Bytes::from(vec![b'x'; 1024 * 1024 - 200]),
-            ..event(0)
-        };
         for seq in 0..40 {
-            let mut p = Vec::new();
-            encode(&mut p, seq, &big);
+            let p = big_payload(seq, 1024 * 1024 - 200);
             w.append(&p, 1).expect("append");
         }
         std::fs::remove_file(tmp.path().join(name(SEGMENT))).expect("remove the second segment");
