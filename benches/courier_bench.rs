@@ -561,10 +561,7 @@ fn disk_bytes(dir: &Path) -> (u64, u64, [(&'static str, u64); 4]) {
                     let bytes = m.blocks() * 512;
                     allocated += bytes;
                     apparent += m.len();
-                    let part = part_of(&entry.file_name().to_string_lossy());
-                    if let Some(slot) = parts.iter_mut().find(|(p, _)| *p == part) {
-                        slot.1 += bytes;
-                    }
+                    parts[part_of(&entry.file_name().to_string_lossy())].1 += bytes;
                 }
                 Err(_) => {}
             }
@@ -575,18 +572,18 @@ fn disk_bytes(dir: &Path) -> (u64, u64, [(&'static str, u64); 4]) {
 
 const PARTS: [&str; 4] = ["intake log", "index", "reserve", "other"];
 
-/// The part of the journal a file in its directory belongs to: the intake
-/// log's segments (the events, and preallocated room), SQLite's index of
-/// waiting events with its WAL, or the disk-full reserve.
-fn part_of(name: &str) -> &'static str {
+/// Which of `PARTS` a file in the journal's directory belongs to: the
+/// intake log's segments (the events, and preallocated room), SQLite's
+/// index of waiting events with its WAL, the disk-full reserve, or other.
+fn part_of(name: &str) -> usize {
     if name.starts_with("intake-") {
-        PARTS[0]
+        0
     } else if name.starts_with("journal.db") {
-        PARTS[1]
+        1
     } else if name == "reserve" {
-        PARTS[2]
+        2
     } else {
-        PARTS[3]
+        3
     }
 }
 

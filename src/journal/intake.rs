@@ -309,12 +309,61 @@ fn decode_one(segment: u64, at: u64, whole: &[u8]) -> Option<(Logged, usize)> {
 
 /// The bytes a record of `len` payload bytes takes in the log.
 fn span(len: usize) -> u64 {
-    (HEADER + len).div_ceil(ALIGN as usize) as u64 * ALIGN
+    ((HEADER + len) as u64).next_multiple_of(ALIGN)
 }
 
 /// The same for a "CRR1" record.
 fn padded(len: usize) -> u64 {
-    (HEADER + len).div_ceil(PAGE as usize) as u64 * PAGE
+    ((HEADER + len) as u64).next_multiple_of(PAGE)
+}
+
+/// A record's header: `[magic u32][payload len u32][lsn u64][crc32c u32][events u32]`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Head {
+    magic: u32,
+    len: u32,
+    lsn: u64,
+    crc: u32,
+    count: u32,
+}
+
+impl Head {
+    fn encode(&self) -> [u8; HEADER] {
+        let mut b = [0u8; HEADER];
+        b[0..4].copy_from_slice(&self.magic.to_le_bytes());
+        b[4..8].copy_from_slice(&self.len.to_le_bytes());
+        b[8..16].copy_from_slice(&self.lsn.to_le_bytes());
+        b[16..20].copy_from_slice(&self.crc.to_le_bytes());
+        b[20..24].copy_from_slice(&self.count.to_le_bytes());
+        b
+    }
+
+    /// The header at the start of `b`, if `b` holds one whole and it has
+    /// one of the magics; whether the record is valid is for its lsn and
+    /// CRC to say.
+    fn decode(b: &[u8]) -> Option<Head> {
+        let b: &[u8; HEADER] = b.get(..HEADER)?.try_into().ok()?;
+        let word = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+        let mut lsn = [0u8; 8];
+        lsn.copy_from_slice(&b[8..16]);
+        let head = Head {
+            magic: word(0),
+            len: word(4),
+            lsn: u64::from_le_bytes(lsn),
+            crc: word(16),
+            count: word(20),
+        };
+        head.span().map(|_| head)
+    }
+
+    /// The bytes the record takes in the log, by its magic's layout.
+    fn span(&self) -> Option<u64> {
+        match self.magic {
+            MAGIC => Some(span(self.len as usize)),
+            MAGIC_PADDED => Some(padded(self.len as usize)),
+            _ => None,
+        }
+    }
 }
 
 pub(super) fn is_disk_full(e: &io::Error) -> bool {
@@ -557,15 +606,19 @@ fn write_record(
 ) -> io::Result<()> {
     static ZEROS: [u8; PAGE as usize] = [0; PAGE as usize];
     let file = &segment.file;
-    let mut header = [0u8; HEADER];
-    header[0..4].copy_from_slice(&MAGIC.to_le_bytes());
-    header[4..8].copy_from_slice(&(payload.len() as u32).to_le_bytes());
-    header[8..16].copy_from_slice(&lsn.to_le_bytes());
-    header[16..20].copy_from_slice(&record_crc(lsn, count, payload).to_le_bytes());
-    header[20..24].copy_from_slice(&count.to_le_bytes());
+    let header = Head {
+        magic: MAGIC,
+        len: payload.len() as u32,
+        lsn,
+        crc: record_crc(lsn, count, payload),
+        count,
+    }
+    .encode();
+    // The record fits the segment (the caller checked): the zeros stop at
+    // the page's end or the segment's, whichever is first, < PAGE bytes.
     let end = offset + (HEADER + payload.len()) as u64;
-    let pad = end.div_ceil(PAGE).saturating_mul(PAGE).min(segment.size) - end.min(segment.size);
-    let mut parts: [&[u8]; 3] = [&header, payload, &ZEROS[..(pad as usize).min(ZEROS.len())]];
+    let pad = (end.next_multiple_of(PAGE).min(segment.size) - end) as usize;
+    let mut parts: [&[u8]; 3] = [&header, payload, &ZEROS[..pad]];
     let mut at = offset;
     // Bounded: each turn writes at least one byte or returns.
     while parts.iter().any(|p| !p.is_empty()) {
@@ -759,33 +812,22 @@ impl LogReader {
         if offset + HEADER as u64 > seg.size {
             return Ok(None);
         }
-        let mut head = [0u8; HEADER];
-        seg.file.read_exact_at(&mut head, offset)?;
-        let word = |i: usize| u32::from_le_bytes([head[i], head[i + 1], head[i + 2], head[i + 3]]);
-        let mut lsn_bytes = [0u8; 8];
-        lsn_bytes.copy_from_slice(&head[8..16]);
-        let (magic, len, at, crc, count) = (
-            word(0),
-            word(4) as u64,
-            u64::from_le_bytes(lsn_bytes),
-            word(16),
-            word(20),
-        );
-        let next = match magic {
-            MAGIC => lsn + span(len as usize),
-            MAGIC_PADDED => lsn + padded(len as usize),
-            _ => return Ok(None),
+        let mut bytes = [0u8; HEADER];
+        seg.file.read_exact_at(&mut bytes, offset)?;
+        let Some((head, span)) = Head::decode(&bytes).and_then(|h| Some((h, h.span()?))) else {
+            return Ok(None);
         };
-        if at != lsn || offset + HEADER as u64 + len > seg.size {
+        if head.lsn != lsn || offset + HEADER as u64 + u64::from(head.len) > seg.size {
             return Ok(None);
         }
-        let mut payload = vec![0u8; len as usize];
+        let mut payload = vec![0u8; head.len as usize];
         seg.file
             .read_exact_at(&mut payload, offset + HEADER as u64)?;
-        if record_crc(lsn, count, &payload) != crc {
+        if record_crc(lsn, head.count, &payload) != head.crc {
             return Ok(None);
         }
-        let events = decode(seg.start, lsn, &payload, count as usize).map_err(|source| {
+        let next = lsn + span;
+        let events = decode(seg.start, lsn, &payload, head.count as usize).map_err(|source| {
             ReadError::Malformed {
                 file: path.clone(),
                 source,
@@ -813,26 +855,22 @@ impl LogReader {
             let want = CHUNK.min(seg_end - at) as usize;
             let got =
                 super::fetch::read_at_least(&seg.file, &mut buf[..want], at - seg.start, want)?;
-            let mut i = 0;
-            while i + 4 <= got {
-                let word = u32::from_le_bytes([buf[i], buf[i + 1], buf[i + 2], buf[i + 3]]);
-                // A header cut by the chunk's end is read from the file.
-                let own_lsn = buf[..got]
-                    .get(i + 8..i + 16)
-                    .and_then(|b| <[u8; 8]>::try_from(b).ok())
-                    .is_none_or(|b| u64::from_le_bytes(b) == at + i as u64);
-                if (word == MAGIC || word == MAGIC_PADDED)
-                    && own_lsn
-                    && self.record_at(at + i as u64)?.is_some()
+            // Only a header with a magic and its own lsn is read as a record;
+            // one cut by the chunk's end is left to the next chunk.
+            let whole = got.saturating_sub(HEADER - 1);
+            for i in (0..whole).step_by(ALIGN as usize) {
+                let here = at + i as u64;
+                if Head::decode(&buf[i..got]).is_some_and(|h| h.lsn == here)
+                    && self.record_at(here)?.is_some()
                 {
                     return Ok(true);
                 }
-                i += ALIGN as usize;
             }
             if got < want {
                 break;
             }
-            at += want as u64;
+            // The next chunk starts at the first place not looked at.
+            at += whole.next_multiple_of(ALIGN as usize) as u64;
         }
         Ok(false)
     }
@@ -941,12 +979,14 @@ mod tests {
         for seqs in [1..3, 3..4] {
             let (payload, count) = group(seqs);
             let at = lsn as usize;
-            file[at..at + 4].copy_from_slice(&MAGIC_PADDED.to_le_bytes());
-            file[at + 4..at + 8].copy_from_slice(&(payload.len() as u32).to_le_bytes());
-            file[at + 8..at + 16].copy_from_slice(&lsn.to_le_bytes());
-            let crc = record_crc(lsn, count, &payload);
-            file[at + 16..at + 20].copy_from_slice(&crc.to_le_bytes());
-            file[at + 20..at + 24].copy_from_slice(&count.to_le_bytes());
+            let head = Head {
+                magic: MAGIC_PADDED,
+                len: payload.len() as u32,
+                lsn,
+                crc: record_crc(lsn, count, &payload),
+                count,
+            };
+            file[at..at + HEADER].copy_from_slice(&head.encode());
             file[at + HEADER..at + HEADER + payload.len()].copy_from_slice(&payload);
             lsn += padded(payload.len());
         }

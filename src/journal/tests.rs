@@ -21,8 +21,8 @@ fn event(i: u64) -> NewEvent {
 
 /// Writes groups straight into the intake log of a new journal, as the
 /// writer does before the indexer has seen them (a crash right after the
-/// 202s), marking each as acknowledged.
-/// Where each group's record ends in the log.
+/// 202s), marking each as acknowledged. Returns where each group's record
+/// ends in the log.
 fn log_only(dir: &Path, groups: &[std::ops::Range<i64>]) -> Vec<u64> {
     drop(store::open_writer(&dir.join(FILE)).expect("create journal.db"));
     let mut w = LogWriter::open(dir, 0, 1, &BTreeSet::new()).expect("open log");
