@@ -131,10 +131,12 @@ fn binary(headers: &HeaderMap, body: &Bytes) -> Result<Event, SchemaError> {
         let Some(attr) = name.as_str().strip_prefix("ce-") else {
             continue;
         };
-        if attr == "data" {
+        // Either would sit beside the body's own `data` or `data_base64`
+        // in the structured event that delivery sends on.
+        if attr == "data" || attr == "data_base64" {
             return Err(field(
                 attr,
-                "is reserved: in binary mode the body is the data (header ce-data)".into(),
+                format!("is reserved: in binary mode the body is the data (header ce-{attr})"),
             ));
         }
         let decoded = percent_decode(value.as_bytes()).ok_or_else(|| {
@@ -458,6 +460,11 @@ mod tests {
         assert_eq!(field, "trace-id");
         let (_, field, _) = field_error(binary_with(&[("ce-data", "1")], b"").map(|_| vec![]));
         assert_eq!(field, "data");
+        // Found by the ingress fuzz target (fuzz/seeds/ingress/crash-ce-binary):
+        // accepted, it became an event that `data` and `data_base64` both fill.
+        let (_, field, _) =
+            field_error(binary_with(&[("ce-data_base64", "AAEC")], b"x").map(|_| vec![]));
+        assert_eq!(field, "data_base64");
         let (_, field, _) = field_error(binary_with(&[("ce-time", "later")], b"").map(|_| vec![]));
         assert_eq!(field, "time");
     }
