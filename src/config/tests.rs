@@ -843,6 +843,39 @@ fn an_admin_token_variable_must_be_set_and_not_blank() {
 // ------------------------------------------------- the config as bad input
 
 #[test]
+fn dot_segment_names_are_refused_with_their_position() {
+    for bad in [".", ".."] {
+        let text = format!(
+            "destinations:\n  ok: {{ url: http://127.0.0.1:9/a }}\n  \"{bad}\": {{ url: http://127.0.0.1:9/b }}\n"
+        );
+        let e = one_error(&text);
+        assert!(
+            e.starts_with("c.yaml:3:") && e.contains(&format!("name `{bad}` must be")),
+            "{e}"
+        );
+        let topic = format!(
+            "destinations:\n  a: {{ url: http://127.0.0.1:9/a, schema: eventgrid }}\ntopics:\n  \"{bad}\":\n    schema: eventgrid\n    subscribers: {{ a: {{}} }}\n"
+        );
+        let e = one_error(&topic);
+        assert!(e.starts_with("c.yaml:5:") && e.contains("topics."), "{e}");
+    }
+    // A dot inside a name stays allowed.
+    let ok = "destinations:\n  v1.orders: { url: http://127.0.0.1:9/a }\n  ...: { url: http://127.0.0.1:9/b }\n";
+    parse("c.yaml", ok, ".".into(), Purpose::Run, &env()).expect("valid");
+}
+
+#[test]
+fn probation_lengths_are_refused_for_outcomes_that_never_start_one() {
+    let text = "destinations:\n  a:\n    url: http://127.0.0.1:9/a\n    probation: { durations: { BadRequest: 1m, Failed: 2s } }\n";
+    let e = one_error(text);
+    assert!(
+        e.starts_with("c.yaml:4:")
+            && e.contains("probation.durations.BadRequest: `BadRequest` never starts a probation"),
+        "{e}"
+    );
+}
+
+#[test]
 fn a_destination_given_twice_names_both_positions() {
     let text = format!("{GOOD}  orders:\n    url: https://other.example.com/\n");
     assert_eq!(

@@ -10,7 +10,7 @@
 
 use super::schema::{Destination, Mode, Schema, Subscriber, Topic};
 use super::settings::{Subscription, TopicSettings};
-use super::validate::{Checker, valid_name};
+use super::validate::{Checker, NAME_RULE, valid_name};
 use std::collections::BTreeMap;
 
 pub(super) fn topics(
@@ -31,7 +31,7 @@ fn topic(
 ) -> Option<TopicSettings> {
     let p = format!("topics.{name}");
     if !valid_name(name) {
-        c.err(&p, format!("name `{name}` must be letters, digits, `-`, `_`, `.` or `~` (it is a url path segment)"));
+        c.err(&p, format!("name `{name}` {NAME_RULE}"));
     }
     if destinations.contains_key(name) {
         c.err(

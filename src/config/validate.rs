@@ -361,7 +361,7 @@ fn destination(
 ) -> DestinationSettings {
     let p = format!("destinations.{name}");
     if !valid_name(name) {
-        c.err(&p, format!("name `{name}` must be letters, digits, `-`, `_`, `.` or `~` (it is a url path segment)"));
+        c.err(&p, format!("name `{name}` {NAME_RULE}"));
     }
     let target = target(c, &format!("{p}.url"), &d.url);
     let timeout = c.range_dur(
@@ -574,13 +574,20 @@ fn tls(c: &mut Checker, p: &str, target: &Target, spec: &TlsSpec) -> Option<TlsF
     (files.ca_file.is_some() || files.client.is_some()).then_some(files)
 }
 
-/// A destination or topic name: one url path segment, without escapes.
+/// A destination or topic name: one url path segment, without escapes,
+/// and not a dot segment: the name is also a folder of the dead-letter
+/// directory, and `..` there would be its parent.
 pub(super) fn valid_name(name: &str) -> bool {
     !name.is_empty()
+        && name != "."
+        && name != ".."
         && name
             .chars()
             .all(|ch| ch.is_ascii_alphanumeric() || "-_.~".contains(ch))
 }
+
+/// What `valid_name` refuses, said once for destinations and topics.
+pub(super) const NAME_RULE: &str = "must be letters, digits, `-`, `_`, `.` or `~` (it is a url path segment and a folder name), and not `.` or `..`";
 
 fn target(c: &mut Checker, path: &str, url: &str) -> Target {
     let fallback = Target::new(String::new(), String::new(), None);
@@ -633,12 +640,18 @@ fn probation(c: &mut Checker, path: &str, spec: &super::schema::ProbationSpec) -
     let mut overrides = Vec::new();
     for (name, d) in &spec.durations {
         let p = format!("{path}.durations.{name}");
-        match Outcome::parse(name).filter(|o| !matches!(o, Outcome::Delivered | Outcome::Probation)) {
-            Some(outcome) => overrides.push((outcome, c.range_dur(&p, *d, Duration::from_millis(10), max))),
-            None => c.err(
+        match Outcome::parse(name) {
+            Some(Outcome::BadRequest | Outcome::PayloadTooLarge) => c.err(
+                p,
+                format!("`{name}` never starts a probation: it says the event is bad, not the endpoint"),
+            ),
+            Some(outcome) if !matches!(outcome, Outcome::Delivered | Outcome::Probation) => {
+                overrides.push((outcome, c.range_dur(&p, *d, Duration::from_millis(10), max)))
+            }
+            _ => c.err(
                 p,
                 format!(
-                    "`{name}` is not an outcome: allowed BadRequest, Unauthorized, Forbidden, NotFound, Gone, PayloadTooLarge, TimedOut, Busy, Failed, SocketError, ResolutionError, TlsError"
+                    "`{name}` is not an outcome: allowed Unauthorized, Forbidden, NotFound, Gone, TimedOut, Busy, Failed, SocketError, ResolutionError, TlsError"
                 ),
             ),
         }

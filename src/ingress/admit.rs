@@ -102,6 +102,12 @@ impl Ingress {
             return reply::unknown_destination(name, &names, &topics);
         };
         let name = route.name();
+        if forward::has_dot_segment(rest) {
+            let msg = format!(
+                "the path after /{name} has a `.` or `..` segment: the endpoint could read it as a path outside the destination's url; nothing was stored"
+            );
+            return reply::reject(name, StatusCode::BAD_REQUEST, "dot_segment", msg, None);
+        }
         if !matches!(*req.method(), Method::POST | Method::PUT | Method::PATCH) {
             let mut resp = reply::reject(
                 name,

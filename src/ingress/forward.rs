@@ -82,9 +82,51 @@ pub fn event_id(headers: &HeaderMap) -> Result<String, &'static str> {
     Ok(crate::ids::new())
 }
 
+/// True when the `/rest` of a request has a `.` or `..` segment, also
+/// percent-encoded (`%2e`, or behind an encoded `%2f` or a `\\`, which some
+/// servers read as `/`): an endpoint that normalises paths would read
+/// `/hooks/../../admin` as `/admin`, outside the destination's base path,
+/// so such a request is refused rather than forwarded (SPEC §3).
+pub fn has_dot_segment(rest: &str) -> bool {
+    let decoded: Vec<u8> = percent_encoding::percent_decode_str(rest).collect();
+    decoded
+        .split(|b| *b == b'/' || *b == b'\\')
+        .any(|segment| segment == b"." || segment == b"..")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn dot_segments_are_found_also_when_percent_encoded() {
+        for bad in [
+            "/..",
+            "/../../admin",
+            "/a/./b",
+            "/a/%2e%2E/b",
+            "/%2e",
+            "/.%2e/x",
+            "/a/..",
+            "/a%2f..",
+            "/a\\..\\b",
+            "/a%5C..%5Cb",
+        ] {
+            assert!(has_dot_segment(bad), "{bad}");
+        }
+        for ok in [
+            "",
+            "/",
+            "/a/b",
+            "/a..b",
+            "/.well-known/x",
+            "/...",
+            "/a%2f...",
+            "/a/.b.",
+        ] {
+            assert!(!has_dot_segment(ok), "{ok}");
+        }
+    }
 
     fn map(pairs: &[(&str, &str)]) -> HeaderMap {
         let mut h = HeaderMap::new();

@@ -55,12 +55,23 @@ pub fn base_duration(outcome: Outcome) -> Duration {
         | Outcome::Unauthorized
         | Outcome::Forbidden
         | Outcome::TlsError
-        | Outcome::Gone
-        | Outcome::PayloadTooLarge
-        | Outcome::BadRequest => 300,
-        Outcome::Delivered | Outcome::Probation => 10,
+        | Outcome::Gone => 300,
+        // None of these starts a probation (`blames_the_event`).
+        Outcome::Delivered
+        | Outcome::Probation
+        | Outcome::BadRequest
+        | Outcome::PayloadTooLarge => 10,
     };
     Duration::from_secs(secs)
+}
+
+/// 400 and 413 say the event is bad, not the endpoint (SPEC §4.5 lists
+/// neither): a run of malformed events is dead-lettered one by one and must
+/// not put a healthy endpoint on probation. Such an answer neither counts
+/// toward the threshold nor breaks a run of failures, but a probe answered
+/// so has found the endpoint answering, which ends the probation.
+fn blames_the_event(outcome: Outcome) -> bool {
+    matches!(outcome, Outcome::BadRequest | Outcome::PayloadTooLarge)
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -125,7 +136,10 @@ impl Probation {
     /// started before the probation neither end nor extend it.
     pub fn record(&mut self, outcome: Outcome, now_ms: u64, probe: bool) -> Option<u64> {
         let was_probing = probe && std::mem::take(&mut self.probing);
-        if outcome == Outcome::Delivered {
+        if blames_the_event(outcome) && !was_probing {
+            return None;
+        }
+        if outcome == Outcome::Delivered || blames_the_event(outcome) {
             self.consecutive = 0;
             self.strikes = 0;
             self.until_ms = None;
@@ -183,6 +197,40 @@ mod tests {
         for _ in 0..100 {
             assert_eq!(never.record(Outcome::Failed, 0, false), None);
         }
+    }
+
+    #[test]
+    fn bad_events_neither_start_nor_break_a_run_of_failures() {
+        let mut p = Probation::new(policy(10));
+        for i in 0..50 {
+            let outcome = if i % 2 == 0 {
+                Outcome::BadRequest
+            } else {
+                Outcome::PayloadTooLarge
+            };
+            assert_eq!(p.record(outcome, 1000 + i, false), None);
+            assert_eq!(p.admit(1000 + i), Admit::Go);
+        }
+        assert_eq!(p.consecutive_failures(), 0);
+        for i in 0..9 {
+            assert_eq!(p.record(Outcome::Failed, 2000 + i, false), None);
+            assert_eq!(p.record(Outcome::BadRequest, 2000 + i, false), None);
+        }
+        assert_eq!(p.consecutive_failures(), 9);
+        assert_eq!(p.record(Outcome::Failed, 3000, false), Some(33_000));
+    }
+
+    #[test]
+    fn a_probe_answered_400_ends_the_probation() {
+        let mut p = Probation::new(policy(1));
+        assert_eq!(p.record(Outcome::Failed, 0, false), Some(30_000));
+        assert_eq!(p.admit(30_000), Admit::Probe);
+        p.probe_started();
+        assert_eq!(p.record(Outcome::BadRequest, 30_001, true), None);
+        assert_eq!(p.admit(30_002), Admit::Go);
+        assert!(!p.on_probation(30_002));
+        // The next failure starts over at the first length, not doubled.
+        assert_eq!(p.record(Outcome::Failed, 40_000, false), Some(70_000));
     }
 
     #[test]

@@ -44,3 +44,4 @@ mod support_smoke;
 mod sync_order;
 mod tls;
 mod topics;
+mod trust;
