@@ -600,7 +600,7 @@ async fn admin_action(courier: &Courier, action: &str) -> Result<(), String> {
         "{}/v1/destinations/{DESTINATION}/{action}",
         courier.admin_url()
     );
-    let resp = try_post(&url, "", &[]).await?;
+    let resp = support::client::try_admin_post(&url, "", &[]).await?;
     if resp.status == 200 {
         Ok(())
     } else {

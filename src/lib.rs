@@ -8,6 +8,7 @@ pub mod deadletter;
 pub mod deliver;
 pub mod event_path;
 mod fd_limit;
+mod file_modes;
 #[doc(hidden)]
 pub mod fuzzing;
 mod ids;
@@ -52,6 +53,7 @@ pub struct ConfigSource {
 /// Runs courier until SIGTERM or SIGINT, then shuts down gracefully.
 pub async fn run(settings: Settings, source: ConfigSource) -> Result<(), RunError> {
     fd_limit::raise();
+    file_modes::private_umask();
     let hangups = reload::hangups();
     let prometheus = admin::metrics::install().map_err(RunError::Setup)?;
     let names: Vec<String> = settings

@@ -70,12 +70,15 @@ impl AdminClient {
         body: Option<Value>,
     ) -> Result<Value, CliError> {
         let url = format!("{}{path_and_query}", self.base);
+        let post = method == Method::POST;
         let mut req = Request::builder().method(method).uri(&url);
         if let Some(t) = &self.token {
             req = req.header(http::header::AUTHORIZATION, format!("Bearer {}", t.trim()));
         }
         let bytes = body.map(|b| Bytes::from(b.to_string())).unwrap_or_default();
-        if !bytes.is_empty() {
+        // Admin mutations take JSON only, bodiless ones too (a browser's
+        // form cannot send it); a bodiless DELETE needs no content type.
+        if !bytes.is_empty() || post {
             req = req.header(http::header::CONTENT_TYPE, "application/json");
         }
         let req = req

@@ -12,7 +12,7 @@ use crate::deliver::Fleet;
 use crate::deliver::health::PauseReason;
 use crate::journal::{Journal, Pause, Reader};
 use crate::lifecycle::Lifecycle;
-use crate::server::{Body, json};
+use crate::server::{Body, guard, json};
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::Full;
@@ -41,6 +41,9 @@ fn answer(a: dead_letters::Answer) -> Response<Body> {
 impl Admin {
     pub async fn handle(&self, req: Request<Incoming>) -> Response<Body> {
         let path = req.uri().path().to_string();
+        if let Some(refused) = self.refuse_browsers(&req) {
+            return refused;
+        }
         if let Some(denied) = self.deny(&req) {
             return denied;
         }
@@ -87,13 +90,50 @@ impl Admin {
         }
     }
 
-    /// Mutating calls (any method but GET and HEAD, checked before routing,
-    /// so that nothing about the API is learnt without the token) need the
-    /// bearer token when one is configured.
+    /// Browsers cannot drive the admin API (SPEC §5): the guard's `Origin`
+    /// and `Host` rules, and a mutation must be `application/json`, which a
+    /// cross-site page cannot send without a CORS preflight that courier
+    /// never grants. A `DELETE` is always preflighted, so it may come without
+    /// a body or content type.
+    fn refuse_browsers(&self, req: &Request<Incoming>) -> Option<Response<Body>> {
+        let settings = self.settings.load();
+        let loopback = settings.admin_listen.ip().is_loopback();
+        if let Err(r) = guard::check(req.headers(), req.uri(), loopback, &settings.allowed_hosts) {
+            tracing::info!(method = %req.method(), path = req.uri().path(), reason = r.reason, "admin call refused");
+            return Some(json(
+                StatusCode::FORBIDDEN,
+                &json!({ "error": r.message, "reason": r.reason }),
+            ));
+        }
+        let content_type = req.headers().get(http::header::CONTENT_TYPE);
+        let json_body = content_type.is_some_and(|v| {
+            v.to_str().is_ok_and(|t| {
+                t.split(';')
+                    .next()
+                    .is_some_and(|m| m.trim().eq_ignore_ascii_case("application/json"))
+            })
+        });
+        let mutation = !matches!(*req.method(), Method::GET | Method::HEAD);
+        let bodiless_delete = *req.method() == Method::DELETE && content_type.is_none();
+        if mutation && !json_body && !bodiless_delete {
+            tracing::info!(method = %req.method(), path = req.uri().path(), "admin call refused: not application/json");
+            return Some(json(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                &json!({ "error": "admin calls that change something take `Content-Type: application/json` only", "reason": "not_json" }),
+            ));
+        }
+        None
+    }
+
+    /// With a token configured, every call but the probes and the scrape
+    /// needs it, reads included: dead letters hold the app's bodies and
+    /// headers. Checked before routing, so that nothing about the API is
+    /// learnt without it.
     fn deny(&self, req: &Request<Incoming>) -> Option<Response<Body>> {
         let settings = self.settings.load();
         let token = settings.admin_token.as_ref()?;
-        if matches!(*req.method(), Method::GET | Method::HEAD) || token.authorizes(req.headers()) {
+        let open = matches!(req.uri().path(), "/healthz" | "/readyz" | "/metrics");
+        if open || token.authorizes(req.headers()) {
             return None;
         }
         tracing::info!(method = %req.method(), path = req.uri().path(), "admin call refused: missing or wrong bearer token");

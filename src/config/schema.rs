@@ -21,6 +21,10 @@ pub struct RawConfig {
     /// The name of the environment variable holding the admin bearer token.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub admin_token_env: Option<String>,
+    /// Host names, besides IP addresses and `localhost`, that a loopback
+    /// listener answers (`server::guard`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allowed_hosts: Vec<String>,
     /// Relative journal and dead-letter paths resolve here (`state_dir.rs`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub state_dir: Option<String>,
@@ -157,6 +161,8 @@ pub struct DeadLetterDir {
     pub dir: String,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub redact_headers: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub keep_headers: Vec<String>,
 }
 
 /// A destination's sink: its own directory, or `none` (drop and count).

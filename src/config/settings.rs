@@ -21,6 +21,8 @@ pub struct Settings {
     pub admin_listen: SocketAddr,
     /// `None`: mutating admin calls are open (only allowed on loopback).
     pub admin_token: Option<AdminToken>,
+    /// Lower case, without a trailing dot.
+    pub allowed_hosts: Vec<String>,
     pub shutdown_grace: Duration,
     pub log: LogSettings,
     pub journal: JournalSettings,

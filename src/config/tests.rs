@@ -1042,6 +1042,44 @@ fn a_second_bad_key_after_a_syntax_error_is_not_needed_but_the_syntax_error_has_
 }
 
 #[test]
+fn credentials_are_redacted_by_default_and_keep_headers_takes_one_back() {
+    let text = "\
+dead_letter: { dir: ./dl, keep_headers: [Authorization] }
+destinations:
+  a: { url: http://127.0.0.1:9/a }
+  b: { url: http://127.0.0.1:9/b, dead_letter: { dir: ./own, redact_headers: [authorization], keep_headers: [cookie] } }
+  c: { url: http://127.0.0.1:9/c }
+";
+    let loaded = parse("c.yaml", text, ".".into(), Purpose::Run, &env()).expect("valid");
+    let redact = |name: &str| {
+        loaded
+            .settings
+            .destination(name)
+            .map(|d| d.redact_headers.clone())
+            .unwrap_or_default()
+    };
+    assert_eq!(redact("a"), ["proxy-authorization", "cookie"]);
+    assert_eq!(redact("b"), ["authorization", "proxy-authorization"]);
+    let none = "destinations:\n  a: { url: http://127.0.0.1:9/a, dead_letter: { dir: ./x } }\n";
+    let loaded = parse("c.yaml", none, ".".into(), Purpose::Run, &env()).expect("valid");
+    assert_eq!(
+        loaded.settings.destinations[0].redact_headers,
+        ["authorization", "proxy-authorization", "cookie"]
+    );
+    let e = one_error(
+        "dead_letter: { dir: ./dl, keep_headers: [x-tenant] }\ndestinations:\n  a: { url: http://127.0.0.1:9/a }\n",
+    );
+    assert!(
+        e.contains("dead_letter.keep_headers[0]: `x-tenant` is not redacted by default"),
+        "{e}"
+    );
+    let e = one_error(
+        "dead_letter: { dir: ./dl, redact_headers: [cookie], keep_headers: [Cookie] }\ndestinations:\n  a: { url: http://127.0.0.1:9/a }\n",
+    );
+    assert!(e.contains("`cookie` is also in redact_headers"), "{e}");
+}
+
+#[test]
 fn redact_headers_are_checked_lowercased_and_joined_per_destination() {
     let text = "\
 dead_letter: { dir: ./dl, redact_headers: [Cookie, x-Session] }
@@ -1065,8 +1103,12 @@ destinations:
             .map(|d| d.redact_headers.clone())
             .unwrap_or_default()
     };
-    assert_eq!(redact("a"), ["cookie", "x-session"]);
-    assert_eq!(redact("b"), ["cookie", "x-session", "x-extra"]);
+    let defaults = ["authorization", "proxy-authorization", "cookie"];
+    assert_eq!(redact("a"), [&defaults[..], &["x-session"]].concat());
+    assert_eq!(
+        redact("b"),
+        [&defaults[..], &["x-session", "x-extra"]].concat()
+    );
     let bad = "\
 dead_letter: { dir: ./dl, redact_headers: [ok, \"bad header\"] }
 destinations:

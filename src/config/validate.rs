@@ -237,7 +237,7 @@ pub fn check(
         c.err("destinations", "at least one destination is needed");
     }
     let default_sink = raw.dead_letter.as_ref().map(|d| {
-        let redact = redact_headers(&mut c, "dead_letter.redact_headers", &d.redact_headers);
+        let redact = redaction(&mut c, "dead_letter", d, &Redaction::default());
         (c.dir(&d.dir), redact)
     });
     let destinations = raw
@@ -252,10 +252,12 @@ pub fn check(
     if !c.problems.is_empty() {
         return Err(c.problems);
     }
+    let allowed_hosts = allowed_hosts(&mut c, &raw.allowed_hosts);
     let settings = Settings {
         listen,
         admin_listen,
         admin_token,
+        allowed_hosts,
         shutdown_grace,
         log: LogSettings {
             format: raw.log.format,
@@ -281,6 +283,29 @@ pub fn check(
         warnings: c.warnings,
         state_dir: c.state_dir,
     })
+}
+
+/// `allowed_hosts`: DNS names (an IP address needs no entry), compared
+/// without case and trailing dot.
+fn allowed_hosts(c: &mut Checker, names: &[String]) -> Vec<String> {
+    let mut out = Vec::new();
+    for (i, name) in names.iter().enumerate() {
+        let name = name.trim().trim_end_matches('.').to_ascii_lowercase();
+        let label_ok = |l: &str| {
+            !l.is_empty()
+                && l.len() <= 63
+                && l.chars().all(|ch| ch.is_ascii_alphanumeric() || ch == '-')
+        };
+        if name.is_empty() || name.len() > 253 || !name.split('.').all(label_ok) {
+            c.err(
+                format!("allowed_hosts[{i}]"),
+                format!("`{name}` is not a host name: letters, digits and `-` in dot-separated labels, without a port"),
+            );
+        } else if !out.contains(&name) {
+            out.push(name);
+        }
+    }
+    out
 }
 
 /// The admin token from `admin_token_env`. Without one, the admin API must
@@ -357,7 +382,7 @@ fn destination(
     c: &mut Checker,
     name: &str,
     d: &Destination,
-    default_sink: Option<&(PathBuf, Vec<String>)>,
+    default_sink: Option<&(PathBuf, Redaction)>,
 ) -> DestinationSettings {
     let p = format!("destinations.{name}");
     if !valid_name(name) {
@@ -438,16 +463,7 @@ fn destination(
     let dead_letter = match &d.dead_letter {
         None => default_sink.map(|(dir, _)| dir.clone()),
         Some(DeadLetterChoice::Dir(dl)) => {
-            let own = redact_headers(
-                c,
-                &format!("{p}.dead_letter.redact_headers"),
-                &dl.redact_headers,
-            );
-            for name in own {
-                if !redact.contains(&name) {
-                    redact.push(name);
-                }
-            }
+            redact = redaction(c, &format!("{p}.dead_letter"), dl, &redact);
             Some(c.dir(&dl.dir))
         }
         Some(DeadLetterChoice::Keyword(k)) if k == "none" => None,
@@ -477,7 +493,7 @@ fn destination(
         headers,
         signing,
         dead_letter,
-        redact_headers: redact,
+        redact_headers: redact.names(),
         rate_limit_per_second,
         batch,
         probation: probation(c, &format!("{p}.probation"), &d.probation),
@@ -751,6 +767,81 @@ fn status(c: &mut Checker, path: &str, d: &Destination) -> StatusPolicy {
         no_retry,
         min_delay,
     }
+}
+
+/// App headers left out of dead-letter records unless an operator keeps
+/// them (SPEC §4.6): credentials for the endpoint, which a record at rest
+/// must not hold.
+const REDACTED_BY_DEFAULT: [&str; 3] = ["authorization", "proxy-authorization", "cookie"];
+
+/// The header names a sink leaves out of its records.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Redaction {
+    redact: Vec<String>,
+    /// Default names an operator took back with `keep_headers`.
+    kept: Vec<String>,
+}
+
+impl Default for Redaction {
+    fn default() -> Self {
+        Redaction {
+            redact: REDACTED_BY_DEFAULT.map(String::from).to_vec(),
+            kept: Vec::new(),
+        }
+    }
+}
+
+impl Redaction {
+    pub(super) fn names(&self) -> Vec<String> {
+        self.redact
+            .iter()
+            .filter(|n| !self.kept.contains(n))
+            .cloned()
+            .collect()
+    }
+}
+
+/// A sink's `redact_headers` and `keep_headers` over what it inherits (the
+/// defaults, or the global sink's): names are added by the one and taken
+/// back from the defaults by the other.
+fn redaction(
+    c: &mut Checker,
+    path: &str,
+    sink: &super::schema::DeadLetterDir,
+    inherited: &Redaction,
+) -> Redaction {
+    let mut out = inherited.clone();
+    for name in redact_headers(c, &format!("{path}.redact_headers"), &sink.redact_headers) {
+        out.kept.retain(|k| *k != name);
+        if !out.redact.contains(&name) {
+            out.redact.push(name);
+        }
+    }
+    let keep = redact_headers(c, &format!("{path}.keep_headers"), &sink.keep_headers);
+    for (i, name) in keep.into_iter().enumerate() {
+        let p = format!("{path}.keep_headers[{i}]");
+        if sink
+            .redact_headers
+            .iter()
+            .any(|r| r.trim().eq_ignore_ascii_case(&name))
+        {
+            c.err(
+                p,
+                format!("`{name}` is also in redact_headers: keep it or redact it"),
+            );
+        } else if !REDACTED_BY_DEFAULT.contains(&name.as_str()) {
+            c.err(
+                p,
+                format!(
+                    "`{name}` is not redacted by default: keep_headers takes back only {}",
+                    REDACTED_BY_DEFAULT.join(", ")
+                ),
+            );
+        } else if !out.kept.contains(&name) {
+            out.kept.push(name);
+        }
+    }
+    out
 }
 
 /// `redact_headers`: valid header names, kept lowercase (as forwarded).

@@ -10,7 +10,7 @@ use crate::config::{DestinationSettings, Live, Mode, Schema, TopicSettings};
 use crate::deliver::Fleet;
 use crate::journal::{Appended, Header, Journal, NewEvent};
 use crate::lifecycle::Lifecycle;
-use crate::server::{BODY_DEADLINE, RemoteAddr};
+use crate::server::{BODY_DEADLINE, RemoteAddr, guard};
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
@@ -82,6 +82,12 @@ impl Ingress {
             None => (trimmed, ""),
         };
         let settings = self.settings.load();
+        let loopback = settings.listen.ip().is_loopback();
+        if let Err(refused) =
+            guard::check(req.headers(), req.uri(), loopback, &settings.allowed_hosts)
+        {
+            return reply::browser_refused(name, refused);
+        }
         let keys = settings.ingress.keys.as_ref();
         // Before the route: a caller without a key learns no names.
         if let Some(Err(denied)) = keys.map(|k| k.admit(req.headers(), crate::clock::now_ms())) {

@@ -229,6 +229,19 @@ pub fn unauthorized(name: &str, configured: bool, denied: &Denied) -> Response<B
     resp
 }
 
+/// A request a browser could have sent (`server::guard`): 403 before the
+/// route, counted under `""` as an unknown name is, since it is refused
+/// before its name is looked at.
+pub fn browser_refused(name: &str, refused: crate::server::guard::Refused) -> Response<Body> {
+    let mut resp = json(
+        StatusCode::FORBIDDEN,
+        &json!({ "error": refused.message, "reason": refused.reason }),
+    );
+    resp.extensions_mut()
+        .insert(Rejection::unknown(name, refused.reason));
+    resp
+}
+
 pub fn unknown_destination(
     name: &str,
     destinations: &[String],

@@ -53,7 +53,7 @@ use std::collections::BTreeSet;
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 const MAGIC: u32 = 0x4352_5232; // "CRR2"
@@ -654,11 +654,13 @@ fn write_record(
 /// A new segment of `size` bytes, allocated up front so that records never
 /// change the file's size; on a nearly full disk, one of just `need` bytes.
 fn create(path: &Path, size: u64, need: u64) -> Result<File, AppendError> {
+    // 0600: records hold the app's bodies and headers (`file_modes`).
     let file = OpenOptions::new()
         .read(true)
         .write(true)
         .create(true)
         .truncate(true)
+        .mode(0o600)
         .open(path)?;
     for len in [size, need] {
         match allocate(&file, len) {

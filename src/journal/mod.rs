@@ -336,6 +336,7 @@ impl Journal {
     ) -> Result<(Journal, Vec<DestinationSummary>), OpenError> {
         let dedupe_ms = dedupe_window.map(|w| w.as_millis() as u64);
         std::fs::create_dir_all(dir).map_err(|e| OpenError::Dir(dir.to_path_buf(), e))?;
+        crate::file_modes::tighten(dir);
         let path = dir.join(FILE);
         let lock_file = lock(dir).map_err(|e| match e {
             LockError::Held(lock_path) => OpenError::Locked(path.clone(), lock_path),

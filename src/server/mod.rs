@@ -4,6 +4,7 @@
 //! closes idle keep-alive connections.
 
 mod edge;
+pub mod guard;
 mod layers;
 
 pub use edge::{BODY_DEADLINE, Edge};

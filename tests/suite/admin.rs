@@ -1,10 +1,13 @@
 //! The admin surface fit for a pod (SPEC §5): with `admin_token_env`, every
-//! mutating call needs `Authorization: Bearer <token>` (401 and no change
-//! otherwise), reads never do; a non-loopback `admin_listen` without a
-//! token refuses to start.
+//! `/v1/*` call needs `Authorization: Bearer <token>`, reads included (401,
+//! nothing revealed and no change otherwise), while the probes and the
+//! scrape never do; a non-loopback `admin_listen` without a token refuses
+//! to start.
 
 use std::time::Duration;
 
+use http::Method;
+use support::client::request;
 use support::{Courier, Receiver, check, check_eq, config, fail, get, post, run_cli};
 
 const TOKEN: &str = "a-long-admin-token-0123456789";
@@ -19,7 +22,9 @@ fn with_token(url: &str) -> String {
 }
 
 async fn state(c: &Courier) -> String {
-    let resp = get(&format!("{}/v1/destinations", c.admin_url())).await;
+    let bearer = format!("Bearer {TOKEN}");
+    let url = format!("{}/v1/destinations", c.admin_url());
+    let resp = request(Method::GET, &url, "", &[("authorization", &bearer)]).await;
     check_eq!(c, resp.status, 200, "GET /v1/destinations: {}", resp.text());
     resp.json()["destinations"][0]["state"]
         .as_str()
@@ -28,7 +33,7 @@ async fn state(c: &Courier) -> String {
 }
 
 #[tokio::test]
-async fn mutating_calls_need_the_bearer_token_and_reads_do_not() {
+async fn every_v1_call_needs_the_bearer_token_and_the_probes_do_not() {
     let rx = Receiver::ok().await;
     let dir = tempfile::tempdir().expect("tempdir");
     let c = Courier::start_with_env(
@@ -40,13 +45,29 @@ async fn mutating_calls_need_the_bearer_token_and_reads_do_not() {
     .await;
     let admin = c.admin_url();
 
-    for path in ["/healthz", "/readyz", "/metrics", "/v1/destinations"] {
+    for path in ["/healthz", "/readyz", "/metrics"] {
         let resp = get(&format!("{admin}{path}")).await;
         check_eq!(
             c,
             resp.status,
             200,
             "GET {path} without a token: {}",
+            resp.text()
+        );
+    }
+    // Reads hold bodies and headers (dead letters): 401, naming nothing.
+    for path in [
+        "/v1/destinations",
+        "/v1/dead-letters?destination=orders",
+        "/v1/dead-letters/orders/some-id",
+        "/v1/no-such-endpoint",
+    ] {
+        let resp = get(&format!("{admin}{path}")).await;
+        check_eq!(c, resp.status, 401, "GET {path}: {}", resp.text());
+        check!(
+            c,
+            !resp.text().contains("orders"),
+            "GET {path} revealed a name: {}",
             resp.text()
         );
     }
@@ -64,7 +85,7 @@ async fn mutating_calls_need_the_bearer_token_and_reads_do_not() {
             "/v1/destinations/orders/resume",
             "/v1/no-such-endpoint",
         ] {
-            let resp = post(&format!("{admin}{path}"), "", headers).await;
+            let resp = support::admin_post(&format!("{admin}{path}"), "", headers).await;
             check_eq!(
                 c,
                 resp.status,
@@ -94,13 +115,15 @@ async fn mutating_calls_need_the_bearer_token_and_reads_do_not() {
 
     let bearer = format!("Bearer {TOKEN}");
     let auth = [("Authorization", bearer.as_str())];
-    let resp = post(&format!("{admin}/v1/destinations/orders/pause"), "", &auth).await;
+    let resp =
+        support::admin_post(&format!("{admin}/v1/destinations/orders/pause"), "", &auth).await;
     check_eq!(c, resp.status, 200, "pause with the token: {}", resp.text());
     check_eq!(c, state(&c).await, "paused");
     let resp = post(&c.url("orders"), "{\"n\":2}", &[]).await;
     check_eq!(c, resp.status, 202, "{}", resp.text());
     rx.assert_quiet(1, Duration::from_millis(500)).await;
-    let resp = post(&format!("{admin}/v1/destinations/orders/resume"), "", &auth).await;
+    let resp =
+        support::admin_post(&format!("{admin}/v1/destinations/orders/resume"), "", &auth).await;
     check_eq!(
         c,
         resp.status,

@@ -32,7 +32,7 @@ async fn indexed() {
 async fn set_paused(c: &Courier, name: &str, paused: bool) {
     let action = if paused { "pause" } else { "resume" };
     let url = format!("{}/v1/destinations/{name}/{action}", c.admin_url());
-    let resp = post(&url, "", &[]).await;
+    let resp = support::admin_post(&url, "", &[]).await;
     check_eq!(c, resp.status, 200, "POST {url}: {}", resp.text());
 }
 

@@ -179,7 +179,7 @@ async fn events_beyond_the_memory_bound_while_the_index_is_behind_survive_sigkil
     let tmp = tempfile::tempdir().expect("tempdir");
     let mut courier = start(tmp.path(), &config(&receiver.url(), 2), Some(STRETCHED)).await;
     let pause = format!("{}/v1/destinations/orders/pause", courier.admin_url());
-    let r = client::post(&pause, "", &[]).await;
+    let r = client::admin_post(&pause, "", &[]).await;
     assert!(r.status < 300, "pause: {} {}", r.status, r.text());
     const EVENTS: usize = 1500;
     let posted = post_all(&courier, EVENTS, 4096).await;
@@ -193,7 +193,7 @@ async fn events_beyond_the_memory_bound_while_the_index_is_behind_survive_sigkil
     // The pause outlives the process: lifted after the restart, it delivers.
     courier.restart().await;
     let resume = format!("{}/v1/destinations/orders/resume", courier.admin_url());
-    let r = client::post(&resume, "", &[]).await;
+    let r = client::admin_post(&resume, "", &[]).await;
     assert!(r.status < 300, "resume: {} {}", r.status, r.text());
     let seen = wait_delivered(&receiver, 0, &posted, 1, &courier).await;
     assert_bodies(&seen, &posted);

@@ -78,7 +78,7 @@ async fn replay(c: &Courier, body: Value, token: Option<&str>) -> support::Resp 
         .as_deref()
         .map(|b| vec![("Authorization", b)])
         .unwrap_or_default();
-    post(
+    support::admin_post(
         &admin(c, "/v1/dead-letters/replay"),
         body.to_string(),
         &headers,
@@ -446,7 +446,7 @@ async fn a_purge_removes_what_it_says_and_the_token_guards_purge_and_replay() {
         r#"{"destination": "orders", "ids": ["o1"], "reason": "NonRetriableStatus"}"#,
         r#"{"destination": "orders", "all": true, "since": "last tuesday"}"#,
     ] {
-        let resp = post(&url, bad, &[("authorization", &bearer)]).await;
+        let resp = support::admin_post(&url, bad, &[("authorization", &bearer)]).await;
         check_eq!(c, resp.status, 400, "{bad}: {}", resp.text());
         check!(
             c,
@@ -530,7 +530,7 @@ async fn a_replayed_event_survives_sigkill_before_its_delivery() {
     wait_dead_letters(&c, DEST, 1, PROMPT).await;
     let first = rx.received();
     // Paused, the replayed event can only be in the journal at the kill.
-    let pause = post(
+    let pause = support::admin_post(
         &admin(&c, &format!("/v1/destinations/{DEST}/pause")),
         "",
         &[],
@@ -542,7 +542,7 @@ async fn a_replayed_event_survives_sigkill_before_its_delivery() {
     c.kill();
     accept.store(true, Ordering::SeqCst);
     c.restart().await;
-    let resume = post(
+    let resume = support::admin_post(
         &admin(&c, &format!("/v1/destinations/{DEST}/resume")),
         "",
         &[],

@@ -724,7 +724,7 @@ async fn concurrency_caps_the_attempts_on_the_wire_from_memory_and_from_the_inde
     );
     let c = start(tmp.path(), &yaml).await;
     let admin = |action: &str| format!("{}/v1/destinations/orders/{action}", c.admin_url());
-    let r = post(&admin("pause"), "", &[]).await;
+    let r = support::admin_post(&admin("pause"), "", &[]).await;
     check!(c, r.status < 300, "pause: {} {}", r.status, r.text());
     let send = |from: usize| {
         let url = c.url("orders");

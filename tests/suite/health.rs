@@ -92,7 +92,7 @@ async fn wait_destination(
 /// `POST {admin}/v1/destinations/{name}/{action}`; returns status and JSON body.
 async fn admin_post(c: &Courier, name: &str, action: &str) -> (u16, Value) {
     let url = format!("{}/v1/destinations/{name}/{action}", c.admin_url());
-    let resp = post(&url, Bytes::new(), &[]).await;
+    let resp = support::admin_post(&url, Bytes::new(), &[]).await;
     let body = serde_json::from_slice(&resp.body)
         .unwrap_or_else(|e| fail!(c, "POST {url}: body is not JSON ({e}): {}", resp.text()));
     (resp.status, body)

@@ -34,7 +34,7 @@ fn events(prefix: &str, from: usize, n: usize) -> String {
 /// Pauses or resumes the destination `orders` through the admin API.
 async fn orders(c: &Courier, verb: &str) {
     let url = format!("{}/v1/destinations/orders/{verb}", c.admin_url());
-    let resp = post(&url, "", &[]).await;
+    let resp = support::admin_post(&url, "", &[]).await;
     check_eq!(c, resp.status, 200, "{verb}: {}", resp.text());
 }
 

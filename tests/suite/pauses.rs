@@ -40,7 +40,7 @@ async fn orders(c: &Courier) -> Value {
 
 async fn admin(c: &Courier, action: &str) -> Value {
     let url = format!("{}/v1/destinations/orders/{action}", c.admin_url());
-    let resp = post(&url, Bytes::new(), &[]).await;
+    let resp = support::admin_post(&url, Bytes::new(), &[]).await;
     check_eq!(c, resp.status, 200, "POST {url}: {}", resp.text());
     resp.json()
 }

@@ -351,7 +351,7 @@ async fn a_removed_destination_keeps_its_events_until_it_returns() {
     let dir = tempfile::tempdir().expect("tempdir");
     let c = Courier::start(dir.path(), &two(&a.url(), &audit.url())).await;
     let pause = format!("{}/v1/destinations/orders/pause", c.admin_url());
-    check_eq!(c, post(&pause, "", &[]).await.status, 200);
+    check_eq!(c, support::admin_post(&pause, "", &[]).await.status, 200);
     for i in 0..5 {
         accept(&c, "orders", &format!("kept-{i}")).await;
     }
@@ -386,7 +386,7 @@ async fn a_removed_destination_keeps_its_events_until_it_returns() {
         "{back:?}"
     );
     let resume = format!("{}/v1/destinations/orders/resume", c.admin_url());
-    check_eq!(c, post(&resume, "", &[]).await.status, 200);
+    check_eq!(c, support::admin_post(&resume, "", &[]).await.status, 200);
     let got = requests(&c, &a, 5, PROMPT).await;
     let mut got = ids(&got);
     got.sort();
@@ -410,7 +410,7 @@ async fn events_for_a_destination_added_by_reload_survive_sigkill() {
     let pause = format!("{}/v1/destinations/audit/pause", c.admin_url());
     check_eq!(
         c,
-        post(&pause, "", &[]).await.status,
+        support::admin_post(&pause, "", &[]).await.status,
         200,
         "the added destination is not running"
     );
@@ -427,7 +427,7 @@ async fn events_for_a_destination_added_by_reload_survive_sigkill() {
     check_eq!(c, added.count(), 0);
     c.restart().await;
     let resume = format!("{}/v1/destinations/audit/resume", c.admin_url());
-    check_eq!(c, post(&resume, "", &[]).await.status, 200);
+    check_eq!(c, support::admin_post(&resume, "", &[]).await.status, 200);
     let got = requests(&c, &added, 20, PROMPT).await;
     let mut got = ids(&got);
     got.sort();

@@ -368,7 +368,7 @@ async fn every_copy_acknowledged_before_a_sigkill_is_delivered_after_restart() {
     // outlive the kill, are lifted).
     for name in ["orders", "audit"] {
         let url = format!("{}/v1/destinations/{name}/pause", c.admin_url());
-        let resp = request(Method::POST, &url, "", &[]).await;
+        let resp = support::admin_post(&url, "", &[]).await;
         check_eq!(c, resp.status, 200, "{}", resp.text());
     }
     let mut want_orders = BTreeSet::new();
@@ -406,7 +406,7 @@ async fn every_copy_acknowledged_before_a_sigkill_is_delivered_after_restart() {
     c.restart().await;
     for name in ["orders", "audit"] {
         let url = format!("{}/v1/destinations/{name}/resume", c.admin_url());
-        let resp = request(Method::POST, &url, "", &[]).await;
+        let resp = support::admin_post(&url, "", &[]).await;
         check_eq!(c, resp.status, 200, "{}", resp.text());
     }
     // At least once: every copy arrives; a repeat would not be a loss.

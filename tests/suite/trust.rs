@@ -83,3 +83,188 @@ async fn a_rest_with_dot_segments_never_reaches_the_endpoint() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     check_eq!(c, rx.count(), 1, "only the ordinary path was forwarded");
 }
+
+/// The app's `Authorization` and `Cookie` reach the endpoint but no
+/// dead-letter file (the record names them as redacted), and every file
+/// courier wrote is private: 0600 in 0700 folders. Red when the defaults
+/// are not redacted, or when the umask or the segment mode is dropped.
+#[tokio::test]
+async fn credentials_stay_out_of_dead_letters_and_state_files_are_private() {
+    use std::os::unix::fs::PermissionsExt;
+    let rx = Receiver::start(behavior(|_, _| Reply::status(400))).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let c = Courier::start(dir.path(), &config("orders", &rx.url(), "")).await;
+    let headers = [
+        ("authorization", "Bearer app-secret-123"),
+        ("cookie", "session=cookie-secret-456"),
+        ("x-tenant", "acme"),
+    ];
+    let resp = post(&c.url("orders"), "{\"n\":1}", &headers).await;
+    check_eq!(c, resp.status, 202, "{}", resp.text());
+    let got = requests(&c, &rx, 1, PROMPT).await;
+    check_eq!(
+        c,
+        got[0].header("authorization"),
+        Some("Bearer app-secret-123")
+    );
+    let (_, records) = wait_dead_letters(&c, "orders", 1, PROMPT).await;
+    let redacted = &records[0]["redactedHeaders"];
+    check!(
+        c,
+        redacted
+            .as_array()
+            .is_some_and(|r| r.contains(&json!("authorization")) && r.contains(&json!("cookie"))),
+        "{}",
+        records[0]
+    );
+    check_eq!(
+        c,
+        records[0]["headers"]["x-tenant"],
+        "acme",
+        "{}",
+        records[0]
+    );
+    for file in support::files_under(&dir.path().join("dl")) {
+        let text = std::fs::read_to_string(&file).expect("read");
+        check!(
+            c,
+            !text.contains("app-secret-123") && !text.contains("cookie-secret-456"),
+            "{} holds a credential",
+            file.display()
+        );
+    }
+    let mode = |p: &std::path::Path| {
+        std::fs::metadata(p)
+            .map(|m| m.permissions().mode() & 0o777)
+            .unwrap_or(0)
+    };
+    let mut seen = 0;
+    for root in ["journal", "dl"] {
+        let root = dir.path().join(root);
+        let mut folders = vec![root.clone()];
+        for file in support::files_under(&root) {
+            check_eq!(c, mode(&file), 0o600, "{}", file.display());
+            folders.push(file.parent().expect("parent").to_path_buf());
+            seen += 1;
+        }
+        for folder in folders {
+            check_eq!(c, mode(&folder), 0o700, "{}", folder.display());
+        }
+    }
+    let logs = support::files_under(&dir.path().join("journal"));
+    check!(
+        c,
+        seen > 2 && logs.iter().any(|p| p.to_string_lossy().contains("intake-")),
+        "no intake log among {logs:?}"
+    );
+}
+
+/// What a web page can send to a loopback courier changes nothing: a
+/// cross-site `POST` (foreign `Origin`, `text/plain`), a bodiless `POST`
+/// without JSON, and any request under a re-bound name (DNS rebinding),
+/// to the admin API and to ingress alike; a name in `allowed_hosts` passes.
+#[tokio::test]
+async fn a_browser_cannot_drive_the_admin_api_or_ingress() {
+    use http::Method;
+    use support::client::request;
+    let rx = Receiver::ok().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let yaml = format!(
+        "allowed_hosts: [courier.test]\n{}",
+        config("orders", &rx.url(), "")
+    );
+    let c = Courier::start(dir.path(), &yaml).await;
+    let admin = c.admin_url();
+    let pause = format!("{admin}/v1/destinations/orders/pause");
+    let evil = ("origin", "http://evil.example");
+    let rebind = ("host", "rebind.evil.example:9090");
+    let calls: [(Method, String, &[(&str, &str)], u16, &str); 7] = [
+        (
+            Method::POST,
+            pause.clone(),
+            &[evil, ("content-type", "text/plain")],
+            403,
+            "cross_origin",
+        ),
+        (
+            Method::POST,
+            pause.clone(),
+            &[evil, ("content-type", "application/json")],
+            403,
+            "cross_origin",
+        ),
+        (
+            Method::POST,
+            pause.clone(),
+            &[("content-type", "text/plain")],
+            415,
+            "not_json",
+        ),
+        (Method::POST, pause.clone(), &[], 415, "not_json"),
+        (
+            Method::POST,
+            pause.clone(),
+            &[rebind, ("content-type", "application/json")],
+            403,
+            "host_not_allowed",
+        ),
+        (
+            Method::GET,
+            format!("{admin}/v1/destinations"),
+            &[rebind],
+            403,
+            "host_not_allowed",
+        ),
+        (
+            Method::DELETE,
+            format!("{admin}/v1/dead-letters?destination=orders"),
+            &[evil],
+            403,
+            "cross_origin",
+        ),
+    ];
+    for (method, url, headers, status, reason) in calls {
+        let resp = request(method.clone(), &url, "", headers).await;
+        check_eq!(
+            c,
+            resp.status,
+            status,
+            "{method} {url} {headers:?}: {}",
+            resp.text()
+        );
+        check_eq!(
+            c,
+            resp.json()["reason"],
+            reason,
+            "{method} {url} {headers:?}"
+        );
+    }
+    let own = request(
+        Method::GET,
+        &format!("{admin}/v1/destinations"),
+        "",
+        &[("host", "courier.test")],
+    )
+    .await;
+    check_eq!(c, own.status, 200, "{}", own.text());
+    check_eq!(
+        c,
+        own.json()["destinations"][0]["state"],
+        "healthy",
+        "a refused pause took effect"
+    );
+
+    for headers in [
+        &[evil, ("content-type", "text/plain")][..],
+        &[("host", "rebind.evil.example:8080")][..],
+    ] {
+        let resp = post(&c.url("orders"), "{\"from\":\"a page\"}", headers).await;
+        check_eq!(c, resp.status, 403, "{headers:?}: {}", resp.text());
+    }
+    let resp = post(&c.url("orders"), "{\"from\":\"the app\"}", &[]).await;
+    check_eq!(c, resp.status, 202, "{}", resp.text());
+    let got = requests(&c, &rx, 1, PROMPT).await;
+    check!(c, got[0].text().contains("the app"), "{}", got[0].text());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    check_eq!(c, rx.count(), 1, "a page's event was delivered");
+}

@@ -161,6 +161,24 @@ pub async fn try_post(
     try_request(Method::POST, url, body, headers).await
 }
 
+/// An admin call that changes something, as courier requires of them:
+/// `Content-Type: application/json` (a browser's form cannot send it).
+pub async fn admin_post(url: &str, body: impl Into<Bytes>, headers: &[(&str, &str)]) -> Resp {
+    try_admin_post(url, body, headers)
+        .await
+        .unwrap_or_else(|e| panic!("request failed: {e}"))
+}
+
+pub async fn try_admin_post(
+    url: &str,
+    body: impl Into<Bytes>,
+    headers: &[(&str, &str)],
+) -> Result<Resp, String> {
+    let mut all = vec![("content-type", "application/json")];
+    all.extend_from_slice(headers);
+    try_request(Method::POST, url, body, &all).await
+}
+
 pub async fn get(url: &str) -> Resp {
     request(Method::GET, url, Bytes::new(), &[]).await
 }
