@@ -5,8 +5,9 @@
 //! the journal and dead letters land on a writable volume big enough for
 //! `journal.max_bytes` while the config is a read-only directory mount; it
 //! runs as a native sidecar under Pod Security "restricted"; the token
-//! comes from a Secret; Prometheus finds /metrics. The Kustomize component,
-//! rendered for two apps, is in `deploy/kustomize.rs`. Also the image's `.dockerignore`.
+//! comes from a Secret; Prometheus finds /metrics; the NetworkPolicy admits
+//! only Prometheus to the admin port. The Kustomize component, rendered for
+//! two apps, is in `deploy/kustomize.rs`. Also the image's `.dockerignore`.
 //! Schema validation of the same files is in .ci/deploy-check.
 
 mod kustomize;
@@ -22,8 +23,8 @@ use std::time::Duration;
 /// period must cover both, or the kubelet's SIGKILL cuts the final sync).
 const JOURNAL_CLOSE: Duration = Duration::from_secs(5);
 
-/// The name of courier's admin port, which PodMonitors and scrape jobs
-/// select (the app may use the `prometheus.io/*` annotations).
+/// The name of courier's admin port, which PodMonitors, scrape jobs and
+/// NetworkPolicies select (the app may use the `prometheus.io/*` annotations).
 const ADMIN_PORT: &str = "courier-admin";
 
 /// The journal takes up to ~1.7x its pending bytes on disk (intake log
@@ -483,6 +484,116 @@ fn container_port(container: &Value, name: &str) -> Option<u64> {
         .iter()
         .find(|cp| str_at(cp, &["name"]) == Some(name))
         .and_then(|cp| at(cp, &["containerPort"]).as_u64())
+}
+
+/// Whether an ingress rule admits a container port (`cp`, an entry of a
+/// container's `ports`): a rule without ports admits all of them.
+fn admits(rule: &Value, cp: &Value) -> bool {
+    let proto = |v: &Value| str_at(v, &["protocol"]).unwrap_or("TCP").to_string();
+    let number = at(cp, &["containerPort"]).as_u64();
+    let ports = seq(rule, &["ports"]);
+    ports.is_empty()
+        || ports.iter().any(|p| {
+            let port = at(p, &["port"]);
+            let hit = match (port.as_u64(), at(p, &["endPort"]).as_u64()) {
+                (Some(lo), Some(hi)) => number.is_some_and(|n| (lo..=hi).contains(&n)),
+                (Some(n), None) => number == Some(n),
+                (None, _) => port.is_null() || port.as_str() == str_at(cp, &["name"]),
+            };
+            hit && proto(p) == proto(cp)
+        })
+}
+
+#[tokio::test]
+async fn network_policies_admit_only_prometheus_to_the_admin_port_and_keep_the_apps_ports() {
+    let pods = effective().await;
+    let policies: Vec<manifests::Doc> = manifests::docs()
+        .into_iter()
+        .filter(|d| d.kind() == "NetworkPolicy")
+        .collect();
+    assert!(!policies.is_empty(), "no NetworkPolicy under deploy/");
+    let results = policies.iter().map(|np| {
+        let rel = np.file.strip_prefix(manifests::root()).unwrap_or(&np.file);
+        let beside: Vec<_> = pods
+            .iter()
+            .filter(|(p, _)| p.file.parent() == np.file.parent())
+            .collect();
+        (
+            format!("{} NetworkPolicy", rel.display()),
+            network_policy_holds(&np.value, &beside),
+        )
+    });
+    assert_all(results.collect());
+}
+
+/// The policy selects courier pods of its folder; on each, every rule that
+/// admits the admin port admits only labelled pods of the namespace, and
+/// every port of the app's containers stays admitted.
+fn network_policy_holds(
+    np: &Value,
+    pods: &[&(CourierPod, Result<sidecar::Effective, String>)],
+) -> Result<(), String> {
+    if !seq(np, &["spec", "policyTypes"])
+        .iter()
+        .any(|t| t.as_str() == Some("Ingress"))
+    {
+        return Err("policyTypes lacks Ingress".into());
+    }
+    if !at(np, &["spec", "podSelector", "matchExpressions"]).is_null() {
+        return Err("matchExpressions are not supported by this test".into());
+    }
+    let want = at(np, &["spec", "podSelector", "matchLabels"])
+        .as_mapping()
+        .ok_or("no spec.podSelector.matchLabels")?;
+    let rules = seq(np, &["spec", "ingress"]);
+    let mut selected = 0;
+    for (p, e) in pods {
+        let labels = at(p.template(), &["metadata", "labels"]);
+        if !want.iter().all(|(k, v)| labels.get(k) == Some(v)) {
+            continue;
+        }
+        selected += 1;
+        let e = e.as_ref().map_err(String::clone)?;
+        let admin = seq(&p.container, &["ports"])
+            .iter()
+            .find(|cp| at(cp, &["containerPort"]).as_u64() == Some(u64::from(e.admin_port)))
+            .ok_or_else(|| format!("{}: the admin port is no container port", p.name))?;
+        let to_admin: Vec<&Value> = rules.iter().filter(|r| admits(r, admin)).collect();
+        if to_admin.is_empty() {
+            return Err(format!("{}: nothing may reach the admin port", p.name));
+        }
+        for rule in to_admin {
+            let from = seq(rule, &["from"]);
+            let only_labelled_pods = !from.is_empty()
+                && from.iter().all(|peer| {
+                    peer.as_mapping().is_some_and(|m| m.len() == 1)
+                        && at(peer, &["podSelector", "matchLabels"])
+                            .as_mapping()
+                            .is_some_and(|l| !l.is_empty())
+                });
+            if !only_labelled_pods {
+                return Err(format!(
+                    "{}: a rule admits the admin port from more than labelled pods of this namespace",
+                    p.name
+                ));
+            }
+        }
+        for c in p.containers().filter(|c| !manifests::is_courier(c)) {
+            for cp in seq(c, &["ports"]) {
+                if !rules.iter().any(|r| admits(r, cp)) {
+                    return Err(format!(
+                        "{}: the app's port {:?} is no longer admitted",
+                        p.name,
+                        str_at(cp, &["name"])
+                    ));
+                }
+            }
+        }
+    }
+    if selected == 0 {
+        return Err("its podSelector matches no pod template with courier".into());
+    }
+    Ok(())
 }
 
 /// Whether `.dockerignore` leaves `path` (a top-level name) out of the
