@@ -5,9 +5,12 @@
 //! the journal and dead letters land on a writable volume big enough for
 //! `journal.max_bytes` while the config is a read-only directory mount; it
 //! runs as a native sidecar under Pod Security "restricted"; the token
-//! comes from a Secret; Prometheus finds /metrics. Also the image's
-//! `.dockerignore`. Schema validation of the same files is in .ci/deploy-check.
+//! comes from a Secret; Prometheus finds /metrics; the NetworkPolicy admits
+//! only Prometheus to the admin port. The Kustomize component, rendered for
+//! two apps, is in `deploy/kustomize.rs`. Also the image's `.dockerignore`.
+//! Schema validation of the same files is in .ci/deploy-check.
 
+mod kustomize;
 mod manifests;
 mod sidecar;
 
@@ -19,6 +22,10 @@ use std::time::Duration;
 /// Time to commit and close the journal after `shutdown_grace` (the grace
 /// period must cover both, or the kubelet's SIGKILL cuts the final sync).
 const JOURNAL_CLOSE: Duration = Duration::from_secs(5);
+
+/// The name of courier's admin port, which PodMonitors, scrape jobs and
+/// NetworkPolicies select (the app may use the `prometheus.io/*` annotations).
+const ADMIN_PORT: &str = "courier-admin";
 
 /// The journal takes up to ~1.7x its pending bytes on disk (intake log
 /// segments not yet reclaimed, SQLite WAL; measured in deploy/README.md).
@@ -108,11 +115,7 @@ fn probe_port(p: &CourierPod, probe: &Value) -> Result<u64, String> {
         return Ok(n);
     }
     let name = port.as_str().ok_or("httpGet.port is missing")?;
-    seq(&p.container, &["ports"])
-        .iter()
-        .find(|cp| str_at(cp, &["name"]) == Some(name))
-        .and_then(|cp| at(cp, &["containerPort"]).as_u64())
-        .ok_or_else(|| format!("no container port named {name}"))
+    container_port(&p.container, name).ok_or_else(|| format!("no container port named {name}"))
 }
 
 #[tokio::test]
@@ -151,7 +154,16 @@ async fn probes_reach_the_admin_port_on_their_paths() {
 async fn the_grace_period_covers_shutdown_grace_and_the_journal_close() {
     let results = effective().await.into_iter().map(|(p, e)| {
         let r = e.and_then(|e| {
-            let tgps = at(p.pod_spec(), &["terminationGracePeriodSeconds"])
+            let tgps = at(p.pod_spec(), &["terminationGracePeriodSeconds"]);
+            // A strategic-merge patch would replace the app's own value.
+            if p.is_patch() {
+                return if tgps.is_null() {
+                    Ok(())
+                } else {
+                    Err("the patch sets terminationGracePeriodSeconds, replacing the app's".into())
+                };
+            }
+            let tgps = tgps
                 .as_u64()
                 .ok_or("terminationGracePeriodSeconds is not set")?;
             let need = e.shutdown_grace + JOURNAL_CLOSE;
@@ -380,15 +392,29 @@ async fn prometheus_finds_metrics_on_the_admin_port() {
     let mut results: Vec<(String, Result<(), String>)> = Vec::new();
     for (p, e) in &pods {
         let r = e.as_ref().map_err(String::clone).and_then(|e| {
-            let ann = |k: &str| str_at(p.template(), &["metadata", "annotations", k]);
-            let port = e.admin_port.to_string();
-            if ann("prometheus.io/scrape") != Some("true")
-                || ann("prometheus.io/port") != Some(port.as_str())
-                || ann("prometheus.io/path") != Some("/metrics")
-            {
+            if container_port(&p.container, ADMIN_PORT) != Some(u64::from(e.admin_port)) {
                 return Err(format!(
-                    "prometheus.io annotations do not point at :{port}/metrics"
+                    "no port {ADMIN_PORT} at admin_listen's {}",
+                    e.admin_port
                 ));
+            }
+            // The annotations belong to whoever sets them (the plain
+            // examples: courier; an app of the component: the app), but
+            // must name a port of the pod.
+            let ann = |k: &str| str_at(p.template(), &["metadata", "annotations", k]);
+            if let Some(port) = ann("prometheus.io/port") {
+                let ports: Vec<String> = p
+                    .containers()
+                    .flat_map(|c| seq(c, &["ports"]))
+                    .filter_map(|cp| at(cp, &["containerPort"]).as_u64())
+                    .map(|n| n.to_string())
+                    .collect();
+                if !ports.iter().any(|n| n == port) {
+                    return Err(format!("prometheus.io/port {port} is no port of the pod"));
+                }
+            }
+            if p.is_patch() && !at(p.template(), &["metadata", "annotations"]).is_null() {
+                return Err("the patch sets pod annotations, replacing the app's".into());
             }
             Ok(())
         });
@@ -437,10 +463,7 @@ fn pod_monitor_matches(
         let e = e.as_ref().map_err(String::clone)?;
         for ep in endpoints {
             let port = str_at(ep, &["port"]).ok_or("an endpoint has no named port")?;
-            let number = seq(&p.container, &["ports"])
-                .iter()
-                .find(|cp| str_at(cp, &["name"]) == Some(port))
-                .and_then(|cp| at(cp, &["containerPort"]).as_u64());
+            let number = container_port(&p.container, port);
             if number != Some(u64::from(e.admin_port)) {
                 return Err(format!("port {port} of {} is not the admin port", p.name));
             }
@@ -451,6 +474,124 @@ fn pod_monitor_matches(
     }
     if selected == 0 {
         return Err("its selector matches no pod template with courier".into());
+    }
+    Ok(())
+}
+
+/// The number of a container's port, by name.
+fn container_port(container: &Value, name: &str) -> Option<u64> {
+    seq(container, &["ports"])
+        .iter()
+        .find(|cp| str_at(cp, &["name"]) == Some(name))
+        .and_then(|cp| at(cp, &["containerPort"]).as_u64())
+}
+
+/// Whether an ingress rule admits a container port (`cp`, an entry of a
+/// container's `ports`): a rule without ports admits all of them.
+fn admits(rule: &Value, cp: &Value) -> bool {
+    let proto = |v: &Value| str_at(v, &["protocol"]).unwrap_or("TCP").to_string();
+    let number = at(cp, &["containerPort"]).as_u64();
+    let ports = seq(rule, &["ports"]);
+    ports.is_empty()
+        || ports.iter().any(|p| {
+            let port = at(p, &["port"]);
+            let hit = match (port.as_u64(), at(p, &["endPort"]).as_u64()) {
+                (Some(lo), Some(hi)) => number.is_some_and(|n| (lo..=hi).contains(&n)),
+                (Some(n), None) => number == Some(n),
+                (None, _) => port.is_null() || port.as_str() == str_at(cp, &["name"]),
+            };
+            hit && proto(p) == proto(cp)
+        })
+}
+
+#[tokio::test]
+async fn network_policies_admit_only_prometheus_to_the_admin_port_and_keep_the_apps_ports() {
+    let pods = effective().await;
+    let policies: Vec<manifests::Doc> = manifests::docs()
+        .into_iter()
+        .filter(|d| d.kind() == "NetworkPolicy")
+        .collect();
+    assert!(!policies.is_empty(), "no NetworkPolicy under deploy/");
+    let results = policies.iter().map(|np| {
+        let rel = np.file.strip_prefix(manifests::root()).unwrap_or(&np.file);
+        let beside: Vec<_> = pods
+            .iter()
+            .filter(|(p, _)| p.file.parent() == np.file.parent())
+            .collect();
+        (
+            format!("{} NetworkPolicy", rel.display()),
+            network_policy_holds(&np.value, &beside),
+        )
+    });
+    assert_all(results.collect());
+}
+
+/// The policy selects courier pods of its folder; on each, every rule that
+/// admits the admin port admits only labelled pods of the namespace, and
+/// every port of the app's containers stays admitted.
+fn network_policy_holds(
+    np: &Value,
+    pods: &[&(CourierPod, Result<sidecar::Effective, String>)],
+) -> Result<(), String> {
+    if !seq(np, &["spec", "policyTypes"])
+        .iter()
+        .any(|t| t.as_str() == Some("Ingress"))
+    {
+        return Err("policyTypes lacks Ingress".into());
+    }
+    if !at(np, &["spec", "podSelector", "matchExpressions"]).is_null() {
+        return Err("matchExpressions are not supported by this test".into());
+    }
+    let want = at(np, &["spec", "podSelector", "matchLabels"])
+        .as_mapping()
+        .ok_or("no spec.podSelector.matchLabels")?;
+    let rules = seq(np, &["spec", "ingress"]);
+    let mut selected = 0;
+    for (p, e) in pods {
+        let labels = at(p.template(), &["metadata", "labels"]);
+        if !want.iter().all(|(k, v)| labels.get(k) == Some(v)) {
+            continue;
+        }
+        selected += 1;
+        let e = e.as_ref().map_err(String::clone)?;
+        let admin = seq(&p.container, &["ports"])
+            .iter()
+            .find(|cp| at(cp, &["containerPort"]).as_u64() == Some(u64::from(e.admin_port)))
+            .ok_or_else(|| format!("{}: the admin port is no container port", p.name))?;
+        let to_admin: Vec<&Value> = rules.iter().filter(|r| admits(r, admin)).collect();
+        if to_admin.is_empty() {
+            return Err(format!("{}: nothing may reach the admin port", p.name));
+        }
+        for rule in to_admin {
+            let from = seq(rule, &["from"]);
+            let only_labelled_pods = !from.is_empty()
+                && from.iter().all(|peer| {
+                    peer.as_mapping().is_some_and(|m| m.len() == 1)
+                        && at(peer, &["podSelector", "matchLabels"])
+                            .as_mapping()
+                            .is_some_and(|l| !l.is_empty())
+                });
+            if !only_labelled_pods {
+                return Err(format!(
+                    "{}: a rule admits the admin port from more than labelled pods of this namespace",
+                    p.name
+                ));
+            }
+        }
+        for c in p.containers().filter(|c| !manifests::is_courier(c)) {
+            for cp in seq(c, &["ports"]) {
+                if !rules.iter().any(|r| admits(r, cp)) {
+                    return Err(format!(
+                        "{}: the app's port {:?} is no longer admitted",
+                        p.name,
+                        str_at(cp, &["name"])
+                    ));
+                }
+            }
+        }
+    }
+    if selected == 0 {
+        return Err("its podSelector matches no pod template with courier".into());
     }
     Ok(())
 }

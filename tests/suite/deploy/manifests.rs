@@ -41,6 +41,8 @@ impl Doc {
 pub struct CourierPod {
     /// File and object, for messages: `deploy/plain/deployment.yaml Deployment/shop`.
     pub name: String,
+    /// Where it comes from: a manifest, or a kustomization folder it was rendered from.
+    pub file: PathBuf,
     /// The workload object (`spec.template` is the pod template).
     pub workload: Value,
     /// The courier container and whether it is an init container.
@@ -66,6 +68,14 @@ impl CourierPod {
             .chain(seq(self.pod_spec(), &["containers"]))
     }
 
+    /// A Kustomize patch (`*-patch.yaml`): a partial object that leaves
+    /// the rest of the pod to the app it is applied to.
+    pub fn is_patch(&self) -> bool {
+        self.file
+            .file_name()
+            .is_some_and(|n| n.to_string_lossy().ends_with("-patch.yaml"))
+    }
+
     /// A container environment variable's literal value.
     pub fn env_value(&self, name: &str) -> Option<&str> {
         seq(&self.container, &["env"])
@@ -76,7 +86,7 @@ impl CourierPod {
 }
 
 /// courier's image is `.../courier:TAG`.
-fn is_courier(container: &Value) -> bool {
+pub fn is_courier(container: &Value) -> bool {
     let image = str_at(container, &["image"]).unwrap_or("");
     let repo = image.split(['@', ':']).next().unwrap_or("");
     repo.rsplit('/').next() == Some("courier")
@@ -95,12 +105,16 @@ fn yaml_files(dir: &Path, out: &mut Vec<PathBuf>) {
     out.sort();
 }
 
-fn parse_all(path: &Path) -> Vec<Value> {
+pub fn parse_all(path: &Path) -> Vec<Value> {
     let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    serde_norway::Deserializer::from_str(&text)
+    parse_yaml(&text, &path.display().to_string())
+}
+
+/// The documents of a YAML stream; `what` names it in the panic.
+pub fn parse_yaml(text: &str, what: &str) -> Vec<Value> {
+    serde_norway::Deserializer::from_str(text)
         .map(|d| {
-            serde::Deserialize::deserialize(d)
-                .unwrap_or_else(|e| panic!("{} is not YAML: {e}", path.display()))
+            serde::Deserialize::deserialize(d).unwrap_or_else(|e| panic!("{what} is not YAML: {e}"))
         })
         .filter(|v: &Value| !v.is_null())
         .collect()
@@ -160,13 +174,7 @@ fn config_maps(dir: &Path, docs: &[Doc]) -> BTreeMap<String, BTreeMap<String, St
         let name = str_at(&d.value, &["metadata", "name"])
             .unwrap_or("")
             .to_string();
-        let data = at(&d.value, &["data"])
-            .as_mapping()
-            .into_iter()
-            .flatten()
-            .filter_map(|(k, v)| Some((k.as_str()?.to_string(), v.as_str()?.to_string())))
-            .collect();
-        maps.insert(name, data);
+        maps.insert(name, config_map_data(&d.value));
     }
     let kustomization = dir.join("kustomization.yaml");
     if kustomization.exists() {
@@ -190,6 +198,16 @@ fn config_maps(dir: &Path, docs: &[Doc]) -> BTreeMap<String, BTreeMap<String, St
     maps
 }
 
+/// A ConfigMap's `data`: key -> text.
+pub fn config_map_data(cm: &Value) -> BTreeMap<String, String> {
+    at(cm, &["data"])
+        .as_mapping()
+        .into_iter()
+        .flatten()
+        .filter_map(|(k, v)| Some((k.as_str()?.to_string(), v.as_str()?.to_string())))
+        .collect()
+}
+
 /// Every courier container of every workload under deploy/.
 pub fn courier_pods() -> Vec<CourierPod> {
     let docs = docs();
@@ -209,6 +227,7 @@ pub fn courier_pods() -> Vec<CourierPod> {
                         d.kind(),
                         str_at(&d.value, &["metadata", "name"]).unwrap_or("?")
                     ),
+                    file: d.file.clone(),
                     workload: d.value.clone(),
                     container: c.clone(),
                     in_init_containers: init,
