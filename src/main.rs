@@ -15,6 +15,7 @@ use clap::{Parser, Subcommand};
 use courier::admin::client::{self, AdminClient, CliError};
 use courier::config::{self, ProcessEnv, Purpose};
 use courier::policy::Plan;
+use courier::policy::classify::Floor;
 use courier::policy::limits::PlannedAttempt;
 use std::fmt::Write as _;
 use std::io::Write as _;
@@ -445,15 +446,59 @@ fn schedule(path: &Path, name: &str, json: bool) -> ExitCode {
         return ExitCode::from(1);
     };
     let plan = Plan::compute(&dest.schedule, &dest.limits);
+    let floors: Vec<(Floor, Plan)> = dest
+        .status
+        .floors()
+        .into_iter()
+        .map(|f| {
+            let plan = Plan::with_floor(&dest.schedule, &dest.limits, f.min_delay);
+            (f, plan)
+        })
+        .collect();
     if json {
         let row = |a: &PlannedAttempt| serde_json::json!({ "attempt": a.attempt, "delay_s": seconds(a.delay), "at_s": seconds(a.at), "phase": a.phase.as_str() });
+        let ends = |p: &Plan| serde_json::json!({ "after_attempt": p.ends_after, "at_s": seconds(p.ends_at), "reason": p.reason.as_str() });
+        let minimums: Vec<serde_json::Value> = floors
+            .iter()
+            .map(|(f, p)| {
+                serde_json::json!({
+                    "answers": f.answers,
+                    "min_delay_s": seconds(f.min_delay),
+                    "attempts": p.attempts.iter().map(row).collect::<Vec<_>>(),
+                    "ends": ends(p),
+                })
+            })
+            .collect();
         let out = serde_json::json!({
             "attempts": plan.attempts.iter().map(row).collect::<Vec<_>>(),
-            "ends": { "after_attempt": plan.ends_after, "at_s": seconds(plan.ends_at), "reason": plan.reason.as_str() },
+            "ends": ends(&plan),
+            "minimums": minimums,
         });
         let _ = writeln!(o, "{out:#}");
     } else {
         let f = |d: std::time::Duration| config::units::format_duration(d);
+        // First, so that the plan's rows and its closing line stay as
+        // they were: what scripts read.
+        let _ = writeln!(
+            o,
+            "A retry waits at least the minimum of the answer before it (status.min_delay over the defaults;\na Retry-After only lengthens it). When every attempt fails with one of these answers:"
+        );
+        for (floor, p) in &floors {
+            let _ = writeln!(
+                o,
+                "  after {}: at least {}: {}, last attempt {} at {} ({})",
+                floor.answers,
+                f(floor.min_delay),
+                runs(p.attempts.iter().skip(1).map(|a| f(a.delay))),
+                p.ends_after,
+                f(p.ends_at),
+                p.reason.as_str()
+            );
+        }
+        let _ = writeln!(
+            o,
+            "Connection, DNS and TLS failures have none, and follow this plan:\n"
+        );
         let _ = writeln!(o, "{:>7}  {:>8}  {:>10}  phase", "attempt", "delay", "at");
         for a in &plan.attempts {
             let _ = writeln!(
@@ -476,6 +521,30 @@ fn schedule(path: &Path, name: &str, json: bool) -> ExitCode {
     }
     emit(&o);
     ExitCode::SUCCESS
+}
+
+/// `10s, 10s, 10s, 1m` as `10s ×3, 1m`.
+fn runs(items: impl Iterator<Item = String>) -> String {
+    let mut out: Vec<(String, usize)> = Vec::new();
+    for item in items {
+        match out.last_mut() {
+            Some((last, n)) if *last == item => *n += 1,
+            _ => out.push((item, 1)),
+        }
+    }
+    if out.is_empty() {
+        return "no retry".into();
+    }
+    out.iter()
+        .map(|(item, n)| {
+            if *n > 1 {
+                format!("{item} ×{n}")
+            } else {
+                item.clone()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn inspect(dir: &Path) -> ExitCode {

@@ -1,6 +1,7 @@
 //! The config file (SPEC §2): parse, check every range, and report every
 //! problem with `file:line:column`, the key path, the value and what is allowed.
 
+mod limits;
 mod messages;
 mod position;
 mod retry;
@@ -51,13 +52,24 @@ pub fn load(path: &Path, purpose: Purpose, env: &dyn Env) -> Result<Loaded, Conf
     load_text(path, &read(path)?, purpose, env)
 }
 
+/// Reads the file, refusing one over the size limit without reading it
+/// whole (a 50 MB file is not read into memory on every reload).
 pub fn read(path: &Path) -> Result<String, ConfigError> {
-    std::fs::read_to_string(path).map_err(|e| ConfigError {
-        lines: vec![format!(
-            "{}: cannot read the config file: {e}",
-            path.display()
-        )],
-    })
+    use std::io::Read;
+    let fail = |message: String| ConfigError {
+        lines: vec![format!("{}: {message}", path.display())],
+    };
+    let cannot = |e: std::io::Error| fail(format!("cannot read the config file: {e}"));
+    let file = std::fs::File::open(path).map_err(cannot)?;
+    let mut text = String::new();
+    file.take(limits::MAX_FILE_BYTES + 1)
+        .read_to_string(&mut text)
+        .map_err(cannot)?;
+    if text.len() as u64 > limits::MAX_FILE_BYTES {
+        let size = std::fs::metadata(path).map_or(text.len() as u64, |m| m.len());
+        return Err(fail(limits::Refused::TooLarge(size).message()));
+    }
+    Ok(text)
 }
 
 /// Checks `text`, read from `path` (which names it in messages and anchors
@@ -95,6 +107,20 @@ pub fn parse(
     purpose: Purpose,
     env: &dyn Env,
 ) -> Result<Loaded, ConfigError> {
+    if let Err(refused) = limits::check(text) {
+        let at = match refused {
+            limits::Refused::TooDeep(at) => at,
+            limits::Refused::TooLarge(_) => Pos { line: 1, col: 1 },
+        };
+        return Err(ConfigError {
+            lines: vec![format!(
+                "{file}:{}:{}: {}",
+                at.line,
+                at.col,
+                refused.message()
+            )],
+        });
+    }
     let index = PositionIndex::build(text);
     let mut report = Report::default();
     for d in &index.duplicates {
@@ -135,9 +161,9 @@ pub fn parse(
             Err(report.into_error(file))
         }
         Ok(checked) if report.is_empty() => Ok(Loaded {
+            effective: effective_yaml(raw, &checked.state_dir, &checked.settings),
             settings: checked.settings,
             warnings: checked.warnings.iter().map(at).collect(),
-            effective: effective_yaml(raw, &checked.state_dir),
         }),
         Ok(_) => Err(report.into_error(file)),
     }
@@ -199,15 +225,51 @@ impl Report {
 }
 
 /// `state_dir` is shown resolved (key, `COURIER_STATE_DIR` or the config's
-/// folder), so `check` tells where the journal will really be.
-fn effective_yaml(mut raw: schema::RawConfig, state_dir: &Path) -> String {
+/// folder), so `check` tells where the journal will really be. Default
+/// minimum delays are shown too: those a status key states exactly (408,
+/// 503) in `min_delay`, the rest (429 without Retry-After, other statuses,
+/// timeouts), which no key can state, in a comment per destination.
+fn effective_yaml(
+    mut raw: schema::RawConfig,
+    state_dir: &Path,
+    settings: &settings::Settings,
+) -> String {
     raw.state_dir = Some(state_dir.display().to_string());
-    for d in raw.destinations.values_mut() {
+    let mut minimums = String::new();
+    for (name, d) in raw.destinations.iter_mut() {
         if d.status.no_retry.is_empty() {
             d.status.no_retry = crate::policy::classify::DEFAULT_NO_RETRY
                 .iter()
                 .map(|&c| schema::StatusKey::Code(c.into()))
                 .collect();
+        }
+        if let Some(checked) = settings.destination(name) {
+            let floors = checked.status.floors();
+            for f in &floors {
+                let configured = |code: u16| {
+                    checked
+                        .status
+                        .min_delay
+                        .iter()
+                        .any(|(c, _)| c.contains(&code))
+                };
+                if let Ok(code) = f.answers.parse::<u16>()
+                    && !configured(code)
+                {
+                    d.status
+                        .min_delay
+                        .entry(schema::StatusKey::Code(code.into()))
+                        .or_insert(units::Dur(f.min_delay));
+                }
+            }
+            let rows: Vec<String> = floors
+                .iter()
+                .map(|f| format!("{} {}", f.answers, units::format_duration(f.min_delay)))
+                .collect();
+            minimums.push_str(&format!(
+                "# destinations.{name}: least wait before a retry: {}; connection, DNS and TLS failures none\n",
+                rows.join(", ")
+            ));
         }
         for h in d.headers.values_mut() {
             if h.secret && h.value.is_some() {
@@ -215,8 +277,10 @@ fn effective_yaml(mut raw: schema::RawConfig, state_dir: &Path) -> String {
             }
         }
     }
-    serde_norway::to_string(&raw)
-        .unwrap_or_else(|e| format!("# cannot print the effective config: {e}\n"))
+    match serde_norway::to_string(&raw) {
+        Ok(yaml) => format!("{yaml}{minimums}"),
+        Err(e) => format!("# cannot print the effective config: {e}\n"),
+    }
 }
 
 #[cfg(test)]

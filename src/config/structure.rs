@@ -8,7 +8,8 @@
 //! What it cannot do: an error inside a list cuts the whole list, so a second
 //! bad item of the same list is only reported on the next run; a missing
 //! required key cuts the mapping that lacks it, hiding that mapping's other
-//! errors; and a syntax error stops everything.
+//! errors; a syntax error stops everything; and a file of many wrong keys
+//! stops after a dozen errors or so (`REREAD_BUDGET`).
 
 use serde::de::{self, Deserialize, DeserializeOwned, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_norway::{Mapping, Number, Value};
@@ -36,6 +37,12 @@ pub struct Structure<T> {
 /// A bound on re-reads, far above what a hand-written file holds.
 const MAX_ERRORS: usize = 200;
 
+/// A bound on the bytes re-read, so that the work stays linear in the
+/// file's size: a hand-written file (~10 KiB) meets `MAX_ERRORS` first,
+/// while a file of a megabyte of wrong keys stops after a dozen errors
+/// instead of re-reading a megabyte two hundred times.
+const REREAD_BUDGET: usize = 12 << 20;
+
 /// Reads `text` as `T`, collecting every structural error; `Err` only for a
 /// YAML syntax error.
 pub fn read<T: DeserializeOwned>(text: &str) -> Result<Structure<T>, serde_norway::Error> {
@@ -48,8 +55,10 @@ pub fn read<T: DeserializeOwned>(text: &str) -> Result<Structure<T>, serde_norwa
         errors: Vec::new(),
         cut: Vec::new(),
     };
-    while found.errors.len() < MAX_ERRORS {
+    let mut reread = 0;
+    while found.errors.len() < MAX_ERRORS && reread < REREAD_BUDGET {
         let again = serde_norway::to_string(&tree)?;
+        reread += again.len();
         let err =
             match serde_path_to_error::deserialize(serde_norway::Deserializer::from_str(&again)) {
                 Ok(value) => {

@@ -132,6 +132,14 @@ pub struct StatusPolicy {
 }
 
 pub const DEFAULT_NO_RETRY: [u16; 5] = [400, 401, 403, 404, 413];
+
+/// One row of `StatusPolicy::floors`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Floor {
+    /// The answers it covers: `503`, `500-599`, `timeout`, ...
+    pub answers: String,
+    pub min_delay: Duration,
+}
 /// Minimum delay after a timeout, a generic failure, or a 429 without Retry-After.
 pub const DEFAULT_MIN_DELAY: Duration = Duration::from_secs(10);
 /// Server hints beyond this are treated as this: a broken clock or a typo in
@@ -184,6 +192,53 @@ impl StatusPolicy {
         base.max(retry_after.unwrap_or_default())
     }
 
+    /// The least wait before a retry for each kind of answer that is
+    /// retried (a Retry-After can only lengthen it): the configured ranges,
+    /// then the defaults they leave in force. Connection, DNS and TLS
+    /// failures have none, so they follow the schedule alone.
+    pub fn floors(&self) -> Vec<Floor> {
+        let configured = |code: u16| self.min_delay.iter().any(|(c, _)| c.contains(&code));
+        let retried = |code: u16| {
+            !(200..=204).contains(&code)
+                && !matches(&self.success, code)
+                && !matches(&self.no_retry, code)
+                && code != 410
+        };
+        let mut out: Vec<Floor> = self
+            .min_delay
+            .iter()
+            .map(|(codes, d)| Floor {
+                answers: if codes.start() == codes.end() {
+                    codes.start().to_string()
+                } else {
+                    format!("{}-{}", codes.start(), codes.end())
+                },
+                min_delay: *d,
+            })
+            .collect();
+        for (code, answers) in [(408, "408"), (429, "429 without Retry-After"), (503, "503")] {
+            if retried(code) && !configured(code) {
+                out.push(Floor {
+                    answers: answers.into(),
+                    min_delay: self.min_delay_for(code, None),
+                });
+            }
+        }
+        let by_default =
+            |code: u16| retried(code) && !configured(code) && ![408, 429, 503].contains(&code);
+        if (100..=599).any(by_default) {
+            out.push(Floor {
+                answers: "other statuses".into(),
+                min_delay: DEFAULT_MIN_DELAY,
+            });
+        }
+        out.push(Floor {
+            answers: "timeout".into(),
+            min_delay: DEFAULT_MIN_DELAY,
+        });
+        out
+    }
+
     pub fn classify_transport(&self, error: Transport) -> Classified {
         let (outcome, min_delay) = match error {
             Transport::TimedOut => (Outcome::TimedOut, DEFAULT_MIN_DELAY),
@@ -218,6 +273,50 @@ pub fn parse_retry_after(value: &str, now: SystemTime) -> Option<Duration> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn floors_name_each_minimum_in_force() {
+        let rows = |p: &StatusPolicy| -> Vec<(String, u64)> {
+            p.floors()
+                .into_iter()
+                .map(|f| (f.answers, f.min_delay.as_secs()))
+                .collect()
+        };
+        let owned = |v: &[(&str, u64)]| -> Vec<(String, u64)> {
+            v.iter().map(|(a, s)| (a.to_string(), *s)).collect()
+        };
+        assert_eq!(
+            rows(&StatusPolicy::default()),
+            owned(&[
+                ("408", 120),
+                ("429 without Retry-After", 10),
+                ("503", 30),
+                ("other statuses", 10),
+                ("timeout", 10)
+            ])
+        );
+        // A configured range covers the defaults inside it.
+        let p = StatusPolicy {
+            min_delay: vec![
+                (503..=503, Duration::from_secs(1)),
+                (100..=599, Duration::from_secs(2)),
+            ],
+            ..StatusPolicy::default()
+        };
+        assert_eq!(
+            rows(&p),
+            owned(&[("503", 1), ("100-599", 2), ("timeout", 10)])
+        );
+        // A status never retried has no row.
+        let p = StatusPolicy {
+            no_retry: vec![408..=408, 429..=429],
+            ..StatusPolicy::default()
+        };
+        assert_eq!(
+            rows(&p),
+            owned(&[("503", 30), ("other statuses", 10), ("timeout", 10)])
+        );
+    }
 
     fn retry(secs: u64) -> Verdict {
         Verdict::Retry {

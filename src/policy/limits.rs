@@ -102,6 +102,12 @@ pub struct Plan {
 
 impl Plan {
     pub fn compute(schedule: &Schedule, limits: &Limits) -> Plan {
+        Plan::with_floor(schedule, limits, Duration::ZERO)
+    }
+
+    /// The plan when every attempt fails with an answer whose minimum delay
+    /// is `floor` (SPEC §4.3: a retry waits the larger of the two).
+    pub fn with_floor(schedule: &Schedule, limits: &Limits, floor: Duration) -> Plan {
         let mut attempts = vec![PlannedAttempt {
             attempt: 1,
             delay: Duration::ZERO,
@@ -110,7 +116,7 @@ impl Plan {
         }];
         let mut at = Duration::ZERO;
         for attempt in 2..=limits.max_attempts {
-            let delay = schedule.delay_before(attempt);
+            let delay = schedule.delay_before(attempt).max(floor);
             if at + delay >= limits.ttl {
                 return Plan {
                     ends_after: attempt - 1,

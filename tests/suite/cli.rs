@@ -538,6 +538,88 @@ fn num(v: &serde_json::Value) -> f64 {
     v.as_f64().unwrap_or_else(|| panic!("{v} is not a number"))
 }
 
+/// `schedule: [2s]` and a 500: the retry comes after 10 s, the default
+/// minimum of a 5xx; `schedule` says so beside the 2 s plan, in text and
+/// JSON, and `check` prints the defaults. Red when the minimums are left
+/// out of either.
+#[tokio::test]
+async fn schedule_and_check_show_the_minimum_delays_in_force() {
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = yaml_with_dest(
+        "    retry: { schedule: [2s], max_attempts: 4, jitter: 0 }\n    status: { min_delay: { 502: 1m } }\n",
+    );
+    let path = write(dir.path(), "c.yaml", &yaml);
+    let out = run_cli(None, &["schedule", "-c", s(&path), "orders"], &[]).await;
+    assert_eq!(out.code, 0, "{}", out.show());
+    let line = |start: &str| {
+        out.stdout
+            .lines()
+            .find(|l| l.trim_start().starts_with(start))
+            .unwrap_or_default()
+            .to_string()
+    };
+    assert!(
+        line("after other statuses:").contains("at least 10s: 10s ×3, last attempt 4 at 30s"),
+        "{}",
+        out.show()
+    );
+    assert!(
+        line("after 503:").contains("at least 30s: 30s ×3"),
+        "{}",
+        out.show()
+    );
+    assert!(
+        line("after 502:").contains("at least 1m: 1m ×3"),
+        "{}",
+        out.show()
+    );
+    assert!(
+        line("after timeout:").contains("at least 10s"),
+        "{}",
+        out.show()
+    );
+    let rows: Vec<&str> = out
+        .stdout
+        .lines()
+        .filter(|l| {
+            l.split_whitespace()
+                .next()
+                .is_some_and(|w| w.parse::<u32>().is_ok())
+        })
+        .collect();
+    assert_eq!(rows.len(), 4, "{}", out.show());
+    assert!(rows[1].contains("2s"), "{}", out.show());
+    let last = out.stdout.trim_end().lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with("ends after attempt 4 at 6s: max_attempts"),
+        "{last}"
+    );
+
+    let out = run_cli(None, &["schedule", "-c", s(&path), "orders", "--json"], &[]).await;
+    assert_eq!(out.code, 0, "{}", out.show());
+    let plan = out.json();
+    let other = plan["minimums"]
+        .as_array()
+        .and_then(|m| m.iter().find(|r| r["answers"] == "other statuses"))
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(other["min_delay_s"], 10.0, "{plan}");
+    assert_eq!(other["attempts"][1]["delay_s"], 10.0, "{plan}");
+    assert_eq!(plan["attempts"][1]["delay_s"], 2.0, "{plan}");
+
+    let out = run_cli(None, &["check", "-c", s(&path)], &[]).await;
+    assert_eq!(out.code, 0, "{}", out.show());
+    for want in ["408: 2m", "503: 30s", "502: 1m"] {
+        assert!(out.stdout.contains(want), "{want} missing:\n{}", out.show());
+    }
+    assert!(
+        out.stdout
+            .contains("429 without Retry-After 10s, 503 30s, other statuses 10s, timeout 10s"),
+        "{}",
+        out.show()
+    );
+}
+
 #[tokio::test]
 async fn schedule_default_eventgrid_ends_at_the_24h_ttl() {
     let dir = tempfile::tempdir().unwrap();

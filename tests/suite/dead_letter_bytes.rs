@@ -18,7 +18,7 @@ async fn a_header_value_that_is_not_utf8_is_dead_lettered_byte_for_byte() {
     let value: &[u8] = b"a\xff\xfeb";
     let body = br#"{"n":1}"#;
     let mut request = format!(
-        "POST /hooks HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\nX-Opaque: ",
+        "POST /hooks HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\nX-Opaque: ",
         body.len()
     )
     .into_bytes();

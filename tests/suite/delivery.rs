@@ -756,7 +756,7 @@ async fn concurrency_caps_the_attempts_on_the_wire_from_memory_and_from_the_inde
         );
         tokio::time::sleep(POLL).await;
     }
-    let r = post(&admin("resume"), "", &[]).await;
+    let r = support::admin_post(&admin("resume"), "", &[]).await;
     check!(c, r.status < 300, "resume: {} {}", r.status, r.text());
     requests(&c, &rx, EVENTS, PROMPT).await;
     wait_nothing_pending(&c, "orders").await;

@@ -77,7 +77,7 @@ async fn a_slowloris_client_is_cut_off_at_the_header_timeout_while_others_are_se
 
     // Long enough to take 40 s at one byte a second.
     let head = format!(
-        "POST /orders HTTP/1.1\r\nhost: x\r\nx-pad: {}\r\n\r\n",
+        "POST /orders HTTP/1.1\r\nhost: 127.0.0.1\r\nx-pad: {}\r\n\r\n",
         "p".repeat(20)
     );
     let mut slow = TcpStream::connect(c.ingress_addr()).await.expect("connect");
@@ -118,7 +118,7 @@ async fn idle_connections_are_closed_at_the_header_timeout() {
     let mut kept = TcpStream::connect(c.ingress_addr()).await.expect("connect");
     let body = r#"{"n":1}"#;
     let req = format!(
-        "POST /orders HTTP/1.1\r\nhost: x\r\nce-id: x\r\ncontent-length: {}\r\n\r\n{body}",
+        "POST /orders HTTP/1.1\r\nhost: 127.0.0.1\r\nce-id: x\r\ncontent-length: {}\r\n\r\n{body}",
         body.len()
     );
     kept.write_all(req.as_bytes()).await.expect("write");
@@ -153,7 +153,8 @@ async fn a_trickling_body_gets_408_at_the_deadline_and_stores_nothing() {
     let c = Courier::start(dir.path(), &config("orders", &rx.url(), "")).await;
 
     let mut slow = TcpStream::connect(c.ingress_addr()).await.expect("connect");
-    let head = "POST /orders HTTP/1.1\r\nhost: x\r\nce-id: slow\r\ncontent-length: 1000\r\n\r\n";
+    let head =
+        "POST /orders HTTP/1.1\r\nhost: 127.0.0.1\r\nce-id: slow\r\ncontent-length: 1000\r\n\r\n";
     slow.write_all(head.as_bytes()).await.expect("write");
     // A byte a second: never silent long enough for a per-read timeout.
     let body = vec![b' '; 40];

@@ -242,7 +242,7 @@ async fn the_answer_body_is_streamed_not_buffered() {
     let mut app = tokio::net::TcpStream::connect(addr)
         .await
         .expect("connect to courier");
-    app.write_all(b"POST /orders HTTP/1.1\r\nhost: courier\r\ncontent-length: 2\r\n\r\n{}")
+    app.write_all(b"POST /orders HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-length: 2\r\n\r\n{}")
         .await
         .expect("send");
     let mut got = Vec::new();

@@ -256,7 +256,7 @@ fn set_nofile(pid: u32, limit: Option<libc::rlimit>) -> libc::rlimit {
 async fn post_on(conn: &mut tokio::net::TcpStream, path: &str, body: &str) -> (u16, String) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let req = format!(
-        "POST {path} HTTP/1.1\r\nhost: courier\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        "POST {path} HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
         body.len()
     );
     conn.write_all(req.as_bytes()).await.expect("send");

@@ -6,9 +6,7 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use http::Method;
 use serde_json::{Value, json};
-use support::client::request;
 use support::python::{check_with, request_json};
 use support::{
     Courier, Received, Receiver, check, check_eq, fail, get, post, quiet, requests, wait_metric,

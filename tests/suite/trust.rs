@@ -268,3 +268,44 @@ async fn a_browser_cannot_drive_the_admin_api_or_ingress() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     check_eq!(c, rx.count(), 1, "a page's event was delivered");
 }
+
+/// Hostile config files are refused at once, by `check` and by `run`
+/// (which reads the file the same way, and so does a reload): a flow list
+/// nested 100,000 deep, 6 MB of keys, and a 50 MB comment, each within a
+/// second, with the limit named. Red when the loader parses them first
+/// (22 s, and over a minute, before the limits).
+#[tokio::test]
+async fn hostile_config_files_are_refused_at_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let deep = format!("a: {}{}\n", "[".repeat(100_000), "]".repeat(100_000));
+    let keys: String = (0..200_000).map(|i| format!("k{i:07}: v\n")).collect();
+    let comment = format!("#{}\n", "x".repeat(50 << 20));
+    for (name, text, says) in [
+        ("deep.yaml", deep, "nest deeper than 32 levels"),
+        ("keys.yaml", keys, "a config file is at most 1048576 bytes"),
+        (
+            "comment.yaml",
+            comment,
+            "a config file is at most 1048576 bytes",
+        ),
+    ] {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).expect("write");
+        let path = path.to_string_lossy().to_string();
+        for command in ["check", "run"] {
+            let started = Instant::now();
+            let out = support::run_cli(None, &[command, "-c", &path], &[]).await;
+            let took = started.elapsed();
+            assert_eq!(out.code, 1, "{command} {name}: {}", out.show());
+            assert!(
+                out.stderr.contains(says),
+                "{command} {name}: {}",
+                out.show()
+            );
+            assert!(
+                took < Duration::from_secs(1),
+                "{command} {name} took {took:?}"
+            );
+        }
+    }
+}
