@@ -48,6 +48,13 @@ impl Route {
             Route::Topic(t) => t.schema,
         }
     }
+
+    fn eventgrid_topic(&self) -> &str {
+        match self {
+            Route::Destination(d) => &d.eventgrid_topic,
+            Route::Topic(t) => &t.eventgrid_topic,
+        }
+    }
 }
 
 impl Ingress {
@@ -207,7 +214,12 @@ impl Ingress {
             let id = custom_id.unwrap_or_else(crate::ids::new);
             return self.pass(dest, request.event(id, &dest.name, body)).await;
         }
-        let parsed = schema::parse(route.schema(), &head.headers, &body);
+        let parsed = schema::parse(
+            route.schema(),
+            &head.headers,
+            &body,
+            route.eventgrid_topic(),
+        );
         match &route {
             Route::Destination(dest) => {
                 let parts: Vec<(String, Bytes)> = match parsed {
