@@ -159,11 +159,13 @@ impl Ingress {
             },
             Schema::Eventgrid | Schema::Cloudevents => None,
         };
-        let mut headers = forward::forwarded(req.headers(), keys.is_some());
+        let publish = forward::eventgrid_publish(route.schema(), req.headers());
+        let mut headers = forward::forwarded(req.headers(), keys.is_some(), publish);
         headers.retain(|(n, _)| schema::forwards_header(route.schema(), n));
-        let success = reply::success_status(route.schema(), req.headers());
+        let success = reply::success_status(publish);
         let method = req.method().as_str().to_string();
-        let path_and_query = match req.uri().query() {
+        let query = req.uri().query().and_then(|q| forward::query(q, publish));
+        let path_and_query = match query {
             Some(q) => format!("{rest}?{q}"),
             None => rest.to_string(),
         };
