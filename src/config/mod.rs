@@ -225,9 +225,10 @@ impl Report {
 }
 
 /// `state_dir` is shown resolved (key, `COURIER_STATE_DIR` or the config's
-/// folder), so `check` tells where the journal will really be. Default
-/// minimum delays are shown too: those a status key states exactly (408,
-/// 503) in `min_delay`, the rest (429 without Retry-After, other statuses,
+/// folder), so `check` tells where the journal will really be; so is the
+/// `eventgrid_topic` an eventgrid route's events get. Default minimum
+/// delays are shown too: those a status key states exactly (408, 503) in
+/// `min_delay`, the rest (429 without Retry-After, other statuses,
 /// timeouts), which no key can state, in a comment per destination.
 fn effective_yaml(
     mut raw: schema::RawConfig,
@@ -235,8 +236,19 @@ fn effective_yaml(
     settings: &settings::Settings,
 ) -> String {
     raw.state_dir = Some(state_dir.display().to_string());
+    let eventgrid = |schema, name: &str, topic: &mut Option<String>| {
+        if schema == schema::Schema::Eventgrid {
+            topic.get_or_insert_with(|| validate::default_eventgrid_topic(name));
+        }
+    };
+    for (name, t) in raw.topics.iter_mut() {
+        if let Some(s) = t.schema {
+            eventgrid(s, name, &mut t.eventgrid_topic);
+        }
+    }
     let mut minimums = String::new();
     for (name, d) in raw.destinations.iter_mut() {
+        eventgrid(d.schema, name, &mut d.eventgrid_topic);
         if d.status.no_retry.is_empty() {
             d.status.no_retry = crate::policy::classify::DEFAULT_NO_RETRY
                 .iter()

@@ -193,6 +193,10 @@ pub struct Destination {
     pub mode: Mode,
     #[serde(default)]
     pub schema: Schema,
+    /// Event Grid's `topic` for events posted here that lack one (schema
+    /// eventgrid only); default `/courier/<name>`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eventgrid_topic: Option<String>,
     #[serde(default = "default_timeout")]
     pub timeout: Dur,
     #[serde(default = "default_passthrough_deadline")]
@@ -243,6 +247,10 @@ pub struct Topic {
     /// `validate` with the topic's position, like every other problem.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub schema: Option<Schema>,
+    /// As a destination's: the `topic` of this topic's events that lack
+    /// one, in every subscriber's copy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eventgrid_topic: Option<String>,
     #[serde(default)]
     pub subscribers: BTreeMap<String, Subscriber>,
 }

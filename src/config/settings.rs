@@ -47,6 +47,9 @@ impl Settings {
 pub struct TopicSettings {
     pub name: String,
     pub schema: Schema,
+    /// See `DestinationSettings::eventgrid_topic`; a topic's copies all
+    /// carry the topic's, as Event Grid's deliveries name the topic.
+    pub eventgrid_topic: String,
     pub subscribers: Vec<Subscription>,
 }
 
@@ -93,6 +96,10 @@ pub struct DestinationSettings {
     pub name: String,
     pub target: Target,
     pub schema: Schema,
+    /// The `topic` given at ingress to Event Grid events that lack one
+    /// (`eventgrid_topic`, default `/courier/<name>`): receivers and SDKs
+    /// require it, and Event Grid always fills it on delivery.
+    pub eventgrid_topic: String,
     /// Durable (the journal answers the app) or passthrough (the endpoint
     /// does, within `passthrough_deadline`).
     pub mode: Mode,

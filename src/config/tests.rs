@@ -95,7 +95,7 @@ fn secret_literal_values_are_masked_in_the_effective_config() {
 fn unknown_key_names_path_line_and_column() {
     let e = one_error(&GOOD.replace("    timeout: 5s", "    timeout: 5s\n    timout: 5s"));
     assert!(
-        e.starts_with("c.yaml:6:5: destinations.orders: unknown key `timout`; expected one of url, mode, schema, timeout, "),
+        e.starts_with("c.yaml:6:5: destinations.orders: unknown key `timout`; expected one of url, mode, schema, eventgrid_topic, timeout, "),
         "{e}"
     );
 }
@@ -565,6 +565,79 @@ fn a_topic_is_checked_into_settings_and_printed_in_the_effective_config() {
 }
 
 #[test]
+fn eventgrid_topics_default_to_the_route_name_and_are_printed() {
+    let loaded = parse("c.yaml", TOPICS, ".".into(), Purpose::Run, &env()).expect("valid");
+    let s = &loaded.settings;
+    assert_eq!(
+        s.topic("shop").expect("topic").eventgrid_topic,
+        "/courier/shop"
+    );
+    assert_eq!(
+        s.destination("orders").expect("orders").eventgrid_topic,
+        "/courier/orders"
+    );
+    for line in [
+        "eventgrid_topic: /courier/shop",
+        "eventgrid_topic: /courier/orders",
+    ] {
+        assert!(loaded.effective.contains(line), "{}", loaded.effective);
+    }
+    assert_eq!(
+        loaded.effective.matches("eventgrid_topic").count(),
+        3,
+        "the three eventgrid routes only: {}",
+        loaded.effective
+    );
+
+    let text = TOPICS
+        .replace(
+            "schema: eventgrid }\n  audit",
+            "schema: eventgrid, eventgrid_topic: /subscriptions/x/topics/orders }\n  audit",
+        )
+        .replace(
+            "    schema: eventgrid\n    subscribers",
+            "    schema: eventgrid\n    eventgrid_topic: shop-topic\n    subscribers",
+        );
+    let loaded = parse("c.yaml", &text, ".".into(), Purpose::Run, &env()).expect("valid");
+    let s = &loaded.settings;
+    assert_eq!(
+        s.topic("shop").expect("topic").eventgrid_topic,
+        "shop-topic"
+    );
+    assert_eq!(
+        s.destination("orders").expect("orders").eventgrid_topic,
+        "/subscriptions/x/topics/orders"
+    );
+}
+
+#[test]
+fn an_eventgrid_topic_is_refused_empty_or_beside_another_schema() {
+    let e = one_error(&TOPICS.replace(
+        "schema: cloudevents }",
+        "schema: cloudevents, eventgrid_topic: /t }",
+    ));
+    assert_eq!(
+        e,
+        "c.yaml:4:74: destinations.ce.eventgrid_topic: applies to schema eventgrid only (this is cloudevents): it names the Event Grid topic of the events"
+    );
+    let e = one_error(&TOPICS.replace("/r }", "/r, eventgrid_topic: /t }"));
+    assert!(
+        e.contains(
+            "destinations.raw.eventgrid_topic: applies to schema eventgrid only (this is custom)"
+        ),
+        "{e}"
+    );
+    let e = one_error(&TOPICS.replace(
+        "    schema: eventgrid\n    subscribers",
+        "    schema: eventgrid\n    eventgrid_topic: \" \"\n    subscribers",
+    ));
+    assert_eq!(
+        e,
+        "c.yaml:9:22: topics.shop.eventgrid_topic: must not be empty: omit the key for /courier/<name>"
+    );
+}
+
+#[test]
 fn a_case_sensitive_subscriber_keeps_its_subject_filters_as_written() {
     let text = TOPICS.replace(
         "audit: {}",
@@ -668,7 +741,7 @@ fn unknown_keys_in_a_topic_or_subscriber_are_refused() {
         "    schema: eventgrid\n    filter: {}\n",
     ));
     assert!(
-        e.contains("topics.shop: unknown key `filter`; expected one of schema, subscribers"),
+        e.contains("topics.shop: unknown key `filter`; expected one of schema, eventgrid_topic, subscribers"),
         "{e}"
     );
 }

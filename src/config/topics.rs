@@ -10,7 +10,7 @@
 
 use super::schema::{Destination, Mode, Schema, Subscriber, Topic};
 use super::settings::{Subscription, TopicSettings};
-use super::validate::{Checker, NAME_RULE, valid_name};
+use super::validate::{Checker, NAME_RULE, eventgrid_topic, valid_name};
 use std::collections::BTreeMap;
 
 pub(super) fn topics(
@@ -99,9 +99,11 @@ fn topic(
             subscribers.push(s);
         }
     }
+    let eventgrid_topic = eventgrid_topic(c, &p, name, schema, t.eventgrid_topic.as_deref());
     Some(TopicSettings {
         name: name.to_string(),
         schema: schema?,
+        eventgrid_topic,
         subscribers,
     })
 }

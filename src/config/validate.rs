@@ -482,6 +482,7 @@ fn destination(
         name: name.to_string(),
         target,
         schema: d.schema,
+        eventgrid_topic: eventgrid_topic(c, &p, name, Some(d.schema), d.eventgrid_topic.as_deref()),
         mode: d.mode,
         passthrough_deadline,
         timeout,
@@ -505,6 +506,41 @@ fn destination(
         ),
         tls,
     }
+}
+
+/// A route's Event Grid topic when the config names none: stable across
+/// restarts and reloads, and unlike any Azure resource id.
+pub(super) fn default_eventgrid_topic(name: &str) -> String {
+    format!("/courier/{name}")
+}
+
+/// `eventgrid_topic` of the destination or topic `name` at `p`: the given
+/// name, else `/courier/<name>`. Refused beside another schema, where no
+/// event would carry it.
+pub(super) fn eventgrid_topic(
+    c: &mut Checker,
+    p: &str,
+    name: &str,
+    schema: Option<Schema>,
+    given: Option<&str>,
+) -> String {
+    let Some(given) = given else {
+        return default_eventgrid_topic(name);
+    };
+    let key = format!("{p}.eventgrid_topic");
+    if let Some(other) = schema.filter(|&s| s != Schema::Eventgrid) {
+        c.err(
+            &key,
+            format!(
+                "applies to schema eventgrid only (this is {}): it names the Event Grid topic of the events",
+                other.as_str()
+            ),
+        );
+    }
+    if given.trim().is_empty() {
+        c.err(&key, "must not be empty: omit the key for /courier/<name>");
+    }
+    given.to_string()
 }
 
 /// What passthrough cannot do, refused rather than ignored: it forwards one

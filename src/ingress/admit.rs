@@ -48,6 +48,13 @@ impl Route {
             Route::Topic(t) => t.schema,
         }
     }
+
+    fn eventgrid_topic(&self) -> &str {
+        match self {
+            Route::Destination(d) => &d.eventgrid_topic,
+            Route::Topic(t) => &t.eventgrid_topic,
+        }
+    }
 }
 
 impl Ingress {
@@ -164,11 +171,13 @@ impl Ingress {
             },
             Schema::Eventgrid | Schema::Cloudevents => None,
         };
-        let mut headers = forward::forwarded(req.headers(), keys.is_some());
+        let publish = forward::eventgrid_publish(route.schema(), req.headers());
+        let mut headers = forward::forwarded(req.headers(), keys.is_some(), publish);
         headers.retain(|(n, _)| schema::forwards_header(route.schema(), n));
-        let success = reply::success_status(route.schema(), req.headers());
+        let success = reply::success_status(publish);
         let method = req.method().as_str().to_string();
-        let path_and_query = match req.uri().query() {
+        let query = req.uri().query().and_then(|q| forward::query(q, publish));
+        let path_and_query = match query {
             Some(q) => format!("{rest}?{q}"),
             None => rest.to_string(),
         };
@@ -219,7 +228,12 @@ impl Ingress {
             let id = custom_id.unwrap_or_else(crate::ids::new);
             return self.pass(dest, request.event(id, &dest.name, body)).await;
         }
-        let parsed = schema::parse(route.schema(), &head.headers, &body);
+        let parsed = schema::parse(
+            route.schema(),
+            &head.headers,
+            &body,
+            route.eventgrid_topic(),
+        );
         match &route {
             Route::Destination(dest) => {
                 let parts: Vec<(String, Bytes)> = match parsed {

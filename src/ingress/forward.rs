@@ -1,8 +1,10 @@
 //! Which of the app's headers travel with the event, and which id it gets.
 
 use super::keys;
+use crate::config::Schema;
 use crate::journal::Header;
 use http::HeaderMap;
+use std::borrow::Cow;
 
 /// Hop-by-hop headers (RFC 9110 §7.6.1): they describe one connection, not
 /// the message, so they never cross courier, in either direction.
@@ -36,10 +38,32 @@ pub fn connection_listed(headers: &HeaderMap) -> Vec<String> {
 /// Grid's topic key and signature, never forwarded or stored.
 const INGRESS_CREDENTIALS: [&str; 2] = [keys::KEY_HEADER, keys::TOKEN_HEADER];
 
+/// Whether a request is an Event Grid publish: to a route of `schema:
+/// eventgrid`, or sent by an Event Grid client to any route. Such a client
+/// carries `aeg-sas-key` or `aeg-sas-token`, or an Azure SDK's `User-Agent`
+/// (`azsdk-<language>-eventgrid/<version>`), as the SDKs' `CloudEvent`
+/// sends to a `cloudevents` route do.
+pub fn eventgrid_publish(schema: Schema, headers: &HeaderMap) -> bool {
+    // Without allocating: this runs for every request.
+    let has = |ua: &[u8], needle: &[u8]| {
+        ua.windows(needle.len())
+            .any(|w| w.eq_ignore_ascii_case(needle))
+    };
+    let sdk = headers
+        .get(http::header::USER_AGENT)
+        .is_some_and(|ua| has(ua.as_bytes(), b"azsdk-") && has(ua.as_bytes(), b"eventgrid"));
+    let credential =
+        headers.contains_key(keys::KEY_HEADER) || headers.contains_key(keys::TOKEN_HEADER);
+    schema == Schema::Eventgrid || credential || sdk
+}
+
 /// The headers forwarded to the endpoint, in the order received.
 /// `Authorization` is kept back when `keyed` (ingress keys are set, so it
 /// may carry one); otherwise it may be meant for the endpoint and travels.
-pub fn forwarded(headers: &HeaderMap, keyed: bool) -> Vec<Header> {
+/// An Event Grid publish (`eventgrid_publish`) keeps its `User-Agent` back:
+/// it names the publisher's SDK, and Event Grid's deliveries never carry
+/// the publisher's.
+pub fn forwarded(headers: &HeaderMap, keyed: bool, eventgrid_publish: bool) -> Vec<Header> {
     let listed = connection_listed(headers);
     headers
         .iter()
@@ -47,7 +71,9 @@ pub fn forwarded(headers: &HeaderMap, keyed: bool) -> Vec<Header> {
             let n = name.as_str();
             let credential =
                 INGRESS_CREDENTIALS.contains(&n) || (keyed && *name == http::header::AUTHORIZATION);
+            let publisher = eventgrid_publish && *name == http::header::USER_AGENT;
             !credential
+                && !publisher
                 && !HOP_BY_HOP.contains(&n)
                 && !FRAMING.contains(&n)
                 && !n.starts_with("webhook-")
@@ -56,6 +82,22 @@ pub fn forwarded(headers: &HeaderMap, keyed: bool) -> Vec<Header> {
         })
         .map(|(name, value)| (name.as_str().to_string(), value.as_bytes().to_vec()))
         .collect()
+}
+
+/// The app's query as it travels, `None` when nothing is left of it. An
+/// Event Grid publish loses its `api-version` parameters: the SDKs add one
+/// for Event Grid's publish API (`2018-01-01`), not for the endpoint, and
+/// Event Grid's deliveries carry only the subscription's own url.
+pub fn query(query: &str, eventgrid_publish: bool) -> Option<Cow<'_, str>> {
+    let api_version = |pair: &&str| {
+        let key = pair.split('=').next().unwrap_or_default();
+        key.eq_ignore_ascii_case("api-version")
+    };
+    if !eventgrid_publish || !query.split('&').any(|p| api_version(&p)) {
+        return Some(Cow::Borrowed(query));
+    }
+    let kept: Vec<&str> = query.split('&').filter(|p| !api_version(p)).collect();
+    (!kept.is_empty()).then(|| Cow::Owned(kept.join("&")))
 }
 
 /// Longest event id accepted from the app.
@@ -153,7 +195,7 @@ mod tests {
             ("x-trace", "a"),
             ("x-trace", "b"),
         ]);
-        let names: Vec<(String, Vec<u8>)> = forwarded(&h, false);
+        let names: Vec<(String, Vec<u8>)> = forwarded(&h, false, false);
         assert_eq!(
             names,
             vec![
@@ -172,10 +214,72 @@ mod tests {
             ("authorization", "Bearer for-someone"),
             ("x-keep", "1"),
         ]);
-        let names =
-            |keyed| -> Vec<String> { forwarded(&h, keyed).into_iter().map(|(n, _)| n).collect() };
+        let names = |keyed| -> Vec<String> {
+            forwarded(&h, keyed, false)
+                .into_iter()
+                .map(|(n, _)| n)
+                .collect()
+        };
         assert_eq!(names(false), ["authorization", "x-keep"]);
         assert_eq!(names(true), ["x-keep"]);
+    }
+
+    #[test]
+    fn event_grid_publishers_are_told_by_route_key_or_user_agent() {
+        let none = map(&[]);
+        assert!(eventgrid_publish(Schema::Eventgrid, &none));
+        assert!(!eventgrid_publish(Schema::Cloudevents, &none));
+        assert!(!eventgrid_publish(Schema::Custom, &none));
+        for ua in [
+            "azsdk-python-eventgrid/4.22.1 Python/3.11.2 (Linux)",
+            "AZSDK-Net-Messaging.EventGrid/4.28.0 (.NET 8.0)",
+            "azsdk-js-eventgrid/5.12.0 core-rest-pipeline/1.22.2 Node/20.20.2 OS/(x64-Linux)",
+        ] {
+            let h = map(&[("user-agent", ua)]);
+            assert!(eventgrid_publish(Schema::Cloudevents, &h), "{ua}");
+        }
+        for ua in [
+            "azsdk-python-storage-blob/12.0",
+            "curl/8.5.0 eventgrid-tool",
+        ] {
+            let h = map(&[("user-agent", ua)]);
+            assert!(!eventgrid_publish(Schema::Custom, &h), "{ua}");
+        }
+        for credential in ["aeg-sas-key", "aeg-sas-token"] {
+            let h = map(&[(credential, "x")]);
+            assert!(eventgrid_publish(Schema::Custom, &h), "{credential}");
+        }
+    }
+
+    #[test]
+    fn an_event_grid_publish_keeps_its_user_agent_and_api_version_back() {
+        let h = map(&[("user-agent", "azsdk-js-eventgrid/5.12.0"), ("x-keep", "1")]);
+        let names = |publish| -> Vec<String> {
+            forwarded(&h, false, publish)
+                .into_iter()
+                .map(|(n, _)| n)
+                .collect()
+        };
+        assert_eq!(names(false), ["user-agent", "x-keep"]);
+        assert_eq!(names(true), ["x-keep"]);
+
+        let q = |text, publish| query(text, publish).map(|c| c.into_owned());
+        assert_eq!(q("api-version=2018-01-01", true), None);
+        assert_eq!(
+            q(
+                "a=1&api-version=2018-01-01&API-Version=x&b=api-version",
+                true
+            )
+            .as_deref(),
+            Some("a=1&b=api-version")
+        );
+        assert_eq!(q("x=1", true).as_deref(), Some("x=1"));
+        assert_eq!(q("", true).as_deref(), Some(""));
+        assert_eq!(
+            q("api-version=2018-01-01", false).as_deref(),
+            Some("api-version=2018-01-01"),
+            "an app's own api-version is the endpoint's"
+        );
     }
 
     #[test]

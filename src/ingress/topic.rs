@@ -110,6 +110,7 @@ mod tests {
         TopicSettings {
             name: "shop".into(),
             schema: Schema::Eventgrid,
+            eventgrid_topic: "/courier/shop".into(),
             subscribers,
         }
     }

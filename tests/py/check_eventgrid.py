@@ -2,13 +2,16 @@
 with azure-eventgrid's EventGridEvent, which nobody on this project wrote.
 
 stdin: {"deliveries": [REQUEST...], "dead_letters": [RECORD...],
-"sent": [EVENT...]} where REQUEST is {"headers": {...}, "body": "<text>"}.
-Each delivery must be `application/json` holding a JSON array; every
-element, and every dead-letter record, must be accepted by
-EventGridEvent.from_dict and carry every field its `_validation` map marks
-required (from_dict itself is permissive). When "sent" is given, the
-delivered events must equal the sent ones. Exits non-zero with a message
-otherwise.
+"sent": [EVENT...], "topic": TOPIC} where REQUEST is {"headers": {...},
+"body": "<text>"}. Each delivery must be `application/json` holding a JSON
+array; every element, and every dead-letter record, must be accepted by
+EventGridEvent.from_dict and, as its own JSON text, by
+EventGridEvent.from_json (the consumer-side parsers), must carry every field
+its `_validation` map marks required (from_dict itself is permissive), and
+must carry the `topic` and `metadataVersion: "1"` Event Grid fills on
+delivery. When "sent" is given, the delivered events must equal the sent
+ones, given "topic" (the route's Event Grid topic) and metadataVersion "1"
+where the publisher left them out. Exits non-zero with a message otherwise.
 """
 
 import json
@@ -27,22 +30,27 @@ REQUIRED = [
     for attr, rule in EventGridEvent._validation.items()
     if rule.get("required")
 ]
+# Optional to publish, always there on delivery (Event Grid fills them).
+DELIVERED = ["topic", "metadataVersion"]
 
 
 def check(event, what):
     if not isinstance(event, dict):
         fail(f"{what}: not a JSON object: {event!r}")
-    missing = [key for key in REQUIRED if key not in event]
+    missing = [key for key in REQUIRED + DELIVERED if key not in event]
     if missing:
-        fail(f"{what}: missing required fields {missing} (required: {REQUIRED}): {event!r}")
-    try:
-        parsed = EventGridEvent.from_dict(event)
-    except Exception as e:  # the SDK's own refusal, whatever its type
-        fail(f"{what}: EventGridEvent.from_dict refused it: {e!r}: {event!r}")
-    if parsed.id != event["id"] or parsed.event_type != event["eventType"] or parsed.subject != event["subject"]:
-        fail(f"{what}: the SDK read {parsed!r} from {event!r}")
-    if parsed.event_time is None:
-        fail(f"{what}: the SDK could not read eventTime {event['eventTime']!r}")
+        fail(f"{what}: missing required fields {missing} (required: {REQUIRED + DELIVERED}): {event!r}")
+    for how, parse in [("from_dict", EventGridEvent.from_dict), ("from_json", lambda e: EventGridEvent.from_json(json.dumps(e)))]:
+        try:
+            parsed = parse(event)
+        except Exception as e:  # the SDK's own refusal, whatever its type
+            fail(f"{what}: EventGridEvent.{how} refused it: {e!r}: {event!r}")
+        if parsed.id != event["id"] or parsed.event_type != event["eventType"] or parsed.subject != event["subject"]:
+            fail(f"{what}: {how} read {parsed!r} from {event!r}")
+        if parsed.event_time is None:
+            fail(f"{what}: {how} could not read eventTime {event['eventTime']!r}")
+        if not isinstance(parsed.topic, str) or parsed.topic != event["topic"] or parsed.metadata_version != "1":
+            fail(f"{what}: {how} read topic {parsed.topic!r}, metadataVersion {parsed.metadata_version!r} from {event!r}")
     return event
 
 
@@ -63,8 +71,9 @@ def main():
         check(record, f"dead letter {i}")
     if "sent" in given:
         by_id = lambda events: sorted(events, key=lambda e: e["id"])
-        if by_id(delivered) != by_id(given["sent"]):
-            fail(f"delivered {by_id(delivered)!r} != sent {by_id(given['sent'])!r}")
+        want = [{"topic": given["topic"], "metadataVersion": "1", **e} for e in given["sent"]]
+        if by_id(delivered) != by_id(want):
+            fail(f"delivered {by_id(delivered)!r} != sent {by_id(want)!r}")
     print(f"ok: {len(delivered)} events, {len(given.get('dead_letters', []))} dead letters; required {REQUIRED}")
 
 

@@ -346,6 +346,7 @@ async fn eventgrid_and_cloudevents_batches_pass_the_sdks() {
     let input = json!({
         "deliveries": eg_req.iter().map(|r| request_json(r)).collect::<Vec<_>>(),
         "sent": eg,
+        "topic": "/courier/eg",
     });
     let out = check_with("check_eventgrid.py", &[], input.to_string().as_bytes());
     check!(c, out.starts_with("ok: 4 events"), "{out}");

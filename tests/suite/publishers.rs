@@ -1,10 +1,16 @@
-//! Publishers' own SDKs, unchanged (SPEC §3; issue #11): azure-eventgrid's
-//! `EventGridPublisherClient` (tests/py/publish_azure.py), which nobody on
-//! this project wrote, sends `EventGridEvent`s and `CloudEvent`s to courier
-//! and returns normally; its topic key (`aeg-sas-key`, or a signature in
-//! `aeg-sas-token`) is courier's ingress credential: never forwarded,
-//! logged or written to a dead-letter record, and checked against
-//! `ingress.keys_from_env` when that is set.
+//! Publishers' own SDKs (SPEC §3; issues #11, #30): the Python SDK
+//! azure-eventgrid's `EventGridPublisherClient` (tests/py/publish_azure.py)
+//! unchanged, and the Node SDK @azure/eventgrid's (tests/node/publish.mjs)
+//! with `allowInsecureConnection: true`, which nobody on this project wrote,
+//! send `EventGridEvent`s and `CloudEvent`s to courier and return normally;
+//! the topic key (`aeg-sas-key`, or a signature in `aeg-sas-token`) is
+//! courier's ingress credential: never forwarded, logged or written to a
+//! dead-letter record, and checked against `ingress.keys_from_env` when
+//! that is set. What is delivered reads as Event Grid's deliveries to both
+//! SDKs' consumer side: the Node `EventGridDeserializer` and the Python
+//! `EventGridEvent.from_dict`/`from_json` accept every event (each has
+//! `topic` and `metadataVersion`), the `aeg-*` delivery headers are there,
+//! and neither the SDK's `api-version` query nor its `User-Agent` travels.
 
 use std::process::{Command, Output, Stdio};
 use std::sync::Arc;
@@ -12,8 +18,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use support::{
-    Courier, Receiver, Reply, behavior, check, check_eq, files_under, post, requests,
-    wait_dead_letters, wait_metric,
+    Courier, Received, Receiver, Reply, behavior, check, check_eq, files_under, post, quiet,
+    requests, wait_dead_letters, wait_metric,
 };
 
 const PROMPT: Duration = Duration::from_secs(10);
@@ -165,7 +171,22 @@ async fn the_azure_sdk_publishes_unchanged_and_its_key_goes_nowhere() {
             !String::from_utf8_lossy(&r.body).contains(KEY),
             "in a body"
         );
+        not_the_publishers(&c, &r);
     }
+    let eg: Vec<Received> = rx
+        .received()
+        .into_iter()
+        .filter(|r| r.path_and_query.starts_with("/eg"))
+        .collect();
+    for r in &eg {
+        event_grid_headers(&c, r, "EG");
+    }
+    consumers_accept(&c, &eg, "eventgrid");
+    let (_, gone) = wait_dead_letters(&c, "gone", 1, PROMPT).await;
+    check_eq!(c, gone[0]["topic"], "/courier/gone", "{}", gone[0]);
+    let input = serde_json::json!({ "dead_letters": gone });
+    let out = support::python::check_with("check_eventgrid.py", &[], input.to_string().as_bytes());
+    check!(c, out.contains("1 dead letters"), "{out}");
     let files = files_under(&tmp.path().join("dl"));
     check!(c, !files.is_empty(), "no dead-letter file");
     for f in files {
@@ -305,4 +326,206 @@ async fn ingress_keys_admit_the_sdk_and_refuse_anything_else() {
         !c2.settled_logs().await.contains("endpoint-token"),
         "Authorization is in the log"
     );
+}
+
+/// What an attempt must not carry from an Event Grid SDK's publish: the
+/// `api-version` it adds for Event Grid's publish API, and its `User-Agent`.
+fn not_the_publishers(c: &Courier, r: &Received) {
+    check!(
+        c,
+        !r.path_and_query.contains("api-version"),
+        "the SDK's api-version travelled: {}",
+        r.path_and_query
+    );
+    check!(
+        c,
+        !r.headers.contains_key("user-agent"),
+        "the SDK's user agent travelled: {:?}",
+        r.headers
+    );
+}
+
+/// Event Grid's delivery headers on an attempt of an eventgrid destination
+/// whose subscription name (upper case) is `subscription`.
+fn event_grid_headers(c: &Courier, r: &Received, subscription: &str) {
+    let attempt: u32 = r
+        .header("courier-delivery-attempt")
+        .and_then(|a| a.parse().ok())
+        .unwrap_or_default();
+    check_eq!(c, r.header("aeg-event-type"), Some("Notification"));
+    check_eq!(c, r.header("aeg-subscription-name"), Some(subscription));
+    let before = attempt.saturating_sub(1).to_string();
+    check_eq!(
+        c,
+        r.header("aeg-delivery-count"),
+        Some(before.as_str()),
+        "attempt {attempt}"
+    );
+    check_eq!(c, r.header("aeg-metadata-version"), Some("1"));
+    let first = r.json()[0]["dataVersion"].as_str().map(String::from);
+    check_eq!(c, r.header("aeg-data-version").map(String::from), first);
+}
+
+/// Both SDKs' consumer side reads every delivery of `schema`: the Node
+/// `EventGridDeserializer`, and for eventgrid also the Python
+/// `EventGridEvent.from_dict` and `from_json`. Returns the events as the
+/// Node SDK read them.
+fn consumers_accept(c: &Courier, got: &[Received], schema: &str) -> Vec<serde_json::Value> {
+    let input = serde_json::json!({
+        "deliveries": got.iter().map(support::python::request_json).collect::<Vec<_>>(),
+    });
+    let stdin = input.to_string();
+    let out = support::node::check_with("check_deliveries.mjs", &[schema], stdin.as_bytes());
+    let mut lines = out.lines();
+    let head = lines.next().unwrap_or_default();
+    let read: Vec<serde_json::Value> = lines
+        .map(|l| serde_json::from_str(l).unwrap_or_default())
+        .collect();
+    check_eq!(c, head, format!("ok: {} events", read.len()));
+    check!(c, !read.is_empty(), "nothing was read: {out}");
+    if schema == "eventgrid" {
+        let out = support::python::check_with("check_eventgrid.py", &[], stdin.as_bytes());
+        check!(
+            c,
+            out.starts_with(&format!("ok: {} events", read.len())),
+            "{out}"
+        );
+    }
+    read
+}
+
+/// Runs the Node SDK publisher (`OPTIONS`: `insecure` or `defaults`); its
+/// exit status says whether `send` returned.
+async fn publish_node(c: &Courier, route: &str, kind: &str, options: &str, ids: &[&str]) -> Output {
+    let url = c.url(route);
+    let mut args = vec![url.as_str(), KEY, kind, options];
+    args.extend_from_slice(ids);
+    let args: Vec<String> = args.into_iter().map(String::from).collect();
+    tokio::task::spawn_blocking(move || {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        support::node::run("publish.mjs", &args, b"")
+    })
+    .await
+    .expect("join")
+}
+
+/// The Node SDK publishes EventGridEvents (to a destination and a topic)
+/// and CloudEvents with `allowInsecureConnection: true`, and refuses
+/// courier's http:// endpoint without it. Every delivery, first attempts
+/// (answered 503) and retries, reads as Event Grid's: the Node
+/// `EventGridDeserializer` and the Python consumer parsers accept every
+/// event; `topic` is the publisher's if set, else the configured
+/// `eventgrid_topic`, else `/courier/<route>`, and a topic's copies carry
+/// the topic's own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_node_sdk_publishes_with_insecure_connections_allowed_and_reads_every_delivery() {
+    let rx = Receiver::start(behavior(|r, _| {
+        let first = r.header("courier-delivery-attempt") == Some("1");
+        Reply::status(if first { 503 } else { 200 })
+    }))
+    .await;
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let url = rx.url();
+    let dest = |name: &str, extra: &str| {
+        format!(
+            "  {name}:\n    url: {url}/{name}\n    {extra}\n    retry: {{ schedule: [20ms], jitter: 0 }}\n    status: {{ min_delay: {{ 503: 20ms }} }}\n"
+        )
+    };
+    const ORDERS: &str =
+        "/subscriptions/0000/resourceGroups/rg/providers/Microsoft.EventGrid/topics/orders";
+    let yaml = format!(
+        "listen: 127.0.0.1:0\nadmin_listen: 127.0.0.1:0\nlog: {{ level: debug }}\njournal: {{ dir: ./journal }}\ntopics:\n  shop:\n    schema: eventgrid\n    subscribers:\n      eg: {{}}\n      audit: {{}}\ndestinations:\n{}{}{}",
+        dest(
+            "eg",
+            &format!("schema: eventgrid\n    eventgrid_topic: {ORDERS}")
+        ),
+        dest("audit", "schema: eventgrid"),
+        dest("ce", "schema: cloudevents"),
+    );
+    let c = Courier::start(tmp.path(), &yaml).await;
+
+    for (route, kind, ids) in [
+        ("eg", "eventgrid", &["n-1", "n-2"][..]),
+        ("shop", "eventgrid", &["s-1"][..]),
+        ("ce", "cloudevent", &["c-1"][..]),
+    ] {
+        let out = publish_node(&c, route, kind, "insecure", ids).await;
+        check!(
+            c,
+            out.status.success(),
+            "Node SDK send to {route}: {}",
+            show(&out)
+        );
+    }
+    let out = publish_node(&c, "eg", "eventgrid", "defaults", &["never"]).await;
+    check!(
+        c,
+        !out.status.success(),
+        "sent without allowInsecureConnection"
+    );
+    check!(
+        c,
+        show(&out).contains("while allowInsecureConnection is false"),
+        "{}",
+        show(&out)
+    );
+    // A publisher's own topic and metadataVersion are kept as they are.
+    let theirs = serde_json::json!([{
+        "id": "p-1", "topic": "/theirs", "metadataVersion": "1", "subject": "/p",
+        "eventType": "T", "eventTime": "2026-11-27T00:00:00Z", "data": null, "dataVersion": "2",
+    }]);
+    let resp = post(&c.url("audit"), theirs.to_string(), &[]).await;
+    check_eq!(c, resp.status, 200, "{}", resp.text());
+
+    // eg: n-1, n-2, s-1; audit: s-1, p-1; ce: c-1; each 503 then 200.
+    let got = requests(&c, &rx, 12, PROMPT).await;
+    quiet(&c, &rx, 12, Duration::from_millis(300)).await;
+    let at = |route: &str| -> Vec<Received> {
+        let path = format!("/{route}");
+        got.iter()
+            .filter(|r| r.path_and_query.split('?').next() == Some(path.as_str()))
+            .cloned()
+            .collect()
+    };
+    let mut topics = Vec::new();
+    for (route, subscription) in [("eg", "EG"), ("audit", "AUDIT")] {
+        let delivered = at(route);
+        for r in &delivered {
+            event_grid_headers(&c, r, subscription);
+            not_the_publishers(&c, r);
+        }
+        for e in consumers_accept(&c, &delivered, "eventgrid") {
+            let id = e["id"].as_str().unwrap_or_default().to_string();
+            let topic = e["topic"].as_str().unwrap_or_default().to_string();
+            check_eq!(c, e["metadataVersion"], "1", "{e}");
+            topics.push((route, id, topic));
+        }
+    }
+    topics.sort();
+    topics.dedup();
+    let want = |route, id: &str, topic: &str| (route, id.to_string(), topic.to_string());
+    check_eq!(
+        c,
+        topics,
+        [
+            want("audit", "p-1", "/theirs"),
+            want("audit", "s-1", "/courier/shop"),
+            want("eg", "n-1", ORDERS),
+            want("eg", "n-2", ORDERS),
+            want("eg", "s-1", "/courier/shop"),
+        ]
+    );
+    let ce = at("ce");
+    check_eq!(c, ce.len(), 2, "c-1 twice");
+    for r in &ce {
+        not_the_publishers(&c, r);
+        check!(
+            c,
+            r.headers.keys().all(|n| !n.as_str().starts_with("aeg-")),
+            "{:?}",
+            r.headers
+        );
+    }
+    let read = consumers_accept(&c, &ce, "cloudevents");
+    check!(c, read.iter().all(|e| e["id"] == "c-1"), "{read:?}");
 }

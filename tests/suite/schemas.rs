@@ -296,6 +296,7 @@ async fn an_eventgrid_array_is_delivered_as_arrays_of_one() {
     let input = json!({
         "deliveries": got.iter().map(request_json).collect::<Vec<_>>(),
         "sent": sent,
+        "topic": "/courier/eg",
     });
     let out = check_with("check_eventgrid.py", &[], input.to_string().as_bytes());
     check!(c, out.starts_with("ok: 3 events"), "{out}");

@@ -153,6 +153,8 @@ async fn fifty_eventgrid_events_reach_exactly_the_subscribers_whose_filters_matc
         let input = json!({
             "deliveries": rx.received().iter().map(request_json).collect::<Vec<_>>(),
             "sent": sent,
+            // The topic's name in every subscriber's copy, as Event Grid's.
+            "topic": "/courier/shop",
         });
         let out = check_with("check_eventgrid.py", &[], input.to_string().as_bytes());
         check!(

@@ -2,7 +2,8 @@
 //! misbehaves at random), the `Courier` child process harness, HTTP `client`
 //! helpers and a `load` generator; for the end-to-end tests, `checks`
 //! (`fail!`, `check!`, `check_eq!` and bounded waits), `deadletters`
-//! readers, `setup` helpers and `python` (independent checkers from PyPI).
+//! readers, `setup` helpers, and `python` and `node` (independent checkers
+//! from PyPI and npm).
 //!
 //! A crate of its own (`courier-test-support`, a dev-dependency named
 //! `support`) used by the integration tests and `benches/courier_bench.rs`,
@@ -15,6 +16,7 @@ pub mod client;
 pub mod courier;
 pub mod deadletters;
 pub mod load;
+pub mod node;
 pub mod python;
 pub mod receiver;
 pub mod setup;

@@ -2,6 +2,15 @@
 //! `courier-delivery-attempt`, `courier-destination`, and the destination's
 //! custom headers (which replace any header of the same name from the app).
 //!
+//! A `schema: eventgrid` destination's attempts also carry Event Grid's
+//! delivery headers (SPEC §4.1), so that code written for Event Grid reads
+//! them as it would Event Grid's: `aeg-event-type: Notification`,
+//! `aeg-subscription-name` (the destination's name in upper case, as Event
+//! Grid spells its subscription names there), `aeg-delivery-count` (the
+//! attempts before this one), `aeg-metadata-version: 1` and
+//! `aeg-data-version` (the `dataVersion` of the first event: a batch has
+//! one header for all its events). They replace the app's of those names.
+//!
 //! `from_event` headers are evaluated here, per attempt, on the body about
 //! to be sent (see `crate::event_path` for which event and which values). A
 //! header without a value is left out, and so is any header of that name
@@ -9,10 +18,11 @@
 //! logged at debug level with the header and the path, never a value.
 
 use super::{Attempt, AttemptRequest, body_bytes};
-use crate::config::DestinationSettings;
 use crate::config::settings::{CustomHeader, HeaderSource, MAX_HEADER_VALUE};
+use crate::config::{DestinationSettings, Schema};
 use crate::event_path::{self, EventPath, Missing};
 use http::{HeaderMap, HeaderName, HeaderValue};
+use serde::Deserialize;
 use serde_json::Value;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -22,6 +32,11 @@ use tower::{Layer, Service};
 const WEBHOOK_ID: HeaderName = HeaderName::from_static("webhook-id");
 const ATTEMPT: HeaderName = HeaderName::from_static("courier-delivery-attempt");
 const DESTINATION: HeaderName = HeaderName::from_static("courier-destination");
+const AEG_EVENT_TYPE: HeaderName = HeaderName::from_static("aeg-event-type");
+const AEG_SUBSCRIPTION: HeaderName = HeaderName::from_static("aeg-subscription-name");
+const AEG_DELIVERY_COUNT: HeaderName = HeaderName::from_static("aeg-delivery-count");
+const AEG_METADATA_VERSION: HeaderName = HeaderName::from_static("aeg-metadata-version");
+const AEG_DATA_VERSION: HeaderName = HeaderName::from_static("aeg-data-version");
 
 #[derive(Clone)]
 pub struct HeadersLayer {
@@ -30,10 +45,16 @@ pub struct HeadersLayer {
     /// `courier-delivery-attempt`'s values up to `max_attempts`, made once
     /// (a clone shares the bytes; a number made into a value allocates).
     numbers: Arc<[HeaderValue]>,
+    /// `aeg-subscription-name`'s value; `Some` only for `schema:
+    /// eventgrid`, whose attempts alone carry the `aeg-*` headers.
+    subscription: Option<HeaderValue>,
 }
 
 impl HeadersLayer {
     pub fn new(dest: &DestinationSettings) -> Self {
+        let subscription = (dest.schema == Schema::Eventgrid)
+            .then(|| HeaderValue::from_str(&dest.name.to_ascii_uppercase()).ok())
+            .flatten();
         HeadersLayer {
             destination: HeaderValue::from_str(&dest.name)
                 .unwrap_or(HeaderValue::from_static("invalid")),
@@ -41,6 +62,7 @@ impl HeadersLayer {
             numbers: (0..=dest.limits.max_attempts)
                 .map(HeaderValue::from)
                 .collect(),
+            subscription,
         }
     }
 
@@ -88,19 +110,36 @@ where
     }
 
     fn call(&mut self, mut req: AttemptRequest) -> S::Future {
-        let event = self
-            .layer
-            .reads_event()
-            .then(|| event_path::parse_body(&body_bytes(&mut req)));
+        let reads_event = self.layer.reads_event();
+        let bytes =
+            (reads_event || self.layer.subscription.is_some()).then(|| body_bytes(&mut req));
+        let event = bytes
+            .as_ref()
+            .filter(|_| reads_event)
+            .map(|b| event_path::parse_body(b));
         let (mut parts, body) = req.into_parts();
         let h = &mut parts.headers;
-        if let Some(a) = parts.extensions.get::<Attempt>() {
+        let attempt = parts.extensions.get::<Attempt>();
+        if let Some(a) = attempt {
             if let Ok(id) = HeaderValue::from_str(&a.id) {
                 h.insert(WEBHOOK_ID, id);
             }
             h.insert(ATTEMPT, self.layer.number(a.number));
         }
         h.insert(DESTINATION, self.layer.destination.clone());
+        if let (Some(name), Some(bytes)) = (&self.layer.subscription, &bytes) {
+            h.insert(AEG_EVENT_TYPE, HeaderValue::from_static("Notification"));
+            h.insert(AEG_SUBSCRIPTION, name.clone());
+            h.insert(AEG_METADATA_VERSION, HeaderValue::from_static("1"));
+            if let Some(a) = attempt {
+                let before = a.number.saturating_sub(1);
+                h.insert(AEG_DELIVERY_COUNT, self.layer.number(before));
+            }
+            match first_data_version(bytes).and_then(|v| HeaderValue::from_str(&v).ok()) {
+                Some(v) => h.insert(AEG_DATA_VERSION, v),
+                None => h.remove(AEG_DATA_VERSION),
+            };
+        }
         for c in self.layer.custom.iter() {
             match &c.value {
                 HeaderSource::Fixed(v) => {
@@ -114,6 +153,38 @@ where
         }
         self.inner.call(AttemptRequest::from_parts(parts, body))
     }
+}
+
+/// The `dataVersion` of the first event of an Event Grid body (a JSON
+/// array), read without building the events: the rest is only skipped.
+fn first_data_version(body: &[u8]) -> Option<String> {
+    #[derive(Deserialize)]
+    struct Versioned {
+        #[serde(rename = "dataVersion")]
+        data_version: Option<String>,
+    }
+    struct First(Option<String>);
+    impl<'de> Deserialize<'de> for First {
+        fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<First, D::Error> {
+            struct Visit;
+            impl<'de> serde::de::Visitor<'de> for Visit {
+                type Value = First;
+                fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                    f.write_str("an array of events")
+                }
+                fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                    self,
+                    mut seq: A,
+                ) -> Result<First, A::Error> {
+                    let first = seq.next_element::<Versioned>()?;
+                    while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+                    Ok(First(first.and_then(|v| v.data_version)))
+                }
+            }
+            d.deserialize_seq(Visit)
+        }
+    }
+    serde_json::from_slice::<First>(body).ok()?.0
 }
 
 /// Sets `name` from the event's field at `path`, or removes it.
@@ -159,6 +230,7 @@ mod tests {
             destination: HeaderValue::from_static("orders"),
             custom: custom.into(),
             numbers: (0..=3).map(HeaderValue::from).collect(),
+            subscription: None,
         }
     }
 
@@ -216,6 +288,59 @@ mod tests {
         assert_eq!(h["courier-delivery-attempt"], "3");
         assert_eq!(h["courier-destination"], "orders");
         assert_eq!(h.get_all("x-tenant").iter().collect::<Vec<_>>(), ["acme"]);
+    }
+
+    #[tokio::test]
+    async fn eventgrid_attempts_carry_event_grid_delivery_headers_and_others_do_not() {
+        let yaml = "destinations:\n  Orders-eu.1:\n    url: https://h.example/\n    schema: eventgrid\n  plain:\n    url: https://h.example/\n";
+        let env = crate::config::ProcessEnv;
+        let run = crate::config::Purpose::Run;
+        let loaded = crate::config::parse("c.yaml", yaml, ".".into(), run, &env).expect("config");
+        let dests = &loaded.settings.destinations;
+        let eg = HeadersLayer::new(&dests[0]);
+        let app = [
+            ("aeg-data-version", "from-app"),
+            ("aeg-delivery-count", "9"),
+        ];
+        let body = r#"[{"id":"a","dataVersion":"2.0","data":{"dataVersion":"x"}},{"id":"b","dataVersion":"3.0"}]"#;
+        let (h, sent) = send(eg.clone(), body, &app).await;
+        assert_eq!(sent, body.as_bytes(), "the body goes on unchanged");
+        assert_eq!(h["aeg-event-type"], "Notification");
+        assert_eq!(h["aeg-subscription-name"], "ORDERS-EU.1");
+        assert_eq!(h["aeg-delivery-count"], "2", "attempt 3 has two before it");
+        assert_eq!(h["aeg-metadata-version"], "1");
+        assert_eq!(
+            h.get_all("aeg-data-version").iter().collect::<Vec<_>>(),
+            ["2.0"],
+            "the first event's, over the app's"
+        );
+        let (h, _) = send(eg, r#"[{"id":"a"}]"#, &app).await;
+        assert!(h.get("aeg-data-version").is_none(), "none to give");
+
+        let (h, _) = send(HeadersLayer::new(&dests[1]), body, &[]).await;
+        assert!(h.keys().all(|n| !n.as_str().starts_with("aeg-")), "{h:?}");
+    }
+
+    #[test]
+    fn the_first_data_version_is_read_from_arrays_only() {
+        assert_eq!(
+            first_data_version(br#"[{"dataVersion":"1.0"},{"dataVersion":"2"},3]"#).as_deref(),
+            Some("1.0")
+        );
+        for none in [
+            &br#"[]"#[..],
+            br#"[{"dataVersion":1}]"#,
+            br#"{"dataVersion":"1"}"#,
+            b"[{",
+            b"",
+        ] {
+            assert_eq!(
+                first_data_version(none),
+                None,
+                "{}",
+                String::from_utf8_lossy(none)
+            );
+        }
     }
 
     #[tokio::test]

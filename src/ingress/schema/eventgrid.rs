@@ -1,18 +1,31 @@
 //! The Event Grid schema: the body is one event or an array of events, as
 //! in Event Grid's publish API. Each event needs `id`, `subject`,
 //! `eventType`, `eventTime`, `data` and `dataVersion`; `topic` and
-//! `metadataVersion` are optional and kept, as is any other field.
+//! `metadataVersion` are optional, and any other field is kept.
+//!
+//! Event Grid fills `topic` and `metadataVersion: "1"` in what it delivers,
+//! and receivers rely on them (the Node SDK's `EventGridDeserializer`
+//! refuses an event without them). So an event that lacks one gets it here,
+//! before the journal: every attempt, dead letter and replay then shows the
+//! same event, and a topic's copies all carry the topic's name. A field the
+//! publisher set is never changed, and an event that has both keeps the
+//! app's bytes.
 
 use super::fields::{Fields, object};
 use super::{Event, SchemaError, essence, raw_events, slice_of};
-use bytes::Bytes;
+use bytes::{BufMut, Bytes, BytesMut};
 use http::HeaderMap;
+use serde_json::value::RawValue;
 
 /// Content types taken: JSON, or none (Event Grid's clients send
 /// `application/json`; a bare `curl --data-binary` sends nothing useful).
 const ACCEPTED: &str = "application/json (or no Content-Type)";
 
-pub fn parse(headers: &HeaderMap, body: &Bytes) -> Result<Vec<Event>, SchemaError> {
+const METADATA_VERSION: &[u8] = br#""metadataVersion":"1","#;
+
+/// The events of one request; `topic` is the route's Event Grid topic,
+/// given to events that name none.
+pub fn parse(headers: &HeaderMap, body: &Bytes, topic: &str) -> Result<Vec<Event>, SchemaError> {
     if let Some(media) = essence(headers)
         && media != "application/json"
     {
@@ -22,36 +35,89 @@ pub fn parse(headers: &HeaderMap, body: &Bytes) -> Result<Vec<Event>, SchemaErro
             expected: ACCEPTED,
         });
     }
-    raw_events(body, true)?
-        .into_iter()
-        .enumerate()
-        .map(|(index, raw)| {
-            let map = object(index, raw.get())?;
-            let f = Fields { index, map: &map };
-            let id = f.id("id")?;
-            let subject = f.string("subject")?.to_string();
-            let event_type = f.string("eventType")?.to_string();
-            let time = f.string("eventTime")?;
-            f.time("eventTime", time)?;
-            f.present("data")?;
-            f.string("dataVersion")?;
-            f.optional("topic")?;
-            if let Some(v) = f.optional("metadataVersion")?
-                && v != "1"
-            {
+    let raws = raw_events(body, true)?;
+    let mut events = Vec::with_capacity(raws.len());
+    let mut lacking = Vec::new();
+    for (index, raw) in raws.iter().enumerate() {
+        let map = object(index, raw.get())?;
+        let f = Fields { index, map: &map };
+        let id = f.id("id")?;
+        let subject = f.string("subject")?.to_string();
+        let event_type = f.string("eventType")?.to_string();
+        let time = f.string("eventTime")?;
+        f.time("eventTime", time)?;
+        f.present("data")?;
+        f.string("dataVersion")?;
+        let has_topic = f.optional("topic")?.is_some();
+        let has_version = match f.optional("metadataVersion")? {
+            Some("1") => true,
+            Some(v) => {
                 return Err(f.invalid(
                     "metadataVersion",
                     format!("must be \"1\" when given, got {v:?}"),
                 ));
             }
-            Ok(Event {
-                id,
-                event_type,
-                subject: Some(subject),
-                body: slice_of(body, raw),
-            })
-        })
-        .collect()
+            None => false,
+        };
+        if !(has_topic && has_version) {
+            lacking.push(Lacks {
+                index,
+                raw,
+                topic: !has_topic,
+                version: !has_version,
+            });
+        }
+        events.push(Event {
+            id,
+            event_type,
+            subject: Some(subject),
+            body: slice_of(body, raw),
+        });
+    }
+    fill(&mut events, &lacking, topic);
+    Ok(events)
+}
+
+/// An event without `topic` or `metadataVersion`, as received.
+struct Lacks<'a> {
+    index: usize,
+    raw: &'a RawValue,
+    topic: bool,
+    version: bool,
+}
+
+/// Writes the fields each lacking event needs at the front of its object,
+/// all into one buffer that the events then share (one allocation per
+/// request, not per event).
+fn fill(events: &mut [Event], lacking: &[Lacks], topic: &str) {
+    if lacking.is_empty() {
+        return;
+    }
+    let topic_field = format!("\"topic\":{},", serde_json::Value::from(topic));
+    let len = |l: &Lacks| {
+        l.raw.get().len()
+            + if l.topic { topic_field.len() } else { 0 }
+            + if l.version { METADATA_VERSION.len() } else { 0 }
+    };
+    let mut buf = BytesMut::with_capacity(lacking.iter().map(len).sum());
+    for l in lacking {
+        // A RawValue holds no surrounding whitespace, and parsed as an
+        // object it opens with `{` and has fields (the required ones), so
+        // a field and its comma go right after the brace.
+        let (brace, fields) = l.raw.get().as_bytes().split_at(1);
+        buf.put_slice(brace);
+        if l.topic {
+            buf.put_slice(topic_field.as_bytes());
+        }
+        if l.version {
+            buf.put_slice(METADATA_VERSION);
+        }
+        buf.put_slice(fields);
+    }
+    let mut filled = buf.freeze();
+    for l in lacking {
+        events[l.index].body = filled.split_to(len(l));
+    }
 }
 
 #[cfg(test)]
@@ -73,7 +139,7 @@ mod tests {
     }
 
     fn parse_json(v: &Value) -> Result<Vec<Event>, SchemaError> {
-        parse(&HeaderMap::new(), &Bytes::from(v.to_string()))
+        parse(&HeaderMap::new(), &Bytes::from(v.to_string()), "/courier/t")
     }
 
     #[test]
@@ -81,19 +147,70 @@ mod tests {
         let body = Bytes::from_static(
             b"{\"id\":\"a\", \"subject\":\"s\",\"eventType\":\"T\",\"eventTime\":\"2025-01-31T12:00:00Z\",\"data\":null,\"dataVersion\":\"1\",\"topic\":\"t\",\"metadataVersion\":\"1\",\"extra\":[1]}\n",
         );
-        let events = parse(&HeaderMap::new(), &body).expect("valid");
+        let events = parse(&HeaderMap::new(), &body, "/courier/t").expect("valid");
         assert_eq!(events.len(), 1);
         assert_eq!(events[0].id, "a");
         assert_eq!(events[0].event_type, "T");
         assert_eq!(events[0].subject.as_deref(), Some("s"));
         assert_eq!(events[0].body, body.slice(..body.len() - 1));
 
-        let list = json!([event("e1"), event("e2"), event("e3")]);
+        assert_eq!(
+            events[0].body.as_ptr(),
+            body.as_ptr(),
+            "a slice of the request, not a copy"
+        );
+
+        let whole = |id: &str| {
+            let mut e = event(id);
+            e["topic"] = json!("/theirs");
+            e["metadataVersion"] = json!("1");
+            e
+        };
+        let list = json!([whole("e1"), whole("e2"), whole("e3")]);
         let events = parse_json(&list).expect("valid");
         let ids: Vec<&str> = events.iter().map(|e| e.id.as_str()).collect();
         assert_eq!(ids, ["e1", "e2", "e3"]);
         let second: Value = serde_json::from_slice(&events[1].body).expect("json");
-        assert_eq!(second, event("e2"));
+        assert_eq!(second, whole("e2"));
+    }
+
+    #[test]
+    fn topic_and_metadata_version_are_added_where_missing_and_never_changed() {
+        let mut only_topic = event("t");
+        only_topic["topic"] = json!("/publisher/topic");
+        let mut only_version = event("v");
+        only_version["metadataVersion"] = json!("1");
+        let mut both = event("b");
+        both["topic"] = json!("/theirs");
+        both["metadataVersion"] = json!("1");
+        let list = json!([event("n"), only_topic, only_version, both]);
+        let body = Bytes::from(list.to_string());
+        let topic = r#"/courier/a "quoted" \ name"#;
+        let events = parse(&HeaderMap::new(), &body, topic).expect("valid");
+        let read: Vec<Value> = events
+            .iter()
+            .map(|e| serde_json::from_slice(&e.body).expect("still JSON"))
+            .collect();
+        let want = |mut e: Value, t: &str| {
+            e["topic"] = json!(t);
+            e["metadataVersion"] = json!("1");
+            e
+        };
+        assert_eq!(read[0], want(event("n"), topic));
+        assert_eq!(read[1], want(event("t"), "/publisher/topic"));
+        assert_eq!(read[2], want(event("v"), topic));
+        assert_eq!(read[3], want(event("b"), "/theirs"));
+        let inside = |e: &Event| {
+            let at = e.body.as_ptr() as usize;
+            (body.as_ptr() as usize..body.as_ptr() as usize + body.len()).contains(&at)
+        };
+        assert!(inside(&events[3]), "a whole event keeps the app's bytes");
+        assert!(!inside(&events[0]));
+        // Filled once: the filled event reads back as itself.
+        for e in &events {
+            let again = parse(&HeaderMap::new(), &e.body, "/other").expect("valid");
+            assert_eq!(again[0].body, e.body);
+        }
     }
 
     #[test]
@@ -201,7 +318,11 @@ mod tests {
         );
         assert_eq!(parse_json(&json!([])), Err(SchemaError::Empty));
         assert!(matches!(
-            parse(&HeaderMap::new(), &Bytes::from_static(b"[{\"id\":")),
+            parse(
+                &HeaderMap::new(),
+                &Bytes::from_static(b"[{\"id\":"),
+                "/courier/t"
+            ),
             Err(SchemaError::Malformed(_))
         ));
     }
@@ -218,7 +339,7 @@ mod tests {
         ] {
             let mut h = HeaderMap::new();
             h.insert(http::header::CONTENT_TYPE, ct.parse().expect("value"));
-            let r = parse(&h, &body);
+            let r = parse(&h, &body, "/courier/t");
             assert_eq!(r.is_ok(), ok, "{ct}: {r:?}");
             if !ok {
                 assert!(matches!(r, Err(SchemaError::ContentType { .. })));

@@ -107,16 +107,18 @@ impl SchemaError {
     }
 }
 
-/// The events of one request to a destination of `schema`; `None` for
-/// `custom`, whose body is delivered as received.
+/// The events of one request to a route of `schema`; `None` for `custom`,
+/// whose body is delivered as received. `eventgrid_topic` is the route's
+/// Event Grid topic, for Event Grid events that name none.
 pub fn parse(
     schema: Schema,
     headers: &HeaderMap,
     body: &Bytes,
+    eventgrid_topic: &str,
 ) -> Option<Result<Vec<Event>, SchemaError>> {
     match schema {
         Schema::Custom => None,
-        Schema::Eventgrid => Some(eventgrid::parse(headers, body)),
+        Schema::Eventgrid => Some(eventgrid::parse(headers, body, eventgrid_topic)),
         Schema::Cloudevents => Some(cloudevents::parse(headers, body)),
     }
 }
