@@ -2,6 +2,7 @@
 //! stack built per destination, and settles each outcome in the journal;
 //! passthrough sends through the same stack while the app waits.
 
+mod answer_body;
 mod batch;
 mod client;
 mod dispatcher;
@@ -15,6 +16,7 @@ mod shape;
 mod slots;
 pub mod stack;
 
+pub use answer_body::AnswerBody;
 pub use client::{Connector, HttpsClient, build_connector};
 pub use fleet::Fleet;
 pub use passthrough::{Passed, Passthrough};

@@ -6,6 +6,7 @@
 //! request, and a crash costs it an error, never an event it was told is
 //! safe.
 
+use super::answer_body::{AnswerBody, Unsettled};
 use super::outcome_log;
 use super::request;
 use super::stack::{Deadline, InlineRetry, PassthroughService, Trail};
@@ -13,7 +14,6 @@ use crate::config::DestinationSettings;
 use crate::journal::NewEvent;
 use crate::policy::Outcome;
 use http::Response;
-use hyper::body::Incoming;
 use std::sync::{Arc, Mutex};
 use tokio::time::Instant;
 use tower::ServiceExt;
@@ -30,7 +30,7 @@ pub struct Passthrough {
 pub enum Passed {
     /// The endpoint's answer, whatever its status, body still to come.
     Answer {
-        response: Response<Incoming>,
+        response: Response<AnswerBody>,
         attempts: u32,
     },
     /// The last attempt got no answer: `outcome` and `error` say why.
@@ -79,10 +79,13 @@ impl Passthrough {
             started.elapsed(),
         );
         match answered.answer {
-            Some(response) => Passed::Answer {
-                response,
-                attempts: trail.attempts,
-            },
+            Some(mut response) => {
+                let tally = response.extensions_mut().remove::<Unsettled>();
+                Passed::Answer {
+                    response: response.map(|body| AnswerBody::new(body, tally)),
+                    attempts: trail.attempts,
+                }
+            }
             None => Passed::NoAnswer {
                 outcome: a.classified.outcome,
                 error: a.error.clone().unwrap_or_default(),

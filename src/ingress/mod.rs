@@ -17,7 +17,8 @@ pub use admit::Ingress;
 
 /// An answer to the app: courier's own JSON, or an endpoint's answer
 /// streamed through (passthrough).
-pub type Body = http_body_util::Either<http_body_util::Full<bytes::Bytes>, hyper::body::Incoming>;
+pub type Body =
+    http_body_util::Either<http_body_util::Full<bytes::Bytes>, crate::deliver::AnswerBody>;
 
 /// A header map of `pairs`, in order, for unit tests.
 #[cfg(test)]

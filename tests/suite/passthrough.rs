@@ -389,3 +389,52 @@ async fn a_504_names_an_earlier_attempts_status() {
     check_eq!(c, body["last_outcome"], "TimedOut", "{body}");
     check_eq!(c, body["last_status"], 503, "{body}");
 }
+
+/// An answer cut off mid-body (the endpoint promised 100 bytes, sent 10 and
+/// closed) is counted as the `SocketError` it is, never as `Delivered`; a
+/// whole answer is `Delivered`. Red when the attempt is counted at its head.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_cut_off_mid_body_is_not_counted_delivered() {
+    let upstream = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let url = format!("http://{}/cut", upstream.local_addr().expect("addr"));
+    let endpoint = tokio::spawn(async move {
+        for answer in [
+            "HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n0123456789",
+            "HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\n0123456789",
+        ] {
+            let (mut s, _) = upstream.accept().await.expect("accept");
+            let mut seen = Vec::new();
+            let mut buf = [0u8; 4096];
+            // Bounded: the request is a few hundred bytes.
+            while !seen.windows(4).any(|w| w == b"\r\n\r\n") {
+                let n = s.read(&mut buf).await.expect("read the request");
+                assert!(n > 0, "closed before the request ended");
+                seen.extend_from_slice(&buf[..n]);
+            }
+            s.write_all(answer.as_bytes()).await.expect("answer");
+            // Dropping `s` closes the connection: the first answer is cut.
+        }
+    });
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let c = Courier::start(tmp.path(), &passthrough(&url, "")).await;
+    let series = |outcome: &str| {
+        format!(
+            r#"courier_delivery_attempts_total{{destination="orders",outcome="{outcome}",mode="passthrough"}}"#
+        )
+    };
+    let cut = support::client::try_post(&c.url("orders"), "{}", &[]).await;
+    check!(
+        c,
+        cut.is_err(),
+        "a cut answer reached the app whole: {cut:?}"
+    );
+    support::wait_metric(&c, &series("SocketError"), 1.0, Duration::from_secs(5)).await;
+    check_eq!(c, metric(&c.admin_url(), &series("Delivered")).await, None);
+    let whole = post(&c.url("orders"), "{}", &[]).await;
+    check_eq!(c, whole.status, 200);
+    check_eq!(c, whole.text(), "0123456789");
+    support::wait_metric(&c, &series("Delivered"), 1.0, Duration::from_secs(5)).await;
+    let _ = endpoint.await;
+}

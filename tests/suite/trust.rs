@@ -178,7 +178,9 @@ async fn a_browser_cannot_drive_the_admin_api_or_ingress() {
     let pause = format!("{admin}/v1/destinations/orders/pause");
     let evil = ("origin", "http://evil.example");
     let rebind = ("host", "rebind.evil.example:9090");
-    let calls: [(Method, String, &[(&str, &str)], u16, &str); 7] = [
+    /// A request (method, url, headers) and the status and reason it gets.
+    type Refused<'a> = (Method, String, &'a [(&'a str, &'a str)], u16, &'a str);
+    let calls: [Refused; 7] = [
         (
             Method::POST,
             pause.clone(),

@@ -7,8 +7,9 @@
 use super::{Answered, Attempt, AttemptRequest, drain};
 use crate::admin::metrics;
 use crate::config::DestinationSettings;
+use crate::deliver::answer_body::Unsettled;
 use crate::policy::inline::Inline;
-use hyper::body::Incoming;
+use hyper::body::{Body, Incoming};
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
 use tokio::time::{Instant, Sleep};
@@ -58,7 +59,6 @@ impl Policy<AttemptRequest, Answered<Incoming>, Infallible> for InlineRetry {
         let a = &answered.attempted;
         let number = req.extensions().get::<Attempt>().map_or(1, |at| at.number);
         let outcome = a.classified.outcome.as_str();
-        metrics::passthrough_attempt(&self.dest.name, outcome, a.took);
         tracing::debug!(destination = %self.dest.name, mode = "passthrough", attempt = number, outcome, status = a.status, error = a.error.as_deref(), "attempt");
         if let Ok(mut trail) = self.trail.lock() {
             trail.attempts = number;
@@ -70,7 +70,24 @@ impl Policy<AttemptRequest, Answered<Incoming>, Infallible> for InlineRetry {
             jitter: self.dest.jitter,
         };
         let remaining = self.deadline.saturating_duration_since(Instant::now());
-        let wait = inline.wait(a.classified, number, a.took, remaining, &mut rand::rng())?;
+        let wait = inline.wait(a.classified, number, a.took, remaining, &mut rand::rng());
+        let Some(wait) = wait else {
+            // The app's answer: counted when its body ends, if it has one.
+            match answered.answer.as_mut() {
+                Some(answer) if !answer.body().is_end_stream() => {
+                    let took = a.took;
+                    let outcome = a.classified.outcome;
+                    answer.extensions_mut().insert(Unsettled {
+                        destination: self.dest.name.clone(),
+                        outcome,
+                        took,
+                    });
+                }
+                _ => metrics::passthrough_attempt(&self.dest.name, outcome, a.took),
+            }
+            return None;
+        };
+        metrics::passthrough_attempt(&self.dest.name, outcome, a.took);
         if let Some(answer) = answered.answer.take() {
             drain(answer.into_body());
         }

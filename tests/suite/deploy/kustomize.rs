@@ -21,14 +21,15 @@ fn fixture(app: &str) -> PathBuf {
         .join(app)
 }
 
-/// `COURIER_KUBECTL`, else kubectl of `.ci/requirements.txt` in `./.venv`
-/// (`.ci/run` installs it before the tests). Missing, it fails the test:
-/// CI must not pass without rendering.
+/// `COURIER_KUBECTL`, else the kubectl that the test support installs into
+/// `./.venv` with the other checkers (`tests/py/requirements.txt`). Missing,
+/// it fails the test: CI must not pass without rendering.
 fn kubectl() -> PathBuf {
     if let Some(k) = std::env::var_os("COURIER_KUBECTL") {
         return k.into();
     }
-    let k = manifests::root().join(".venv/bin/kubectl");
+    let venv_python = support::python::python();
+    let k = venv_python.with_file_name("kubectl");
     assert!(
         k.exists(),
         "{} is missing: install CI's tools with `.venv/bin/python -m pip install -r .ci/requirements.txt` (.ci/run does)",
