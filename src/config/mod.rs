@@ -249,6 +249,8 @@ fn effective_yaml(
     let mut minimums = String::new();
     for (name, d) in raw.destinations.iter_mut() {
         eventgrid(d.schema, name, &mut d.eventgrid_topic);
+        d.concurrency
+            .get_or_insert_with(|| schema::default_concurrency(d.mode));
         if d.status.no_retry.is_empty() {
             d.status.no_retry = crate::policy::classify::DEFAULT_NO_RETRY
                 .iter()

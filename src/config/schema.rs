@@ -205,8 +205,9 @@ pub struct Destination {
     pub late_answer_window: Dur,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls: Option<TlsSpec>,
-    #[serde(default = "default_concurrency")]
-    pub concurrency: u32,
+    /// `None`: by mode (`default_concurrency`); the effective config shows it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrency: Option<u32>,
     #[serde(default)]
     pub retry: Retry,
     #[serde(default)]
@@ -234,8 +235,19 @@ fn default_passthrough_deadline() -> Dur {
 fn default_late_answer_window() -> Dur {
     secs(180)
 }
-fn default_concurrency() -> u32 {
-    16
+/// Attempts in flight to one endpoint unless configured. Durable: 16,
+/// Event Grid's own per-subscription pace, so a backlog does not flood the
+/// endpoint. Passthrough: the app waits for each answer, so its own
+/// connections already bound what is in flight, and a slot it must wait
+/// for is pure latency: 16 slots gave 50 app connections at 5,000
+/// requests/s a p50 of 3.9 ms against nginx proxy_pass's 1.6 ms, 64 gave
+/// 2.1 ms (issue #30); 256 keeps that headroom for app pools five times
+/// that size.
+pub fn default_concurrency(mode: Mode) -> u32 {
+    match mode {
+        Mode::Durable => 16,
+        Mode::Passthrough => 256,
+    }
 }
 
 /// A topic (Event Grid's custom topic): the app posts to `/<name>` and each

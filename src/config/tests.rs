@@ -64,6 +64,24 @@ fn a_good_config_fills_defaults_and_masks_nothing_it_need_not() {
     );
     let d = &s.destinations[0];
     assert_eq!(d.concurrency, 16);
+    let by_mode = "destinations:\n  a: { url: http://127.0.0.1:9/a, mode: passthrough }\n  b: { url: http://127.0.0.1:9/b, mode: passthrough, concurrency: 8 }\n";
+    let loaded = parse("c.yaml", by_mode, ".".into(), Purpose::Run, &env()).expect("valid");
+    let limits: Vec<usize> = loaded
+        .settings
+        .destinations
+        .iter()
+        .map(|d| d.concurrency)
+        .collect();
+    assert_eq!(
+        limits,
+        [256, 8],
+        "passthrough's default, then a configured one"
+    );
+    assert!(
+        loaded.effective.contains("concurrency: 256"),
+        "{}",
+        loaded.effective
+    );
     assert_eq!(d.limits.ttl.as_secs(), 86_400);
     assert_eq!(
         d.target.url("/x", Some("y=1")),

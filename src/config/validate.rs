@@ -416,8 +416,14 @@ fn destination(
             1024 * 1024,
         ) as usize,
     };
-    let concurrency =
-        c.range_u64(&format!("{p}.concurrency"), d.concurrency.into(), 1, 1024) as usize;
+    let concurrency = c.range_u64(
+        &format!("{p}.concurrency"),
+        d.concurrency
+            .unwrap_or_else(|| super::schema::default_concurrency(d.mode))
+            .into(),
+        1,
+        1024,
+    ) as usize;
     let super::retry::RetryPlan {
         schedule,
         max_attempts,
