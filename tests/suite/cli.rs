@@ -101,6 +101,19 @@ fn pos_of(text: &str, needle: &str) -> (usize, usize) {
     panic!("needle {whole:?} spans lines in:\n{text}")
 }
 
+/// The rows of `courier schedule`'s plan: the lines that start with an
+/// attempt number.
+fn plan_rows(stdout: &str) -> Vec<&str> {
+    stdout
+        .lines()
+        .filter(|l| {
+            l.split_whitespace()
+                .next()
+                .is_some_and(|w| w.parse::<u32>().is_ok())
+        })
+        .collect()
+}
+
 fn yaml_with_dest(dest_lines: &str) -> String {
     format!(
         "listen: 127.0.0.1:0\nadmin_listen: 127.0.0.1:0\njournal: {{ dir: ./journal }}\ndestinations:\n  orders:\n    url: http://127.0.0.1:9/hooks\n{dest_lines}"
@@ -578,15 +591,7 @@ async fn schedule_and_check_show_the_minimum_delays_in_force() {
         "{}",
         out.show()
     );
-    let rows: Vec<&str> = out
-        .stdout
-        .lines()
-        .filter(|l| {
-            l.split_whitespace()
-                .next()
-                .is_some_and(|w| w.parse::<u32>().is_ok())
-        })
-        .collect();
+    let rows = plan_rows(&out.stdout);
     assert_eq!(rows.len(), 4, "{}", out.show());
     assert!(rows[1].contains("2s"), "{}", out.show());
     let last = out.stdout.trim_end().lines().last().unwrap_or_default();
@@ -627,15 +632,7 @@ async fn schedule_default_eventgrid_ends_at_the_24h_ttl() {
 
     let out = run_cli(None, &["schedule", "-c", s(&path), "orders"], &[]).await;
     assert_eq!(out.code, 0, "{}", out.show());
-    let rows: Vec<&str> = out
-        .stdout
-        .lines()
-        .filter(|l| {
-            l.split_whitespace()
-                .next()
-                .is_some_and(|w| w.parse::<u32>().is_ok())
-        })
-        .collect();
+    let rows = plan_rows(&out.stdout);
     assert_eq!(rows.len(), 11, "{}", out.show());
     assert!(
         rows.iter().all(|r| r.contains("eventgrid")),

@@ -15,6 +15,7 @@ pub mod checks;
 pub mod client;
 pub mod courier;
 pub mod deadletters;
+pub mod install;
 pub mod load;
 pub mod node;
 pub mod python;

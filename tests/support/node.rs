@@ -26,16 +26,8 @@ fn scripts() -> PathBuf {
             let lockfile = std::fs::read(dir().join("package-lock.json"))
                 .expect("read tests/node/package-lock.json");
             let stamp = dir().join("node_modules/.courier-installed");
-            let lock = std::fs::OpenOptions::new()
-                .create(true)
-                .truncate(false)
-                .write(true)
-                .open(dir().join("../../.node.lock"))
-                .expect("open .node.lock");
-            // SAFETY: a valid fd owned by `lock`, which outlives the flock.
-            let rc = unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&lock), libc::LOCK_EX) };
-            assert_eq!(rc, 0, "flock .node.lock");
-            if std::fs::read(&stamp).ok().as_deref() != Some(&lockfile[..]) {
+            let lock = dir().join("../../.node.lock");
+            super::install::once(&lock, &stamp, &lockfile, || {
                 let out = Command::new("npm")
                     .args(["ci", "--no-audit", "--no-fund"])
                     .current_dir(dir())
@@ -48,9 +40,7 @@ fn scripts() -> PathBuf {
                     String::from_utf8_lossy(&out.stdout),
                     String::from_utf8_lossy(&out.stderr)
                 );
-                std::fs::write(&stamp, &lockfile).expect("write the install stamp");
-            }
-            drop(lock);
+            });
             dir().to_path_buf()
         })
         .clone()

@@ -31,16 +31,7 @@ pub fn python() -> PathBuf {
         let reqs = root().join("tests/py/requirements.txt");
         let stamp = venv.join(".installed");
         let wanted = std::fs::read(&reqs).expect("read tests/py/requirements.txt");
-        let lock = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(root().join(".venv.lock"))
-            .expect("open .venv.lock");
-        // SAFETY: a valid fd owned by `lock`, which outlives the flock.
-        let rc = unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&lock), libc::LOCK_EX) };
-        assert_eq!(rc, 0, "flock .venv.lock");
-        if std::fs::read(&stamp).ok().as_deref() != Some(&wanted[..]) {
+        super::install::once(&root().join(".venv.lock"), &stamp, &wanted, || {
             if !py.exists() {
                 run(Command::new("python3").args(["-m", "venv"]).arg(&venv));
             }
@@ -54,9 +45,7 @@ pub fn python() -> PathBuf {
                     "-r",
                 ])
                 .arg(&reqs));
-            std::fs::write(&stamp, &wanted).expect("write .venv/.installed");
-        }
-        drop(lock);
+        });
         py
     })
     .clone()
