@@ -53,6 +53,8 @@ pub enum TlsFileError {
     NoKey { path: PathBuf },
     #[error("{}: the private key cannot be used: {reason}", path.display())]
     BadKey { path: PathBuf, reason: String },
+    #[error("{}: the certificate cannot be used: {reason}", path.display())]
+    BadCertificate { path: PathBuf, reason: String },
     #[error("{} is not the key of the certificate in {}", key.display(), cert.display())]
     KeyMismatch { cert: PathBuf, key: PathBuf },
     #[error("cannot configure TLS: {0}")]
@@ -68,7 +70,8 @@ impl TlsFileError {
             | TlsFileError::Pem { path, .. }
             | TlsFileError::BadCa { path, .. }
             | TlsFileError::NoKey { path }
-            | TlsFileError::BadKey { path, .. } => Some(path),
+            | TlsFileError::BadKey { path, .. }
+            | TlsFileError::BadCertificate { path, .. } => Some(path),
             TlsFileError::KeyMismatch { key, .. } => Some(key),
             TlsFileError::Setup(_) => None,
         }
@@ -199,14 +202,38 @@ fn client_key(
                 path: key.to_path_buf(),
                 reason: e.to_string(),
             })?;
+    if let Some(leaf) = chain.first() {
+        parsed(cert, leaf)?;
+    }
     let certified = CertifiedKey::new(chain, signing);
     match certified.keys_match() {
         Ok(()) => Ok(Arc::new(certified)),
-        Err(_) => Err(TlsFileError::KeyMismatch {
-            cert: cert.to_path_buf(),
-            key: key.to_path_buf(),
+        Err(rustls::Error::InconsistentKeys(rustls::InconsistentKeys::KeyMismatch)) => {
+            Err(TlsFileError::KeyMismatch {
+                cert: cert.to_path_buf(),
+                key: key.to_path_buf(),
+            })
+        }
+        Err(e) => Err(TlsFileError::BadKey {
+            path: key.to_path_buf(),
+            reason: e.to_string(),
         }),
     }
+}
+
+/// Whether rustls can read the client certificate at `path`: it reads it to
+/// check the key against it, and a certificate it cannot read fails that
+/// check too, which would otherwise be reported as a wrong key.
+fn parsed(path: &Path, leaf: &CertificateDer<'_>) -> Result<(), TlsFileError> {
+    let reason = match webpki::EndEntityCert::try_from(leaf) {
+        Ok(_) => return Ok(()),
+        Err(webpki::Error::UnsupportedCertVersion) => "it is an X.509 v1 certificate (one without extensions, as `openssl x509 -req` makes without -extfile), and rustls, courier's TLS library, reads only v3 ones: issue it again with an extension, e.g. `openssl x509 -req ... -extfile <(printf 'extendedKeyUsage=clientAuth')`".to_string(),
+        Err(e) => format!("rustls cannot read it ({e})"),
+    };
+    Err(TlsFileError::BadCertificate {
+        path: path.to_path_buf(),
+        reason,
+    })
 }
 
 /// What says a file changed: modification time, length and inode (a

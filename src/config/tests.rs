@@ -1314,6 +1314,15 @@ fn tls_files() -> tempfile::TempDir {
         ("client.key", key.serialize_pem()),
         ("other.key", other.serialize_pem()),
         ("junk.pem", "not a certificate\n".to_string()),
+        // `openssl x509 -req` without -extfile: X.509 v1, with its own key.
+        (
+            "v1.pem",
+            include_str!("../../tests/fixtures/v1-client.pem").to_string(),
+        ),
+        (
+            "v1.key",
+            include_str!("../../tests/fixtures/v1-client.key").to_string(),
+        ),
     ] {
         std::fs::write(dir.path().join(name), text).expect("write");
     }
@@ -1362,6 +1371,11 @@ fn bad_tls_files_are_refused_naming_the_key_and_the_file() {
             "{ client_cert: DIR/client.pem, client_key: DIR/other.key }",
             "destinations.orders.tls.client_key",
             "other.key is not the key of the certificate in",
+        ),
+        (
+            "{ client_cert: DIR/v1.pem, client_key: DIR/v1.key }",
+            "destinations.orders.tls.client_cert",
+            "v1.pem: the certificate cannot be used: it is an X.509 v1 certificate",
         ),
         (
             "{ client_cert: DIR/client.pem, client_key: DIR/ca.pem }",

@@ -1,15 +1,18 @@
 //! The HTTP/1.1 + h2c accept loop shared by ingress and admin. Each is a
 //! `tower::Service` behind the layers of `layers`, served by hyper with the
-//! limits of its `Edge`: a connection cap, and a header timeout that also
-//! closes idle keep-alive connections.
+//! limits of its `Edge`: a connection cap, beyond which only the edge's
+//! probes are served (`beyond_cap`), and an idle timeout that closes a
+//! connection asking nothing, HTTP/1 or HTTP/2 (`idle`).
 
+mod beyond_cap;
 mod edge;
 pub mod guard;
+mod idle;
 mod layers;
 
 pub use edge::{BODY_DEADLINE, Edge};
 
-use crate::admin::metrics;
+use beyond_cap::BeyondCap;
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::Full;
@@ -17,13 +20,13 @@ use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::service::TowerToHyperService;
+use idle::{Activity, Tracked};
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tower::Service;
 use tower_http::add_extension::AddExtension;
@@ -48,12 +51,8 @@ where
     B::Error: Into<tower::BoxError> + std::fmt::Display,
 {
     let service = layers::stack(service, edge.name);
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(edge::HEADER_TIMEOUT);
-    let builder = Arc::new(builder);
+    let kept = Arc::new(builder(true));
+    let once = Arc::new(builder(false));
     let slots = Arc::new(Semaphore::new(edge.max_connections));
     let tracker = tokio_util::task::TaskTracker::new();
     loop {
@@ -68,69 +67,91 @@ where
             },
             _ = stop.cancelled() => break,
         };
-        let Ok(slot) = slots.clone().try_acquire_owned() else {
-            metrics::connection_refused(edge.name);
-            tracker.spawn(refuse(stream));
-            continue;
-        };
         let _ = stream.set_nodelay(true);
-        let service =
-            TowerToHyperService::new(AddExtension::new(service.clone(), RemoteAddr(peer)));
-        let builder = builder.clone();
-        let stop = stop.clone();
-        tracker.spawn(async move {
-            let _slot = slot;
-            let first = tokio::select! {
-                first = first_byte(&stream) => first,
-                _ = stop.cancelled() => false,
-            };
-            if !first {
-                return;
+        let service = AddExtension::new(service.clone(), RemoteAddr(peer));
+        match slots.clone().try_acquire_owned() {
+            Ok(slot) => tracker.spawn(connection(
+                stream,
+                service,
+                slot,
+                kept.clone(),
+                stop.clone(),
+            )),
+            Err(_) => {
+                let service = BeyondCap {
+                    inner: service,
+                    served: edge.served_beyond_cap,
+                    listener: edge.name,
+                };
+                tracker.spawn(beyond_cap(stream, service, once.clone()))
             }
-            let conn = builder.serve_connection(TokioIo::new(stream), service);
-            tokio::pin!(conn);
-            tokio::select! {
-                _ = conn.as_mut() => {}
-                _ = stop.cancelled() => {
-                    conn.as_mut().graceful_shutdown();
-                    let _ = conn.await;
-                }
-            }
-        });
+        };
     }
     tracker.close();
     let _ = tokio::time::timeout(Duration::from_secs(2), tracker.wait()).await;
 }
 
-/// Waits up to the header timeout for the client's first byte: until then
-/// hyper is still telling HTTP/1 from h2c, and its header timer has not
-/// started, so a client that sends nothing would hold the slot forever.
-async fn first_byte(stream: &TcpStream) -> bool {
-    let mut byte = [0u8; 1];
-    let peeked = tokio::time::timeout(edge::HEADER_TIMEOUT, stream.peek(&mut byte)).await;
-    matches!(peeked, Ok(Ok(n)) if n > 0)
+/// hyper's HTTP/1 and h2c server; `keep_alive: false` answers one HTTP/1
+/// request and closes.
+fn builder(keep_alive: bool) -> auto::Builder<TokioExecutor> {
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .keep_alive(keep_alive)
+        .timer(TokioTimer::new())
+        .header_read_timeout(edge::HEADER_TIMEOUT);
+    builder
 }
 
-/// A connection beyond the cap: a 503 written straight to the socket, with
-/// no hyper connection and no slot, then closed. The request is read (for
-/// up to a second) before the close, so that the close does not reset the
-/// answer away.
-async fn refuse(mut stream: TcpStream) {
-    let body =
-        r#"{"error":"too many connections open: retry shortly","reason":"too_many_connections"}"#;
-    let answer = format!(
-        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: {}\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
-        edge::RETRY_AFTER_FULL,
-        body.len()
-    );
-    let _ = tokio::time::timeout(Duration::from_secs(1), async {
-        stream.write_all(answer.as_bytes()).await?;
-        stream.shutdown().await?;
-        let mut sink = [0u8; 1024];
-        while stream.read(&mut sink).await? > 0 {}
-        Ok::<_, std::io::Error>(())
-    })
-    .await;
+/// A connection holding `slot`: served until the client closes it, it asks
+/// nothing for `HEADER_TIMEOUT`, or `stop`.
+async fn connection<S, B>(
+    stream: TcpStream,
+    service: S,
+    slot: OwnedSemaphorePermit,
+    builder: Arc<auto::Builder<TokioExecutor>>,
+    stop: CancellationToken,
+) where
+    S: Service<Request<Incoming>, Response = Response<B>, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    B: hyper::body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<tower::BoxError>,
+{
+    let _slot = slot;
+    let activity = Activity::new();
+    let service = TowerToHyperService::new(Tracked::new(service, activity.clone()));
+    let conn = builder.serve_connection(TokioIo::new(stream), service);
+    tokio::pin!(conn);
+    let stopping = tokio::select! {
+        _ = conn.as_mut() => return,
+        _ = idle::idle(&activity, edge::HEADER_TIMEOUT) => false,
+        _ = stop.cancelled() => true,
+    };
+    conn.as_mut().graceful_shutdown();
+    if stopping {
+        let _ = conn.await;
+    } else {
+        let _ = tokio::time::timeout(edge::CLOSE_GRACE, conn).await;
+    }
+}
+
+/// A connection beyond the cap: served without a slot for
+/// `BEYOND_CAP_DEADLINE` at most, by `once` (one HTTP/1 request).
+async fn beyond_cap<S, B>(stream: TcpStream, service: S, once: Arc<auto::Builder<TokioExecutor>>)
+where
+    S: Service<Request<Incoming>, Response = Response<B>, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    B: hyper::body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<tower::BoxError>,
+{
+    let conn = once.serve_connection(TokioIo::new(stream), TowerToHyperService::new(service));
+    let _ = tokio::time::timeout(edge::BEYOND_CAP_DEADLINE, conn).await;
 }
 
 /// A JSON response.

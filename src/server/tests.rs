@@ -1,5 +1,6 @@
 //! The accept loop and its layers on a loopback listener, with a raw TCP
-//! client: the connection cap, and a handler panic answered 500.
+//! client: the connection cap and what is served beyond it, and a handler
+//! panic answered 500.
 
 use super::{Body, Edge, json, serve};
 use http::{Request, Response, StatusCode};
@@ -24,6 +25,7 @@ async fn start(max_connections: usize) -> (SocketAddr, CancellationToken) {
     let edge = Edge {
         name: "test",
         max_connections,
+        served_beyond_cap: &["/healthz"],
     };
     tokio::spawn(serve(
         listener,
@@ -91,6 +93,27 @@ async fn beyond_the_cap_a_connection_gets_503_then_a_freed_slot_serves_again() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert!(served, "the slot of a closed connection was not given back");
+    stop.cancel();
+}
+
+#[tokio::test]
+async fn beyond_the_cap_the_probe_paths_get_their_real_answer_once() {
+    let (addr, stop) = start(1).await;
+    // The slot held by a connection that sends nothing.
+    let _holder = TcpStream::connect(addr).await.expect("connect");
+    for _ in 0..3 {
+        let mut probe = TcpStream::connect(addr).await.expect("connect");
+        let answer = ask(&mut probe, "/healthz").await;
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        assert!(answer.contains("connection: close"), "{answer}");
+        let mut rest = Vec::new();
+        let closed =
+            tokio::time::timeout(Duration::from_secs(5), probe.read_to_end(&mut rest)).await;
+        assert!(matches!(closed, Ok(Ok(0))), "not closed after one answer");
+    }
+    let mut other = TcpStream::connect(addr).await.expect("connect");
+    let refused = ask(&mut other, "/").await;
+    assert!(refused.starts_with("HTTP/1.1 503"), "{refused}");
     stop.cancel();
 }
 

@@ -2,10 +2,13 @@
 //! a client that sends its request head too slowly, or nothing, or goes
 //! idle between requests, is disconnected at the header timeout (10 s),
 //! and a body still incomplete at the body deadline (10 s) gets a 408 and
-//! stores nothing. The connection cap and a handler panic are tested on the
-//! accept loop itself (src/server/tests.rs): neither can be reached in a
-//! release binary without a test-only door.
+//! stores nothing. Connections that fill the admin cap and ask nothing
+//! (h2c after its SETTINGS, or one byte of the preface) leave the probes
+//! answering and are closed at the idle timeout. The ingress cap and a
+//! handler panic are tested on the accept loop itself (src/server/tests.rs):
+//! neither can be reached in a release binary without a test-only door.
 
+use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 use support::{Courier, Receiver, config, metric, metric_sum, post};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -184,4 +187,105 @@ async fn a_trickling_body_gets_408_at_the_deadline_and_stores_nothing() {
     assert_eq!(rejected, Some(1.0));
     assert_eq!(accepted(&c).await, 0.0);
     rx.assert_quiet(0, Duration::from_secs(1)).await;
+}
+
+/// The admin listener's connection cap (src/server/edge.rs).
+const ADMIN_CAP: usize = 256;
+
+/// The h2c preface and an empty SETTINGS frame: an HTTP/2 client that then
+/// opens no stream.
+const H2C_HELLO: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0";
+
+/// A `GET` of `path` on a new connection: the status line, or why none.
+async fn probe(addr: SocketAddr, path: &str) -> String {
+    let asked = async {
+        let mut stream = TcpStream::connect(addr).await?;
+        let req = format!("GET {path} HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: close\r\n\r\n");
+        stream.write_all(req.as_bytes()).await?;
+        let mut answer = Vec::new();
+        stream.read_to_end(&mut answer).await?;
+        Ok::<_, std::io::Error>(answer)
+    };
+    match tokio::time::timeout(Duration::from_secs(5), asked).await {
+        Ok(Ok(answer)) => String::from_utf8_lossy(&answer)
+            .lines()
+            .next()
+            .unwrap_or("(no answer)")
+            .to_string(),
+        Ok(Err(e)) => format!("(failed: {e})"),
+        Err(_) => "(no answer within 5 s)".to_string(),
+    }
+}
+
+/// Opens `count` connections to the admin port that each send `hello` and
+/// then nothing; checks that the probes answer 200 over new connections
+/// meanwhile, and that courier closes every one of them by the idle timeout
+/// (those within the cap holding their slot until about then).
+async fn admin_lock_out_is_survived(hello: &'static [u8], count: usize) {
+    let rx = Receiver::ok().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let c = Courier::start(dir.path(), &config("orders", &rx.url(), "")).await;
+    let admin = c.admin_addr();
+
+    let start = Instant::now();
+    let mut idle = Vec::with_capacity(count);
+    for _ in 0..count {
+        let mut stream = TcpStream::connect(admin).await.expect("connect");
+        stream.write_all(hello).await.expect("write");
+        idle.push(stream);
+    }
+    for round in 0..3 {
+        for path in ["/healthz", "/readyz", "/metrics"] {
+            let status = probe(admin, path).await;
+            assert!(
+                status.starts_with("HTTP/1.1 200"),
+                "round {round}, {path} with {count} idle connections open: {status}"
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert!(
+        start.elapsed() < TIMEOUT - MARGIN,
+        "too slow to have probed while the cap was full"
+    );
+
+    let deadline = start + TIMEOUT + MARGIN;
+    let mut watches = tokio::task::JoinSet::new();
+    for mut stream in idle {
+        watches.spawn(async move {
+            let left = deadline.saturating_duration_since(Instant::now());
+            closed_within(&mut stream, left)
+                .await
+                .map(|_| start.elapsed())
+        });
+    }
+    let closed = watches.join_all().await;
+    let open = closed.iter().filter(|c| c.is_none()).count();
+    assert_eq!(
+        open,
+        0,
+        "{open} of {count} idle connections still open at {:?}",
+        TIMEOUT + MARGIN
+    );
+    // The cap was full while the probes answered: the connections holding
+    // it were closed by the idle timeout, not earlier.
+    let held = closed
+        .iter()
+        .flatten()
+        .filter(|at| **at >= TIMEOUT - MARGIN)
+        .count();
+    assert!(
+        held >= ADMIN_CAP,
+        "only {held} connections held a slot until the idle timeout"
+    );
+}
+
+#[tokio::test]
+async fn idle_h2c_connections_beyond_the_admin_cap_leave_the_probes_answering_and_are_closed() {
+    admin_lock_out_is_survived(H2C_HELLO, 300).await;
+}
+
+#[tokio::test]
+async fn connections_that_sent_one_byte_leave_the_probes_answering_and_are_closed() {
+    admin_lock_out_is_survived(b"P", ADMIN_CAP + 4).await;
 }

@@ -214,6 +214,10 @@ impl Courier {
         self.ingress
     }
 
+    pub fn admin_addr(&self) -> SocketAddr {
+        self.admin
+    }
+
     pub fn dir(&self) -> &Path {
         &self.dir
     }

@@ -1,0 +1,186 @@
+//! Closing connections that ask nothing, whatever their protocol.
+//!
+//! hyper's only timer on a server connection is HTTP/1's header-read
+//! timeout, and it runs only once hyper knows the connection is HTTP/1. Two
+//! states had no timer at all: `auto::Builder` reading up to the 24 bytes
+//! of the h2c preface to tell HTTP/1 from HTTP/2 (a client that sent `P`
+//! and then nothing waited there forever), and an HTTP/2 connection with no
+//! open stream (hyper has no idle timeout for it; a keep-alive PING does
+//! not help, as a live but idle client answers it). Either held a slot of
+//! the connection cap for good.
+//!
+//! So each connection counts the requests being handled on it: the service
+//! is wrapped in [`Tracked`], and [`idle`] resolves once no request has been
+//! handled for the timeout (from the connection's start or its last answer);
+//! the accept loop then shuts the connection down. This bounds every state
+//! in which a client asks nothing, in HTTP/1 and HTTP/2 alike. Idleness
+//! is counted by requests, not bytes, as Go's HTTP/2 server counts its
+//! `IdleTimeout` ("PING frames are not considered activity"): frames that
+//! open no stream keep nothing open. What a request may take once handled
+//! is the handlers' business (the ingress body deadline). hyper's HTTP/2
+//! keep-alive PINGs are not turned on: a half-open connection is either
+//! idle, and closed here, or has a handler running, which ends by its own
+//! deadline and leaves it idle.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
+use std::time::Duration;
+use tokio::time::Instant;
+use tower::Service;
+
+/// The requests being handled on one connection, and since when none has
+/// been.
+#[derive(Debug)]
+pub(super) struct Activity(Mutex<State>);
+
+#[derive(Debug)]
+struct State {
+    in_flight: usize,
+    /// When `in_flight` last became 0 (or the connection opened).
+    since: Instant,
+}
+
+impl Activity {
+    pub(super) fn new() -> Arc<Activity> {
+        Arc::new(Activity(Mutex::new(State {
+            in_flight: 0,
+            since: Instant::now(),
+        })))
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A request is being handled until the returned guard is dropped.
+    fn begin(self: &Arc<Self>) -> Busy {
+        self.state().in_flight += 1;
+        Busy(self.clone())
+    }
+
+    /// When the connection becomes idle for `timeout`, if nothing starts
+    /// meanwhile; `None` while a request is being handled.
+    fn idle_at(&self, timeout: Duration) -> Option<Instant> {
+        let s = self.state();
+        (s.in_flight == 0).then(|| s.since + timeout)
+    }
+}
+
+/// One request being handled.
+struct Busy(Arc<Activity>);
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        let mut s = self.0.state();
+        s.in_flight = s.in_flight.saturating_sub(1);
+        if s.in_flight == 0 {
+            s.since = Instant::now();
+        }
+    }
+}
+
+/// Resolves once `activity` has handled no request for `timeout`. While a
+/// request is being handled it looks again a `timeout` later: the earliest
+/// the connection could then be idle for that long.
+pub(super) async fn idle(activity: &Activity, timeout: Duration) {
+    loop {
+        match activity.idle_at(timeout) {
+            Some(at) if at <= Instant::now() => return,
+            Some(at) => tokio::time::sleep_until(at).await,
+            None => tokio::time::sleep(timeout).await,
+        }
+    }
+}
+
+/// A service that counts its calls, from the request head to the answer,
+/// in the connection's [`Activity`].
+#[derive(Clone)]
+pub(super) struct Tracked<S> {
+    inner: S,
+    activity: Arc<Activity>,
+}
+
+impl<S> Tracked<S> {
+    pub(super) fn new(inner: S, activity: Arc<Activity>) -> Self {
+        Tracked { inner, activity }
+    }
+}
+
+impl<S, R> Service<R> for Tracked<S>
+where
+    S: Service<R>,
+    S::Future: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<S::Response, S::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: R) -> Self::Future {
+        let busy = self.activity.begin();
+        let answer = self.inner.call(req);
+        Box::pin(async move {
+            let answer = answer.await;
+            drop(busy);
+            answer
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::convert::Infallible;
+    use tower::ServiceExt;
+
+    const TIMEOUT: Duration = Duration::from_secs(10);
+
+    /// How long `idle` takes to resolve, in paused time.
+    async fn idle_after(activity: &Activity) -> Duration {
+        let start = Instant::now();
+        idle(activity, TIMEOUT).await;
+        start.elapsed()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_connection_that_asks_nothing_is_idle_at_the_timeout() {
+        let activity = Activity::new();
+        assert_eq!(idle_after(&activity).await, TIMEOUT);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_request_being_handled_keeps_it_and_idleness_counts_from_the_last_answer() {
+        let activity = Activity::new();
+        let first = activity.begin();
+        let second = activity.begin();
+        let watch = tokio::spawn({
+            let activity = activity.clone();
+            async move { idle_after(&activity).await }
+        });
+        tokio::time::sleep(Duration::from_secs(25)).await;
+        drop(first);
+        tokio::time::sleep(Duration::from_secs(7)).await;
+        assert!(!watch.is_finished(), "idle while a request was handled");
+        drop(second);
+        // The last answer at 32 s: idle at 42 s, not before.
+        assert_eq!(watch.await.expect("watch"), Duration::from_secs(42));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_tracked_call_is_busy_until_its_answer() {
+        let activity = Activity::new();
+        let slow = tower::service_fn(|wait: u64| async move {
+            tokio::time::sleep(Duration::from_secs(wait)).await;
+            Ok::<_, Infallible>(())
+        });
+        let call = Tracked::new(slow, activity.clone()).oneshot(15);
+        let (answered, idle) = tokio::join!(call, idle_after(&activity));
+        assert!(answered.is_ok());
+        assert_eq!(idle, Duration::from_secs(25));
+    }
+}
