@@ -123,7 +123,6 @@ mod tests {
             last_status: None,
             last_attempt_ms: None,
             batch: None,
-            fate: None,
         }
     }
 

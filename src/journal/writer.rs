@@ -327,7 +327,6 @@ fn make_ready(events: Vec<NewEvent>, first_seq: i64, shared: &Shared) {
                 last_status: None,
                 last_attempt_ms: None,
                 batch: None,
-                fate: None,
             })
         });
         if held && !woken.iter().any(|w| std::ptr::eq(*w, state.as_ref())) {

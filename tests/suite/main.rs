@@ -19,7 +19,6 @@ mod crash_windows;
 mod credits;
 mod dead_letter_bytes;
 mod dead_letter_files;
-mod dead_letter_once;
 mod dead_letters_api;
 mod dedupe;
 mod delivery;
