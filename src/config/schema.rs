@@ -207,6 +207,10 @@ pub struct Destination {
     pub tls: Option<TlsSpec>,
     #[serde(default = "default_concurrency")]
     pub concurrency: u32,
+    /// This destination's share of `journal.max_bytes`; the default
+    /// (`validate::Shares`) depends on the other keys.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_pending_bytes: Option<Size>,
     #[serde(default)]
     pub retry: Retry,
     #[serde(default)]
