@@ -319,20 +319,23 @@ impl Shared {
 
     /// Takes room for `events` before they are queued, so that concurrent
     /// requests cannot all pass the checks: each destination's share
-    /// first (the more precise refusal: its own endpoint is behind), then
-    /// the total. All or nothing, as the events are committed together.
-    /// The room is kept once they are durable, given back by `unreserve`
-    /// if the write fails.
+    /// first, so that a request its share refuses never holds room in the
+    /// total that another destination's request could need, then the
+    /// total. All or nothing, as the events are committed together. The
+    /// room is kept once they are durable, given back by `unreserve` if
+    /// the write fails.
     fn reserve(&self, events: &[NewEvent]) -> Result<(), JournalError> {
         let sizes = by_destination(events);
+        let size: u64 = sizes.iter().map(|(_, n)| n).sum();
+        let limit = self.max_bytes;
         let states = self.destinations.load();
         let mut taken: Vec<(&DestinationState, u64)> = Vec::with_capacity(sizes.len());
         let give_back = |taken: &[(&DestinationState, u64)]| {
-            for (d, size) in taken {
-                sub(&d.bytes, *size);
+            for (d, own) in taken {
+                sub(&d.bytes, *own);
             }
         };
-        for &(name, size) in &sizes {
+        for &(name, own) in &sizes {
             let Some(d) = states.get(name) else {
                 continue;
             };
@@ -340,20 +343,27 @@ impl Shared {
             let fits = d
                 .bytes
                 .fetch_update(Ordering::AcqRel, Ordering::Acquire, |b| {
-                    b.checked_add(size).filter(|n| *n <= share)
+                    b.checked_add(own).filter(|n| *n <= share)
                 });
             if let Err(pending) = fits {
                 give_back(&taken);
+                // When the total refuses too, a full journal is the answer
+                // (for a lone destination the share is the whole journal).
+                let total = self.pending_bytes.load(Ordering::Acquire);
+                if total + size > limit {
+                    return Err(JournalError::Full {
+                        pending: total,
+                        limit,
+                    });
+                }
                 return Err(JournalError::DestinationFull {
                     destination: name.to_string(),
                     pending,
                     share,
                 });
             }
-            taken.push((d, size));
+            taken.push((d, own));
         }
-        let size: u64 = sizes.iter().map(|(_, n)| n).sum();
-        let limit = self.max_bytes;
         let fits = self
             .pending_bytes
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |p| {

@@ -851,12 +851,12 @@ fn bytes_of(journal: &Journal, name: &str) -> Option<u64> {
 }
 
 /// Opens a journal of `sick` and `healthy`, each with a share of three
-/// events, in a total of four.
-async fn shared_by_two(dir: &Path) -> (Journal, u64) {
+/// events, in a total of `total` events.
+async fn shared_by_two(dir: &Path, total: u64) -> (Journal, u64) {
     let one = to("sick", 0).size();
     let names = ["sick".to_string(), "healthy".to_string()];
     for _ in 0..100 {
-        if let Ok((journal, _)) = Journal::open(dir, true, 4 * one, None, &names) {
+        if let Ok((journal, _)) = Journal::open(dir, true, total * one, None, &names) {
             journal.set_share("sick", 3 * one);
             journal.set_share("healthy", 3 * one);
             return (journal, one);
@@ -869,7 +869,7 @@ async fn shared_by_two(dir: &Path) -> (Journal, u64) {
 #[tokio::test]
 async fn a_destination_past_its_share_is_refused_and_the_others_still_fit() {
     let tmp = tempfile::tempdir().expect("tempdir");
-    let (journal, one) = shared_by_two(tmp.path()).await;
+    let (journal, one) = shared_by_two(tmp.path(), 5).await;
     for i in 0..3 {
         journal
             .append(vec![to("sick", i)])
@@ -887,27 +887,33 @@ async fn a_destination_past_its_share_is_refused_and_the_others_still_fit() {
     let both = journal.append(vec![to("healthy", 4), to("sick", 5)]).await;
     assert_eq!(both, sick_full);
     assert_eq!(bytes_of(&journal, "healthy"), Some(0));
-    journal
-        .append(vec![to("healthy", 6)])
-        .await
-        .expect("a healthy destination is not refused for a sick one");
-    // The total still holds, and its refusal gives the share's room back.
-    assert_eq!(
-        journal.append(vec![to("healthy", 7)]).await,
-        Err(JournalError::Full {
-            pending: 4 * one,
-            limit: 4 * one
-        })
-    );
-    assert_eq!(bytes_of(&journal, "healthy"), Some(one));
+    for i in 6..8 {
+        journal
+            .append(vec![to("healthy", i)])
+            .await
+            .expect("a healthy destination is not refused for a sick one");
+    }
+    // The total still holds, and its refusal gives the share's room back;
+    // once it is full, that is what a destination past its share hears too.
+    let full = Err(JournalError::Full {
+        pending: 5 * one,
+        limit: 5 * one,
+    });
+    assert_eq!(journal.append(vec![to("healthy", 8)]).await, full);
+    assert_eq!(bytes_of(&journal, "healthy"), Some(2 * one));
+    assert_eq!(journal.append(vec![to("sick", 9)]).await, full);
     assert_eq!(bytes_of(&journal, "sick"), Some(3 * one));
 
-    // Recovered counters: still full after a restart.
+    // Recovered counters, in a larger journal: still at its share.
     journal.close().await;
     drop(journal);
-    let (journal, _) = shared_by_two(tmp.path()).await;
+    let (journal, _) = shared_by_two(tmp.path(), 8).await;
     assert_eq!(bytes_of(&journal, "sick"), Some(3 * one));
     assert_eq!(journal.append(vec![to("sick", 8)]).await, sick_full);
-    assert_eq!(bytes_of(&journal, "healthy"), Some(one));
+    journal
+        .append(vec![to("healthy", 9)])
+        .await
+        .expect("healthy has room after the restart");
+    assert_eq!(bytes_of(&journal, "healthy"), Some(3 * one));
     journal.close().await;
 }
