@@ -258,6 +258,8 @@ fn effective_yaml(
                 .collect();
         }
         if let Some(checked) = settings.destination(name) {
+            d.max_pending_bytes
+                .get_or_insert(units::Size(checked.max_pending_bytes));
             let floors = checked.status.floors();
             for f in &floors {
                 let configured = |code: u16| {

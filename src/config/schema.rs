@@ -208,6 +208,10 @@ pub struct Destination {
     /// `None`: by mode (`default_concurrency`); the effective config shows it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub concurrency: Option<u32>,
+    /// This destination's share of `journal.max_bytes`; the default
+    /// (`validate::Shares`) depends on the other keys.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_pending_bytes: Option<Size>,
     #[serde(default)]
     pub retry: Retry,
     #[serde(default)]

@@ -103,6 +103,10 @@ pub struct DestinationSettings {
     /// Durable (the journal answers the app) or passthrough (the endpoint
     /// does, within `passthrough_deadline`).
     pub mode: Mode,
+    /// The most of the journal its pending events may hold
+    /// (`max_pending_bytes`), so that its endpoint being down cannot fill
+    /// the journal for the other destinations.
+    pub max_pending_bytes: u64,
     pub passthrough_deadline: Duration,
     pub timeout: Duration,
     pub concurrency: usize,

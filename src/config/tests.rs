@@ -1416,3 +1416,89 @@ fn bad_tls_files_are_refused_naming_the_key_and_the_file() {
         checked.warnings
     );
 }
+
+const TWO: &str = "\
+journal: { max_bytes: 64MiB }
+ingress: { max_body_bytes: 1MiB }
+destinations:
+  orders: { url: http://127.0.0.1:9/orders }
+  audit:
+    url: http://127.0.0.1:9/audit
+";
+
+fn shares(text: &str) -> Vec<(String, u64)> {
+    let loaded = parse("c.yaml", text, ".".into(), Purpose::Run, &env()).expect("valid");
+    loaded
+        .settings
+        .destinations
+        .iter()
+        .map(|d| (d.name.clone(), d.max_pending_bytes))
+        .collect()
+}
+
+#[test]
+fn a_share_defaults_to_half_the_journal_and_to_all_of_it_alone() {
+    let half = 32 << 20;
+    assert_eq!(
+        shares(TWO),
+        vec![("audit".into(), half), ("orders".into(), half)]
+    );
+    let loaded = parse("c.yaml", TWO, ".".into(), Purpose::Run, &env()).expect("valid");
+    assert_eq!(
+        loaded.effective.matches("max_pending_bytes: 32MiB").count(),
+        2,
+        "{}",
+        loaded.effective
+    );
+    // One durable destination has no other to keep room for; a
+    // passthrough one journals nothing.
+    let alone = TWO.replace(
+        "url: http://127.0.0.1:9/audit",
+        "url: http://127.0.0.1:9/audit\n    mode: passthrough",
+    );
+    assert_eq!(shares(&alone)[1], ("orders".into(), 64 << 20));
+    // Half even when a request is larger (a journal of 1 MiB still keeps
+    // room for the others), with a warning that such a request never fits.
+    let small = TWO.replace("max_bytes: 64MiB", "max_bytes: 1MiB");
+    assert_eq!(shares(&small)[0], ("audit".into(), 512 << 10));
+    let loaded = parse("c.yaml", &small, ".".into(), Purpose::Check, &env()).expect("valid");
+    assert_eq!(loaded.warnings.len(), 1, "{:?}", loaded.warnings);
+    assert!(
+        loaded.warnings[0].starts_with("c.yaml:1:23: journal.max_bytes: half of it (512KiB)"),
+        "{:?}",
+        loaded.warnings
+    );
+    // The default may be below one request: then it is the least allowed.
+    let given = small.replace(
+        "url: http://127.0.0.1:9/audit",
+        "url: http://127.0.0.1:9/audit\n    max_pending_bytes: 512KiB",
+    );
+    assert_eq!(shares(&given)[0], ("audit".into(), 512 << 10));
+    let given = TWO.replace(
+        "url: http://127.0.0.1:9/audit",
+        "url: http://127.0.0.1:9/audit\n    max_pending_bytes: 8MiB",
+    );
+    assert_eq!(shares(&given)[0], ("audit".into(), 8 << 20));
+}
+
+#[test]
+fn a_share_out_of_range_names_key_value_and_range() {
+    let range = "(at least ingress.max_body_bytes, so that a request fits, or the default share if that is smaller; at most journal.max_bytes)";
+    for (text, value, allowed) in [
+        (TWO, "512KiB", "1MiB..=64MiB"),
+        (TWO, "65MiB", "1MiB..=64MiB"),
+        (TWO, "1000", "1MiB..=64MiB"),
+        (&TWO.replace("64MiB", "1MiB"), "256KiB", "512KiB..=1MiB"),
+    ] {
+        let text = text.replace(
+            "url: http://127.0.0.1:9/audit",
+            &format!("url: http://127.0.0.1:9/audit\n    max_pending_bytes: {value}"),
+        );
+        assert_eq!(
+            one_error(&text),
+            format!(
+                "c.yaml:7:24: destinations.audit.max_pending_bytes: {value} is out of range: allowed {allowed} {range}"
+            )
+        );
+    }
+}

@@ -7,7 +7,7 @@ use super::schema::{
     TlsSpec,
 };
 use super::settings::*;
-use super::units::Dur;
+use super::units::{Dur, Size};
 use crate::admin::auth::AdminToken;
 use crate::event_path::EventPath;
 use crate::ingress::keys::IngressKeys;
@@ -236,6 +236,12 @@ pub fn check(
     if raw.destinations.is_empty() {
         c.err("destinations", "at least one destination is needed");
     }
+    let durable = raw
+        .destinations
+        .values()
+        .filter(|d| d.mode == Mode::Durable)
+        .count();
+    let shares = Shares::new(&mut c, max_bytes, max_body_bytes, durable);
     let default_sink = raw.dead_letter.as_ref().map(|d| {
         let redact = redaction(&mut c, "dead_letter", d, &Redaction::default());
         (c.dir(&d.dir), redact)
@@ -243,7 +249,7 @@ pub fn check(
     let destinations = raw
         .destinations
         .iter()
-        .map(|(name, d)| Arc::new(destination(&mut c, name, d, default_sink.as_ref())))
+        .map(|(name, d)| Arc::new(destination(&mut c, name, d, default_sink.as_ref(), &shares)))
         .collect();
     let topics = super::topics::topics(&mut c, &raw.topics, &raw.destinations)
         .into_iter()
@@ -378,16 +384,76 @@ fn ingress_keys(c: &mut Checker, vars: &[String]) -> IngressKeys {
     IngressKeys::new(keys.iter().map(String::as_str))
 }
 
+/// What a destination's `max_pending_bytes` may be, and its default.
+struct Shares {
+    min: u64,
+    max: u64,
+    default: u64,
+}
+
+impl Shares {
+    /// The default is half of `journal.max_bytes` when courier has two or
+    /// more durable destinations: the common case is a few of them and one
+    /// endpoint down, which then buffers up to half the journal while the
+    /// others, delivering as they go, keep the other half. With one, all
+    /// of it: there is no other to keep room for. A given share must hold
+    /// one request (`ingress.max_body_bytes`), or be at least the default
+    /// when that is smaller, so that the effective config `check` prints
+    /// passes `check`.
+    fn new(c: &mut Checker, max_bytes: u64, max_body_bytes: u64, durable: usize) -> Shares {
+        let default = if durable > 1 {
+            max_bytes / 2
+        } else {
+            max_bytes
+        };
+        if durable > 1 && default < max_body_bytes {
+            c.warn(
+                "journal.max_bytes",
+                format!(
+                    "half of it ({}) is each destination's default share (max_pending_bytes), less than ingress.max_body_bytes ({}): a larger request is never stored (503 destination_full); raise journal.max_bytes or lower ingress.max_body_bytes",
+                    Size(default),
+                    Size(max_body_bytes)
+                ),
+            );
+        }
+        Shares {
+            min: max_body_bytes.min(default),
+            max: max_bytes,
+            default,
+        }
+    }
+
+    fn check(&self, c: &mut Checker, p: &str, given: Option<Size>) -> u64 {
+        let Some(Size(v)) = given else {
+            return self.default;
+        };
+        if v < self.min || v > self.max {
+            c.err(
+                format!("{p}.max_pending_bytes"),
+                format!(
+                    "{} is out of range: allowed {}..={} (at least ingress.max_body_bytes, so that a request fits, or the default share if that is smaller; at most journal.max_bytes)",
+                    Size(v),
+                    Size(self.min),
+                    Size(self.max)
+                ),
+            );
+        }
+        v
+    }
+}
+
 fn destination(
     c: &mut Checker,
     name: &str,
     d: &Destination,
     default_sink: Option<&(PathBuf, Redaction)>,
+    shares: &Shares,
 ) -> DestinationSettings {
     let p = format!("destinations.{name}");
     if !valid_name(name) {
         c.err(&p, format!("name `{name}` {NAME_RULE}"));
     }
+    let max_pending_bytes = shares.check(c, &p, d.max_pending_bytes);
     let target = target(c, &format!("{p}.url"), &d.url);
     let timeout = c.range_dur(
         &format!("{p}.timeout"),
@@ -490,6 +556,7 @@ fn destination(
         schema: d.schema,
         eventgrid_topic: eventgrid_topic(c, &p, name, Some(d.schema), d.eventgrid_topic.as_deref()),
         mode: d.mode,
+        max_pending_bytes,
         passthrough_deadline,
         timeout,
         concurrency,

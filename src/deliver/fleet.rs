@@ -110,7 +110,8 @@ impl Fleet {
     /// Starts a dispatcher for each destination of `settings` that has none
     /// and hands the others their new settings; returns the names started.
     /// Call before ingress takes the new config (the journal's counters of
-    /// an added destination exist once this returns), and `retire` after.
+    /// an added destination, and every share, are in place once this
+    /// returns), and `retire` after.
     pub fn apply(&self, settings: &Settings) -> Result<Vec<String>, String> {
         let mut inner = self.lock();
         // The steps that can fail, first: a failed apply changes nothing.
@@ -140,6 +141,8 @@ impl Fleet {
         let mut added = Vec::new();
         for dest in &settings.destinations {
             let name = &dest.name;
+            // Only a limit: a changed share holds from the next request.
+            self.journal.set_share(name, dest.max_pending_bytes);
             let (health, late) = inner
                 .healths
                 .entry(name.clone())

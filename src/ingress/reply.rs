@@ -174,6 +174,11 @@ pub fn schema_error(destination: &str, e: &SchemaError) -> Response<Body> {
 pub fn journal_error(destination: &str, e: &JournalError) -> Response<Body> {
     let (status, reason, retry) = match e {
         JournalError::Full { .. } => (StatusCode::SERVICE_UNAVAILABLE, "journal_full", Some(5)),
+        JournalError::DestinationFull {
+            destination: full,
+            pending,
+            share,
+        } => return destination_full(destination, full, *pending, *share, e),
         JournalError::Busy => (StatusCode::SERVICE_UNAVAILABLE, "journal_busy", Some(1)),
         JournalError::Strained(_) => (
             StatusCode::SERVICE_UNAVAILABLE,
@@ -191,6 +196,34 @@ pub fn journal_error(destination: &str, e: &JournalError) -> Response<Body> {
         format!("not accepted: {e}"),
         retry,
     )
+}
+
+/// A destination past its share of the journal (`max_pending_bytes`):
+/// 503 naming it (for a topic, the subscriber that is full; nothing of the
+/// request was stored) and its share, so that the app can tell one sick
+/// endpoint from a full journal.
+fn destination_full(
+    route: &str,
+    full: &str,
+    pending: u64,
+    share: u64,
+    e: &JournalError,
+) -> Response<Body> {
+    let reason = "destination_full";
+    let mut resp = json(
+        StatusCode::SERVICE_UNAVAILABLE,
+        &json!({
+            "error": format!("not accepted: {e}"),
+            "reason": reason,
+            "destination": full,
+            "max_pending_bytes": share,
+            "pending_bytes": pending,
+        }),
+    );
+    resp.extensions_mut().insert(Rejection::new(route, reason));
+    resp.headers_mut()
+        .insert(http::header::RETRY_AFTER, HeaderValue::from(5u32));
+    resp
 }
 
 /// A publisher without a valid key (`ingress.keys_from_env`). Unknown

@@ -7,7 +7,8 @@
 //! requests slow down to the delivery rate instead of the journal filling
 //! towards `journal.max_bytes`. A destination that is held back is not
 //! paced, nor one whose endpoint fails: buffering events through an
-//! outage is courier's job.
+//! outage is courier's job, up to its share of the journal
+//! (`Shared::reserve`), which refuses only that destination's events.
 
 use super::{DestinationState, NewEvent, Shared};
 use std::sync::atomic::Ordering;

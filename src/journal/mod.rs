@@ -69,6 +69,14 @@ pub enum JournalError {
         "the journal holds {pending} bytes of pending events; its limit (journal.max_bytes) is {limit}"
     )]
     Full { pending: u64, limit: u64 },
+    #[error(
+        "the destination {destination} holds {pending} bytes of pending events; its share of the journal (destinations.{destination}.max_pending_bytes) is {share}"
+    )]
+    DestinationFull {
+        destination: String,
+        pending: u64,
+        share: u64,
+    },
     #[error("the disk holding the journal is full")]
     DiskFull,
     #[error(
@@ -186,10 +194,17 @@ impl Change {
 
 /// Counters of one destination's pending events, kept in memory so that
 /// admission and metrics never query the file, and its fast path.
-#[derive(Default)]
 pub struct DestinationState {
     pub pending: AtomicU64,
+    /// Counted from admission, as the journal's total is: taken before the
+    /// write (so that concurrent requests cannot all pass the share), given
+    /// back if the write fails.
     pub bytes: AtomicU64,
+    /// The most `bytes` may reach (`max_pending_bytes`), so that an
+    /// endpoint that is down fills only its own part of the journal.
+    /// `u64::MAX` until the config sets it: a destination known only from
+    /// an earlier config's events counts toward the total only.
+    share: AtomicU64,
     /// Woken after a commit that added rows for this destination.
     pub notify: Notify,
     /// Events durable in the log, not yet taken by the dispatcher.
@@ -201,6 +216,21 @@ pub struct DestinationState {
     /// Set by the dispatcher while it is sending (not paused, on
     /// probation or held by a Retry-After): only then is ingress paced.
     pub flowing: AtomicBool,
+}
+
+impl Default for DestinationState {
+    fn default() -> Self {
+        DestinationState {
+            pending: AtomicU64::default(),
+            bytes: AtomicU64::default(),
+            share: AtomicU64::new(u64::MAX),
+            notify: Notify::default(),
+            ready: Mutex::default(),
+            fresh: Notify::default(),
+            room: Notify::default(),
+            flowing: AtomicBool::default(),
+        }
+    }
 }
 
 pub(crate) struct Shared {
@@ -280,17 +310,107 @@ impl Shared {
 
     /// An event of `size` bytes left the journal: its bytes are free.
     fn forget(&self, destination: Option<&DestinationState>, size: u64) {
-        let sub = |v: &AtomicU64, n: u64| {
-            let _ = v.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |x| {
-                Some(x.saturating_sub(n))
-            });
-        };
         sub(&self.pending_bytes, size);
         if let Some(d) = destination {
             sub(&d.pending, 1);
             sub(&d.bytes, size);
         }
     }
+
+    /// Takes room for `events` before they are queued, so that concurrent
+    /// requests cannot all pass the checks: each destination's share
+    /// first, so that a request its share refuses never holds room in the
+    /// total that another destination's request could need, then the
+    /// total. All or nothing, as the events are committed together. The
+    /// room is kept once they are durable, given back by `unreserve` if
+    /// the write fails.
+    fn reserve(&self, events: &[NewEvent]) -> Result<(), JournalError> {
+        let sizes = by_destination(events);
+        let size: u64 = sizes.iter().map(|(_, n)| n).sum();
+        let limit = self.max_bytes;
+        let states = self.destinations.load();
+        let mut taken: Vec<(&DestinationState, u64)> = Vec::with_capacity(sizes.len());
+        let give_back = |taken: &[(&DestinationState, u64)]| {
+            for (d, own) in taken {
+                sub(&d.bytes, *own);
+            }
+        };
+        for &(name, own) in &sizes {
+            let Some(d) = states.get(name) else {
+                continue;
+            };
+            let share = d.share.load(Ordering::Relaxed);
+            let fits = d
+                .bytes
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |b| {
+                    b.checked_add(own).filter(|n| *n <= share)
+                });
+            if let Err(pending) = fits {
+                give_back(&taken);
+                // When the total refuses too, a full journal is the answer
+                // (for a lone destination the share is the whole journal).
+                let total = self.pending_bytes.load(Ordering::Acquire);
+                if total + size > limit {
+                    return Err(JournalError::Full {
+                        pending: total,
+                        limit,
+                    });
+                }
+                return Err(JournalError::DestinationFull {
+                    destination: name.to_string(),
+                    pending,
+                    share,
+                });
+            }
+            taken.push((d, own));
+        }
+        let fits = self
+            .pending_bytes
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |p| {
+                (p + size <= limit).then_some(p + size)
+            });
+        if let Err(pending) = fits {
+            give_back(&taken);
+            return Err(JournalError::Full { pending, limit });
+        }
+        Ok(())
+    }
+
+    /// Gives back what `reserve` took for `events`, which were not written.
+    fn unreserve<'a>(&self, events: impl IntoIterator<Item = &'a NewEvent>) {
+        let states = self.destinations.load();
+        for e in events {
+            let size = e.size();
+            sub(&self.pending_bytes, size);
+            // Every destination an event can name has counters before
+            // ingress routes to it (`set_share`), and counters are never
+            // removed: those found here are those `reserve` charged.
+            if let Some(d) = states.get(&e.destination) {
+                sub(&d.bytes, size);
+            }
+        }
+    }
+}
+
+/// Lowers a counter, never below zero.
+fn sub(v: &AtomicU64, n: u64) {
+    let _ = v.fetch_update(Ordering::AcqRel, Ordering::Acquire, |x| {
+        Some(x.saturating_sub(n))
+    });
+}
+
+/// The bytes of `events` per destination. A list, not a map: a request
+/// names one destination, or a topic's few.
+fn by_destination(events: &[NewEvent]) -> Vec<(&str, u64)> {
+    let mut sizes: Vec<(&str, u64)> = Vec::with_capacity(1);
+    for e in events {
+        let name = e.destination.as_str();
+        match sizes.iter_mut().find(|(n, _)| *n == name) {
+            Some((_, size)) => *size += e.size(),
+            None => sizes.push((name, e.size())),
+        }
+    }
+    sizes
 }
 
 pub(crate) enum Command {
@@ -595,24 +715,18 @@ impl Journal {
     /// `claims` go with the command: the writer stores them once the events
     /// are durable, and any other fate of the command drops (frees) them.
     async fn store(&self, events: Vec<NewEvent>, claims: Vec<Claim>) -> Result<(), JournalError> {
-        let size: u64 = events.iter().map(NewEvent::size).sum();
-        // Reserve the bytes before queueing, so that concurrent requests
-        // cannot all pass the check. Once queued, the writer releases them if
-        // the write fails, even when this request's caller has gone away.
-        let limit = self.shared.max_bytes;
-        self.shared
-            .pending_bytes
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |p| {
-                (p + size <= limit).then_some(p + size)
-            })
-            .map_err(|pending| JournalError::Full { pending, limit })?;
+        // Once queued, the writer gives the room back if the write fails,
+        // even when this request's caller has gone away.
+        self.shared.reserve(&events)?;
         let (reply, rx) = oneshot::channel();
-        if let Err(e) = self.send(Command::Append {
+        if let Err((e, cmd)) = self.send(Command::Append {
             events,
             claims,
             reply,
         }) {
-            self.shared.pending_bytes.fetch_sub(size, Ordering::AcqRel);
+            if let Command::Append { events, .. } = &cmd {
+                self.shared.unreserve(events);
+            }
             return Err(e);
         }
         rx.await.unwrap_or(Err(JournalError::Closed))
@@ -691,10 +805,11 @@ impl Journal {
         Ok(())
     }
 
-    fn send(&self, cmd: Command) -> Result<(), JournalError> {
+    /// Queues `cmd` for the writer; a refused one comes back with why.
+    fn send(&self, cmd: Command) -> Result<(), (JournalError, Command)> {
         self.tx.try_send(cmd).map_err(|e| match e {
-            mpsc::error::TrySendError::Full(_) => JournalError::Busy,
-            mpsc::error::TrySendError::Closed(_) => JournalError::Closed,
+            mpsc::error::TrySendError::Full(cmd) => (JournalError::Busy, cmd),
+            mpsc::error::TrySendError::Closed(cmd) => (JournalError::Closed, cmd),
         })
     }
 
@@ -740,6 +855,18 @@ impl Journal {
             map
         });
         self.shared.destination(name).unwrap_or_default()
+    }
+
+    /// Sets `name`'s share of the journal (`max_pending_bytes`), with its
+    /// counters created if need be: at start and at each reload, before
+    /// ingress routes to it. A share below what it holds refuses its
+    /// events until deliveries bring it under.
+    pub fn set_share(&self, name: &str, share: u64) {
+        let state = match self.shared.destination(name) {
+            Some(state) => state,
+            None => self.add_destination(name),
+        };
+        state.share.store(share, Ordering::Relaxed);
     }
 
     /// Every destination the journal has counters for: configured now, or

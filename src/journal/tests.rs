@@ -548,19 +548,15 @@ async fn a_group_of_appends_is_one_record_and_every_waiter_hears() {
     });
     held_rx.recv().expect("the writer is held");
 
-    let first = event(0);
-    journal
-        .shared
-        .pending_bytes
-        .fetch_add(first.size(), Ordering::AcqRel);
+    let first = vec![event(0)];
+    journal.shared.reserve(&first).expect("room for the first");
     let (reply, first_heard) = oneshot::channel();
-    journal
-        .send(Command::Append {
-            events: vec![first],
-            claims: Vec::new(),
-            reply,
-        })
-        .expect("queue the first append");
+    let queued_first = journal.send(Command::Append {
+        events: first,
+        claims: Vec::new(),
+        reply,
+    });
+    assert!(queued_first.is_ok(), "queue the first append");
     until("the writer took the first append", || queued(&journal) == 0).await;
     let appends: Vec<_> = (1..50)
         .map(|i| {
@@ -839,4 +835,85 @@ async fn totals_match_the_rows_after_inserts_and_deletes() {
     conn.execute_batch("DROP TABLE totals")
         .expect("drop totals");
     assert_eq!(store::summary(&conn).expect("scan"), summary);
+}
+
+fn to(destination: &str, i: u64) -> NewEvent {
+    NewEvent {
+        destination: destination.into(),
+        ..event(i)
+    }
+}
+
+fn bytes_of(journal: &Journal, name: &str) -> Option<u64> {
+    journal
+        .destination(name)
+        .map(|d| d.bytes.load(Ordering::Relaxed))
+}
+
+/// Opens a journal of `sick` and `healthy`, each with a share of three
+/// events, in a total of `total` events.
+async fn shared_by_two(dir: &Path, total: u64) -> (Journal, u64) {
+    let one = to("sick", 0).size();
+    let names = ["sick".to_string(), "healthy".to_string()];
+    for _ in 0..100 {
+        if let Ok((journal, _)) = Journal::open(dir, true, total * one, None, &names) {
+            journal.set_share("sick", 3 * one);
+            journal.set_share("healthy", 3 * one);
+            return (journal, one);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("the journal's lock was not let go");
+}
+
+#[tokio::test]
+async fn a_destination_past_its_share_is_refused_and_the_others_still_fit() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let (journal, one) = shared_by_two(tmp.path(), 5).await;
+    for i in 0..3 {
+        journal
+            .append(vec![to("sick", i)])
+            .await
+            .expect("within its share");
+    }
+    let sick_full = Err(JournalError::DestinationFull {
+        destination: "sick".into(),
+        pending: 3 * one,
+        share: 3 * one,
+    });
+    assert_eq!(journal.append(vec![to("sick", 3)]).await, sick_full);
+    // A topic's copies are stored together or not at all: the healthy
+    // copy's room is given back.
+    let both = journal.append(vec![to("healthy", 4), to("sick", 5)]).await;
+    assert_eq!(both, sick_full);
+    assert_eq!(bytes_of(&journal, "healthy"), Some(0));
+    for i in 6..8 {
+        journal
+            .append(vec![to("healthy", i)])
+            .await
+            .expect("a healthy destination is not refused for a sick one");
+    }
+    // The total still holds, and its refusal gives the share's room back;
+    // once it is full, that is what a destination past its share hears too.
+    let full = Err(JournalError::Full {
+        pending: 5 * one,
+        limit: 5 * one,
+    });
+    assert_eq!(journal.append(vec![to("healthy", 8)]).await, full);
+    assert_eq!(bytes_of(&journal, "healthy"), Some(2 * one));
+    assert_eq!(journal.append(vec![to("sick", 9)]).await, full);
+    assert_eq!(bytes_of(&journal, "sick"), Some(3 * one));
+
+    // Recovered counters, in a larger journal: still at its share.
+    journal.close().await;
+    drop(journal);
+    let (journal, _) = shared_by_two(tmp.path(), 8).await;
+    assert_eq!(bytes_of(&journal, "sick"), Some(3 * one));
+    assert_eq!(journal.append(vec![to("sick", 8)]).await, sick_full);
+    journal
+        .append(vec![to("healthy", 9)])
+        .await
+        .expect("healthy has room after the restart");
+    assert_eq!(bytes_of(&journal, "healthy"), Some(3 * one));
+    journal.close().await;
 }

@@ -260,16 +260,15 @@ impl Command {
 /// Gives back the bytes that admission reserved for appends that were not
 /// written.
 fn release(cmds: &[Command], shared: &Shared) {
-    let size: u64 = cmds.iter().map(Command::size).sum();
-    let _ = shared
-        .pending_bytes
-        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |p| {
-            Some(p.saturating_sub(size))
-        });
+    shared.unreserve(cmds.iter().flat_map(|cmd| match cmd {
+        Command::Append { events, .. } => events.as_slice(),
+        Command::Close { .. } => &[],
+    }));
 }
 
 /// Counts the group's events as accepted once durable. Counted here, not
 /// at the 202: an app that hung up before its answer still has its event.
+/// Their bytes were counted at admission (`Shared::reserve`).
 fn account(group: &[Command], shared: &Shared) {
     let mut accepted: HashMap<&str, u64> = HashMap::new();
     let states = shared.destinations.load();
@@ -278,7 +277,6 @@ fn account(group: &[Command], shared: &Shared) {
             for e in events {
                 if let Some(d) = states.get(&e.destination) {
                     d.pending.fetch_add(1, Ordering::Relaxed);
-                    d.bytes.fetch_add(e.size(), Ordering::Relaxed);
                 }
                 *accepted.entry(e.destination.as_str()).or_default() += 1;
             }

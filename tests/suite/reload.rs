@@ -517,3 +517,71 @@ async fn removed_and_added_back_while_attempts_are_in_flight_sends_each_event_on
     got.sort();
     check_eq!(c, got, (0..8).map(|i| format!("e{i}")).collect::<Vec<_>>());
 }
+
+/// `orders` paused (its events stay pending) with a share of `share`.
+fn with_share(url: &str, share: &str) -> String {
+    format!(
+        "listen: 127.0.0.1:0\nadmin_listen: 127.0.0.1:0\nlog: {{ level: debug }}\n\
+         journal: {{ dir: ./journal, max_bytes: 64KiB }}\n\
+         ingress: {{ max_body_bytes: 1KiB }}\n\
+         destinations:\n  orders:\n    url: {url}\n    max_pending_bytes: {share}\n"
+    )
+}
+
+/// Posts 1 KiB events to `orders` until one is refused (at most 64);
+/// returns how many were accepted, and checks the refusal is the share's.
+async fn fill(c: &Courier, from: usize) -> usize {
+    for i in 0..64 {
+        let resp = post(
+            &c.url("orders"),
+            support::json_body(1000, (from + i) as u64),
+            &[],
+        )
+        .await;
+        if resp.status == 202 {
+            continue;
+        }
+        check_eq!(c, resp.status, 503, "{}", resp.text());
+        check_eq!(
+            c,
+            resp.json()["reason"],
+            "destination_full",
+            "{}",
+            resp.text()
+        );
+        return i;
+    }
+    fail!(c, "64 KiB accepted past orders' share");
+}
+
+/// A share is only a limit: a reload that raises it lets more in at once,
+/// one that lowers it below what is held refuses until deliveries free room.
+#[tokio::test]
+async fn a_changed_share_applies_on_reload() {
+    let rx = Receiver::ok().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let c = Courier::start(dir.path(), &with_share(&rx.url(), "4KiB")).await;
+    let pause = format!("{}/v1/destinations/orders/pause", c.admin_url());
+    check_eq!(c, support::admin_post(&pause, "", &[]).await.status, 200);
+    let first = fill(&c, 0).await;
+    check!(
+        c,
+        (2..=4).contains(&first),
+        "{first} events of 1 KiB in 4 KiB"
+    );
+
+    write_atomic(c.config_path(), &with_share(&rx.url(), "8KiB"));
+    wait_reloads(&c, 1).await;
+    let more = fill(&c, first).await;
+    check!(c, more >= 3, "a raised share took only {more} more events");
+
+    write_atomic(c.config_path(), &with_share(&rx.url(), "2KiB"));
+    wait_reloads(&c, 2).await;
+    check_eq!(c, fill(&c, 100).await, 0, "a lowered share let an event in");
+    let resume = format!("{}/v1/destinations/orders/resume", c.admin_url());
+    check_eq!(c, support::admin_post(&resume, "", &[]).await.status, 200);
+    requests(&c, &rx, first + more, PROMPT).await;
+    let bytes = r#"courier_journal_bytes{destination="orders"}"#;
+    support::wait_metric(&c, bytes, 0.0, PROMPT).await;
+    check!(c, fill(&c, 200).await >= 1, "delivered, yet still refused");
+}

@@ -432,3 +432,75 @@ async fn every_copy_acknowledged_before_a_sigkill_is_delivered_after_restart() {
     check_eq!(c, want_orders.len(), 60);
     check_eq!(c, want_audit.len(), 100);
 }
+
+/// A topic's request is stored whole or not at all (SPEC §3): when one
+/// subscriber it needs a copy for is past its share of the journal
+/// (`max_pending_bytes`), the request is refused 503 naming that one, and
+/// the others get nothing of it; a request that needs no copy for the full
+/// subscriber is accepted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_needing_a_copy_for_a_full_subscriber_is_refused_whole() {
+    let (_held, sick_port) = support::refusing_port();
+    let healthy = Receiver::ok().await;
+    let yaml = format!(
+        "listen: 127.0.0.1:0\nadmin_listen: 127.0.0.1:0\nlog: {{ level: debug }}\n\
+         journal: {{ dir: ./journal, max_bytes: 1MiB }}\n\
+         ingress: {{ max_body_bytes: 64KiB }}\n\
+         destinations:\n  \
+           sick: {{ url: 'http://127.0.0.1:{sick_port}/', schema: eventgrid, max_pending_bytes: 64KiB }}\n  \
+           healthy: {{ url: '{}/', schema: eventgrid }}\n\
+         topics:\n  shop:\n    schema: eventgrid\n    subscribers:\n      \
+           sick: {{ event_types: [Shop.OrderCreated] }}\n      healthy: {{}}\n",
+        healthy.url()
+    );
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let c = Courier::start(tmp.path(), &yaml).await;
+    let url = c.url("shop");
+    let publish = |id: &str, event_type: &str| {
+        let mut e = eg_event(id, event_type, "/orders/1");
+        e["data"] = json!({ "pad": "x".repeat(8 * 1024) });
+        post(
+            &url,
+            Value::Array(vec![e]).to_string(),
+            &[("content-type", "application/json")],
+        )
+    };
+    let mut accepted = BTreeSet::new();
+    let mut refused = None;
+    for i in 0..16 {
+        let id = format!("fill-{i}");
+        let resp = publish(&id, "Shop.OrderCreated").await;
+        if resp.status != 200 {
+            refused = Some(resp);
+            break;
+        }
+        accepted.insert(id);
+    }
+    let Some(refused) = refused else {
+        fail!(
+            c,
+            "16 copies of 8 KiB stored for a subscriber with a 64 KiB share"
+        );
+    };
+    check_eq!(c, refused.status, 503, "{}", refused.text());
+    let body = refused.json();
+    check_eq!(c, body["reason"], "destination_full", "{body}");
+    check_eq!(c, body["destination"], "sick", "{body}");
+    check_eq!(c, body["max_pending_bytes"], 64 * 1024, "{body}");
+    check!(c, refused.header("retry-after").is_some(), "{refused:?}");
+    wait_metric(
+        &c,
+        "courier_ingress_rejected_total{destination=\"shop\",reason=\"destination_full\"}",
+        1.0,
+        PROMPT,
+    )
+    .await;
+
+    // Not needing `sick`: accepted, one copy.
+    let resp = publish("other-0", "Shop.OrderPaid").await;
+    check_eq!(c, resp.status, 200, "{}", resp.text());
+    check_eq!(c, resp.json()["accepted"], 1, "{}", resp.text());
+    accepted.insert("other-0".to_string());
+    // The refused request's healthy copy was never stored.
+    delivered_exactly(&c, &healthy, "healthy", &accepted).await;
+}
