@@ -30,6 +30,7 @@ pub const RELOAD_OK: &str = "courier_config_last_reload_successful";
 pub const PANICS: &str = "courier_http_panics_total";
 pub const CONNECTIONS_REFUSED: &str = "courier_http_connections_refused_total";
 pub const OLDEST_PENDING_AGE: &str = "courier_oldest_pending_age_seconds";
+pub const DEAD_LETTER_WRITE_FAILURES: &str = "courier_dead_letter_write_failures_total";
 pub const BUILD_INFO: &str = "courier_build_info";
 
 const BUCKETS: [f64; 14] = [
@@ -106,6 +107,10 @@ pub fn install() -> Result<PrometheusHandle, String> {
         OLDEST_PENDING_AGE,
         "Age of the destination's oldest pending event (since its 202), 0 when none is pending."
     );
+    metrics::describe_counter!(
+        DEAD_LETTER_WRITE_FAILURES,
+        "Dead-letter writes that failed (each is retried; the events stay in the journal)."
+    );
     metrics::describe_gauge!(
         BUILD_INFO,
         "Always 1; its version label is courier's version."
@@ -175,6 +180,7 @@ pub fn process() {
 pub struct Delivery {
     destination: String,
     delivered: Counter,
+    dead_letter_write_failures: Counter,
     duration: Histogram,
     /// By outcome (its place in `classify::ALL`), each made at its first
     /// use, so that `/metrics` lists only outcomes that happened.
@@ -186,6 +192,7 @@ impl Delivery {
         Delivery {
             destination: destination.to_string(),
             delivered: counter!(DELIVERED, "destination" => destination.to_string()),
+            dead_letter_write_failures: counter!(DEAD_LETTER_WRITE_FAILURES, "destination" => destination.to_string()),
             duration: histogram!(DURATION, "destination" => destination.to_string()),
             attempts: [const { OnceLock::new() }; crate::policy::classify::ALL.len()],
         }
@@ -207,6 +214,10 @@ impl Delivery {
 
     pub fn delivered(&self, n: u64) {
         self.delivered.increment(n);
+    }
+
+    pub fn dead_letter_write_failed(&self) {
+        self.dead_letter_write_failures.increment(1);
     }
 }
 

@@ -12,6 +12,7 @@ mod passthrough;
 mod request;
 mod settle;
 mod shape;
+mod sink_streak;
 mod slots;
 pub mod stack;
 
