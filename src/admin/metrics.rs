@@ -29,6 +29,9 @@ pub const RELOAD_SUCCESS_AT: &str = "courier_config_last_reload_success_timestam
 pub const RELOAD_OK: &str = "courier_config_last_reload_successful";
 pub const PANICS: &str = "courier_http_panics_total";
 pub const CONNECTIONS_REFUSED: &str = "courier_http_connections_refused_total";
+pub const OLDEST_PENDING_AGE: &str = "courier_oldest_pending_age_seconds";
+pub const DEAD_LETTER_WRITE_FAILURES: &str = "courier_dead_letter_write_failures_total";
+pub const BUILD_INFO: &str = "courier_build_info";
 
 const BUCKETS: [f64; 14] = [
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
@@ -96,6 +99,24 @@ pub fn install() -> Result<PrometheusHandle, String> {
         CONNECTIONS_REFUSED,
         "Connections answered 503 and closed: the listener's connection cap was reached."
     );
+    metrics::describe_counter!(
+        REPLAYED,
+        "Dead-lettered events put back in the journal by a replay."
+    );
+    metrics::describe_gauge!(
+        OLDEST_PENDING_AGE,
+        "Age of the destination's oldest pending event (since its 202), 0 when none is pending."
+    );
+    metrics::describe_counter!(
+        DEAD_LETTER_WRITE_FAILURES,
+        "Dead-letter writes that failed (each is retried; the events stay in the journal)."
+    );
+    metrics::describe_gauge!(
+        BUILD_INFO,
+        "Always 1; its version label is courier's version."
+    );
+    gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
+    process_collector().describe();
     counter!(RELOAD_FAILURES).increment(0);
     for listener in [Edge::INGRESS.name, Edge::ADMIN.name] {
         counter!(PANICS, "listener" => listener).increment(0);
@@ -139,12 +160,27 @@ pub fn accepted(destination: &str, n: u64) {
     counter!(ACCEPTED, "destination" => destination.to_string()).increment(n);
 }
 
+/// The standard `process_*` series (CPU, resident and virtual memory, open
+/// and maximum fds, threads, start time) of `metrics-process`.
+fn process_collector() -> &'static metrics_process::Collector {
+    static COLLECTOR: OnceLock<metrics_process::Collector> = OnceLock::new();
+    COLLECTOR.get_or_init(metrics_process::Collector::default)
+}
+
+/// Reads the `process_*` series from `/proc`, just before a scrape.
+/// `process_cpu_seconds_total` counts whole seconds: the facade's counters
+/// are integers.
+pub fn process() {
+    process_collector().collect();
+}
+
 /// A destination's series of its attempts, looked up once per delivery
 /// context: `counter!` with a `destination` label allocates the label and
 /// finds the series in the registry on every call, three times per attempt.
 pub struct Delivery {
     destination: String,
     delivered: Counter,
+    dead_letter_write_failures: Counter,
     duration: Histogram,
     /// By outcome (its place in `classify::ALL`), each made at its first
     /// use, so that `/metrics` lists only outcomes that happened.
@@ -156,6 +192,7 @@ impl Delivery {
         Delivery {
             destination: destination.to_string(),
             delivered: counter!(DELIVERED, "destination" => destination.to_string()),
+            dead_letter_write_failures: counter!(DEAD_LETTER_WRITE_FAILURES, "destination" => destination.to_string()),
             duration: histogram!(DURATION, "destination" => destination.to_string()),
             attempts: [const { OnceLock::new() }; crate::policy::classify::ALL.len()],
         }
@@ -177,6 +214,10 @@ impl Delivery {
 
     pub fn delivered(&self, n: u64) {
         self.delivered.increment(n);
+    }
+
+    pub fn dead_letter_write_failed(&self) {
+        self.dead_letter_write_failures.increment(1);
     }
 }
 
@@ -244,6 +285,12 @@ pub fn pending(destination: &str, events: u64, bytes: u64, probation: bool) {
     } else {
         0.0
     });
+}
+
+/// 0 rather than absent when nothing is pending: the series stays, so
+/// that an alert on it neither vanishes nor needs `absent()`.
+pub fn oldest_pending_age(destination: &str, age: Duration) {
+    gauge!(OLDEST_PENDING_AGE, "destination" => destination.to_string()).set(age.as_secs_f64());
 }
 
 #[cfg(test)]

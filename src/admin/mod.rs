@@ -21,6 +21,7 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use serde_json::{Value, json};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 pub struct Admin {
     pub settings: Arc<Live>,
@@ -66,7 +67,7 @@ impl Admin {
                     )
                 }
             }
-            (&Method::GET, ["metrics"]) => self.metrics(),
+            (&Method::GET, ["metrics"]) => self.metrics().await,
             (&Method::GET, ["v1", "destinations"]) => self.destinations().await,
             (&Method::POST, ["v1", "destinations", name, action @ ("pause" | "resume")]) => {
                 self.pause_or_resume(name, action).await
@@ -148,7 +149,7 @@ impl Admin {
         Some(resp)
     }
 
-    fn metrics(&self) -> Response<Body> {
+    async fn metrics(&self) -> Response<Body> {
         // Every destination the journal knows, configured or orphaned by a
         // reload: events left waiting must show on a dashboard.
         for name in self.journal.destination_names() {
@@ -161,7 +162,14 @@ impl Admin {
                     probation,
                 );
             }
+            // A failed read leaves the last age: the journal is failed now,
+            // which `/healthz` says.
+            if let Ok(oldest) = self.reader.oldest_pending(&name).await {
+                let ms = oldest.map_or(0, |t| clock::now_ms().saturating_sub(t));
+                metrics::oldest_pending_age(&name, Duration::from_millis(ms));
+            }
         }
+        metrics::process();
         let mut resp = Response::new(Full::new(Bytes::from(self.prometheus.render())));
         resp.headers_mut().insert(
             http::header::CONTENT_TYPE,
@@ -185,7 +193,7 @@ impl Admin {
                 continue;
             };
             let v = health.view();
-            let oldest = self.reader.oldest_accepted(&d.name).await.ok().flatten();
+            let oldest = self.reader.oldest_pending(&d.name).await.ok().flatten();
             out.push(json!({
                 "name": d.name,
                 "mode": d.mode.as_str(),
@@ -212,7 +220,7 @@ impl Admin {
             if pending == 0 {
                 continue;
             }
-            let oldest = self.reader.oldest_accepted(&name).await.ok().flatten();
+            let oldest = self.reader.oldest_pending(&name).await.ok().flatten();
             out.push(json!({
                 "name": name,
                 "state": "orphaned",

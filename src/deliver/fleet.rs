@@ -14,6 +14,7 @@
 use super::dispatcher::Dispatcher;
 use super::health::{Health, PauseReason};
 use super::settle::{Ctx, LateCompleted};
+use super::sink_streak::SinkStreak;
 use super::{Connector, HttpsClient, Passthrough, stack};
 use crate::admin::metrics;
 use crate::config::{DestinationSettings, Settings};
@@ -42,12 +43,20 @@ struct Inner {
     /// Dispatchers of removed destinations, finishing their attempts.
     retiring: HashMap<String, Task>,
     /// Kept across a removal, so that a destination that comes back keeps
-    /// its pause, probation and late answers.
-    healths: HashMap<String, (Arc<Health>, Arc<LateCompleted>)>,
+    /// its pause, probation, late answers and dead-letter failure streak.
+    healths: HashMap<String, Kept>,
     sinks: HashMap<PathBuf, Arc<DirSink>>,
     /// Each destination's connection pool and the `concurrency` and `tls`
     /// it was made for; a reload keeps the pool unless one changed.
     clients: HashMap<String, Pool>,
+}
+
+/// What a destination keeps across reloads and removals.
+#[derive(Clone)]
+struct Kept {
+    health: Arc<Health>,
+    late: Arc<LateCompleted>,
+    sink_streak: Arc<Mutex<SinkStreak>>,
 }
 
 #[derive(Clone)]
@@ -143,13 +152,21 @@ impl Fleet {
             let name = &dest.name;
             // Only a limit: a changed share holds from the next request.
             self.journal.set_share(name, dest.max_pending_bytes);
-            let (health, late) = inner
+            let Kept {
+                health,
+                late,
+                sink_streak,
+            } = inner
                 .healths
                 .entry(name.clone())
                 .or_insert_with(|| {
                     let health = Health::new(dest.probation.clone(), dest.rate_limit_per_second);
                     restore_pause(&self.journal, name, &health);
-                    (Arc::new(health), Arc::default())
+                    Kept {
+                        health: Arc::new(health),
+                        late: Arc::default(),
+                        sink_streak: Arc::default(),
+                    }
                 })
                 .clone();
             health.reconfigure(&dest.probation, dest.rate_limit_per_second);
@@ -170,6 +187,7 @@ impl Fleet {
                 stack: stack::build(dest, client),
                 health,
                 late,
+                sink_streak,
                 metrics: metrics::Delivery::new(name),
             });
             if let Some(running) = inner.running.get(name) {
@@ -255,7 +273,7 @@ impl Fleet {
         inner
             .running
             .contains_key(name)
-            .then(|| inner.healths.get(name).map(|(h, _)| h.clone()))?
+            .then(|| inner.healths.get(name).map(|k| k.health.clone()))?
     }
 
     /// After `Lifecycle::drain`: waits up to `grace` for every dispatcher to

@@ -13,6 +13,7 @@ mod passthrough;
 mod request;
 mod settle;
 mod shape;
+mod sink_streak;
 mod slots;
 pub mod stack;
 

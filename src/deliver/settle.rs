@@ -11,6 +11,7 @@
 use super::health::{Health, PauseReason};
 use super::outcome_log::{self, Confirmed};
 use super::request;
+use super::sink_streak::{Say, SinkStreak};
 use super::slots::Slot;
 use super::stack::{AttemptService, Attempted, LateAnswer, PassthroughService};
 use crate::admin::metrics;
@@ -44,7 +45,16 @@ pub struct Ctx {
     /// Shared by every version of the context a reload makes, so that a
     /// late answer still cancels a retry read under the old one.
     pub late: Arc<LateCompleted>,
+    /// Kept, like `late`, across the contexts a reload makes: a reload
+    /// neither ends a streak nor logs its start again.
+    pub sink_streak: Arc<Mutex<SinkStreak>>,
     pub metrics: metrics::Delivery,
+}
+
+impl Ctx {
+    fn streak(&self) -> std::sync::MutexGuard<'_, SinkStreak> {
+        self.sink_streak.lock().unwrap_or_else(|p| p.into_inner())
+    }
 }
 
 /// What one attempt carries.
@@ -485,14 +495,39 @@ async fn dead_letter(ctx: &Ctx, items: &[(&StoredEvent, Facts<'_>)], batch: Opti
                     Ok(Err(e)) => e.to_string(),
                     Err(e) => e.to_string(),
                 };
+                ctx.metrics.dead_letter_write_failed();
                 // The events stay in the journal and are not sent again:
                 // only the dead letters are retried.
-                if tokio::time::Instant::now() >= give_up {
-                    tracing::error!(destination = %dest, id = %first, events = items.len(), error, "cannot write the dead letter; the event stays pending until restart");
+                let now = tokio::time::Instant::now();
+                let gives_up = now >= give_up;
+                let given_up = if gives_up { items.len() as u64 } else { 0 };
+                let say = ctx.streak().failed(now, given_up);
+                let message = if gives_up {
+                    "cannot write the dead letter; the event stays pending until restart"
+                } else {
+                    "cannot write the dead letter; retrying"
+                };
+                let events = items.len();
+                match say {
+                    Say::Loud => {
+                        tracing::error!(destination = %dest, id = %first, events, error, "{message}");
+                    }
+                    Say::Remind(t) => {
+                        tracing::error!(destination = %dest, id = %first, events, error,
+                            failures = t.failures, streak_s = t.lasted.as_secs(), left_pending = t.left_pending, "{message}");
+                    }
+                    Say::Quiet => {
+                        tracing::debug!(destination = %dest, id = %first, events, error, "{message}");
+                    }
+                }
+                if gives_up {
                     return false;
                 }
-                tracing::error!(destination = %dest, id = %first, events = items.len(), error, "cannot write the dead letter; retrying");
                 tokio::time::sleep(SINK_RETRY).await;
+            }
+            let ended = ctx.streak().written(tokio::time::Instant::now());
+            if let Some(t) = ended {
+                tracing::info!(destination = %dest, failures = t.failures, streak_s = t.lasted.as_secs(), left_pending = t.left_pending, "dead letters are written again");
             }
             for (ev, facts) in items {
                 outcome_log::dead_lettered(ev, facts, batch.or(ev.batch.as_deref()));

@@ -1154,6 +1154,19 @@ fn account(
             d.notify.notify_one();
         }
     }
+    // The committed rows are what readers find now: their events leave the
+    // destinations' unindexed groups (any group up to the last seq has an
+    // event among these).
+    let Some(last) = events.last() else { return };
+    let mut reached = HashSet::new();
+    for l in events {
+        if reached.insert(l.event.destination.as_str())
+            && let Some(d) = states.get(&l.event.destination)
+            && let Ok(mut u) = d.unindexed.lock()
+        {
+            u.indexed_through(last.seq);
+        }
+    }
 }
 
 #[cfg(test)]

@@ -28,6 +28,7 @@ pub mod record;
 mod reserve;
 mod skip;
 mod store;
+mod unindexed;
 mod writer;
 
 pub use inspect::{Inspection, inspect};
@@ -53,6 +54,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::{Notify, mpsc, oneshot};
+use unindexed::Unindexed;
 use writer::Writer;
 
 /// What `append` did beyond storing.
@@ -216,6 +218,8 @@ pub struct DestinationState {
     /// Set by the dispatcher while it is sending (not paused, on
     /// probation or held by a Retry-After): only then is ingress paced.
     pub flowing: AtomicBool,
+    /// Accept times of events not in SQLite yet, for the oldest's age.
+    unindexed: Mutex<Unindexed>,
 }
 
 impl Default for DestinationState {

@@ -125,6 +125,19 @@ impl Reader {
         self.with(move |c, _| store::oldest_accepted(c, &d)).await
     }
 
+    /// The oldest accept time of `destination`'s pending events, wherever
+    /// they are: in SQLite, or not yet (`Unindexed`). Two lookups of a
+    /// first entry, cheap enough for every scrape.
+    pub async fn oldest_pending(&self, destination: &str) -> Result<Option<u64>, rusqlite::Error> {
+        let unindexed = self
+            .shared
+            .upgrade()
+            .and_then(|s| s.destination(destination))
+            .and_then(|d| d.unindexed.lock().ok().and_then(|u| u.oldest()));
+        let indexed = self.oldest_accepted(destination).await?;
+        Ok(indexed.into_iter().chain(unindexed).min())
+    }
+
     pub async fn next_due_after(
         &self,
         destination: &str,

@@ -299,12 +299,24 @@ fn make_ready(events: Vec<NewEvent>, first_seq: i64, shared: &Shared) {
         return;
     };
     let mut woken: Vec<&DestinationState> = Vec::new();
+    // Per destination: its last seq in the group, its oldest accept time.
+    let mut unindexed: Vec<(&DestinationState, i64, u64)> = Vec::new();
     for (seq, mut event) in (first_seq..).zip(events) {
         let Some(state) = states.get(&event.destination) else {
             continue;
         };
         if skip.claimed(seq) {
             continue;
+        }
+        match unindexed
+            .iter_mut()
+            .find(|(s, ..)| std::ptr::eq(*s, state.as_ref()))
+        {
+            Some((_, last, oldest)) => {
+                *last = seq;
+                *oldest = (*oldest).min(event.accepted_ms);
+            }
+            None => unindexed.push((state, seq, event.accepted_ms)),
         }
         // Looked at before the copy: a paused destination's queue stays
         // full while its backlog grows.
@@ -329,6 +341,13 @@ fn make_ready(events: Vec<NewEvent>, first_seq: i64, shared: &Shared) {
         });
         if held && !woken.iter().any(|w| std::ptr::eq(*w, state.as_ref())) {
             woken.push(state);
+        }
+    }
+    // Still under the skip lock: the indexer claims these seqs only after,
+    // so it drops these entries once it has committed their rows.
+    for (state, last, oldest) in unindexed {
+        if let Ok(mut u) = state.unindexed.lock() {
+            u.written(last, oldest);
         }
     }
     for state in woken {
