@@ -32,6 +32,7 @@ mod ingress;
 mod late;
 mod logs;
 mod mass_expiry;
+mod memory;
 mod passthrough;
 mod pauses;
 mod publishers;
