@@ -30,7 +30,6 @@ use reload::Reloader;
 use std::convert::Infallible;
 use std::path::PathBuf;
 use std::sync::Arc;
-use tokio::net::TcpListener;
 
 /// Why `courier run` stopped with exit code 2.
 #[derive(Debug, thiserror::Error)]
@@ -76,11 +75,9 @@ pub async fn run(settings: Settings, source: ConfigSource) -> Result<(), RunErro
             tracing::warn!(destination = %s.destination, pending = s.pending, "events are pending for a destination that is not configured; they are kept until it is configured again");
         }
     }
-    let ingress_listener = TcpListener::bind(settings.listen)
-        .await
+    let ingress_listener = server::listen(settings.listen)
         .map_err(|e| RunError::Listen(settings.listen, "listen", e))?;
-    let admin_listener = TcpListener::bind(settings.admin_listen)
-        .await
+    let admin_listener = server::listen(settings.admin_listen)
         .map_err(|e| RunError::Listen(settings.admin_listen, "admin_listen", e))?;
     let lifecycle = Arc::new(Lifecycle::default());
     let connector = deliver::build_connector().map_err(RunError::Setup)?;

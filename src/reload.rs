@@ -172,6 +172,18 @@ pub fn keep_fixed(
         fixed.push("log.format");
         new.log.format = old.log.format;
     }
+    // Sized once: a budget shrunk while bodies hold it would have to
+    // take room back from them.
+    if new.ingress.max_inflight_bytes != old.ingress.max_inflight_bytes {
+        fixed.push("ingress.max_inflight_bytes");
+        new.ingress.max_inflight_bytes = old.ingress.max_inflight_bytes;
+    }
+    if new.ingress.max_body_bytes > new.ingress.max_inflight_bytes {
+        return Err(format!(
+            "ingress.max_body_bytes: {} is more than ingress.max_inflight_bytes in force ({}), which only a restart changes: a body of that size could never be accepted",
+            new.ingress.max_body_bytes, new.ingress.max_inflight_bytes
+        ));
+    }
     if !new.admin_listen.ip().is_loopback() && new.admin_token.is_none() {
         return Err(format!(
             "admin_token_env: required while admin_listen is `{}`, which only a restart changes",
@@ -337,7 +349,7 @@ destinations:
 listen: 127.0.0.1:8081
 admin_listen: 127.0.0.1:9091
 journal: { dir: /elsewhere, max_bytes: 1MiB }
-ingress: { dedupe_window: 2m, max_body_bytes: 2KiB }
+ingress: { dedupe_window: 2m, max_body_bytes: 2KiB, max_inflight_bytes: 1GiB }
 log: { level: debug, format: json }
 destinations:
   b: { url: http://127.0.0.1:9/b }
@@ -350,7 +362,8 @@ destinations:
                 "admin_listen",
                 "journal",
                 "ingress.dedupe_window",
-                "log.format"
+                "log.format",
+                "ingress.max_inflight_bytes"
             ]
         );
         assert_eq!(kept.listen.port(), 8080);
@@ -358,10 +371,29 @@ destinations:
         assert_eq!(kept.journal.dir, Path::new("/var/lib/courier/journal"));
         assert_eq!(kept.ingress.dedupe_window, Some(Duration::from_secs(60)));
         assert_eq!(kept.log.format, crate::config::LogFormat::Text);
+        assert_eq!(kept.ingress.max_inflight_bytes, 64 << 20);
         // What a reload may change is taken.
         assert_eq!(kept.log.level, "debug");
         assert_eq!(kept.ingress.max_body_bytes, 2048);
         assert_eq!(kept.destinations[0].name, "b");
+    }
+
+    #[test]
+    fn a_reload_cannot_raise_the_body_limit_past_the_budget_in_force() {
+        let small = OLD.replace(
+            "max_body_bytes: 1KiB }",
+            "max_body_bytes: 1KiB, max_inflight_bytes: 2MiB }",
+        );
+        let larger = small
+            .replace("max_body_bytes: 1KiB", "max_body_bytes: 4MiB")
+            .replace("max_inflight_bytes: 2MiB", "max_inflight_bytes: 8MiB");
+        let e = keep_fixed(&settings(&small), settings(&larger))
+            .map(|_| ())
+            .expect_err("refused");
+        assert!(
+            e.starts_with("ingress.max_body_bytes: 4194304 is more than ingress.max_inflight_bytes in force (2097152)"),
+            "{e}"
+        );
     }
 
     #[test]

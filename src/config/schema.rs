@@ -129,6 +129,9 @@ pub enum SyncMode {
 pub struct Ingress {
     #[serde(default = "default_max_body")]
     pub max_body_bytes: Size,
+    /// Bytes of request bodies held at once (README "Memory").
+    #[serde(default = "default_max_inflight")]
+    pub max_inflight_bytes: Size,
     #[serde(default)]
     pub credits_per_second: u64,
     /// A repeated event id (per destination) within this window is
@@ -144,6 +147,7 @@ impl Default for Ingress {
     fn default() -> Self {
         Ingress {
             max_body_bytes: default_max_body(),
+            max_inflight_bytes: default_max_inflight(),
             credits_per_second: 0,
             dedupe_window: None,
             keys_from_env: None,
@@ -153,6 +157,10 @@ impl Default for Ingress {
 
 fn default_max_body() -> Size {
     Size(1 << 20)
+}
+/// Sized for the 512Mi memory limit of `deploy/` (README "Memory").
+fn default_max_inflight() -> Size {
+    Size(64 << 20)
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]

@@ -84,6 +84,8 @@ pub struct JournalSettings {
 #[derive(Debug)]
 pub struct IngressSettings {
     pub max_body_bytes: u64,
+    /// Bytes of request bodies held at once; at least `max_body_bytes`.
+    pub max_inflight_bytes: u64,
     pub dedupe_window: Option<Duration>,
     /// Credits per route and second (Service Bus's throttle); 0 = off.
     pub credits_per_second: u64,

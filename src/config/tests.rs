@@ -1293,6 +1293,35 @@ fn credits_per_second_is_read_and_its_range_checked() {
     );
 }
 
+#[test]
+fn the_memory_budget_is_read_and_holds_at_least_the_largest_body() {
+    let with = |ingress: &str| {
+        GOOD.replace(
+            "destinations:\n",
+            &format!("ingress: {{ {ingress} }}\ndestinations:\n"),
+        )
+    };
+    let loaded = parse("c.yaml", GOOD, ".".into(), Purpose::Run, &env()).expect("valid");
+    assert_eq!(loaded.settings.ingress.max_inflight_bytes, 64 << 20);
+    let loaded = parse(
+        "c.yaml",
+        &with("max_inflight_bytes: 2MiB"),
+        ".".into(),
+        Purpose::Run,
+        &env(),
+    )
+    .expect("valid");
+    assert_eq!(loaded.settings.ingress.max_inflight_bytes, 2 << 20);
+    assert_eq!(
+        one_error(&with("max_body_bytes: 4MiB, max_inflight_bytes: 2MiB")),
+        "c.yaml:2:54: ingress.max_inflight_bytes: 2097152 is less than ingress.max_body_bytes (4194304): a body of that size could never be accepted"
+    );
+    assert_eq!(
+        one_error(&with("max_inflight_bytes: 2TiB")),
+        "c.yaml:2:32: ingress.max_inflight_bytes: 2199023255552 is out of range: allowed 1024..=1099511627776"
+    );
+}
+
 /// PEM files in a temporary folder: a CA, a client certificate and its
 /// key, another key, and a file that is not PEM.
 fn tls_files() -> tempfile::TempDir {

@@ -214,6 +214,20 @@ pub fn check(
         1,
         256 << 20,
     );
+    let max_inflight_bytes = c.range_u64(
+        "ingress.max_inflight_bytes",
+        raw.ingress.max_inflight_bytes.0,
+        1 << 10,
+        1 << 40,
+    );
+    if max_inflight_bytes < max_body_bytes {
+        c.err(
+            "ingress.max_inflight_bytes",
+            format!(
+                "{max_inflight_bytes} is less than ingress.max_body_bytes ({max_body_bytes}): a body of that size could never be accepted"
+            ),
+        );
+    }
     let credits_per_second = c.range_u64(
         "ingress.credits_per_second",
         raw.ingress.credits_per_second,
@@ -277,6 +291,7 @@ pub fn check(
         },
         ingress: IngressSettings {
             max_body_bytes,
+            max_inflight_bytes,
             dedupe_window,
             credits_per_second,
             keys,

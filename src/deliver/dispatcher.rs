@@ -51,6 +51,11 @@ const MAX_BATCH_WINDOW: usize = 16_384;
 const IN_HAND: usize = 16;
 /// As much as a destination's ready queue holds (`journal::ReadyQueue`).
 const IN_HAND_BYTES: u64 = 4 * 1024 * 1024;
+/// Bytes of events held ready (read, not yet in hand) without batching:
+/// as much again. Counted in events alone, the window held four per slot
+/// whatever their size: 64 MiB of 1 MiB events at concurrency 16, past
+/// any memory budget.
+const READY_BYTES: u64 = IN_HAND_BYTES;
 
 pub struct Dispatcher {
     ctx: Arc<Ctx>,
@@ -92,6 +97,12 @@ impl Running {
 }
 
 impl Held {
+    /// The bytes of the events held ready. Summed when asked: only while
+    /// fewer than a quarter of the window are held, and so few.
+    fn ready_bytes(&self) -> u64 {
+        self.ready.iter().map(|ev| ev.event.size()).sum()
+    }
+
     fn hand(&mut self, task: tokio::task::Id, running: Running) {
         self.running_bytes += running.bytes;
         self.running.insert(task, running);
@@ -157,19 +168,29 @@ impl Dispatcher {
             let window = (concurrency * 4 * batching.max_events)
                 .min(MAX_BATCH_WINDOW)
                 .max(concurrency * 4);
+            // And in bytes: with batching, room for a batch per slot.
+            let window_bytes = if batching.enabled() {
+                READY_BYTES.max(concurrency as u64 * batching.preferred_size as u64)
+            } else {
+                READY_BYTES
+            };
             if index_due.is_some_and(|t| clock::now_ms() >= t) {
                 look = true;
                 index_due = None;
             }
             // Expired events set aside wait for the dead-letter sink: while
             // it fails, up to a group of them, not the whole backlog.
-            let wants_more =
-                |held: &Held| held.ready.len() < window / 4 && held.expired.len() < EXPIRY_GROUP;
+            let wants_more = |held: &Held| {
+                held.ready.len() < window / 4
+                    && held.expired.len() < EXPIRY_GROUP
+                    && held.ready_bytes() < window_bytes / 4
+            };
             if wants_more(&held) && !stop.is_cancelled() {
+                let room = (window, window_bytes);
                 if look {
-                    (index_due, look) = self.refill(&mut held, window).await;
+                    (index_due, look) = self.refill(&mut held, room).await;
                 }
-                self.take_fresh(&mut held, window);
+                self.take_fresh(&mut held, room);
                 // Events arriving at an empty destination set the first deadline.
                 if expiry_at.is_none() {
                     expiry_at = held
@@ -324,13 +345,15 @@ impl Dispatcher {
         }
     }
 
-    /// Reads due events from the index into the ready queue. Returns when
-    /// the index's next event falls due, and whether more are due now.
-    async fn refill(&self, held: &mut Held, window: usize) -> (Option<u64>, bool) {
+    /// Reads due events from the index into the ready queue, up to the
+    /// window's events and bytes. Returns when the index's next event
+    /// falls due, and whether more are due now.
+    async fn refill(&self, held: &mut Held, (window, bytes): (usize, u64)) -> (Option<u64>, bool) {
         let name = &self.ctx.dest.name;
         let now = clock::now_ms();
         let want = window.saturating_sub(held.ready.len());
-        match self.reader.due(name, now, want, &held.seqs).await {
+        let room = bytes.saturating_sub(held.ready_bytes());
+        match self.reader.due(name, now, want, room, &held.seqs).await {
             Ok((rows, more)) => {
                 self.take(held, rows).await;
                 if more {
@@ -345,11 +368,16 @@ impl Dispatcher {
         }
     }
 
-    /// Takes events the journal put in memory, oldest first, up to the window.
-    fn take_fresh(&self, held: &mut Held, window: usize) {
+    /// Takes events the journal put in memory, oldest first, up to the
+    /// window's events and bytes.
+    fn take_fresh(&self, held: &mut Held, (window, bytes): (usize, u64)) {
         let want = window.saturating_sub(held.ready.len());
+        let room = bytes.saturating_sub(held.ready_bytes());
+        if room == 0 {
+            return;
+        }
         let fresh = match self.state.ready.lock() {
-            Ok(mut ready) => ready.take(want),
+            Ok(mut ready) => ready.take(want, room),
             Err(_) => return,
         };
         if !fresh.is_empty() {

@@ -3,6 +3,7 @@
 //! commit of all of them (for a topic: of every subscriber's copy), or, in
 //! passthrough mode, for the endpoint's answer.
 
+use super::budget::Budget;
 use super::credits::{self, Credits};
 use super::{Body, forward, passed, rejection, reply, schema, topic};
 use crate::admin::metrics;
@@ -13,7 +14,6 @@ use crate::lifecycle::Lifecycle;
 use crate::server::{BODY_DEADLINE, RemoteAddr, guard};
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
-use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use std::sync::Arc;
 
@@ -26,6 +26,8 @@ pub struct Ingress {
     credits: Credits,
     /// Passthrough's way to the endpoints.
     fleet: Arc<Fleet>,
+    /// `ingress.max_inflight_bytes`, sized once: a reload keeps it.
+    budget: Budget,
 }
 
 /// Where a request goes: names are unique across both (checked at load).
@@ -64,12 +66,14 @@ impl Ingress {
         lifecycle: Arc<Lifecycle>,
         fleet: Arc<Fleet>,
     ) -> Self {
+        let budget = Budget::new(settings.load().ingress.max_inflight_bytes);
         Ingress {
             settings,
             journal,
             lifecycle,
             credits: Credits::default(),
             fleet,
+            budget,
         }
     }
 
@@ -181,14 +185,20 @@ impl Ingress {
             Some(q) => format!("{rest}?{q}"),
             None => rest.to_string(),
         };
+        // Last, just before the body is read: a request refused for
+        // anything else never takes room.
+        let Some(share) = self.budget.try_take(declared.unwrap_or(limit)) else {
+            return reply::over_budget(name, self.budget.bytes());
+        };
         let (head, body) = req.into_parts();
-        let read = Limited::new(body, limit as usize).collect();
+        let declared = declared.map(|n| n as usize);
+        let read = share.read(body, limit as usize, declared);
         let body = match tokio::time::timeout(BODY_DEADLINE, read).await {
             Err(_) => return reply::body_timeout(name, BODY_DEADLINE),
             Ok(read) => read,
         };
         let body = match body {
-            Ok(b) => b.to_bytes(),
+            Ok(b) => b,
             Err(e) if e.is::<http_body_util::LengthLimitError>() => return too_large(),
             Err(e) => {
                 return reply::reject(

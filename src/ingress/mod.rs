@@ -4,6 +4,7 @@
 //! the request to `deliver::Passthrough` and the endpoint's answer back.
 
 mod admit;
+mod budget;
 mod credits;
 mod forward;
 pub(crate) mod keys;

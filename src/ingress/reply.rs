@@ -154,6 +154,25 @@ pub fn body_timeout(destination: &str, deadline: Duration) -> Response<Body> {
     resp
 }
 
+/// A body that does not fit in `ingress.max_inflight_bytes` now
+/// (`budget`): refused before it is read, and the connection closed, as
+/// the unread body would otherwise be read as the next request.
+pub fn over_budget(destination: &str, budget: u64) -> Response<Body> {
+    let message = format!(
+        "courier holds as many request bodies as ingress.max_inflight_bytes ({budget} bytes) allows: nothing was read or stored; retry shortly"
+    );
+    let mut resp = reject(
+        destination,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "memory_budget",
+        message,
+        Some(1),
+    );
+    resp.headers_mut()
+        .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
+    resp
+}
+
 /// A request whose events the schema refuses: 400 or 415, naming the event
 /// `index` and `field` when the error is about one.
 pub fn schema_error(destination: &str, e: &SchemaError) -> Response<Body> {

@@ -233,6 +233,7 @@ impl Default for DestinationState {
             fresh: Notify::default(),
             room: Notify::default(),
             flowing: AtomicBool::default(),
+            unindexed: Mutex::default(),
         }
     }
 }

@@ -54,9 +54,10 @@ impl Reader {
         result
     }
 
-    /// Up to `limit` due events of `destination`, skipping those in `held`
-    /// without reading their events from the log (plus the rest of a
-    /// stored batch the limit cut through), and whether more may be due.
+    /// Up to `limit` due events of `destination`, and no more once they
+    /// hold `max_bytes`, skipping those in `held` without reading their
+    /// events from the log (plus the rest of a stored batch the limit cut
+    /// through), and whether more may be due.
     ///
     /// One read transaction for the scan and every row: in autocommit each
     /// statement takes and drops the WAL read lock (an `fcntl` apiece),
@@ -66,13 +67,14 @@ impl Reader {
         destination: &str,
         now_ms: u64,
         limit: usize,
+        max_bytes: u64,
         held: &HashSet<i64>,
     ) -> Result<(Loaded, bool), rusqlite::Error> {
         let d = destination.to_string();
         let held = held.clone();
         self.with(move |c, dir| {
             let tx = c.unchecked_transaction()?;
-            let (mut rows, more) = store::due(&tx, dir, &d, now_ms, limit, &held)?;
+            let (mut rows, more) = store::due(&tx, dir, &d, now_ms, limit, max_bytes, &held)?;
             add_batch_siblings(&tx, dir, &d, now_ms, &held, &mut rows)?;
             tx.finish()?;
             read_again_what_moved(c, dir, &mut rows)?;

@@ -57,14 +57,18 @@ impl ReadyQueue {
         self.bytes + size <= self.limit
     }
 
-    /// Up to `n` events, oldest first.
-    pub fn take(&mut self, n: usize) -> Vec<StoredEvent> {
+    /// Up to `n` events, oldest first, and no more once they hold
+    /// `max_bytes` (at least one is taken).
+    pub fn take(&mut self, n: usize, max_bytes: u64) -> Vec<StoredEvent> {
         let mut out = Vec::with_capacity(n.min(self.events.len()));
-        while out.len() < n {
+        let mut taken = 0;
+        while out.len() < n && (out.is_empty() || taken < max_bytes) {
             let Some((_, ev)) = self.events.pop_first() else {
                 break;
             };
-            self.bytes -= ev.event.size();
+            let size = ev.event.size();
+            self.bytes -= size;
+            taken += size;
             out.push(ev);
         }
         out
@@ -139,7 +143,7 @@ mod tests {
         assert_eq!(q.len(), 3);
         assert_eq!(q.bytes(), 3 * one);
         // Taking one makes room for exactly one more.
-        assert_eq!(q.take(1).len(), 1);
+        assert_eq!(q.take(1, u64::MAX).len(), 1);
         assert!(q.push(event(5, 100)));
         assert!(!q.push(event(6, 100)));
     }
@@ -150,12 +154,25 @@ mod tests {
         for seq in [5, 2, 9, 1] {
             assert!(q.push(event(seq, 10)));
         }
-        let seqs: Vec<i64> = q.take(3).iter().map(|e| e.seq).collect();
+        let seqs: Vec<i64> = q.take(3, u64::MAX).iter().map(|e| e.seq).collect();
         assert_eq!(seqs, vec![1, 2, 5]);
-        let rest: Vec<i64> = q.take(10).iter().map(|e| e.seq).collect();
+        let rest: Vec<i64> = q.take(10, u64::MAX).iter().map(|e| e.seq).collect();
         assert_eq!(rest, vec![9]);
         assert!(q.is_empty());
         assert_eq!(q.bytes(), 0);
+    }
+
+    #[test]
+    fn a_take_stops_at_its_byte_bound_after_at_least_one_event() {
+        let one = event(1, 100).event.size();
+        let mut q = ReadyQueue::new(LIMIT);
+        for seq in 1..=5 {
+            q.push(event(seq, 100));
+        }
+        assert_eq!(q.take(10, one * 3 / 2).len(), 2);
+        assert_eq!(q.take(10, 0).len(), 1);
+        assert_eq!(q.take(10, u64::MAX).len(), 2);
+        assert!(q.is_empty());
     }
 
     #[test]
@@ -168,7 +185,7 @@ mod tests {
         q.remove([2, 3, 42]);
         assert_eq!(q.len(), 2);
         assert_eq!(q.bytes(), before / 2);
-        let seqs: Vec<i64> = q.take(10).iter().map(|e| e.seq).collect();
+        let seqs: Vec<i64> = q.take(10, u64::MAX).iter().map(|e| e.seq).collect();
         assert_eq!(seqs, vec![1, 4]);
     }
 

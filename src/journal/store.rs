@@ -456,14 +456,16 @@ fn inline_event(
 }
 
 /// Up to `limit` due events of `destination` not in `held`, by due time,
-/// and whether more may be due: one statement for the scan and the rows
-/// (a scan for seqs, then a lookup per seq, ran a statement per event).
+/// stopping once they hold `max_bytes` (at least one is read), and whether
+/// more may be due: one statement for the scan and the rows (a scan for
+/// seqs, then a lookup per seq, ran a statement per event).
 pub fn due(
     conn: &Connection,
     dir: &Path,
     destination: &str,
     now_ms: u64,
     limit: usize,
+    max_bytes: u64,
     held: &HashSet<i64>,
 ) -> Result<(Vec<Result<StoredEvent, StoreError>>, bool), rusqlite::Error> {
     let mut stmt = conn.prepare_cached(&format!(
@@ -473,14 +475,18 @@ pub fn due(
     let mut rows = stmt.query(params![destination, now_ms as i64, scan as i64])?;
     let mut fetch = Fetch::new(dir);
     let mut out = Vec::with_capacity(limit.min(scan));
+    let mut bytes = 0;
     while out.len() < limit
+        && (out.is_empty() || bytes < max_bytes)
         && let Some(r) = rows.next()?
     {
         if !held.contains(&r.get::<_, i64>(0)?) {
-            out.push(row(r, &mut fetch)?);
+            let loaded = row(r, &mut fetch)?;
+            bytes += loaded.as_ref().map_or(0, |ev| ev.event.size());
+            out.push(loaded);
         }
     }
-    let more = out.len() >= limit;
+    let more = out.len() >= limit || bytes >= max_bytes;
     Ok((out, more))
 }
 

@@ -184,12 +184,45 @@ async fn a_lost_segment_that_rows_point_into_is_reported_as_damage() {
     let due = journal
         .reader()
         .expect("reader")
-        .due("orders", u64::MAX / 2, 100, &HashSet::new())
+        .due("orders", u64::MAX / 2, 100, u64::MAX, &HashSet::new())
         .await
         .expect("due")
         .0;
     assert_eq!(due.len(), 4);
     assert!(due.iter().all(Result::is_err), "{due:?}");
+    journal.close().await;
+}
+
+/// A refill is bounded in bytes as well as in events: a window of large
+/// events holds a few of them, and always at least one.
+#[tokio::test]
+async fn due_events_stop_at_the_byte_bound_but_one_is_always_read() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let (journal, _) = open(tmp.path()).expect("open");
+    journal
+        .append((1..=6).map(event).collect())
+        .await
+        .expect("append");
+    journal.close().await;
+    drop(journal);
+    let (journal, _) = reopen(tmp.path()).await;
+    let reader = journal.reader().expect("reader");
+    let size = event(1).size();
+    let none = HashSet::new();
+    let due = |max_bytes| reader.due("orders", u64::MAX / 2, 100, max_bytes, &none);
+    let (rows, more) = due(size * 5 / 2).await.expect("due");
+    assert_eq!(
+        rows.len(),
+        3,
+        "the third passes the bound and ends the read"
+    );
+    assert!(more, "more are due than were read");
+    let (rows, more) = due(1).await.expect("due");
+    assert_eq!(rows.len(), 1);
+    assert!(more);
+    let (rows, more) = due(u64::MAX).await.expect("due");
+    assert_eq!(rows.len(), 6);
+    assert!(!more);
     journal.close().await;
 }
 
@@ -257,7 +290,7 @@ async fn a_mostly_delivered_segment_is_spilled_and_recycled() {
         let due = journal
             .reader()
             .expect("reader")
-            .due("orders", u64::MAX / 2, 10, &HashSet::new())
+            .due("orders", u64::MAX / 2, 10, u64::MAX, &HashSet::new())
             .await
             .expect("due")
             .0;
@@ -435,7 +468,7 @@ async fn events_only_in_the_intake_log_are_indexed_at_open_and_seqs_go_on() {
     assert_eq!(summary[0].pending, 5);
     let reader = journal.reader().expect("reader");
     let due = reader
-        .due("orders", u64::MAX / 2, 100, &HashSet::new())
+        .due("orders", u64::MAX / 2, 100, u64::MAX, &HashSet::new())
         .await
         .expect("due")
         .0;
@@ -653,7 +686,7 @@ async fn a_journal_from_before_batching_gets_the_batch_column() {
     let mut due = Vec::new();
     for _ in 0..200 {
         due = reader
-            .due("orders", u64::MAX / 2, 10, &HashSet::new())
+            .due("orders", u64::MAX / 2, 10, u64::MAX, &HashSet::new())
             .await
             .expect("due")
             .0;
@@ -696,7 +729,7 @@ async fn a_stored_batch_is_read_whole_even_when_the_scan_limit_cuts_it() {
         .expect("apply");
     let reader = journal.reader().expect("reader");
     let due = reader
-        .due("orders", 5_000, 4, &HashSet::new())
+        .due("orders", 5_000, 4, u64::MAX, &HashSet::new())
         .await
         .expect("due")
         .0;
@@ -718,7 +751,11 @@ async fn a_stored_batch_is_read_whole_even_when_the_scan_limit_cuts_it() {
     );
     // Held siblings are not read twice; not yet due ones not at all.
     let held: HashSet<i64> = [1, 2, 3, 5].into();
-    let due = reader.due("orders", 5_000, 1, &held).await.expect("due").0;
+    let due = reader
+        .due("orders", 5_000, 1, u64::MAX, &held)
+        .await
+        .expect("due")
+        .0;
     let seqs: Vec<i64> = due
         .iter()
         .filter_map(|r| r.as_ref().ok())
@@ -726,13 +763,17 @@ async fn a_stored_batch_is_read_whole_even_when_the_scan_limit_cuts_it() {
         .collect();
     assert_eq!(seqs, vec![4, 6]);
     let due = reader
-        .due("orders", 1_999, 10, &HashSet::new())
+        .due("orders", 1_999, 10, u64::MAX, &HashSet::new())
         .await
         .expect("due")
         .0;
     assert_eq!(due.len(), 3, "the batch is not due before 2000");
     journal.apply(&[reschedule(6, None)]).await.expect("apply");
-    let due = reader.due("orders", 5_000, 10, &held).await.expect("due").0;
+    let due = reader
+        .due("orders", 5_000, 10, u64::MAX, &held)
+        .await
+        .expect("due")
+        .0;
     let batches: Vec<Option<String>> = due
         .into_iter()
         .filter_map(|r| r.ok())

@@ -62,5 +62,11 @@ pub const BEYOND_CAP_DEADLINE: Duration = Duration::from_secs(2);
 /// many times over on loopback.
 pub const BODY_DEADLINE: Duration = Duration::from_secs(10);
 
+/// Connections the kernel queues for a listener until courier accepts
+/// them. The default of tokio (mio) and std, 128, was passed by a burst of
+/// apps connecting at once, and the kernel reset connections beyond it;
+/// the kernel caps it at `net.core.somaxconn` (4096 by default).
+pub const BACKLOG: u32 = 1024;
+
 /// `Retry-After` of the 503 given beyond `max_connections`.
 pub const RETRY_AFTER_FULL: u32 = 1;

@@ -25,7 +25,7 @@ use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tower::Service;
@@ -37,6 +37,19 @@ pub type Body = Full<Bytes>;
 /// extensions: handlers log who asked (SPEC §6, a rejected request).
 #[derive(Debug, Clone, Copy)]
 pub struct RemoteAddr(pub SocketAddr);
+
+/// A listener on `addr` with room for `edge::BACKLOG` connections not
+/// yet accepted.
+pub fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = match addr {
+        SocketAddr::V4(_) => TcpSocket::new_v4()?,
+        SocketAddr::V6(_) => TcpSocket::new_v6()?,
+    };
+    // As `TcpListener::bind`: a restart can listen again at once.
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(edge::BACKLOG)
+}
 
 /// Serves `service` on `listener` until `stop` is cancelled; open
 /// connections are then shut down gracefully.

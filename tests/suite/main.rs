@@ -33,6 +33,7 @@ mod ingress;
 mod late;
 mod logs;
 mod mass_expiry;
+mod memory;
 mod metrics;
 mod passthrough;
 mod pauses;

@@ -53,6 +53,12 @@ pub fn proc_status(pid: u32, field: &str) -> Option<u64> {
     value.split_whitespace().next()?.parse().ok()
 }
 
+/// Resets the process's peak RSS (`VmHWM`) to its current RSS, so that the
+/// peak read later is that of what happened since (Linux 4.0 and later).
+pub fn reset_peak_rss(pid: u32) -> std::io::Result<()> {
+    std::fs::write(format!("/proc/{pid}/clear_refs"), "5")
+}
+
 fn lock(logs: &Logs) -> MutexGuard<'_, String> {
     logs.lock().unwrap_or_else(|p| p.into_inner())
 }

@@ -24,7 +24,7 @@ pub mod setup;
 
 pub use checks::{quiet, requests, wait_metric};
 pub use client::{Resp, admin_post, get, json, metric, metric_sum, post};
-pub use courier::{CliOutput, Courier, courier_bin, proc_status, run_cli};
+pub use courier::{CliOutput, Courier, courier_bin, proc_status, reset_peak_rss, run_cli};
 pub use deadletters::{dl_dir, files_under, read_dead_letters, wait_dead_letters};
 pub use load::{LoadReport, LoadSpec};
 pub use receiver::{Behavior, Received, Receiver, Reply, behavior};
