@@ -8,8 +8,8 @@
 //! the records themselves never change, and tools that read `*.jsonl`
 //! see nothing new.
 
-use super::DeadLetterSink;
-use std::collections::HashSet;
+use super::{DeadLetterSink, Key, day_of, parse};
+use std::collections::{BTreeMap, HashSet};
 use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
@@ -258,7 +258,58 @@ fn ends_line(file: &File, len: u64) -> std::io::Result<bool> {
     Ok(last[0] == b'\n')
 }
 
+/// The keys one day file is searched for. Only a line that holds one of
+/// their dead-letter times is parsed: most of a day's records are not.
+struct Wanted {
+    keys: HashSet<Key>,
+    times: Vec<String>,
+}
+
+impl Wanted {
+    fn new(keys: HashSet<Key>) -> Self {
+        let mut times: Vec<String> = keys
+            .iter()
+            .map(|k| crate::clock::rfc3339(k.at_ms))
+            .collect();
+        times.sort_unstable();
+        times.dedup();
+        Wanted { keys, times }
+    }
+
+    /// The key of `line`, when it is one wanted.
+    fn find(&self, line: &str) -> Option<Key> {
+        if !self.times.iter().any(|t| line.contains(t.as_str())) {
+            return None;
+        }
+        parse(line).ok()?.key().filter(|k| self.keys.contains(k))
+    }
+}
+
 impl DeadLetterSink for DirSink {
+    /// Reads the day files the keys' dead-letter times name, whole (a
+    /// record is appended after its time was chosen, but maybe long after,
+    /// behind later ones), until every key is found.
+    fn holds(&self, destination: &str, keys: &[Key]) -> std::io::Result<HashSet<Key>> {
+        let mut days: BTreeMap<String, HashSet<Key>> = BTreeMap::new();
+        for k in keys {
+            days.entry(day_of(k.at_ms)).or_default().insert(k.clone());
+        }
+        let mut found = HashSet::new();
+        for (day, keys) in days {
+            let wanted = Wanted::new(keys);
+            let mut left = wanted.keys.len();
+            self.lines(destination, &day, 0, u64::MAX, |_, line| {
+                if let Some(k) = wanted.find(line)
+                    && found.insert(k)
+                {
+                    left -= 1;
+                }
+                left > 0
+            })?;
+        }
+        Ok(found)
+    }
+
     fn write(&self, destination: &str, day: &str, lines: &[String]) -> std::io::Result<()> {
         let _guard = self.lock()?;
         let mut buf = Vec::with_capacity(lines.iter().map(|l| l.len() + 1).sum());
@@ -352,6 +403,77 @@ mod tests {
         assert_eq!(
             sink.replayed("orders", "2026-11-22").expect("read"),
             HashSet::from([8, 16])
+        );
+    }
+
+    /// Records as delivery writes them, for `holds`.
+    fn keyed(seq: i64, id: &str, at_ms: u64) -> (Key, String) {
+        let event = crate::journal::NewEvent {
+            id: id.into(),
+            destination: "orders".into(),
+            method: "POST".into(),
+            path: String::new(),
+            headers: Vec::new(),
+            body: bytes::Bytes::from_static(b"{}"),
+            accepted_ms: 1_795_300_000_000,
+        };
+        let facts = super::super::Facts {
+            reason: crate::policy::Reason::TimeToLiveExceeded,
+            attempts: 0,
+            last_outcome: "Probation",
+            last_status: None,
+            last_attempt_ms: None,
+        };
+        let written = super::super::Written {
+            at_ms,
+            seq,
+            redact: &[],
+        };
+        let text = super::super::record(crate::config::Schema::Eventgrid, &event, &facts, &written);
+        let key = Key {
+            seq,
+            id: id.into(),
+            at_ms,
+        };
+        (key, text)
+    }
+
+    #[test]
+    fn holds_finds_the_records_written_and_only_those() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let sink = DirSink::new(tmp.path().to_path_buf());
+        // 2026-11-22, and the next day.
+        let (t, next) = (1_795_350_000_000, 1_795_400_000_000);
+        let (a, a_text) = keyed(1, "a", t);
+        let (b, _) = keyed(2, "b", t);
+        // The same id dead-lettered before (replayed since), another seq.
+        let (a_before, a_before_text) = keyed(9, "a", t - 1);
+        let (c, c_text) = keyed(3, "c", next);
+        // A record from before records had a seq: the same id and time.
+        let old = a_text.replacen(",\"seq\":1", "", 1);
+        assert_ne!(old, a_text, "the seq was taken out");
+        sink.write("orders", "2026-11-22", &[old, a_before_text])
+            .expect("write");
+        let keys = [a.clone(), b.clone(), c.clone()];
+        assert!(sink.holds("orders", &keys).expect("holds").is_empty());
+        sink.write("orders", "2026-11-22", std::slice::from_ref(&a_text))
+            .expect("write");
+        sink.write("orders", "2026-11-23", &[c_text])
+            .expect("write");
+        // A record cut by a crash is not one.
+        let (d, d_text) = keyed(4, "d", t);
+        let path = tmp.path().join("orders/2026-11-22.jsonl");
+        let mut f = OpenOptions::new().append(true).open(&path).expect("open");
+        f.write_all(&d_text.as_bytes()[..d_text.len() - 1])
+            .expect("write");
+        let found = sink
+            .holds("orders", &[a.clone(), b, c.clone(), d])
+            .expect("holds");
+        assert_eq!(found, HashSet::from([a, c]));
+        assert!(!found.contains(&a_before));
+        assert!(
+            sink.holds("other", &keys).expect("holds").is_empty(),
+            "no folder: nothing held"
         );
     }
 

@@ -11,7 +11,9 @@ pub use browse::{
 };
 pub use dir::{DirSink, Place, Purged, is_day};
 pub use parse::{ParseError, Rebuilt, Record, Summary, parse};
-pub use record::{Facts, Written, record};
+pub use record::{Facts, Key, Written, record};
+
+use std::collections::{BTreeMap, HashSet};
 
 /// Where dead letters go. The directory sink is the one built in; the trait
 /// keeps delivery independent of it (and lets tests inject failures).
@@ -19,4 +21,133 @@ pub trait DeadLetterSink: Send + Sync {
     /// Appends `lines` (one JSON object each) for `destination`, durably,
     /// before returning.
     fn write(&self, destination: &str, day: &str, lines: &[String]) -> std::io::Result<()>;
+
+    /// Those of `keys` whose record `destination` already holds.
+    fn holds(&self, destination: &str, keys: &[Key]) -> std::io::Result<HashSet<Key>>;
+}
+
+/// One record to write, under its key.
+pub struct Line {
+    pub key: Key,
+    pub text: String,
+}
+
+/// Writes the records of `lines`, each to the file of its dead-letter day.
+/// With `check`, those the sink already holds are left out: after a crash
+/// between a record's write and the journal's delete, or a write that
+/// failed part way, the record is there, and is not written twice.
+pub fn write_once(
+    sink: &dyn DeadLetterSink,
+    destination: &str,
+    lines: &[Line],
+    check: bool,
+) -> std::io::Result<()> {
+    let held = if check {
+        let keys: Vec<Key> = lines.iter().map(|l| l.key.clone()).collect();
+        sink.holds(destination, &keys)?
+    } else {
+        HashSet::new()
+    };
+    if !held.is_empty() {
+        tracing::info!(
+            destination,
+            records = held.len(),
+            "dead letters found already written (before a restart, or by a failed write): not written again"
+        );
+    }
+    for (day, texts) in missing_by_day(lines, &held) {
+        sink.write(destination, &day, &texts)?;
+    }
+    Ok(())
+}
+
+/// The texts of the lines not `held`, per UTC day of their dead-letter
+/// time (the sink's file), in their order.
+fn missing_by_day(lines: &[Line], held: &HashSet<Key>) -> BTreeMap<String, Vec<String>> {
+    let mut days: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for line in lines.iter().filter(|l| !held.contains(&l.key)) {
+        days.entry(day_of(line.key.at_ms))
+            .or_default()
+            .push(line.text.clone());
+    }
+    days
+}
+
+/// `yyyy-mm-dd` (UTC) of a dead-letter time: the day file its record is in.
+fn day_of(at_ms: u64) -> String {
+    crate::clock::rfc3339(at_ms)[..10].to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+
+    /// Holds what it is told it holds; records each write.
+    #[derive(Default)]
+    struct Fake {
+        held: HashSet<Key>,
+        writes: Mutex<Vec<(String, Vec<String>)>>,
+    }
+
+    impl DeadLetterSink for Fake {
+        fn write(&self, _: &str, day: &str, lines: &[String]) -> std::io::Result<()> {
+            let mut writes = self.writes.lock().expect("lock");
+            writes.push((day.to_string(), lines.to_vec()));
+            Ok(())
+        }
+
+        fn holds(&self, _: &str, keys: &[Key]) -> std::io::Result<HashSet<Key>> {
+            Ok(keys
+                .iter()
+                .filter(|k| self.held.contains(*k))
+                .cloned()
+                .collect())
+        }
+    }
+
+    /// 2026-11-22T23:59:59.999Z and a millisecond later: two day files.
+    const LATE: u64 = 1_795_391_999_999;
+
+    fn line(seq: i64, at_ms: u64) -> Line {
+        Line {
+            key: Key {
+                seq,
+                id: format!("e{seq}"),
+                at_ms,
+            },
+            text: format!("r{seq}"),
+        }
+    }
+
+    #[test]
+    fn a_checked_write_leaves_out_the_records_the_sink_holds_and_splits_by_day() {
+        let lines = [line(1, LATE), line(2, LATE), line(3, LATE + 1)];
+        let sink = Fake {
+            held: HashSet::from([lines[0].key.clone()]),
+            ..Fake::default()
+        };
+        write_once(&sink, "orders", &lines, true).expect("write");
+        let writes = sink.writes.lock().expect("lock").clone();
+        assert_eq!(
+            writes,
+            [
+                ("2026-11-22".to_string(), vec!["r2".to_string()]),
+                ("2026-11-23".to_string(), vec!["r3".to_string()]),
+            ]
+        );
+    }
+
+    #[test]
+    fn an_unchecked_write_writes_every_record() {
+        let lines = [line(1, LATE), line(2, LATE)];
+        let sink = Fake {
+            held: HashSet::from([lines[0].key.clone()]),
+            ..Fake::default()
+        };
+        write_once(&sink, "orders", &lines, false).expect("write");
+        let writes = sink.writes.lock().expect("lock").clone();
+        assert_eq!(writes.len(), 1);
+        assert_eq!(writes[0].1, ["r1", "r2"]);
+    }
 }

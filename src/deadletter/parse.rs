@@ -4,7 +4,7 @@
 //! envelope with the request at the top level), not by the destination's
 //! schema now, which a reload may have changed since it was written.
 
-use super::record::{BODY_BASE64, CLOUDEVENTS, EVENTGRID, Names};
+use super::record::{BODY_BASE64, CLOUDEVENTS, EVENTGRID, Key, Names, SEQ};
 use crate::journal::{Header, NewEvent};
 use base64::Engine;
 use bytes::Bytes;
@@ -111,6 +111,16 @@ impl Record {
         let t = humantime::parse_rfc3339(at).ok()?;
         let d = t.duration_since(std::time::UNIX_EPOCH).ok()?;
         Some(d.as_millis() as u64)
+    }
+
+    /// The record's key; `None` for one written before records had their
+    /// seq (never one a restart looks for).
+    pub fn key(&self) -> Option<Key> {
+        Some(Key {
+            seq: self.request()?.get(SEQ)?.as_i64()?,
+            id: self.id()?.to_string(),
+            at_ms: self.dead_lettered_ms()?,
+        })
     }
 
     pub fn summary(&self) -> Summary {
@@ -292,10 +302,17 @@ mod tests {
     fn round_trip(schema: Schema, e: &NewEvent, redact: &[String]) -> (Summary, Rebuilt) {
         let w = Written {
             at_ms: 1_597_339_095_000,
+            seq: 12,
             redact,
         };
         let line = record(schema, e, &FACTS, &w);
         let r = parse(&line).expect("parses");
+        let key = Key {
+            seq: 12,
+            id: e.id.clone(),
+            at_ms: w.at_ms,
+        };
+        assert_eq!(r.key(), Some(key), "{schema:?}");
         let rebuilt = r.rebuild(&line, "into", 42).expect("rebuilds");
         (r.summary(), rebuilt)
     }
@@ -365,6 +382,7 @@ mod tests {
             &FACTS,
             &Written {
                 at_ms: 1_597_339_095_123,
+                seq: 3,
                 redact: &[],
             },
         );
@@ -372,6 +390,8 @@ mod tests {
             parse(&line).expect("parses").dead_lettered_ms(),
             Some(1_597_339_095_123)
         );
+        let unkeyed = r#"{"id":"e","deadLetterTime":"2020-08-13T17:18:15.123000Z"}"#;
+        assert_eq!(parse(unkeyed).expect("parses").key(), None);
         assert!(matches!(parse("[1]"), Err(ParseError::NotObject)));
         assert!(matches!(parse("{\"id\":"), Err(ParseError::NotObject)));
         assert!(matches!(parse("{\"x\":1}"), Err(ParseError::Missing("id"))));

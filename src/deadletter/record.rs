@@ -5,13 +5,16 @@
 //!   `deliveryAttempts`, `lastDeliveryOutcome`, `lastHttpStatusCode`,
 //!   `publishTime`, `lastDeliveryAttemptTime`, courier's `deadLetterTime`,
 //!   and `courierRequest` (courier's event `id`, `method`, `path`,
-//!   forwarded `headers`, `redactedHeaders`) for the rest of the request.
+//!   forwarded `headers`, `redactedHeaders`) for the rest of the request,
+//!   and the event's journal `seq`, which with the id and `deadLetterTime`
+//!   is the record's `Key`.
 //!   The id is there because the body's own `id` is not always courier's
 //!   (a binary-mode CloudEvent's body is its data).
 //! - `cloudevents`: the event plus the same fields in lower case
 //!   (CloudEvents attribute names), `courierrequest` likewise.
 //! - `custom`: an Event Grid envelope plus the original request (method,
-//!   path, forwarded headers, redacted header names) at the top level.
+//!   path, forwarded headers, redacted header names) and `seq` at the top
+//!   level.
 //!
 //! Headers named in `dead_letter.redact_headers` are left out, and their
 //! names listed, so that a replay can say what it sends without.
@@ -30,7 +33,7 @@
 
 use crate::clock::rfc3339;
 use crate::config::Schema;
-use crate::journal::NewEvent;
+use crate::journal::{Fate, NewEvent};
 use crate::policy::Reason;
 use base64::Engine;
 use serde_json::{Map, Value, json};
@@ -43,6 +46,32 @@ pub struct Facts<'a> {
     pub last_status: Option<u16>,
     pub last_attempt_ms: Option<u64>,
 }
+
+impl<'a> From<&'a Fate> for Facts<'a> {
+    fn from(f: &'a Fate) -> Self {
+        Facts {
+            reason: f.reason,
+            attempts: f.attempts,
+            last_outcome: &f.last_outcome,
+            last_status: f.last_status,
+            last_attempt_ms: f.last_attempt_ms,
+        }
+    }
+}
+
+/// What identifies one dead-lettered event's record, whatever its shape:
+/// the event's journal seq, its id and its dead-letter time (ms). Seqs
+/// start again in a new journal; the three together never repeat.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Key {
+    pub seq: i64,
+    pub id: String,
+    pub at_ms: u64,
+}
+
+/// The name of the key's seq in the request object (or, custom, at the
+/// top level).
+pub(super) const SEQ: &str = "seq";
 
 /// The names of the dead-letter fields in one schema's spelling.
 pub(super) struct Names {
@@ -94,9 +123,11 @@ impl Names {
     }
 }
 
-/// How a record is written: when, and which app headers stay out of it.
+/// How a record is written: when, under which journal seq, and which app
+/// headers stay out of it.
 pub struct Written<'a> {
     pub at_ms: u64,
+    pub seq: i64,
     /// Lowercase header names (`dead_letter.redact_headers`).
     pub redact: &'a [String],
 }
@@ -116,7 +147,8 @@ pub fn record(schema: Schema, e: &NewEvent, facts: &Facts, w: &Written) -> Strin
 /// The request object of the event shapes.
 fn request_json(e: &NewEvent, w: &Written) -> Value {
     let (headers, redacted) = headers_json(e, w.redact);
-    let mut request = json!({ "id": e.id, "method": e.method, "path": e.path, "headers": headers });
+    let mut request =
+        json!({ "id": e.id, "method": e.method, "path": e.path, "headers": headers, SEQ: w.seq });
     if !redacted.is_empty() {
         request["redactedHeaders"] = json!(redacted);
     }
@@ -220,6 +252,7 @@ fn custom_record(e: &NewEvent, facts: &Facts, w: &Written) -> String {
         "method": e.method,
         "path": e.path,
         "headers": headers,
+        SEQ: w.seq,
     });
     if !redacted.is_empty() {
         record["redactedHeaders"] = json!(redacted);
@@ -285,6 +318,7 @@ mod tests {
 
     const W: Written = Written {
         at_ms: 1_597_339_095_000,
+        seq: 7,
         redact: &[],
     };
 
@@ -312,6 +346,7 @@ mod tests {
         assert_eq!(v["lastHttpStatusCode"], 400);
         assert_eq!(v["headers"]["x-a"], json!(["1", "2"]));
         assert_eq!(v["path"], "/x?y=1");
+        assert_eq!(v["seq"], 7);
         assert_eq!(v["data"], json!({"a": 1, "b": 2}));
     }
 
@@ -340,7 +375,7 @@ mod tests {
         assert_eq!(v["deadLetterTime"], "2020-08-13T17:18:15.000000Z");
         assert_eq!(
             v["courierRequest"],
-            json!({"id": "evt-1", "method": "POST", "path": "/x?y=1", "headers": {"x-trace": "t1"}})
+            json!({"id": "evt-1", "method": "POST", "path": "/x?y=1", "headers": {"x-trace": "t1"}, "seq": 7})
         );
         // Replay: the record without courier's fields is the event.
         let mut replayed = v.as_object().expect("object").clone();
@@ -496,6 +531,7 @@ mod redaction {
         let redact = ["cookie".to_string()];
         let w = Written {
             at_ms: 1_597_339_095_000,
+            seq: 1,
             redact: &redact,
         };
         for (schema, request) in [

@@ -7,7 +7,9 @@
 //! limit), keeps at most `concurrency` attempts in flight, and sleeps until
 //! the next due time, a new event, a finished attempt, or a resume. While
 //! attempts are held back, events whose TTL runs out are still
-//! dead-lettered on time: waiting is not an attempt.
+//! dead-lettered on time: waiting is not an attempt. So are, first thing
+//! after a restart, those whose dead-lettering a crash interrupted (their
+//! fate is in the journal): they are never attempted again.
 //!
 //! With batching, each attempt takes a batch from the front of the ready
 //! queue (`batch::take`): what is ready now, never waiting for more. A
@@ -226,12 +228,7 @@ impl Dispatcher {
                     slot_bound = true;
                     break;
                 }
-                if self
-                    .ctx
-                    .dest
-                    .limits
-                    .expired(front.event.accepted_ms, clock::now_ms())
-                {
+                if self.for_the_sink(front, clock::now_ms()) {
                     // Set aside for `expire_overdue`'s groups (not one task
                     // and sink write each); the live events behind it go on.
                     if let Some(ev) = held.ready.pop_front() {
@@ -434,7 +431,7 @@ impl Dispatcher {
         let mut expired: Vec<_> = held.expired.drain(..take).collect();
         let mut waiting = VecDeque::with_capacity(held.ready.len());
         for ev in std::mem::take(&mut held.ready) {
-            if expired.len() < EXPIRY_GROUP && dest.limits.expired(ev.event.accepted_ms, now) {
+            if expired.len() < EXPIRY_GROUP && self.for_the_sink(&ev, now) {
                 expired.push(ev);
             } else {
                 waiting.push_back(ev);
@@ -480,6 +477,12 @@ impl Dispatcher {
                 .map(|d| if d <= now { now + 1000 } else { d }),
             Err(e) => self.read_failed(&e, now),
         }
+    }
+
+    /// Past its TTL, or fated before a restart: never attempted, its dead
+    /// letter goes in an expiry group.
+    fn for_the_sink(&self, ev: &StoredEvent, now: u64) -> bool {
+        ev.fate.is_some() || self.ctx.dest.limits.expired(ev.event.accepted_ms, now)
     }
 
     async fn quarantine(&self, e: &StoreError) {

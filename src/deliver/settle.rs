@@ -2,6 +2,20 @@
 //! for each event: delete when delivered, reschedule with the next due
 //! time, or write the dead letter and only then delete.
 //!
+//! A dead letter is written once, also across a crash. Its *fate* (all
+//! its record says: reason, attempts, last outcome, dead-letter time) is
+//! committed to the journal and synced first (`Change::DeadLetter`, in the
+//! indexer's shared commits), then the record goes to the sink, then the
+//! event is deleted. A restart that finds a fated event pending never
+//! sends it again: it joins an expiry group, and the record is rebuilt
+//! from the fate. Whether the sink already holds it (a crash between the
+//! sink's sync and the delete) only the sink can tell: a journal commit
+//! saying "written" would leave the same window before it. So that write
+//! asks the sink first, by key (journal seq, id, dead-letter time), in the
+//! day files those times name; a write retried after a failure asks too,
+//! as it may have reached the sink in part. The fate is synced before the
+//! write so that a power loss cannot keep the record and lose the fate.
+//!
 //! A batch is all or nothing: the attempt's outcome applies to every event
 //! in it, while `max_attempts` and `event_ttl` still end each event on its
 //! own. Its retries keep the batch id, so the same events go out together
@@ -17,8 +31,8 @@ use super::stack::{AttemptService, Attempted, LateAnswer, PassthroughService};
 use crate::admin::metrics;
 use crate::clock;
 use crate::config::DestinationSettings;
-use crate::deadletter::{DeadLetterSink, Facts, Written, record};
-use crate::journal::{Change, Journal, JournalError, Pause, StoredEvent};
+use crate::deadletter::{self, DeadLetterSink, Facts, Key, Line, Written, record};
+use crate::journal::{Change, Fate, Journal, JournalError, Pause, StoredEvent};
 use crate::policy::{Next, Outcome, Reason, Verdict};
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -103,7 +117,8 @@ pub async fn run(ctx: &Arc<Ctx>, unit: Unit, probe: bool, slot: Slot) -> Settled
         if ctx.late.take(ev.seq) {
             continue;
         }
-        if ctx.dest.limits.expired(ev.event.accepted_ms, now) {
+        // Fated before a restart: its record is written as decided then.
+        if ev.fate.is_some() || ctx.dest.limits.expired(ev.event.accepted_ms, now) {
             expired.push(ev);
             continue;
         }
@@ -145,11 +160,11 @@ pub async fn run(ctx: &Arc<Ctx>, unit: Unit, probe: bool, slot: Slot) -> Settled
     }
 }
 
-/// Dead-letters events whose TTL ran out before their next attempt, as
-/// one group: one sink write and sync, then one journal change, so that a
-/// paused destination's backlog expiring at once costs one fsync per group,
-/// not per event. One held back by probation says so in
-/// `lastDeliveryOutcome`, as in Event Grid.
+/// Dead-letters events whose TTL ran out before their next attempt, and
+/// those a restart found fated, as one group: one sink write and sync,
+/// then one journal change, so that a paused destination's backlog
+/// expiring at once costs one fsync per group, not per event. One held
+/// back by probation says so in `lastDeliveryOutcome`, as in Event Grid.
 pub async fn expire(ctx: &Ctx, mut evs: Vec<StoredEvent>) -> bool {
     // Delivered after all, by a late answer to an attempt that timed out.
     evs.retain(|ev| !ctx.late.take(ev.seq));
@@ -157,26 +172,23 @@ pub async fn expire(ctx: &Ctx, mut evs: Vec<StoredEvent>) -> bool {
         return true;
     }
     let probation = ctx.health.on_probation();
-    let outcomes: Vec<String> = evs
+    let at_ms = clock::now_ms();
+    let items: Vec<(&StoredEvent, Fate)> = evs
         .iter()
-        .map(|ev| match &ev.last_outcome {
-            Some(o) if !probation => o.clone(),
-            // Never attempted: courier held it back the whole time.
-            _ => Outcome::Probation.as_str().to_string(),
-        })
-        .collect();
-    let items: Vec<(&StoredEvent, Facts)> = evs
-        .iter()
-        .zip(&outcomes)
-        .map(|(ev, outcome)| {
-            let facts = Facts {
+        .map(|ev| {
+            let fate = ev.fate.clone().unwrap_or_else(|| Fate {
                 reason: Reason::TimeToLiveExceeded,
                 attempts: ev.attempts,
-                last_outcome: outcome,
+                last_outcome: match &ev.last_outcome {
+                    Some(o) if !probation => o.clone(),
+                    // Never attempted: courier held it back the whole time.
+                    _ => Outcome::Probation.as_str().to_string(),
+                },
                 last_status: ev.last_status,
                 last_attempt_ms: ev.last_attempt_ms,
-            };
-            (ev, facts)
+                at_ms,
+            });
+            (ev, fate)
         })
         .collect();
     dead_letter(ctx, &items, None).await
@@ -184,18 +196,18 @@ pub async fn expire(ctx: &Ctx, mut evs: Vec<StoredEvent>) -> bool {
 
 /// Dead-letters an event with no attempt left, as its last attempt ended.
 async fn exhausted(ctx: &Ctx, ev: StoredEvent) -> bool {
-    let outcome = ev
-        .last_outcome
-        .clone()
-        .unwrap_or_else(|| Outcome::TimedOut.as_str().into());
-    let facts = Facts {
+    let fate = Fate {
         reason: Reason::MaxDeliveryAttemptsExceeded,
         attempts: ev.attempts,
-        last_outcome: &outcome,
+        last_outcome: ev
+            .last_outcome
+            .clone()
+            .unwrap_or_else(|| Outcome::TimedOut.as_str().into()),
         last_status: ev.last_status,
         last_attempt_ms: ev.last_attempt_ms,
+        at_ms: clock::now_ms(),
     };
-    dead_letter(ctx, &[(&ev, facts)], ev.batch.as_deref()).await
+    dead_letter(ctx, &[(&ev, fate)], ev.batch.as_deref()).await
 }
 
 async fn settle(
@@ -319,20 +331,21 @@ async fn settle(
         }
     }
     if !dead.is_empty() {
-        let facts: Vec<(&StoredEvent, Facts)> = dead
+        let fates: Vec<(&StoredEvent, Fate)> = dead
             .iter()
             .map(|(ev, reason)| {
-                let facts = Facts {
+                let fate = Fate {
                     reason: *reason,
                     attempts: ev.attempts + 1,
-                    last_outcome: outcome,
+                    last_outcome: outcome.to_string(),
                     last_status: a.status,
                     last_attempt_ms: Some(now),
+                    at_ms: now,
                 };
-                (ev, facts)
+                (ev, fate)
             })
             .collect();
-        kept &= dead_letter(ctx, &facts, batch.as_deref()).await;
+        kept &= dead_letter(ctx, &fates, batch.as_deref()).await;
     }
     Settled {
         release: kept,
@@ -462,32 +475,28 @@ async fn apply(ctx: &Ctx, changes: Vec<Change>, durable: Durable) -> bool {
 /// Writes the dead letters durably (one sink write for all of them), then
 /// deletes the events. Without a sink the events are dropped and counted.
 /// `batch`: the batch of this attempt, for the log (else each event's own).
-async fn dead_letter(ctx: &Ctx, items: &[(&StoredEvent, Facts<'_>)], batch: Option<&str>) -> bool {
+async fn dead_letter(ctx: &Ctx, items: &[(&StoredEvent, Fate)], batch: Option<&str>) -> bool {
     let dest = &ctx.dest.name;
     match &ctx.sink {
         None => {
-            for (ev, facts) in items {
-                outcome_log::dropped(ev, facts, batch.or(ev.batch.as_deref()));
-                metrics::dropped(dest, facts.reason.as_str());
+            for (ev, fate) in items {
+                outcome_log::dropped(ev, &fate.into(), batch.or(ev.batch.as_deref()));
+                metrics::dropped(dest, fate.reason.as_str());
             }
         }
         Some(sink) => {
-            let written = Written {
-                at_ms: clock::now_ms(),
-                redact: &ctx.dest.redact_headers,
-            };
-            let lines: Arc<[String]> = items
-                .iter()
-                .map(|(ev, facts)| record(ctx.dest.schema, &ev.event, facts, &written))
-                .collect();
+            if !record_fates(ctx, items).await {
+                return false;
+            }
+            let lines: Arc<[Line]> = items.iter().map(|(ev, fate)| line(ctx, ev, fate)).collect();
+            // Fated before a restart: the record may be written already.
+            let mut check = items.iter().any(|(ev, _)| ev.fate.is_some());
             let first = items.first().map_or("", |(ev, _)| ev.event.id.as_str());
-            let day = clock::rfc3339(written.at_ms)[..10].to_string();
             let give_up = tokio::time::Instant::now() + PERSIST_FOR;
             loop {
-                let (sink, name, day, lines) =
-                    (sink.clone(), dest.clone(), day.clone(), lines.clone());
+                let (sink, name, lines) = (sink.clone(), dest.clone(), lines.clone());
                 let error = match tokio::task::spawn_blocking(move || {
-                    sink.write(&name, &day, &lines)
+                    deadletter::write_once(sink.as_ref(), &name, &lines, check)
                 })
                 .await
                 {
@@ -523,18 +532,51 @@ async fn dead_letter(ctx: &Ctx, items: &[(&StoredEvent, Facts<'_>)], batch: Opti
                 if gives_up {
                     return false;
                 }
+                // A failed write may have reached the sink in part.
+                check = true;
                 tokio::time::sleep(SINK_RETRY).await;
             }
             let ended = ctx.streak().written(tokio::time::Instant::now());
             if let Some(t) = ended {
                 tracing::info!(destination = %dest, failures = t.failures, streak_s = t.lasted.as_secs(), left_pending = t.left_pending, "dead letters are written again");
             }
-            for (ev, facts) in items {
-                outcome_log::dead_lettered(ev, facts, batch.or(ev.batch.as_deref()));
-                metrics::dead_lettered(dest, facts.reason.as_str());
+            for (ev, fate) in items {
+                outcome_log::dead_lettered(ev, &fate.into(), batch.or(ev.batch.as_deref()));
+                metrics::dead_lettered(dest, fate.reason.as_str());
             }
         }
     }
     let changes = items.iter().map(|(ev, _)| delete(ev)).collect();
     apply(ctx, changes, Durable::Now).await
+}
+
+/// Records the fates not recorded before a restart, before the sink sees
+/// their records. `false`: the journal refused, and nothing is written.
+async fn record_fates(ctx: &Ctx, items: &[(&StoredEvent, Fate)]) -> bool {
+    let changes: Vec<Change> = items
+        .iter()
+        .filter(|(ev, _)| ev.fate.is_none())
+        .map(|(ev, fate)| Change::DeadLetter {
+            seq: ev.seq,
+            fate: fate.clone(),
+        })
+        .collect();
+    changes.is_empty() || apply(ctx, changes, Durable::Now).await
+}
+
+/// An event's record, under its key.
+fn line(ctx: &Ctx, ev: &StoredEvent, fate: &Fate) -> Line {
+    let written = Written {
+        at_ms: fate.at_ms,
+        seq: ev.seq,
+        redact: &ctx.dest.redact_headers,
+    };
+    Line {
+        key: Key {
+            seq: ev.seq,
+            id: ev.event.id.clone(),
+            at_ms: fate.at_ms,
+        },
+        text: record(ctx.dest.schema, &ev.event, &Facts::from(fate), &written),
+    }
 }

@@ -10,9 +10,9 @@
 //! intake log keeps the events until a synced commit covers them, and only
 //! then may the writer recycle its segments; a delivery or reschedule lost
 //! in a crash is an extra attempt, which at-least-once allows. A dead
-//! letter's delete and a quarantine are synced before their callers hear
-//! back (with `sync: always`): a dead letter already written must not come
-//! back after a crash.
+//! letter's fate and delete, and a quarantine, are synced before their
+//! callers hear back (with `sync: always`): a dead letter already written
+//! must not come back after a crash as an event to send or write again.
 
 use super::fetch::Fetch;
 use super::intake::{LogReader, Logged, Read, ReadError};
@@ -983,6 +983,11 @@ fn write(
         )?;
         let mut quarantine =
             conn.prepare_cached("UPDATE events SET next_due_ms = ?2 WHERE seq = ?1")?;
+        // Due at once, out of any batch: after a restart the dispatcher
+        // reads it first thing, and hands it to the sink, never the endpoint.
+        let mut fated = conn.prepare_cached(
+            "UPDATE events SET fate = ?2, fate_ms = ?3, next_due_ms = ?3, attempts = ?4, last_outcome = ?5, last_status = ?6, last_attempt_ms = ?7, batch = NULL WHERE seq = ?1",
+        )?;
         // Unconditional deletes go after the other changes, in runs: the
         // end state is the same (a reschedule or quarantine of a row that
         // is deleted too leaves nothing behind), and a run of consecutive
@@ -1039,6 +1044,17 @@ fn write(
                 }
                 Change::Quarantine { seq } => {
                     quarantine.execute(params![seq, QUARANTINED])?;
+                }
+                Change::DeadLetter { seq, fate } => {
+                    fated.execute(params![
+                        seq,
+                        fate.reason.as_str(),
+                        fate.at_ms as i64,
+                        fate.attempts,
+                        fate.last_outcome,
+                        fate.last_status,
+                        fate.last_attempt_ms.map(|t| t as i64)
+                    ])?;
                 }
             }
         }

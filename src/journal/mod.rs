@@ -35,7 +35,7 @@ pub use inspect::{Inspection, inspect};
 pub use pauses::Pause;
 pub use reader::Reader;
 pub use ready::ReadyQueue;
-pub use record::{Header, NewEvent, StoredEvent};
+pub use record::{Fate, Header, NewEvent, StoredEvent};
 pub use store::{DestinationSummary, FILE, StoreError};
 
 use crate::admin::metrics;
@@ -182,6 +182,10 @@ pub enum Change {
     },
     /// A row whose checksum failed: kept, never due again.
     Quarantine { seq: i64 },
+    /// The event will be dead-lettered: its fate, recorded (and synced)
+    /// before the sink is written, so that a crash between the record and
+    /// the delete neither sends the event again nor writes a second record.
+    DeadLetter { seq: i64, fate: Fate },
 }
 
 impl Change {
@@ -189,7 +193,8 @@ impl Change {
         match self {
             Change::Delete { seq, .. }
             | Change::Reschedule { seq, .. }
-            | Change::Quarantine { seq } => *seq,
+            | Change::Quarantine { seq }
+            | Change::DeadLetter { seq, .. } => *seq,
         }
     }
 }
@@ -738,7 +743,7 @@ impl Journal {
     }
 
     /// Applies changes that must survive a crash once this returns (with
-    /// `sync: always`): a dead letter's delete, a quarantine. They go
+    /// `sync: always`): a dead letter's fate and its delete, a quarantine. They go
     /// straight to the indexer, never behind a burst of ingress.
     pub async fn apply(&self, changes: &[Change]) -> Result<(), JournalError> {
         self.writable()?;

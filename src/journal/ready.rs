@@ -127,6 +127,7 @@ mod tests {
             last_status: None,
             last_attempt_ms: None,
             batch: None,
+            fate: None,
         }
     }
 

@@ -3,6 +3,7 @@
 //! broken page structure, but not a flipped bit inside a body, and courier
 //! must never deliver a corrupted event as if it were the app's.
 
+use crate::policy::Reason;
 use bytes::Bytes;
 
 /// A header as forwarded: the name (lowercase) and the raw value bytes.
@@ -57,6 +58,24 @@ pub struct StoredEvent {
     /// The batch this event was last attempted in: a failed batch is
     /// retried as a whole, under the same id (its `webhook-id`).
     pub batch: Option<String>,
+    /// Set when a run before this one decided to dead-letter the event
+    /// (`Change::DeadLetter`) and may not have finished: it is never
+    /// attempted again, only its record written (once).
+    pub fate: Option<Fate>,
+}
+
+/// Why an event is dead-lettered and what its record says, recorded in the
+/// journal before the record is written, so that a restart writes the same
+/// record (or finds it written) instead of deciding again.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Fate {
+    pub reason: Reason,
+    pub attempts: u32,
+    pub last_outcome: String,
+    pub last_status: Option<u16>,
+    pub last_attempt_ms: Option<u64>,
+    /// The record's `deadLetterTime`, which also names its day's file.
+    pub at_ms: u64,
 }
 
 pub fn crc(

@@ -3,7 +3,8 @@
 
 use super::fetch::Fetch;
 use super::intake::Place;
-use super::record::{NewEvent, StoredEvent, decode_headers};
+use super::record::{Fate, NewEvent, StoredEvent, decode_headers};
+use crate::policy::Reason;
 use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, params};
 use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
@@ -69,6 +70,14 @@ const PLACES: &str = "
 ALTER TABLE events ADD COLUMN at INTEGER;
 ALTER TABLE events ADD COLUMN len INTEGER;
 ";
+/// An event's fate (`Change::DeadLetter`): its `deadLetterReason` and
+/// dead-letter time; the rest of what its record says goes in the columns
+/// an attempt sets. Journals from before it get both columns, NULL.
+const FATES: &str = "
+ALTER TABLE events ADD COLUMN fate TEXT;
+ALTER TABLE events ADD COLUMN fate_ms INTEGER;
+";
+
 /// No index on `at`: rows point into the log in seq order, so the rows of
 /// one segment are a range of seqs (`placed_in`). The index cost every
 /// insert ~1 µs (14% of the indexer's CPU per accepted event) for a spill
@@ -119,6 +128,11 @@ pub fn open_writer(path: &Path) -> Result<Connection, rusqlite::Error> {
         tx.commit()?;
     }
     conn.execute_batch(PINS)?;
+    if !has_column(&conn, "fate")? {
+        let tx = conn.unchecked_transaction()?;
+        tx.execute_batch(FATES)?;
+        tx.commit()?;
+    }
     Ok(conn)
 }
 
@@ -338,8 +352,9 @@ pub fn integrity_problem(conn: &Connection) -> Result<Option<String>, rusqlite::
     })
 }
 
-/// `batch`, `at` and `len` come last: `journal inspect` may open a journal
-/// from before them (read-only, so not migrated) and reads NULL instead.
+/// `batch`, `at`, `len`, `fate` and `fate_ms` come last: `journal inspect`
+/// may open a journal from before them (read-only, so not migrated) and
+/// reads NULL instead.
 const COLUMNS: &str = "seq, id, destination, method, path, headers, body, accepted_ms, crc, attempts, next_due_ms, last_outcome, last_status, last_attempt_ms";
 
 fn load_columns(conn: &Connection) -> Result<String, rusqlite::Error> {
@@ -353,11 +368,16 @@ fn load_columns(conn: &Connection) -> Result<String, rusqlite::Error> {
     } else {
         "NULL, NULL"
     };
-    Ok(format!("{COLUMNS}, {batch}, {place}"))
+    let fate = if has_column(conn, "fate")? {
+        "fate, fate_ms"
+    } else {
+        "NULL, NULL"
+    };
+    Ok(format!("{COLUMNS}, {batch}, {place}, {fate}"))
 }
 
 /// The columns of a row the writer's connection has brought up to date.
-const LOAD_COLUMNS: &str = "seq, id, destination, method, path, headers, body, accepted_ms, crc, attempts, next_due_ms, last_outcome, last_status, last_attempt_ms, batch, at, len";
+const LOAD_COLUMNS: &str = "seq, id, destination, method, path, headers, body, accepted_ms, crc, attempts, next_due_ms, last_outcome, last_status, last_attempt_ms, batch, at, len, fate, fate_ms";
 
 /// An I/O error reading the log, carried through rusqlite's error type (as
 /// the `at` column's value failing to become an event) so that it fails
@@ -403,17 +423,41 @@ fn row(r: &Row, fetch: &mut Fetch) -> Result<Result<StoredEvent, StoreError>, ru
     let ms = |i: usize| -> Result<Option<u64>, rusqlite::Error> {
         Ok(r.get::<_, Option<i64>>(i)?.map(|v| v.max(0) as u64))
     };
+    let attempts = r.get::<_, i64>(9)?.clamp(0, u32::MAX as i64) as u32;
+    let last_outcome: Option<String> = r.get(11)?;
+    let last_status = r
+        .get::<_, Option<i64>>(12)?
+        .and_then(|s| u16::try_from(s).ok());
+    let last_attempt_ms = ms(13)?;
+    let fate = match (r.get::<_, Option<String>>(17)?, ms(18)?) {
+        (Some(reason), Some(at_ms)) => {
+            let Some(reason) = Reason::parse(&reason) else {
+                return Ok(Err(StoreError::Corrupt {
+                    seq,
+                    what: format!("unknown dead-letter reason {reason:?}"),
+                }));
+            };
+            Some(Fate {
+                reason,
+                attempts,
+                last_outcome: last_outcome.clone().unwrap_or_default(),
+                last_status,
+                last_attempt_ms,
+                at_ms,
+            })
+        }
+        _ => None,
+    };
     Ok(Ok(StoredEvent {
         seq,
         event,
-        attempts: r.get::<_, i64>(9)?.clamp(0, u32::MAX as i64) as u32,
+        attempts,
         next_due_ms: ms(10)?.unwrap_or(0),
-        last_outcome: r.get(11)?,
-        last_status: r
-            .get::<_, Option<i64>>(12)?
-            .and_then(|s| u16::try_from(s).ok()),
-        last_attempt_ms: ms(13)?,
+        last_outcome,
+        last_status,
+        last_attempt_ms,
         batch: r.get(14)?,
+        fate,
     }))
 }
 

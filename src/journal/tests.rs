@@ -958,3 +958,57 @@ async fn a_destination_past_its_share_is_refused_and_the_others_still_fit() {
     assert_eq!(bytes_of(&journal, "healthy"), Some(3 * one));
     journal.close().await;
 }
+
+/// An event's fate, recorded while the event is only in the intake log
+/// (the change waits for its row), comes back with it after a restart,
+/// due at once; a fate the build cannot read quarantines its row.
+#[tokio::test]
+async fn a_recorded_fate_comes_back_with_its_event_after_a_restart() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let (journal, _) = open(tmp.path()).expect("open");
+    journal
+        .append(vec![event(1), event(2)])
+        .await
+        .expect("append");
+    let fate = Fate {
+        reason: crate::policy::Reason::NonRetriableStatus,
+        attempts: 3,
+        last_outcome: "BadRequest".into(),
+        last_status: Some(400),
+        last_attempt_ms: Some(5_000),
+        at_ms: 6_000,
+    };
+    let change = Change::DeadLetter {
+        seq: 1,
+        fate: fate.clone(),
+    };
+    journal.apply(&[change]).await.expect("apply");
+    journal.close().await;
+    drop(journal);
+    let due = |journal: Journal| async move {
+        let reader = journal.reader().expect("reader");
+        let due = reader
+            .due("orders", 6_000, 10, u64::MAX, &HashSet::new())
+            .await;
+        journal.close().await;
+        due.expect("due").0
+    };
+    let (journal, _) = reopen(tmp.path()).await;
+    let got: Vec<(i64, Option<Fate>, u32)> = due(journal)
+        .await
+        .into_iter()
+        .map(|r| r.map(|s| (s.seq, s.fate, s.attempts)).expect("sound row"))
+        .collect();
+    assert_eq!(got, [(2, None, 0), (1, Some(fate), 3)]);
+    let conn = Connection::open(tmp.path().join(FILE)).expect("open db");
+    conn.execute("UPDATE events SET fate = 'Lost' WHERE seq = 1", [])
+        .expect("edit");
+    drop(conn);
+    let (journal, _) = reopen(tmp.path()).await;
+    let rows = due(journal).await;
+    assert!(
+        matches!(rows[1], Err(StoreError::Corrupt { seq: 1, .. })),
+        "{:?}",
+        rows[1]
+    );
+}

@@ -93,7 +93,14 @@ impl Writer {
             Ok(_) => account(group, &self.shared),
             Err(_) => release(group, &self.shared),
         }
-        // The answers go first: every app waits for its group's turn, and
+        // Published before the answers: a change to one of these events,
+        // sent once its app or a dispatcher heard of it, must find it in the
+        // log (the indexer reads this end after the change), or the change
+        // would be committed before the event's row exists and be lost.
+        if let Ok(end) = result {
+            self.shared.written_end.store(end, Ordering::SeqCst);
+        }
+        // The answers go next: every app waits for its group's turn, and
         // what follows only hands the events on.
         let answer = result.as_ref().map(|_| ()).map_err(Clone::clone);
         let now = crate::clock::now_ms();
@@ -116,11 +123,8 @@ impl Writer {
                 written.extend(events);
             }
         }
-        if let Ok(end) = result {
-            // Published first: a change to one of them (sent once a
-            // dispatcher took it) must find it in the log. The indexer is
-            // woken only when it sleeps with nothing to index.
-            self.shared.written_end.store(end, Ordering::SeqCst);
+        if result.is_ok() {
+            // The indexer is woken only when it sleeps with nothing to index.
             if self.shared.indexer_idle.swap(false, Ordering::SeqCst) {
                 let _ = self.indexer.send(ToIndexer::Wake);
             }
@@ -337,6 +341,7 @@ fn make_ready(events: Vec<NewEvent>, first_seq: i64, shared: &Shared) {
                 last_status: None,
                 last_attempt_ms: None,
                 batch: None,
+                fate: None,
             })
         });
         if held && !woken.iter().any(|w| std::ptr::eq(*w, state.as_ref())) {

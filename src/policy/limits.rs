@@ -33,6 +33,12 @@ impl Reason {
             Reason::NonRetriableStatus => "NonRetriableStatus",
         }
     }
+
+    /// The reason named `s` (as `as_str` spells it), e.g. read back from
+    /// the journal.
+    pub fn parse(s: &str) -> Option<Reason> {
+        Reason::ALL.into_iter().find(|r| r.as_str() == s)
+    }
 }
 
 /// What happens after a failed attempt that may be retried. Times are
@@ -147,6 +153,14 @@ mod tests {
     use super::*;
 
     const MIN: u64 = 60_000;
+
+    #[test]
+    fn a_reason_reads_back_from_its_name() {
+        for r in Reason::ALL {
+            assert_eq!(Reason::parse(r.as_str()), Some(r));
+        }
+        assert_eq!(Reason::parse("timetoliveexceeded"), None);
+    }
 
     #[test]
     fn reference_000_ttl_30m_max_10_ends_after_6_attempts_at_30m() {

@@ -19,6 +19,7 @@ mod crash_windows;
 mod credits;
 mod dead_letter_bytes;
 mod dead_letter_files;
+mod dead_letter_once;
 mod dead_letter_sink;
 mod dead_letters_api;
 mod dedupe;

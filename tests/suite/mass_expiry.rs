@@ -195,3 +195,122 @@ async fn live_events_are_delivered_while_expired_ones_wait_for_a_failing_sink() 
     )
     .await;
 }
+
+/// Bytes in the destination's day files: a cheap look at whether the
+/// expiry has begun writing, polled faster than the records could be read.
+fn sink_bytes(sink: &Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(sink) else {
+        return 0;
+    };
+    entries
+        .filter_map(|e| e.ok()?.metadata().ok())
+        .map(|m| m.len())
+        .sum()
+}
+
+/// The pending events in the journal of a killed courier: id, and whether
+/// its fate (a dead-lettering decided) is recorded.
+fn pending_fates(c: &Courier) -> HashMap<String, bool> {
+    let db = c.dir().join("journal").join("journal.db");
+    let read = || -> rusqlite::Result<HashMap<String, bool>> {
+        let conn = rusqlite::Connection::open(&db)?;
+        let mut stmt = conn.prepare("SELECT id, fate IS NOT NULL FROM events")?;
+        let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+        rows.collect()
+    };
+    read().unwrap_or_else(|e| fail!(c, "read {}: {e}", db.display()))
+}
+
+/// Issue #30 item 18: SIGKILL in the middle of a mass expiry of 10,000
+/// events, then a restart, and each event's dead letter is in the sink
+/// exactly once. The kill comes once the first group's records are in the
+/// sink; an event whose record was written but whose delete was not yet
+/// committed must have its fate in the journal (recorded before the write),
+/// so that the restart finds its record instead of writing it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sigkill_during_a_mass_expiry_leaves_each_dead_letter_once() {
+    const N: usize = 10_000;
+    let rx = Receiver::ok().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut c = aged_backlog(&rx, dir.path(), "", N).await;
+    let sink = dl_dir(&c, "orders");
+    c.restart().await;
+    let started = Instant::now();
+    let mut first_group = 0;
+    // Bounded by the deadline: killed once about four groups of a
+    // thousand are written, halfway through.
+    loop {
+        let bytes = sink_bytes(&sink);
+        if first_group == 0 {
+            first_group = bytes;
+        }
+        if first_group > 0 && bytes >= 4 * first_group {
+            break;
+        }
+        if started.elapsed() >= DEADLINE {
+            fail!(c, "{bytes} bytes of dead letters within {DEADLINE:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    c.kill();
+    let (_, at_kill) = read_dead_letters(&c, &sink);
+    let written: HashMap<String, usize> = at_kill.iter().fold(HashMap::new(), |mut m, r| {
+        *m.entry(r["id"].as_str().unwrap_or_default().to_string())
+            .or_default() += 1;
+        m
+    });
+    let pending = pending_fates(&c);
+    let both: Vec<&String> = written
+        .keys()
+        .filter(|id| pending.contains_key(*id))
+        .collect();
+    let fated = pending.values().filter(|f| **f).count();
+    eprintln!(
+        "at the kill: {} records, {} pending ({fated} fated), {} both written and pending",
+        at_kill.len(),
+        pending.len(),
+        both.len()
+    );
+    check!(
+        c,
+        !at_kill.is_empty() && at_kill.len() < N,
+        "the kill was meant to come mid-expiry: {} of {N} records",
+        at_kill.len()
+    );
+    check!(
+        c,
+        written.values().all(|&n| n == 1),
+        "a record written twice before the kill"
+    );
+    check!(
+        c,
+        both.iter().all(|id| pending[*id]),
+        "an event was written to the sink before its fate was recorded"
+    );
+    check_eq!(c, written.len() + pending.len() - both.len(), N, "events");
+
+    c.restart().await;
+    wait_metric(
+        &c,
+        r#"courier_events_pending{destination="orders"}"#,
+        0.0,
+        DEADLINE,
+    )
+    .await;
+    let (_, records) = read_dead_letters(&c, &sink);
+    let mut seen: HashMap<&str, usize> = HashMap::new();
+    for r in &records {
+        *seen
+            .entry(r["id"].as_str().unwrap_or_default())
+            .or_default() += 1;
+    }
+    let twice = seen.values().filter(|&&n| n > 1).count();
+    check_eq!(c, twice, 0, "events with more than one record");
+    check!(
+        c,
+        (0..N).all(|i| seen.contains_key(format!("old{i}").as_str())),
+        "an event has no record"
+    );
+    check_eq!(c, records.len(), N, "records");
+    check_eq!(c, rx.count(), 0, "a paused destination was sent to");
+}
