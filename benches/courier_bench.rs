@@ -1,7 +1,7 @@
 //! courier against nginx under the same wrk load, in one invocation:
 //!
 //! `cargo bench --bench courier_bench [-- --seconds 10 --connections 50
-//!  --steps nhabcdekpx --scale 1 --compare PATH --rounds 1 --write-results]`
+//!  --steps nhabcdekpqx --scale 1 --compare PATH --rounds 1 --write-results]`
 //!
 //! n. baselines: wrk against nginx answering 200 (`direct`), and against an
 //!    nginx `proxy_pass` to it with upstream keepalive (`proxy`, the
@@ -36,6 +36,12 @@
 //!    request's first attempt 503 and its second 200 (one in-line retry
 //!    per request, `schedule: [1ms]`): the last two rows' difference is what
 //!    an in-line retry costs;
+//! q. paced passthrough (issue #30 item 6): an app's ordinary load rather
+//!    than a flood: 5,000 requests/s from 50 connections (the Rust load
+//!    generator, latency counted from when each request was due), through
+//!    nginx proxy, through a passthrough destination at its default
+//!    concurrency, and at `concurrency: 16` (the default before). Budget:
+//!    the default's p50 ≤ 1.5 × nginx proxy's;
 //! x. mass expiry (issue #12): a 100,000-event
 //!    backlog of a paused destination (`--scale` multiplies it) whose TTL
 //!    has run out: SIGTERM, every event made an hour older in `journal.db`
@@ -81,7 +87,7 @@ const PENDING: &str = r#"courier_events_pending{destination="bench"}"#;
 const ACCEPTED: &str = r#"courier_events_accepted_total{destination="bench"}"#;
 const DELIVERED: &str = r#"courier_events_delivered_total{destination="bench"}"#;
 /// Every step, run by default; `--steps` picks some.
-const STEPS: &str = "nhabcdekpx";
+const STEPS: &str = "nhabcdekpqx";
 /// Step c's backlog and step d's, before `--scale`.
 const DRAIN_BACKLOG: f64 = 100_000.0;
 /// Step h's client: as many connections as courier's `concurrency: 64`.
@@ -98,7 +104,7 @@ const POLL: Duration = Duration::from_millis(20);
 /// Step e waits this long after the start before reading RSS.
 const IDLE: Duration = Duration::from_secs(2);
 const MIB: f64 = 1024.0 * 1024.0;
-const USAGE: &str = "usage: cargo bench --bench courier_bench [-- --seconds N --connections N --steps nhabcdekpx --scale F --compare PATH --rounds N --write-results]";
+const USAGE: &str = "usage: cargo bench --bench courier_bench [-- --seconds N --connections N --steps nhabcdekpqx --scale F --compare PATH --rounds N --write-results]";
 
 struct Args {
     seconds: u64,
@@ -172,7 +178,14 @@ fn courier_release_bin() -> PathBuf {
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("target/release/courier"))
 }
 
+/// `concurrency: 64` unless `extra` sets it (`concurrency: ~` leaves it
+/// to the mode's default).
 fn config(receiver_url: &str, extra: &str) -> String {
+    let concurrency = if extra.contains("    concurrency:") {
+        ""
+    } else {
+        "    concurrency: 64\n"
+    };
     format!(
         "listen: 127.0.0.1:0
 admin_listen: 127.0.0.1:0
@@ -181,8 +194,7 @@ journal: {{ dir: ./journal, sync: always, max_bytes: 4GiB }}
 destinations:
   {DESTINATION}:
     url: {receiver_url}
-    concurrency: 64
-{extra}"
+{concurrency}{extra}"
     )
 }
 
@@ -512,6 +524,8 @@ struct Baselines {
     /// nginx's ports, for the baselines taken again beside each courier
     /// load and drain (none without step n).
     urls: Option<(String, String)>,
+    /// nginx proxy's URL, for step q's paced baseline (with or without n).
+    proxy_url: String,
 }
 
 impl Baselines {
@@ -732,6 +746,7 @@ async fn end_to_end(label: &str, bin: &Path, rx: &str, args: &Args) -> Result<Ro
 const KILL_AFTER: Duration = Duration::from_secs(3);
 /// Step k's budget: README, "The duplicate window" (about 200 ms).
 const WINDOW_BUDGET: &str = "duplicate window after SIGKILL";
+const PACED_BUDGET: &str = "paced passthrough p50";
 
 /// Step k: a SIGKILL under load, then the same journal started again.
 /// The row, and the window: how long before the kill the first copy of a
@@ -1224,6 +1239,71 @@ async fn passthrough(label: &str, bin: &Path, rx: &str, args: &Args) -> Result<V
     Ok(rows)
 }
 
+/// Step q's load: what an app sends (issue #30 item 6).
+const PACED_PER_SECOND: f64 = 5_000.0;
+const PACED_CONNECTIONS: usize = 50;
+/// Step q's budget: passthrough's p50 over nginx proxy's.
+const PACED_P50_BUDGET: f64 = 1.5;
+
+/// Step q: the paced load through nginx proxy, then through passthrough at
+/// its default concurrency and at 16; the rows, and the default's p50 over
+/// the proxy's.
+async fn paced(
+    label: &str,
+    bin: &Path,
+    rx: &str,
+    proxy: &str,
+    args: &Args,
+) -> Result<(Vec<Row>, f64), String> {
+    const MODE: &str = "    mode: passthrough\n";
+    let spec = |url: String| LoadSpec {
+        duration: Duration::from_secs(args.seconds),
+        ..events_to(url, PACED_CONNECTIONS)
+    };
+    let row = |target: String, r: &load::LoadReport| {
+        let ms = |p: f64| r.percentile(p).as_secs_f64() * 1e3;
+        let mut note = format!("{:.0}/s asked", PACED_PER_SECOND);
+        if r.non_2xx + r.errors > 0 {
+            note = format!(
+                "{note}; non-2xx {}, errors {} ({:?})",
+                r.non_2xx, r.errors, r.first_error
+            );
+        }
+        Row {
+            target,
+            rate: Some(r.rate()),
+            latency: Some((ms(50.0), ms(99.0), ms(99.9))),
+            events: Some(r.ok as f64),
+            note,
+            ..Row::default()
+        }
+    };
+    let base = load::run_paced(spec(proxy.to_owned()), PACED_PER_SECOND).await;
+    let base_p50 = base.percentile(50.0).as_secs_f64();
+    let mut rows = vec![row(format!("{label} q. paced: nginx proxy"), &base)];
+    let mut p50 = f64::NAN;
+    for (concurrency, what) in [("~", "default concurrency"), ("16", "concurrency 16")] {
+        let run = start(bin, rx, &format!("{MODE}    concurrency: {concurrency}\n")).await?;
+        let c = &run.courier;
+        let cpu = cpu_seconds(c.pid()).unwrap_or(0.0);
+        let r = load::run_paced(spec(c.url(DESTINATION)), PACED_PER_SECOND).await;
+        let mut row = row(format!("{label} q. paced: passthrough, {what}"), &r);
+        row.cpu = cpu_seconds(c.pid()).map(|now| now - cpu);
+        row.rss = proc_status(c.pid(), "VmHWM");
+        if concurrency == "~" {
+            if r.ok == 0 || r.non_2xx + r.errors > 0 {
+                return Err(format!(
+                    "passthrough at the default concurrency: {} ok, {} non-2xx, {} errors ({:?})",
+                    r.ok, r.non_2xx, r.errors, r.first_error
+                ));
+            }
+            p50 = r.percentile(50.0).as_secs_f64() / base_p50;
+        }
+        rows.push(row);
+    }
+    Ok((rows, p50))
+}
+
 /// `row` with the baseline measured just before it, named in its note.
 fn beside(mut row: Row, near: Option<Wrk>) -> Row {
     if let Some(w) = &near {
@@ -1416,6 +1496,26 @@ async fn courier_steps(
                 Ok(p) => rows.extend(p),
                 Err(e) => failed("p. passthrough", e, rows, budgets, &[]),
             },
+            'q' => {
+                let name = format!("{label} {PACED_BUDGET}");
+                match paced(label, bin, rx, &base.proxy_url, args).await {
+                    Ok((p, ratio)) => {
+                        budgets.push(budget(
+                            name,
+                            vec![Check::at_most(ratio, PACED_P50_BUDGET, "x proxy")],
+                            format!("p50 {ratio:.2}x nginx proxy's (≤ {PACED_P50_BUDGET})"),
+                        ));
+                        rows.extend(p);
+                    }
+                    Err(e) => failed(
+                        "q. paced passthrough",
+                        e,
+                        rows,
+                        budgets,
+                        &[PACED_BUDGET.into()],
+                    ),
+                }
+            }
             'k' => match crash_window(label, bin, args).await {
                 Ok((row, window)) => {
                     // README, "The duplicate window": about 200 ms.
@@ -1696,7 +1796,10 @@ async fn run(args: Args) -> ExitCode {
     println!("courier_bench: {header}");
     let mut rows = Vec::new();
     let mut budgets = Vec::new();
-    let mut base = Baselines::default();
+    let mut base = Baselines {
+        proxy_url: Nginx::url(nginx.proxy),
+        ..Baselines::default()
+    };
     let mut ok = true;
     if args.steps.contains('n') {
         base.urls = Some((Nginx::url(nginx.direct), Nginx::url(nginx.proxy)));

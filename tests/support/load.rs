@@ -1,5 +1,6 @@
 //! A small HTTP/1.1 load generator: each connection is one task with its own
-//! keep-alive connection sending POSTs back to back.
+//! keep-alive connection sending POSTs back to back, or on a schedule
+//! ([`run_paced`]).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -74,19 +75,33 @@ fn per_second(count: u64, elapsed: Duration) -> f64 {
 /// Loads `spec.url` for `spec.duration`. Requests still in flight at the end
 /// are abandoned and not counted.
 pub async fn run(spec: LoadSpec) -> LoadReport {
-    run_inner(spec, None, false).await
+    run_inner(spec, None, None, false).await
+}
+
+/// Sends `per_second` requests a second in all, spread evenly over the
+/// connections and over time, for `spec.duration`: an app's ordinary load
+/// rather than a flood. A latency is counted from when its request was due,
+/// not from when it went out, so a server that makes requests queue pays
+/// for the queueing (as wrk2 does; a closed loop would hide it, sending
+/// less while the server is slow).
+pub async fn run_paced(spec: LoadSpec, per_second: f64) -> LoadReport {
+    assert!(
+        per_second.is_finite() && per_second > 0.0,
+        "run_paced: per_second must be > 0"
+    );
+    run_inner(spec, None, Some(per_second), false).await
 }
 
 /// As [`run`], and keeps each 2xx answer's body (courier's 202 lists the
 /// ids it acknowledged): what a crash test needs to know was promised.
 pub async fn run_keeping_answers(spec: LoadSpec) -> LoadReport {
-    run_inner(spec, None, true).await
+    run_inner(spec, None, None, true).await
 }
 
 /// Sends exactly `total` requests (as fast as `spec.connections` allow),
 /// with `spec.duration` as a deadline.
 pub async fn run_n(spec: LoadSpec, total: u64) -> LoadReport {
-    run_inner(spec, Some(total), false).await
+    run_inner(spec, Some(total), None, false).await
 }
 
 struct Target {
@@ -97,7 +112,12 @@ struct Target {
     body: Bytes,
 }
 
-async fn run_inner(spec: LoadSpec, total: Option<u64>, keep: bool) -> LoadReport {
+async fn run_inner(
+    spec: LoadSpec,
+    total: Option<u64>,
+    per_second: Option<f64>,
+    keep: bool,
+) -> LoadReport {
     assert!(spec.connections > 0, "LoadSpec.connections must be > 0");
     let uri: Uri = spec
         .url
@@ -142,10 +162,15 @@ async fn run_inner(spec: LoadSpec, total: Option<u64>, keep: bool) -> LoadReport
     let start = Instant::now();
     let deadline = start + spec.duration;
     let mut tasks = tokio::task::JoinSet::new();
-    for _ in 0..spec.connections {
+    for i in 0..spec.connections {
         let target = target.clone();
         let issued = issued.clone();
-        tasks.spawn(connection(target, deadline, total, issued, keep));
+        // Connection i sends at offset i/rate, then every connections/rate.
+        let pace = per_second.map(|rate| Pace {
+            next: start + Duration::from_secs_f64(i as f64 / rate),
+            every: Duration::from_secs_f64(spec.connections as f64 / rate),
+        });
+        tasks.spawn(connection(target, deadline, total, pace, issued, keep));
     }
     let mut report = LoadReport::default();
     let mut latencies = Vec::new();
@@ -202,10 +227,17 @@ fn build_request(target: &Target) -> Request<Full<Bytes>> {
     req
 }
 
+/// When a paced connection's next request is due, and how often.
+struct Pace {
+    next: Instant,
+    every: Duration,
+}
+
 async fn connection(
     target: Arc<Target>,
     deadline: Instant,
     total: Option<u64>,
+    mut pace: Option<Pace>,
     issued: Arc<AtomicU64>,
     keep: bool,
 ) -> LoadReport {
@@ -236,8 +268,19 @@ async fn connection(
         {
             break;
         }
+        let sent = match &mut pace {
+            Some(p) => {
+                let due = p.next;
+                if due >= deadline {
+                    break;
+                }
+                tokio::time::sleep_until(due).await;
+                p.next += p.every;
+                due
+            }
+            None => Instant::now(),
+        };
         let req = build_request(&target);
-        let sent = Instant::now();
         let exchange = async {
             let resp = conn.send_request(req).await?;
             let status = resp.status().as_u16();
