@@ -16,11 +16,25 @@ mod ingress;
 pub mod journal;
 pub mod lifecycle;
 pub mod logging;
+pub mod metrics;
 pub mod policy;
 pub mod reload;
 pub mod server;
 pub mod signature;
 pub mod tls;
+
+/// A header map of `pairs`, in order, for unit tests.
+#[cfg(test)]
+pub(crate) fn test_headers(pairs: &[(&str, &str)]) -> http::HeaderMap {
+    let mut h = http::HeaderMap::new();
+    for (k, v) in pairs {
+        h.append(
+            http::HeaderName::from_bytes(k.as_bytes()).expect("name"),
+            v.parse().expect("value"),
+        );
+    }
+    h
+}
 
 use config::{Live, Settings};
 use deliver::Fleet;
@@ -54,7 +68,8 @@ pub async fn run(settings: Settings, source: ConfigSource) -> Result<(), RunErro
     fd_limit::raise();
     file_modes::private_umask();
     let hangups = reload::hangups();
-    let prometheus = admin::metrics::install().map_err(RunError::Setup)?;
+    let prometheus = metrics::install(&[server::Edge::INGRESS.name, server::Edge::ADMIN.name])
+        .map_err(RunError::Setup)?;
     let names: Vec<String> = settings
         .destinations
         .iter()

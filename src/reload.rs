@@ -14,9 +14,9 @@
 //! once): a reload that changes them keeps the old values and says that a
 //! restart is needed. The log level and `log.bodies` change live.
 
-use crate::admin::metrics;
 use crate::config::{self, Live, ProcessEnv, Purpose, Settings};
 use crate::deliver::Fleet;
+use crate::metrics;
 use notify::{RecursiveMode, Watcher};
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};

@@ -8,13 +8,13 @@
 //! can replay a record twice, never lose one (at least once, as delivery).
 
 use super::Admin;
-use crate::admin::metrics;
 use crate::clock;
 use crate::deadletter::{
     Cursor, Filter, Order, Place, Source, Summary, day_start_ms, find, is_day, page, parse,
     unreplayed,
 };
 use crate::journal::{Journal, NewEvent};
+use crate::metrics;
 use crate::policy::Reason;
 use crate::server::{Body, json};
 use http::{Request, Response, StatusCode, Uri};

@@ -1,10 +1,8 @@
 //! The admin surface (SPEC §5): health, readiness, Prometheus metrics, and
 //! the destinations API (state, pause, resume).
 
-pub mod auth;
 pub mod client;
 mod dead_letters;
-pub mod metrics;
 
 use crate::clock;
 use crate::config::Live;
@@ -12,6 +10,7 @@ use crate::deliver::Fleet;
 use crate::deliver::health::PauseReason;
 use crate::journal::{Journal, Pause, Reader};
 use crate::lifecycle::Lifecycle;
+use crate::metrics;
 use crate::server::{Body, guard, json};
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};

@@ -1,6 +1,8 @@
 //! The config file (SPEC §2): parse, check every range, and report every
 //! problem with `file:line:column`, the key path, the value and what is allowed.
 
+pub mod admin_token;
+pub mod ingress_keys;
 mod limits;
 mod messages;
 mod position;

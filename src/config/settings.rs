@@ -1,10 +1,10 @@
 //! Checked settings: what the rest of courier runs on. Built once from the
 //! raw config by `validate`; every value here is known to be in range.
 
+use super::admin_token::AdminToken;
+use super::ingress_keys::IngressKeys;
 use super::schema::{LogFormat, Mode, Schema, SyncMode};
-use crate::admin::auth::AdminToken;
 use crate::event_path::EventPath;
-use crate::ingress::keys::IngressKeys;
 use crate::policy::probation::ProbationPolicy;
 use crate::policy::{Limits, Schedule, StatusPolicy};
 use crate::signature::Secret;

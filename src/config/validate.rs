@@ -2,15 +2,15 @@
 //! collected (not just the first), each with its key path, the bad value and
 //! what is allowed; `mod.rs` adds the file position.
 
+use super::admin_token::AdminToken;
+use super::ingress_keys::IngressKeys;
 use super::schema::{
     DeadLetterChoice, Destination, HeaderSpec, Mode, RawConfig, Schema, SigningSpec, StatusKey,
     TlsSpec,
 };
 use super::settings::*;
 use super::units::{Dur, Size};
-use crate::admin::auth::AdminToken;
 use crate::event_path::EventPath;
-use crate::ingress::keys::IngressKeys;
 use crate::policy::classify::Codes;
 use crate::policy::probation::ProbationPolicy;
 use crate::policy::{Limits, Outcome, StatusPolicy};

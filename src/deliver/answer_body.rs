@@ -3,7 +3,7 @@
 //! answer cut off mid-body is a `SocketError` (the connection closed early),
 //! not the `Delivered` its status promised.
 
-use crate::admin::metrics;
+use crate::metrics;
 use crate::policy::Outcome;
 use bytes::Bytes;
 use hyper::body::{Body, Frame, Incoming, SizeHint};

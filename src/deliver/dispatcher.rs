@@ -17,9 +17,9 @@
 
 use super::batch;
 use super::settle::{self, Ctx, Settled, Unit};
-use crate::admin::metrics;
 use crate::clock;
 use crate::journal::{Change, DestinationState, Reader, StoreError, StoredEvent};
+use crate::metrics;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;

@@ -16,11 +16,11 @@ use super::health::{Health, PauseReason};
 use super::settle::{Ctx, LateCompleted};
 use super::sink_streak::SinkStreak;
 use super::{Connector, HttpsClient, Passthrough, stack};
-use crate::admin::metrics;
 use crate::config::{DestinationSettings, Settings};
 use crate::deadletter::{DeadLetterSink, DirSink};
 use crate::journal::{Journal, Reader};
 use crate::lifecycle::Lifecycle;
+use crate::metrics;
 use crate::tls::TlsFiles;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -200,7 +200,10 @@ impl Fleet {
             let retiring = inner.retiring.remove(name);
             let running = self.start(dest, ctx, reader, retiring);
             inner.running.insert(name.clone(), running);
-            metrics::register(name);
+            metrics::register(
+                name,
+                &crate::policy::limits::Reason::ALL.map(|r| r.as_str()),
+            );
             added.push(name.clone());
         }
         Ok(added)

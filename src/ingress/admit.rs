@@ -6,11 +6,11 @@
 use super::budget::Budget;
 use super::credits::{self, Credits};
 use super::{Body, forward, passed, rejection, reply, schema, topic};
-use crate::admin::metrics;
 use crate::config::{DestinationSettings, Live, Mode, Schema, TopicSettings};
 use crate::deliver::Fleet;
 use crate::journal::{Appended, Header, Journal, NewEvent};
 use crate::lifecycle::Lifecycle;
+use crate::metrics;
 use crate::server::{BODY_DEADLINE, RemoteAddr, guard};
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};

@@ -1,7 +1,7 @@
 //! Which of the app's headers travel with the event, and which id it gets.
 
-use super::keys;
 use crate::config::Schema;
+use crate::config::ingress_keys as keys;
 use crate::journal::Header;
 use http::HeaderMap;
 use std::borrow::Cow;

@@ -7,7 +7,6 @@ mod admit;
 mod budget;
 mod credits;
 mod forward;
-pub(crate) mod keys;
 mod passed;
 mod rejection;
 mod reply;
@@ -20,16 +19,3 @@ pub use admit::Ingress;
 /// streamed through (passthrough).
 pub type Body =
     http_body_util::Either<http_body_util::Full<bytes::Bytes>, crate::deliver::AnswerBody>;
-
-/// A header map of `pairs`, in order, for unit tests.
-#[cfg(test)]
-fn test_headers(pairs: &[(&str, &str)]) -> http::HeaderMap {
-    let mut h = http::HeaderMap::new();
-    for (k, v) in pairs {
-        h.append(
-            http::HeaderName::from_bytes(k.as_bytes()).expect("name"),
-            v.parse().expect("value"),
-        );
-    }
-    h
-}

@@ -79,8 +79,8 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
 
 #[cfg(test)]
 mod tests {
-    use super::super::test_headers as with;
     use super::*;
+    use crate::test_headers as with;
 
     #[test]
     fn an_answers_hop_by_hop_headers_stay_behind_and_the_rest_travel() {

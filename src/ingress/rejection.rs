@@ -7,7 +7,7 @@
 //! path that refuses can forget either. Never a header or the body.
 
 use super::Body;
-use crate::admin::metrics;
+use crate::metrics;
 use crate::server::RemoteAddr;
 use http::Response;
 

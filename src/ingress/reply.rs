@@ -3,9 +3,9 @@
 
 use super::Body;
 use super::credits::Throttled;
-use super::keys::Denied;
 use super::rejection::Rejection;
 use super::schema::SchemaError;
+use crate::config::ingress_keys::Denied;
 use crate::journal::JournalError;
 use http::{HeaderValue, Response, StatusCode};
 use http_body_util::Either;

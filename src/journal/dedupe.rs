@@ -119,7 +119,7 @@ impl Dedupe {
             && matches!(self.seen.get(&old), Some(Seen::Stored(t)) if *t == at)
         {
             self.seen.remove(&old);
-            crate::admin::metrics::dedupe_evicted();
+            crate::metrics::dedupe_evicted();
         }
         self.seen.insert(key.clone(), Seen::Stored(at_ms));
         self.order.push_back((at_ms, key));

@@ -38,8 +38,8 @@ pub use ready::ReadyQueue;
 pub use record::{Fate, Header, NewEvent, StoredEvent};
 pub use store::{DestinationSummary, FILE, StoreError};
 
-use crate::admin::metrics;
 use crate::clock;
+use crate::metrics;
 use arc_swap::ArcSwap;
 use dedupe::{Check, Claim, Dedupe};
 use indexer::{Indexer, ToIndexer};

@@ -9,7 +9,7 @@ use super::indexer::ToIndexer;
 use super::intake::{self, AppendError, LogWriter};
 use super::reserve;
 use super::{Command, DestinationState, JournalError, NewEvent, Shared, StoredEvent};
-use crate::admin::metrics;
+use crate::metrics;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;

@@ -25,6 +25,17 @@ pub enum Outcome {
     Probation,
 }
 
+/// Attempts are counted per outcome.
+impl crate::metrics::Fixed for Outcome {
+    fn name(self) -> &'static str {
+        self.as_str()
+    }
+
+    fn ordinal(self) -> usize {
+        self as usize
+    }
+}
+
 impl Outcome {
     pub fn as_str(self) -> &'static str {
         match self {

@@ -17,7 +17,7 @@
 //! [`BEYOND_CAP_DEADLINE`]: super::edge::BEYOND_CAP_DEADLINE
 
 use super::{Body, edge, json};
-use crate::admin::metrics;
+use crate::metrics;
 use http::{Request, Response, StatusCode};
 use http_body_util::Either;
 use std::convert::Infallible;

@@ -4,7 +4,7 @@
 //! which prints headers, never shows them.
 
 use super::{Body, json};
-use crate::admin::metrics;
+use crate::metrics;
 use bytes::Bytes;
 use http::{HeaderName, Request, Response, StatusCode};
 use serde_json::json;

@@ -5,9 +5,9 @@
 //! layers below give it fresh headers and a fresh signature.
 
 use super::{Answered, Attempt, AttemptRequest, drain};
-use crate::admin::metrics;
 use crate::config::DestinationSettings;
 use crate::deliver::answer_body::Unsettled;
+use crate::metrics;
 use crate::policy::inline::Inline;
 use hyper::body::{Body, Incoming};
 use std::convert::Infallible;

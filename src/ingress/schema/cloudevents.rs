@@ -221,7 +221,7 @@ mod tests {
     use super::*;
     use crate::ingress::schema::Problem;
     use crate::ingress::schema::field_error;
-    use crate::ingress::test_headers as headers;
+    use crate::test_headers as headers;
     use serde_json::json;
 
     fn event(id: &str) -> Value {

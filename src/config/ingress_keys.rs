@@ -183,8 +183,8 @@ fn expiry_ms(s: &str) -> Option<u64> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::test_headers as headers;
     use super::*;
+    use crate::test_headers as headers;
     use base64::Engine;
 
     const KEY: &str = "c2VjcmV0LXRvcGljLWtleS0wMTIzNDU2Nzg5MDEyMzQ1Njc4OQ==";
