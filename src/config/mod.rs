@@ -253,6 +253,13 @@ fn effective_yaml(
         eventgrid(d.schema, name, &mut d.eventgrid_topic);
         d.concurrency
             .get_or_insert_with(|| schema::default_concurrency(d.mode));
+        // Not beside `sns:`, where its numRetries decides (and the key
+        // would make the printed config an error).
+        if d.retry.schedule.get("sns").is_none() {
+            d.retry
+                .max_attempts
+                .get_or_insert(retry::DEFAULT_MAX_ATTEMPTS);
+        }
         if d.status.no_retry.is_empty() {
             d.status.no_retry = crate::policy::classify::DEFAULT_NO_RETRY
                 .iter()

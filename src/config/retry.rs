@@ -15,10 +15,8 @@
 //!   something (a non-null `sicklyRetryPolicy`, `guaranteed: true`).
 //!
 //! With `sns:` the number of attempts is `numRetries + 1` (the first attempt
-//! plus the retries), so `retry.max_attempts` must not be set as well. The
-//! parsed config cannot tell an explicit `max_attempts: 30` from its
-//! default of 30, so: with `sns:`, `max_attempts` 30 is ignored and any
-//! other value is an error that says to use `numRetries`.
+//! plus the retries), so `retry.max_attempts` must not be set as well: any
+//! value there is an error that says to use `numRetries`.
 
 use super::schema::Retry;
 use super::units::{Dur, parse_duration};
@@ -30,8 +28,8 @@ use crate::policy::sns::{
 use serde_norway::{Mapping, Value};
 use std::time::Duration;
 
-/// `retry.max_attempts` when not written (schema's default).
-const DEFAULT_MAX_ATTEMPTS: u32 = 30;
+/// `retry.max_attempts` when not written, but with `sns:`.
+pub(super) const DEFAULT_MAX_ATTEMPTS: u32 = 30;
 /// `max_attempts` range for every schedule but `sns`.
 const MAX_ATTEMPTS: u64 = 30;
 const DAY: Duration = Duration::from_secs(24 * 3600);
@@ -56,12 +54,11 @@ pub(super) fn retry(c: &mut Checker, path: &str, r: &Retry) -> RetryPlan {
         .as_mapping()
         .is_some_and(|m| m.len() == 1 && m.contains_key("sns"));
     let max_attempts = if is_sns {
-        if r.max_attempts != DEFAULT_MAX_ATTEMPTS {
+        if let Some(n) = r.max_attempts {
             c.err(
                 max_path,
                 format!(
-                    "{} does not apply to an sns schedule: it makes numRetries + 1 attempts; set numRetries instead and remove max_attempts",
-                    r.max_attempts
+                    "{n} does not apply to an sns schedule: it makes numRetries + 1 attempts; set numRetries instead and remove max_attempts"
                 ),
             );
         }
@@ -70,7 +67,8 @@ pub(super) fn retry(c: &mut Checker, path: &str, r: &Retry) -> RetryPlan {
             _ => 1,
         }
     } else {
-        c.range_u64(&max_path, r.max_attempts.into(), 1, MAX_ATTEMPTS) as u32
+        let n = r.max_attempts.unwrap_or(DEFAULT_MAX_ATTEMPTS);
+        c.range_u64(&max_path, n.into(), 1, MAX_ATTEMPTS) as u32
     };
     RetryPlan {
         schedule,
@@ -813,11 +811,25 @@ mod tests {
             e,
             "c.yaml:6:21: destinations.orders.retry.max_attempts: 10 does not apply to an sns schedule: it makes numRetries + 1 attempts; set numRetries instead and remove max_attempts"
         );
-        // The default 30 cannot be told from an explicit 30: it is ignored.
-        let l = loaded(
+        // An explicit 30 is not the default: it is refused too.
+        let e = one_error(
             "      schedule: { sns: { numRetries: 50, maxDelayTarget: 60 } }\n      max_attempts: 30\n",
         );
+        assert!(e.contains("30 does not apply to an sns schedule"), "{e}");
+        let l = loaded("      schedule: { sns: { numRetries: 50, maxDelayTarget: 60 } }\n");
         assert_eq!(l.settings.destinations[0].limits.max_attempts, 51);
+    }
+
+    /// `courier check` prints what is in force, and what it prints loads.
+    #[test]
+    fn the_effective_config_shows_the_default_max_attempts_but_not_beside_sns() {
+        let l = loaded("      schedule: [5s]\n");
+        assert!(l.effective.contains("max_attempts: 30"), "{}", l.effective);
+        let l = loaded("      schedule: { sns: { numRetries: 5 } }\n");
+        assert!(!l.effective.contains("max_attempts"), "{}", l.effective);
+        let again = parse("c.yaml", &l.effective, ".".into(), Purpose::Run, &NoEnv)
+            .unwrap_or_else(|e| panic!("the printed config is refused: {e:#?}"));
+        assert_eq!(again.settings.destinations[0].limits.max_attempts, 6);
     }
 
     #[test]

@@ -338,8 +338,10 @@ pub struct Retry {
     /// `sns:`); interpreted by `validate` so errors can name list items.
     #[serde(default = "default_schedule")]
     pub schedule: serde_norway::Value,
-    #[serde(default = "default_max_attempts")]
-    pub max_attempts: u32,
+    /// `None`: 30, or `numRetries + 1` with `sns:` (where setting it is an
+    /// error, so it must be told apart from the default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_attempts: Option<u32>,
     #[serde(default = "default_ttl")]
     pub event_ttl: Dur,
     #[serde(default = "default_jitter")]
@@ -350,16 +352,13 @@ impl Default for Retry {
     fn default() -> Self {
         Retry {
             schedule: default_schedule(),
-            max_attempts: default_max_attempts(),
+            max_attempts: None,
             event_ttl: default_ttl(),
             jitter: default_jitter(),
         }
     }
 }
 
-fn default_max_attempts() -> u32 {
-    30
-}
 fn default_ttl() -> Dur {
     secs(1440 * 60)
 }
