@@ -79,12 +79,20 @@ async fn a_success_after_the_timeout_completes_the_event_and_cancels_the_retry()
         .await,
         Some(1.0)
     );
-    let logs = courier.logs();
-    assert!(
+    // The log is written by its own thread, after the metrics move.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    let late_line = |logs: &str| {
         logs.lines()
-            .any(|l| l.contains(" delivered ") && l.contains("late=true")),
-        "no `delivered … late=true` line:\n{logs}"
-    );
+            .any(|l| l.contains(" delivered ") && l.contains("late=true"))
+    };
+    while !late_line(&courier.logs()) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no `delivered … late=true` line:\n{}",
+            courier.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     // Watch until well past the time the cancelled retry would have come.
     let watch = RETRY_AT.saturating_sub(first.elapsed()) + Duration::from_secs(1);
     receiver.assert_quiet(1, watch).await;

@@ -213,7 +213,14 @@ async fn json_logs_have_one_object_per_line_and_one_line_per_outcome_and_refusal
     for dest in ["bad", "flaky", "gone"] {
         wait_metric(&c, &series("courier_events_pending", dest), 0.0, PROMPT).await;
     }
+    // The log is written by its own thread, after the metrics move.
     wait_for_line(&c, &["dropped", &gone]).await;
+    wait_for_line(&c, &["dead-lettered", &flaky]).await;
+    wait_for_line(&c, &["dead-lettered", &bad]).await;
+    wait_for_line(&c, &["\"delivered\"", &ok]).await;
+    for id in batched.values() {
+        wait_for_line(&c, &["\"delivered\"", id]).await;
+    }
     // Every line, startup to now, is one JSON object.
     let lines = json_lines(&c);
 
