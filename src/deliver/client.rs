@@ -11,6 +11,7 @@
 //! unbounded pool for 90 s. Now a connection beyond `concurrency` idle ones
 //! is closed as soon as it is free.
 
+use super::resolver::Resolver;
 use crate::tls::{TlsFileError, TlsFiles};
 use bytes::Bytes;
 use http_body_util::Full;
@@ -23,7 +24,7 @@ use rustls::crypto::CryptoProvider;
 use std::sync::Arc;
 use std::time::Duration;
 
-pub type HttpsClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
+pub type HttpsClient = Client<HttpsConnector<HttpConnector<Resolver>>, Full<Bytes>>;
 
 /// How long an idle connection is kept: below the keep-alive timeouts of
 /// common servers and proxies (AWS ALB 60 s, nginx 75 s), so that courier,
@@ -37,7 +38,7 @@ const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 pub struct Connector {
     system: Arc<RootCertStore>,
     provider: Arc<CryptoProvider>,
-    plain: HttpsConnector<HttpConnector>,
+    plain: HttpsConnector<HttpConnector<Resolver>>,
 }
 
 impl Connector {
@@ -92,8 +93,8 @@ pub fn build_connector() -> Result<Connector, String> {
 }
 
 /// HTTP/1.1 and HTTP/2 (by ALPN) over `tls`, or plain HTTP.
-fn https(tls: rustls::ClientConfig) -> HttpsConnector<HttpConnector> {
-    let mut http = HttpConnector::new();
+fn https(tls: rustls::ClientConfig) -> HttpsConnector<HttpConnector<Resolver>> {
+    let mut http = HttpConnector::new_with_resolver(Resolver::new());
     http.enforce_http(false);
     http.set_nodelay(true);
     http.set_connect_timeout(Some(Duration::from_secs(10)));

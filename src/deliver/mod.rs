@@ -11,6 +11,7 @@ pub mod health;
 mod outcome_log;
 mod passthrough;
 mod request;
+mod resolver;
 mod settle;
 mod shape;
 mod sink_streak;

@@ -4,6 +4,7 @@
 //! layer only extracts status, Retry-After and the kind of transport failure.
 
 use super::timeout::{LateAnswer, TimedOut};
+use crate::deliver::resolver::ResolveError;
 use crate::policy::classify::parse_retry_after;
 use crate::policy::{Classified, StatusPolicy, Transport};
 use http::Response;
@@ -182,7 +183,7 @@ pub fn transport_kind(err: &(dyn StdError + 'static)) -> Transport {
         {
             return Transport::Tls;
         }
-        if e.to_string() == "dns error" {
+        if e.is::<ResolveError>() {
             return Transport::Resolution;
         }
         cur = e.source();
@@ -280,17 +281,17 @@ mod tests {
             std::io::ErrorKind::ConnectionRefused,
         )));
         assert_eq!(transport_kind(&refused), Transport::Socket);
-        #[derive(Debug)]
-        struct Dns;
-        impl std::fmt::Display for Dns {
-            fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("dns error")
-            }
-        }
-        impl StdError for Dns {}
+        // Found by its type: hyper-util's "dns error" around it, whatever
+        // the resolver's words.
+        let lookup = std::io::Error::other("failed to lookup address information");
         assert_eq!(
-            transport_kind(&Wrapped(Box::new(Dns))),
+            transport_kind(&Wrapped(Box::new(ResolveError(lookup)))),
             Transport::Resolution
+        );
+        let worded = std::io::Error::other("dns error");
+        assert_eq!(
+            transport_kind(&Wrapped(Box::new(worded))),
+            Transport::Socket
         );
     }
 
