@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 use tokio::time::Instant;
-use tower::{Layer, Service};
+use tower::{BoxError, Layer, Service};
 
 #[derive(Debug)]
 pub struct Attempted {
@@ -71,8 +71,6 @@ pub struct Classify<S> {
     /// this attempt's transport failure instead of calling it.
     not_ready: Option<(Transport, String)>,
 }
-
-type BoxError = Box<dyn StdError + Send + Sync>;
 
 impl<S, Req, B> Service<Req> for Classify<S>
 where

@@ -11,13 +11,12 @@ use hyper::body::Incoming;
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
+use tower::BoxError;
 
 /// Response bodies beyond this are not read; the status decides anyway.
 const MAX_RESPONSE_BODY: usize = 64 * 1024;
 /// How long a response body may take to drain before its connection is dropped.
 const BODY_DRAIN: std::time::Duration = std::time::Duration::from_secs(10);
-
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 #[derive(Clone)]
 pub struct HttpService {

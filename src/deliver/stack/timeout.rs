@@ -13,9 +13,7 @@ use std::sync::Mutex;
 use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::sync::oneshot;
-use tower::{Layer, Service};
-
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
+use tower::{BoxError, Layer, Service};
 
 /// The status of an answer that arrived after the timeout.
 pub type LateAnswer = oneshot::Receiver<u16>;
