@@ -545,7 +545,7 @@ fn show(v: &Value) -> String {
 mod tests {
     use crate::config::{Env, Loaded, Purpose, parse};
     use crate::policy::limits::{Limits, Plan};
-    use crate::policy::sns::{Backoff, SnsPolicy};
+    use crate::policy::sns::SnsPolicy;
     use crate::policy::{Phase, Schedule};
     use std::time::Duration;
 
@@ -593,25 +593,13 @@ mod tests {
         (&d.schedule, d.limits)
     }
 
-    fn reference_policy() -> SnsPolicy {
-        SnsPolicy {
-            min_delay_target: 1,
-            max_delay_target: 60,
-            num_retries: 50,
-            num_no_delay_retries: 3,
-            num_min_delay_retries: 2,
-            num_max_delay_retries: 35,
-            backoff_function: Backoff::Exponential,
-        }
-    }
-
     #[test]
     fn the_sns_reference_delivery_policy_pastes_in_verbatim() {
         let l = loaded(&format!("      schedule:\n        sns: {SNS_REFERENCE}\n"));
         // `sicklyRetryPolicy: null` and `guaranteed: false` ask for nothing.
         assert!(l.warnings.is_empty(), "{:?}", l.warnings);
         let d = &l.settings.destinations[0];
-        assert_eq!(d.schedule, Schedule::Sns(reference_policy()));
+        assert_eq!(d.schedule, Schedule::Sns(SnsPolicy::reference()));
         assert_eq!(d.limits.max_attempts, 51);
         assert_eq!(d.rate_limit_per_second, Some(10));
         let plan = Plan::compute(&d.schedule, &d.limits);
@@ -626,14 +614,14 @@ mod tests {
         );
         assert_eq!(
             schedule_and_limits(&body).0,
-            &Schedule::Sns(reference_policy())
+            &Schedule::Sns(SnsPolicy::reference())
         );
         let block = loaded(
             "      schedule:\n        sns:\n          healthyRetryPolicy:\n            minDelayTarget: 1\n            maxDelayTarget: 60\n            numRetries: 50\n            numNoDelayRetries: 3\n            numMinDelayRetries: 2\n            numMaxDelayRetries: 35\n            backoffFunction: exponential\n",
         );
         assert_eq!(
             schedule_and_limits(&block).0,
-            &Schedule::Sns(reference_policy())
+            &Schedule::Sns(SnsPolicy::reference())
         );
     }
 

@@ -218,16 +218,8 @@ mod tests {
     /// example policy: one row per attempt with its phase.
     #[test]
     fn sns_reference_policy_plan_shows_the_four_phases() {
-        use crate::policy::sns::{Backoff, SnsPolicy};
-        let policy = SnsPolicy {
-            min_delay_target: 1,
-            max_delay_target: 60,
-            num_retries: 50,
-            num_no_delay_retries: 3,
-            num_min_delay_retries: 2,
-            num_max_delay_retries: 35,
-            backoff_function: Backoff::Exponential,
-        };
+        use crate::policy::sns::SnsPolicy;
+        let policy = SnsPolicy::reference();
         let limits = Limits {
             max_attempts: policy.max_attempts(),
             ttl: Duration::from_secs(86_400),

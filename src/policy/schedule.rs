@@ -206,16 +206,7 @@ mod tests {
 
     #[test]
     fn sns_reference_policy_delays_and_phases_per_attempt() {
-        use super::super::sns::Backoff;
-        let p = Schedule::Sns(SnsPolicy {
-            min_delay_target: 1,
-            max_delay_target: 60,
-            num_retries: 50,
-            num_no_delay_retries: 3,
-            num_min_delay_retries: 2,
-            num_max_delay_retries: 35,
-            backoff_function: Backoff::Exponential,
-        });
+        let p = Schedule::Sns(SnsPolicy::reference());
         assert_eq!((p.delay_before(1), p.phase(1)), (s(0), Phase::NoDelay));
         // Attempt a is retry a - 1.
         for a in 2..=4 {

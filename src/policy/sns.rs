@@ -152,6 +152,20 @@ impl Default for SnsPolicy {
 }
 
 impl SnsPolicy {
+    /// The example policy of the SNS documentation, the tests' fixture.
+    #[cfg(test)]
+    pub(crate) fn reference() -> SnsPolicy {
+        SnsPolicy {
+            min_delay_target: 1,
+            max_delay_target: 60,
+            num_retries: 50,
+            num_no_delay_retries: 3,
+            num_min_delay_retries: 2,
+            num_max_delay_retries: 35,
+            backoff_function: Backoff::Exponential,
+        }
+    }
+
     /// Retries in the no-delay, pre-backoff and post-backoff phases together.
     pub fn fixed_phase_retries(&self) -> u64 {
         u64::from(self.num_no_delay_retries)
@@ -235,19 +249,6 @@ impl SnsPolicy {
 mod tests {
     use super::*;
 
-    /// The example policy of the SNS documentation.
-    fn reference() -> SnsPolicy {
-        SnsPolicy {
-            min_delay_target: 1,
-            max_delay_target: 60,
-            num_retries: 50,
-            num_no_delay_retries: 3,
-            num_min_delay_retries: 2,
-            num_max_delay_retries: 35,
-            backoff_function: Backoff::Exponential,
-        }
-    }
-
     fn curve(f: Backoff, min: u32, max: u32, n: u32) -> Vec<u64> {
         let p = SnsPolicy {
             min_delay_target: min,
@@ -260,7 +261,7 @@ mod tests {
 
     #[test]
     fn reference_policy_phases_and_delays() {
-        let p = reference();
+        let p = SnsPolicy::reference();
         assert_eq!(p.backoff_retries(), Some(10));
         assert_eq!(p.max_attempts(), 51);
         for r in 1..=3 {
