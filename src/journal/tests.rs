@@ -244,7 +244,10 @@ async fn a_mostly_delivered_segment_is_spilled_and_recycled() {
     };
     let (first, size, _) = intake::segments(tmp.path()).expect("list")[0].clone();
     // A spill finds the segment's rows by their seqs (no index on `at`).
-    assert_eq!(seqs_in(tmp.path(), first, size), 1..16);
+    assert_eq!(
+        seqs_in(&super::disk::real(), tmp.path(), first, size),
+        1..16
+    );
     // 12 of the first segment's 15 MiB still wait: it stays.
     journal
         .apply(&(1..=3).map(delete_big).collect::<Vec<_>>())
