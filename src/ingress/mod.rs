@@ -10,7 +10,7 @@ mod forward;
 pub(crate) mod keys;
 mod passed;
 mod rejection;
-mod reply;
+pub(crate) mod reply;
 pub(crate) mod schema;
 mod topic;
 

@@ -16,6 +16,9 @@ use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+#[cfg(test)]
+pub(crate) mod faulty;
+
 /// The directory operations the log makes.
 pub(crate) trait Disk: Send + Sync {
     /// A new segment file, read-write, emptied if it existed; 0600, as

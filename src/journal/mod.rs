@@ -1008,4 +1008,6 @@ pub(super) fn lock(dir: &Path) -> Result<std::fs::File, LockError> {
 }
 
 #[cfg(test)]
+mod faults;
+#[cfg(test)]
 mod tests;
