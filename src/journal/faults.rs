@@ -224,6 +224,7 @@ async fn enospc_at_each_step_of_a_group_commit() {
         (Op::Allocate, ALWAYS, Answer::DiskFull),
         // Only the full size refused: a segment just large enough.
         (Op::Allocate, 1, Answer::Stored),
+        (Op::SyncDir, ALWAYS, Answer::Failed),
         (Op::Write, ALWAYS, Answer::DiskFull),
         (Op::SyncData, ALWAYS, Answer::Failed),
         // The events are durable; the mark only lags, which claims less.

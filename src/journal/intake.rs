@@ -602,8 +602,14 @@ impl LogWriter {
             None => create(&*self.disk, &path, size, need)?,
         };
         // The new name must survive a crash before any record in it is
-        // acknowledged.
-        self.disk.open(&self.dir)?.sync_all()?;
+        // acknowledged. A failed fsync of the directory is a failed fsync:
+        // whatever its errno (ENOSPC too), a retry that succeeds proves
+        // nothing about what the first one dropped, so it fails the
+        // journal as the segment's fdatasync would.
+        self.disk
+            .open(&self.dir)?
+            .sync_all()
+            .map_err(AppendError::Io)?;
         let size = file.len()?;
         Ok(Segment { start, size, file })
     }
