@@ -12,7 +12,13 @@ use http::StatusCode;
 use std::collections::BTreeMap;
 
 fn open_on(disk: &Faulty, dir: &Path) -> Result<Journal, OpenError> {
-    Journal::open_with(disk.disk(), dir, true, 1 << 30, None, &["orders".into()]).map(|(j, _)| j)
+    open_synced(disk, dir, true)
+}
+
+/// With `full_sync` false: `journal.sync: os`.
+fn open_synced(disk: &Faulty, dir: &Path, full_sync: bool) -> Result<Journal, OpenError> {
+    let destinations = ["orders".to_string()];
+    Journal::open_with(disk.disk(), dir, full_sync, 1 << 30, None, &destinations).map(|(j, _)| j)
 }
 
 /// The ingress status for an append's error, as the app would see it.
@@ -340,4 +346,33 @@ async fn eio_reading_the_log_while_indexing_fails_the_journal() {
     drop(journal);
     let held = held_after_reopen(tmp.path()).await;
     assert_kept(&held, &acked, small);
+}
+
+/// With `sync: os` the writer does not fdatasync, but the indexer does
+/// before rows point into the log: a failure there fails the journal as
+/// the writer's would, whatever its errno, never a 507 that retries it.
+#[tokio::test]
+async fn with_sync_os_a_failed_fdatasync_before_indexing_fails_the_journal() {
+    for errno in [libc::EIO, libc::ENOSPC] {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let disk = Faulty::new();
+        let journal = open_synced(&disk, tmp.path(), false).expect("open");
+        disk.fail(Op::SyncData, 1, 1, errno);
+        let (acked, refused) = append_all(&journal, [event(1)]).await;
+        assert_eq!(refused, None, "errno {errno}: the writer does not sync");
+        until("the indexer's fdatasync fails the journal", || {
+            journal.failed()
+        })
+        .await;
+        assert_eq!(disk.calls(Op::SyncData), 1, "errno {errno}: not retried");
+        let later = journal.append(vec![event(2)]).await;
+        let Err(e @ JournalError::Failed(_)) = &later else {
+            panic!("errno {errno}: after a failed fdatasync, {later:?}");
+        };
+        assert_eq!(status(e), StatusCode::SERVICE_UNAVAILABLE);
+        journal.close().await;
+        drop(journal);
+        let held = held_after_reopen(tmp.path()).await;
+        assert_kept(&held, &acked, small);
+    }
 }

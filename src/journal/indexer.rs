@@ -16,7 +16,7 @@
 
 use super::disk::Disk;
 use super::fetch::Fetch;
-use super::intake::{LogReader, Logged, Read, ReadError};
+use super::intake::{LogReader, Logged, Read, ReadError, SyncError};
 use super::store::{self, Pin, QUARANTINED};
 use super::{Change, DiskError, JournalError, Shared};
 use rusqlite::{Connection, OptionalExtension, params};
@@ -164,6 +164,10 @@ pub(super) struct Indexer {
 pub(super) enum IndexError {
     #[error(transparent)]
     Log(#[from] ReadError),
+    /// fdatasync of the log failed (`sync: os`): never retried, whatever
+    /// its errno, as the writer's own.
+    #[error("cannot fdatasync the intake log: {0}")]
+    LogSync(std::io::Error),
     #[error(transparent)]
     Sqlite(#[from] rusqlite::Error),
 }
@@ -179,7 +183,7 @@ impl IndexError {
                 Some(CannotOpen | OutOfMemory | DatabaseBusy | DatabaseLocked)
             ),
             IndexError::Log(ReadError::Io(e)) => super::intake::is_transient(e),
-            IndexError::Log(_) => false,
+            IndexError::Log(_) | IndexError::LogSync(_) => false,
         }
     }
 }
@@ -189,7 +193,7 @@ impl super::DiskError for IndexError {
         match self {
             IndexError::Sqlite(e) => e.disk_full(),
             IndexError::Log(ReadError::Io(e)) => e.disk_full(),
-            IndexError::Log(_) => false,
+            IndexError::Log(_) | IndexError::LogSync(_) => false,
         }
     }
 }
@@ -337,7 +341,7 @@ impl Indexer {
         end: u64,
     ) -> Result<HashSet<i64>, IndexError> {
         if insert.iter().any(|i| *i) {
-            self.sync_log(end).map_err(ReadError::Io)?;
+            self.sync_log(end)?;
         }
         let full = self.full_sync && sync;
         if full {
@@ -523,11 +527,16 @@ impl Indexer {
     /// syncs the WAL on its own schedule), the log's pages under them go to
     /// disk, or a power loss could keep rows whose events never got there.
     /// One fdatasync per commit of rows, not per request.
-    fn sync_log(&mut self, end: u64) -> std::io::Result<()> {
+    fn sync_log(&mut self, end: u64) -> Result<(), IndexError> {
         if self.full_sync || end <= self.log_synced {
             return Ok(());
         }
-        super::intake::sync_segments(&*self.disk, &self.dir, self.log_synced, end)?;
+        super::intake::sync_segments(&*self.disk, &self.dir, self.log_synced, end).map_err(
+            |e| match e {
+                SyncError::Find(e) => IndexError::Log(ReadError::Io(e)),
+                SyncError::Sync(e) => IndexError::LogSync(e),
+            },
+        )?;
         self.log_synced = end;
         Ok(())
     }

@@ -198,18 +198,33 @@ pub(crate) fn segments_on(disk: &dyn Disk, dir: &Path) -> io::Result<Vec<(u64, u
     Ok(out)
 }
 
+/// Why `sync_segments` failed: the segments could not be found or opened
+/// (which may pass), or an fdatasync failed (which never is retried).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum SyncError {
+    #[error(transparent)]
+    Find(io::Error),
+    #[error(transparent)]
+    Sync(io::Error),
+}
+
 /// fdatasync of every segment holding a byte between `from` and `to`
 /// (with `sync: os`, before rows point into them). A segment gone meanwhile
 /// was a spare renamed away: no row points there.
-pub(crate) fn sync_segments(disk: &dyn Disk, dir: &Path, from: u64, to: u64) -> io::Result<()> {
-    for (start, size, path) in segments_on(disk, dir)? {
+pub(crate) fn sync_segments(
+    disk: &dyn Disk,
+    dir: &Path,
+    from: u64,
+    to: u64,
+) -> Result<(), SyncError> {
+    for (start, size, path) in segments_on(disk, dir).map_err(SyncError::Find)? {
         if start >= to || start + size <= from {
             continue;
         }
         match disk.open(&path) {
-            Ok(file) => file.sync_data()?,
+            Ok(file) => file.sync_data().map_err(SyncError::Sync)?,
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(e) => return Err(e),
+            Err(e) => return Err(SyncError::Find(e)),
         }
     }
     Ok(())
