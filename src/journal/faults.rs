@@ -376,3 +376,45 @@ async fn with_sync_os_a_failed_fdatasync_before_indexing_fails_the_journal() {
         assert_kept(&held, &acked, small);
     }
 }
+
+/// A transient error (out of descriptors) is retried a few times within
+/// the append; one that lasts is a 503 `Strained` for that group only:
+/// the journal stays healthy and the next group, once it passes, is stored.
+#[tokio::test]
+async fn a_transient_error_is_retried_and_never_fails_the_journal() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let disk = Faulty::new();
+    let journal = open_on(&disk, tmp.path()).expect("open");
+    // The first group makes the first segment: two tries fail, the third
+    // succeeds.
+    disk.fail(Op::Create, 1, 2, libc::EMFILE);
+    let (mut acked, refused) = append_all(&journal, [event(1)]).await;
+    assert_eq!(refused, None, "retried within the append");
+    assert_eq!(disk.calls(Op::Create), 3);
+
+    disk.fail(Op::Write, 1, ALWAYS, libc::EMFILE);
+    let before = disk.calls(Op::Write);
+    let strained = journal.append(vec![event(2)]).await;
+    let Err(e @ JournalError::Strained(_)) = &strained else {
+        panic!("a lasting transient error answered {strained:?}");
+    };
+    assert_eq!(status(e), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(
+        disk.calls(Op::Write) - before,
+        5,
+        "one try and four retries"
+    );
+    assert!(
+        !journal.failed(),
+        "a transient error does not fail the journal"
+    );
+    disk.heal();
+    let (more, refused) = append_all(&journal, [event(3)]).await;
+    assert_eq!(refused, None);
+    acked.extend(more);
+    journal.close().await;
+    drop(journal);
+    let held = held_after_reopen(tmp.path()).await;
+    assert_kept(&held, &acked, small);
+    assert_eq!(held.len(), 2, "the refused group is not stored");
+}
