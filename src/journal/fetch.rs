@@ -10,10 +10,10 @@
 //! mostly delivered has its few waiting events copied into their rows
 //! (`Indexer::spill`) so that it can go.
 
+use super::disk::LogFile;
 use super::intake::{self, Logged, Place};
 use std::fs::File;
 use std::io;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 /// How much one read of the log takes in once reads go forward: rows read
@@ -117,8 +117,8 @@ impl Fetch {
 
 /// Reads into `buf` from `offset` until at least `need` bytes are in, or
 /// the file ends; returns how many are.
-pub(super) fn read_at_least(
-    file: &File,
+pub(super) fn read_at_least<F: LogFile + ?Sized>(
+    file: &F,
     buf: &mut [u8],
     offset: u64,
     need: usize,

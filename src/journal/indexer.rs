@@ -14,8 +14,9 @@
 //! callers hear back (with `sync: always`): a dead letter already written
 //! must not come back after a crash as an event to send or write again.
 
+use super::disk::Disk;
 use super::fetch::Fetch;
-use super::intake::{LogReader, Logged, Read, ReadError};
+use super::intake::{LogReader, Logged, Read, ReadError, SyncError};
 use super::store::{self, Pin, QUARANTINED};
 use super::{Change, DiskError, JournalError, Shared};
 use rusqlite::{Connection, OptionalExtension, params};
@@ -121,6 +122,8 @@ pub(super) enum ToIndexer {
 pub(super) struct Indexer {
     conn: Connection,
     reader: LogReader,
+    /// The intake log's disk, which `reader` reads too.
+    disk: Arc<dyn Disk>,
     dir: PathBuf,
     /// Rows pointing into each log segment, by its start: as committed.
     pins: BTreeMap<u64, Pin>,
@@ -161,6 +164,10 @@ pub(super) struct Indexer {
 pub(super) enum IndexError {
     #[error(transparent)]
     Log(#[from] ReadError),
+    /// fdatasync of the log failed (`sync: os`): never retried, whatever
+    /// its errno, as the writer's own.
+    #[error("cannot fdatasync the intake log: {0}")]
+    LogSync(std::io::Error),
     #[error(transparent)]
     Sqlite(#[from] rusqlite::Error),
 }
@@ -176,7 +183,7 @@ impl IndexError {
                 Some(CannotOpen | OutOfMemory | DatabaseBusy | DatabaseLocked)
             ),
             IndexError::Log(ReadError::Io(e)) => super::intake::is_transient(e),
-            IndexError::Log(_) => false,
+            IndexError::Log(_) | IndexError::LogSync(_) => false,
         }
     }
 }
@@ -186,7 +193,7 @@ impl super::DiskError for IndexError {
         match self {
             IndexError::Sqlite(e) => e.disk_full(),
             IndexError::Log(ReadError::Io(e)) => e.disk_full(),
-            IndexError::Log(_) => false,
+            IndexError::Log(_) | IndexError::LogSync(_) => false,
         }
     }
 }
@@ -194,6 +201,7 @@ impl super::DiskError for IndexError {
 impl Indexer {
     pub fn new(
         conn: Connection,
+        disk: Arc<dyn Disk>,
         dir: &Path,
         full_sync: bool,
         pace: Pace,
@@ -203,7 +211,8 @@ impl Indexer {
         let pins = store::load_pins(&conn)?;
         Ok(Indexer {
             conn,
-            reader: LogReader::new(dir),
+            reader: LogReader::on(disk.clone(), dir),
+            disk,
             dir: dir.to_path_buf(),
             pins,
             pins_changed: true,
@@ -332,7 +341,7 @@ impl Indexer {
         end: u64,
     ) -> Result<HashSet<i64>, IndexError> {
         if insert.iter().any(|i| *i) {
-            self.sync_log(end).map_err(ReadError::Io)?;
+            self.sync_log(end)?;
         }
         let full = self.full_sync && sync;
         if full {
@@ -391,7 +400,7 @@ impl Indexer {
     /// Returns whether another segment may be waiting: the caller looks
     /// again at its next turn.
     fn spill(&mut self) -> Result<bool, IndexError> {
-        let sizes = super::intake::segments(&self.dir).map_err(ReadError::Io)?;
+        let sizes = super::intake::segments_on(&*self.disk, &self.dir).map_err(ReadError::Io)?;
         let now = Instant::now();
         let mut candidates = HashMap::new();
         let mut found = None;
@@ -421,7 +430,7 @@ impl Indexer {
         };
         self.unspillable.retain(|s, _| self.pins.contains_key(s));
         let events = self.pins.get(&start).map_or(0, |p| p.events);
-        let seqs = seqs_in(&self.dir, start, size);
+        let seqs = seqs_in(&self.disk, &self.dir, start, size);
         let placed = store::placed_in(&self.conn, start, start + size, seqs)?;
         let mut fetch = Fetch::new(&self.dir);
         let mut moved = Vec::with_capacity(placed.len());
@@ -518,21 +527,16 @@ impl Indexer {
     /// syncs the WAL on its own schedule), the log's pages under them go to
     /// disk, or a power loss could keep rows whose events never got there.
     /// One fdatasync per commit of rows, not per request.
-    fn sync_log(&mut self, end: u64) -> std::io::Result<()> {
+    fn sync_log(&mut self, end: u64) -> Result<(), IndexError> {
         if self.full_sync || end <= self.log_synced {
             return Ok(());
         }
-        for (start, size, path) in super::intake::segments(&self.dir)? {
-            if start >= end || start + size <= self.log_synced {
-                continue;
-            }
-            match std::fs::File::open(&path) {
-                Ok(file) => file.sync_data()?,
-                // A spare renamed away while listing: no row points there.
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err(e),
-            }
-        }
+        super::intake::sync_segments(&*self.disk, &self.dir, self.log_synced, end).map_err(
+            |e| match e {
+                SyncError::Find(e) => IndexError::Log(ReadError::Io(e)),
+                SyncError::Sync(e) => IndexError::LogSync(e),
+            },
+        )?;
         self.log_synced = end;
         Ok(())
     }
@@ -894,8 +898,13 @@ impl Indexer {
 /// in seq order, so every row pointing into the segment is in this range;
 /// where a first record cannot be read, the range stays open on that side
 /// (a read that went on into a later segment does not count).
-pub(super) fn seqs_in(dir: &Path, start: u64, size: u64) -> std::ops::Range<i64> {
-    let mut reader = LogReader::new(dir);
+pub(super) fn seqs_in(
+    disk: &Arc<dyn Disk>,
+    dir: &Path,
+    start: u64,
+    size: u64,
+) -> std::ops::Range<i64> {
+    let mut reader = LogReader::on(disk.clone(), dir);
     let mut first_seq = |lsn| match reader.read(lsn) {
         Ok(Read::Record(events, _)) => events.first().filter(|l| l.segment == lsn).map(|l| l.seq),
         _ => None,

@@ -48,13 +48,12 @@
 //! damage to a segment can shorten: a start that finds the log ending before
 //! the mark knows that acknowledged events are gone, and says so.
 
+use super::disk::{self, Disk, LogFile, Real};
 use super::record::{Header, NewEvent, decode_headers, encode_headers};
 use std::collections::BTreeSet;
-use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::fd::AsRawFd;
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 const MAGIC: u32 = 0x4352_5232; // "CRR2"
 /// The records of logs written before "CRR2", each padded to `PAGE`.
@@ -135,7 +134,11 @@ impl Mark {
     /// The mark in `dir`: `Ok(None)` when there is none (a journal that
     /// never wrote one); `Err` only when it exists and cannot be read.
     pub fn read(dir: &Path) -> io::Result<Option<Mark>> {
-        match std::fs::read(dir.join(MARK)) {
+        Mark::read_on(&Real, dir)
+    }
+
+    pub(crate) fn read_on(disk: &dyn Disk, dir: &Path) -> io::Result<Option<Mark>> {
+        match disk.read(&dir.join(MARK)) {
             Ok(b) => match Mark::decode(&b) {
                 Some(m) => Ok(Some(m)),
                 None => Err(io::Error::new(
@@ -176,22 +179,55 @@ fn parse_name(file: &str) -> Option<u64> {
 
 /// The segments in `dir`, ordered by start lsn, with their sizes.
 pub fn segments(dir: &Path) -> io::Result<Vec<(u64, u64, PathBuf)>> {
-    let mut out = Vec::new();
-    for entry in std::fs::read_dir(dir)? {
-        let entry = entry?;
-        let Some(start) = entry.file_name().to_str().and_then(parse_name) else {
-            continue;
-        };
-        // The writer renames spare segments while the indexer lists: a
-        // name that is gone was a spare, never a segment still to read.
-        match entry.metadata() {
-            Ok(m) => out.push((start, m.len(), entry.path())),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-            Err(e) => return Err(e),
-        }
-    }
+    segments_on(&Real, dir)
+}
+
+/// The same, as `disk` lists them. The writer renames spare segments
+/// while the indexer lists: a name that is gone was a spare, never a
+/// segment still to read (`Disk::list` leaves it out).
+pub(crate) fn segments_on(disk: &dyn Disk, dir: &Path) -> io::Result<Vec<(u64, u64, PathBuf)>> {
+    let mut out: Vec<(u64, u64, PathBuf)> = disk
+        .list(dir)?
+        .into_iter()
+        .filter_map(|(path, len)| {
+            let start = path.file_name()?.to_str().and_then(parse_name)?;
+            Some((start, len, path))
+        })
+        .collect();
     out.sort_by_key(|s| s.0);
     Ok(out)
+}
+
+/// Why `sync_segments` failed: the segments could not be found or opened
+/// (which may pass), or an fdatasync failed (which never is retried).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum SyncError {
+    #[error(transparent)]
+    Find(io::Error),
+    #[error(transparent)]
+    Sync(io::Error),
+}
+
+/// fdatasync of every segment holding a byte between `from` and `to`
+/// (with `sync: os`, before rows point into them). A segment gone meanwhile
+/// was a spare renamed away: no row points there.
+pub(crate) fn sync_segments(
+    disk: &dyn Disk,
+    dir: &Path,
+    from: u64,
+    to: u64,
+) -> Result<(), SyncError> {
+    for (start, size, path) in segments_on(disk, dir).map_err(SyncError::Find)? {
+        if start >= to || start + size <= from {
+            continue;
+        }
+        match disk.open(&path) {
+            Ok(file) => file.sync_data().map_err(SyncError::Sync)?,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(SyncError::Find(e)),
+        }
+    }
+    Ok(())
 }
 
 fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
@@ -410,11 +446,12 @@ impl From<io::Error> for AppendError {
 struct Segment {
     start: u64,
     size: u64,
-    file: File,
+    file: Box<dyn LogFile>,
 }
 
 /// The writing end, owned by the journal's writer thread.
 pub struct LogWriter {
+    disk: Arc<dyn Disk>,
     dir: PathBuf,
     current: Option<Segment>,
     /// The lsn of the next record.
@@ -422,7 +459,7 @@ pub struct LogWriter {
     /// Segments before `current`, oldest first: (start, size).
     retired: Vec<(u64, u64)>,
     spares: Vec<PathBuf>,
-    mark: File,
+    mark: Box<dyn LogFile>,
 }
 
 impl LogWriter {
@@ -437,9 +474,20 @@ impl LogWriter {
         next_seq: i64,
         pinned: &BTreeSet<u64>,
     ) -> io::Result<LogWriter> {
+        LogWriter::open_on(disk::real(), dir, pos, next_seq, pinned)
+    }
+
+    /// The same, on `disk`.
+    pub(crate) fn open_on(
+        disk: Arc<dyn Disk>,
+        dir: &Path,
+        pos: u64,
+        next_seq: i64,
+        pinned: &BTreeSet<u64>,
+    ) -> io::Result<LogWriter> {
         let mut spares = Vec::new();
         let mut retired = Vec::new();
-        for (start, size, path) in segments(dir)? {
+        for (start, size, path) in segments_on(&*disk, dir)? {
             if start + size > pos {
                 return Err(io::Error::other(format!(
                     "{} reaches past the position {pos} the log resumes at",
@@ -451,15 +499,12 @@ impl LogWriter {
             } else if spares.len() < SPARES && size >= SEGMENT {
                 spares.push(path);
             } else {
-                std::fs::remove_file(&path)?;
+                disk.remove(&path)?;
             }
         }
-        let mark = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(dir.join(MARK))?;
+        let mark = disk.open_rw(&dir.join(MARK))?;
         let writer = LogWriter {
+            disk,
             dir: dir.to_path_buf(),
             current: None,
             pos,
@@ -469,7 +514,7 @@ impl LogWriter {
         };
         writer.acknowledge(Mark { end: pos, next_seq })?;
         writer.mark.sync_all()?;
-        File::open(dir)?.sync_all()?;
+        writer.disk.open(dir)?.sync_all()?;
         Ok(writer)
     }
 
@@ -545,7 +590,7 @@ impl LogWriter {
             if keep && self.spares.len() < SPARES && size >= SEGMENT {
                 self.spares.push(path);
             } else {
-                std::fs::remove_file(&path)?;
+                self.disk.remove(&path)?;
             }
         }
         Ok(())
@@ -554,7 +599,7 @@ impl LogWriter {
     /// On a full disk, the spares' space is better given back.
     pub fn drop_spares(&mut self) {
         for path in self.spares.drain(..) {
-            let _ = std::fs::remove_file(path);
+            let _ = self.disk.remove(&path);
         }
     }
 
@@ -569,26 +614,32 @@ impl LogWriter {
         let path = self.dir.join(name(start));
         let file = match self.take_spare(size, &path)? {
             Some(f) => f,
-            None => create(&path, size, need)?,
+            None => create(&*self.disk, &path, size, need)?,
         };
         // The new name must survive a crash before any record in it is
-        // acknowledged.
-        File::open(&self.dir)?.sync_all()?;
-        let size = file.metadata()?.len();
+        // acknowledged. A failed fsync of the directory is a failed fsync:
+        // whatever its errno (ENOSPC too), a retry that succeeds proves
+        // nothing about what the first one dropped, so it fails the
+        // journal as the segment's fdatasync would.
+        self.disk
+            .open(&self.dir)?
+            .sync_all()
+            .map_err(AppendError::Io)?;
+        let size = file.len()?;
         Ok(Segment { start, size, file })
     }
 
-    fn take_spare(&mut self, size: u64, path: &Path) -> io::Result<Option<File>> {
+    fn take_spare(&mut self, size: u64, path: &Path) -> io::Result<Option<Box<dyn LogFile>>> {
         let Some(i) = self
             .spares
             .iter()
-            .position(|p| std::fs::metadata(p).is_ok_and(|m| m.len() >= size))
+            .position(|p| self.disk.len(p).is_ok_and(|len| len >= size))
         else {
             return Ok(None);
         };
         let spare = self.spares.remove(i);
-        std::fs::rename(&spare, path)?;
-        Ok(Some(OpenOptions::new().read(true).write(true).open(path)?))
+        self.disk.rename(&spare, path)?;
+        Ok(Some(self.disk.open_rw(path)?))
     }
 }
 
@@ -622,25 +673,15 @@ fn write_record(
     let mut at = offset;
     // Bounded: each turn writes at least one byte or returns.
     while parts.iter().any(|p| !p.is_empty()) {
-        let iov = parts.map(|p| libc::iovec {
-            iov_base: p.as_ptr() as *mut libc::c_void,
-            iov_len: p.len(),
-        });
-        let at_off = libc::off_t::try_from(at).map_err(|_| io::Error::other("offset too large"))?;
-        // SAFETY: every iovec points into a live slice of its stated length,
-        // which pwritev only reads.
-        let n = unsafe { libc::pwritev(file.as_raw_fd(), iov.as_ptr(), 3, at_off) };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e);
-        }
+        let n = match file.write_parts_at(&parts, at) {
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
         if n == 0 {
             return Err(io::ErrorKind::WriteZero.into());
         }
-        let mut left = n as usize;
+        let mut left = n;
         at += left as u64;
         for p in &mut parts {
             let k = left.min(p.len());
@@ -653,36 +694,25 @@ fn write_record(
 
 /// A new segment of `size` bytes, allocated up front so that records never
 /// change the file's size; on a nearly full disk, one of just `need` bytes.
-fn create(path: &Path, size: u64, need: u64) -> Result<File, AppendError> {
-    // 0600: records hold the app's bodies and headers (`file_modes`).
-    let file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(path)?;
+fn create(
+    disk: &dyn Disk,
+    path: &Path,
+    size: u64,
+    need: u64,
+) -> Result<Box<dyn LogFile>, AppendError> {
+    let file = disk.create(path)?;
     for len in [size, need] {
-        match allocate(&file, len) {
+        match file.allocate(len) {
             Ok(()) => return Ok(file),
             Err(e) if is_disk_full(&e) => continue,
             Err(e) => {
-                let _ = std::fs::remove_file(path);
+                let _ = disk.remove(path);
                 return Err(e.into());
             }
         }
     }
-    let _ = std::fs::remove_file(path);
+    let _ = disk.remove(path);
     Err(AppendError::DiskFull)
-}
-
-fn allocate(file: &File, len: u64) -> io::Result<()> {
-    match super::reserve::fallocate(file, len) {
-        // A file system without fallocate: a sized (sparse) file; a full
-        // disk then shows up at the write, as DiskFull.
-        Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => file.set_len(len),
-        other => other,
-    }
 }
 
 fn record_crc(lsn: u64, count: u32, payload: &[u8]) -> u32 {
@@ -716,13 +746,20 @@ pub enum ReadError {
 /// The reading end: the indexer follows the writer with it, and recovery
 /// reads what SQLite had not yet made durable.
 pub struct LogReader {
+    disk: Arc<dyn Disk>,
     dir: PathBuf,
     current: Option<(Segment, PathBuf)>,
 }
 
 impl LogReader {
     pub fn new(dir: &Path) -> LogReader {
+        LogReader::on(disk::real(), dir)
+    }
+
+    /// A reader of the log in `dir` on `disk`.
+    pub(crate) fn on(disk: Arc<dyn Disk>, dir: &Path) -> LogReader {
         LogReader {
+            disk,
             dir: dir.to_path_buf(),
             current: None,
         }
@@ -761,7 +798,7 @@ impl LogReader {
     /// Nothing valid at `lsn`: the end of the log, unless a later segment
     /// starts with a valid record (a segment lost or damaged in between).
     fn end(&mut self, lsn: u64) -> Result<Read, ReadError> {
-        for (start, _, path) in segments(&self.dir)? {
+        for (start, _, path) in segments_on(&*self.disk, &self.dir)? {
             if start > lsn && self.locate(start)?.is_some() && self.record_at(start)?.is_some() {
                 return Err(ReadError::Corrupt { lsn, file: path });
             }
@@ -789,14 +826,14 @@ impl LogReader {
             return Ok(Some((s.start, s.size)));
         }
         self.current = None;
-        let found = segments(&self.dir)?
+        let found = segments_on(&*self.disk, &self.dir)?
             .into_iter()
             .rev()
             .find(|(start, size, _)| *start <= lsn && lsn < start + size);
         let Some((start, size, path)) = found else {
             return Ok(None);
         };
-        let file = match File::open(&path) {
+        let file = match self.disk.open(&path) {
             Ok(f) => f,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(e),
@@ -856,7 +893,7 @@ impl LogReader {
         while at + HEADER as u64 <= seg_end {
             let want = CHUNK.min(seg_end - at) as usize;
             let got =
-                super::fetch::read_at_least(&seg.file, &mut buf[..want], at - seg.start, want)?;
+                super::fetch::read_at_least(&*seg.file, &mut buf[..want], at - seg.start, want)?;
             // Only a header with a magic and its own lsn is read as a record;
             // one cut by the chunk's end is left to the next chunk.
             let whole = got.saturating_sub(HEADER - 1);
@@ -882,6 +919,7 @@ impl LogReader {
 mod tests {
     use super::*;
     use bytes::Bytes;
+    use std::fs::OpenOptions;
 
     fn event(i: u64) -> NewEvent {
         NewEvent {

@@ -17,6 +17,7 @@
 
 mod backpressure;
 mod dedupe;
+mod disk;
 mod fetch;
 mod indexer;
 mod inspect;
@@ -42,6 +43,7 @@ use crate::clock;
 use crate::metrics;
 use arc_swap::ArcSwap;
 use dedupe::{Check, Claim, Dedupe};
+use disk::Disk;
 use indexer::{Indexer, ToIndexer};
 use intake::LogWriter;
 use pauses::{Pauses, PausesError};
@@ -464,6 +466,25 @@ impl Journal {
         dedupe_window: Option<Duration>,
         destinations: &[String],
     ) -> Result<(Journal, Vec<DestinationSummary>), OpenError> {
+        Journal::open_with(
+            disk::real(),
+            dir,
+            full_sync,
+            max_bytes,
+            dedupe_window,
+            destinations,
+        )
+    }
+
+    /// The same, with the intake log on `disk` (tests make it fail).
+    pub(crate) fn open_with(
+        disk: Arc<dyn Disk>,
+        dir: &Path,
+        full_sync: bool,
+        max_bytes: u64,
+        dedupe_window: Option<Duration>,
+        destinations: &[String],
+    ) -> Result<(Journal, Vec<DestinationSummary>), OpenError> {
         let dedupe_ms = dedupe_window.map(|w| w.as_millis() as u64);
         std::fs::create_dir_all(dir).map_err(|e| OpenError::Dir(dir.to_path_buf(), e))?;
         crate::file_modes::tighten(dir);
@@ -476,7 +497,7 @@ impl Journal {
         // start with the journal untouched.
         let pauses = Pauses::load(dir)?;
         let intake_err = |e: std::io::Error| OpenError::Intake(dir.to_path_buf(), e.to_string());
-        let mark = match intake::Mark::read(dir) {
+        let mark = match intake::Mark::read_on(&*disk, dir) {
             Ok(m) => m,
             Err(e) => {
                 tracing::error!(error = %e, "cannot check the intake log for a lost tail");
@@ -484,7 +505,10 @@ impl Journal {
             }
         };
         if !path.exists()
-            && (mark.is_some() || !intake::segments(dir).map_err(intake_err)?.is_empty())
+            && (mark.is_some()
+                || !intake::segments_on(&*disk, dir)
+                    .map_err(intake_err)?
+                    .is_empty())
         {
             return Err(OpenError::DbMissing(path));
         }
@@ -503,7 +527,8 @@ impl Journal {
             .map_err(|e| full(&e).unwrap_or(OpenError::Open(path.clone(), e)))?;
         let check =
             spawn_integrity_check(&path).map_err(|e| OpenError::Dir(dir.to_path_buf(), e))?;
-        let recovered = Indexer::new(conn, dir, full_sync, indexer::Pace::from_env(), dedupe_ms)
+        let pace = indexer::Pace::from_env();
+        let recovered = Indexer::new(conn, disk.clone(), dir, full_sync, pace, dedupe_ms)
             .map_err(|e| OpenError::Open(path.clone(), e))
             .and_then(|mut indexer| {
                 let indexed = indexer.recover().map_err(|e| {
@@ -557,7 +582,7 @@ impl Journal {
         }
         // The log resumes after every segment there is: what they hold is
         // indexed and synced now, so they are all free for reuse.
-        let resume = intake::segments(dir)
+        let resume = intake::segments_on(&*disk, dir)
             .map_err(intake_err)?
             .iter()
             .map(|(start, size, _)| start + size)
@@ -568,7 +593,7 @@ impl Journal {
         let next_seq = next_seq.max(mark.map_or(0, |m| m.next_seq));
         let pinned = indexer.pinned();
         report_lost_segments(dir, &pinned);
-        let log = LogWriter::open(dir, resume, next_seq, &pinned)
+        let log = LogWriter::open_on(disk, dir, resume, next_seq, &pinned)
             .map_err(|e| full(&e).unwrap_or_else(|| intake_err(e)))?;
         let conn = indexer.conn();
         let summary = store::summary(conn).map_err(|e| OpenError::Open(path.clone(), e))?;
@@ -982,5 +1007,7 @@ pub(super) fn lock(dir: &Path) -> Result<std::fs::File, LockError> {
     }
 }
 
+#[cfg(test)]
+mod faults;
 #[cfg(test)]
 mod tests;

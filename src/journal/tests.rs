@@ -7,7 +7,7 @@ use super::*;
 use bytes::Bytes;
 use std::os::unix::fs::FileExt;
 
-fn event(i: u64) -> NewEvent {
+pub(super) fn event(i: u64) -> NewEvent {
     NewEvent {
         id: format!("id-{i}"),
         destination: "orders".into(),
@@ -23,7 +23,7 @@ fn event(i: u64) -> NewEvent {
 /// writer does before the indexer has seen them (a crash right after the
 /// 202s), marking each as acknowledged. Returns where each group's record
 /// ends in the log.
-fn log_only(dir: &Path, groups: &[std::ops::Range<i64>]) -> Vec<u64> {
+pub(super) fn log_only(dir: &Path, groups: &[std::ops::Range<i64>]) -> Vec<u64> {
     drop(store::open_writer(&dir.join(FILE)).expect("create journal.db"));
     let mut w = LogWriter::open(dir, 0, 1, &BTreeSet::new()).expect("open log");
     let mut ends = Vec::new();
@@ -244,7 +244,10 @@ async fn a_mostly_delivered_segment_is_spilled_and_recycled() {
     };
     let (first, size, _) = intake::segments(tmp.path()).expect("list")[0].clone();
     // A spill finds the segment's rows by their seqs (no index on `at`).
-    assert_eq!(seqs_in(tmp.path(), first, size), 1..16);
+    assert_eq!(
+        seqs_in(&super::disk::real(), tmp.path(), first, size),
+        1..16
+    );
     // 12 of the first segment's 15 MiB still wait: it stays.
     journal
         .apply(&(1..=3).map(delete_big).collect::<Vec<_>>())
@@ -455,7 +458,7 @@ async fn with_big_rows(n: i64) -> (tempfile::TempDir, Journal, Connection) {
     (tmp, journal, conn)
 }
 
-fn open(dir: &Path) -> Result<(Journal, Vec<DestinationSummary>), OpenError> {
+pub(super) fn open(dir: &Path) -> Result<(Journal, Vec<DestinationSummary>), OpenError> {
     Journal::open(dir, true, 1 << 30, None, &["orders".to_string()])
 }
 
@@ -532,7 +535,7 @@ fn queued(journal: &Journal) -> usize {
 }
 
 /// Polls (at most 5 s) until `cond` holds.
-async fn until(what: &str, mut cond: impl FnMut() -> bool) {
+pub(super) async fn until(what: &str, mut cond: impl FnMut() -> bool) {
     for _ in 0..2500 {
         if cond() {
             return;
