@@ -9,7 +9,7 @@ mod credits;
 mod forward;
 mod passed;
 mod rejection;
-pub(crate) mod reply;
+mod reply;
 pub(crate) mod schema;
 mod topic;
 

@@ -314,6 +314,36 @@ mod tests {
         serde_json::from_slice(&bytes).expect("JSON")
     }
 
+    /// What the app hears for each way an append fails (the journal's own
+    /// tests, in `journal/faults.rs`, check which error each disk fault is).
+    #[tokio::test]
+    async fn each_journal_error_has_its_status_reason_and_retry_after() {
+        let cases = [
+            (JournalError::DiskFull, 507, "disk_full"),
+            (
+                JournalError::Failed("fdatasync".into()),
+                503,
+                "journal_failed",
+            ),
+            (
+                JournalError::Strained("EMFILE".into()),
+                503,
+                "journal_unavailable",
+            ),
+            (JournalError::Busy, 503, "journal_busy"),
+            (JournalError::Closed, 503, "shutting_down"),
+        ];
+        for (e, status, reason) in cases {
+            let resp = journal_error("orders", &e);
+            assert_eq!(resp.status().as_u16(), status, "{e}");
+            assert!(
+                resp.headers().contains_key(http::header::RETRY_AFTER),
+                "{e}"
+            );
+            assert_eq!(body_of(resp).await["reason"], reason, "{e}");
+        }
+    }
+
     #[tokio::test]
     async fn the_acknowledgement_lists_ids_and_duplicates_only_when_there_are_some() {
         let ids = ["a".to_string(), "b\"c".to_string()];
