@@ -52,8 +52,15 @@ pub enum RunError {
     Journal(#[from] journal::OpenError),
     #[error("cannot listen on {0} ({1}): {2}")]
     Listen(std::net::SocketAddr, &'static str, std::io::Error),
+    #[error("cannot install the metrics recorder: {0}")]
+    Metrics(#[from] metrics_exporter_prometheus::BuildError),
+    #[error("cannot configure TLS: {0}")]
+    Tls(#[from] rustls::Error),
+    #[error("cannot open a journal reader: {0}")]
+    Reader(#[source] rusqlite::Error),
+    /// The destinations' dispatchers could not be set up (`Fleet::apply`).
     #[error("{0}")]
-    Setup(String),
+    Fleet(String),
 }
 
 /// Where the config in force came from, so that a reload can read it again.
@@ -68,8 +75,7 @@ pub async fn run(settings: Settings, source: ConfigSource) -> Result<(), RunErro
     fd_limit::raise();
     file_modes::private_umask();
     let hangups = reload::hangups();
-    let prometheus = metrics::install(&[server::Edge::INGRESS.name, server::Edge::ADMIN.name])
-        .map_err(RunError::Setup)?;
+    let prometheus = metrics::install(&[server::Edge::INGRESS.name, server::Edge::ADMIN.name])?;
     let names: Vec<String> = settings
         .destinations
         .iter()
@@ -95,9 +101,9 @@ pub async fn run(settings: Settings, source: ConfigSource) -> Result<(), RunErro
     let admin_listener = server::listen(settings.admin_listen)
         .map_err(|e| RunError::Listen(settings.admin_listen, "admin_listen", e))?;
     let lifecycle = Arc::new(Lifecycle::default());
-    let connector = deliver::build_connector().map_err(RunError::Setup)?;
+    let connector = deliver::build_connector()?;
     let fleet = Arc::new(Fleet::new(journal.clone(), connector, lifecycle.clone()));
-    fleet.apply(&settings).map_err(RunError::Setup)?;
+    fleet.apply(&settings).map_err(RunError::Fleet)?;
     let live = Arc::new(Live::from_pointee(settings));
 
     let ingress = Arc::new(ingress::Ingress::new(
@@ -112,9 +118,7 @@ pub async fn run(settings: Settings, source: ConfigSource) -> Result<(), RunErro
         lifecycle: lifecycle.clone(),
         prometheus,
         fleet: fleet.clone(),
-        reader: journal
-            .reader()
-            .map_err(|e| RunError::Setup(format!("cannot open a journal reader: {e}")))?,
+        reader: journal.reader().map_err(RunError::Reader)?,
         dead_letter_ops: Arc::default(),
     });
     let (listen, admin_listen) = (live.load().listen, live.load().admin_listen);

@@ -6,7 +6,7 @@
 //! part of an import cycle; `admin` only serves what it records.
 
 use metrics::{Counter, Histogram, counter, gauge, histogram};
-use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder, PrometheusHandle};
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -53,11 +53,10 @@ pub const FIXED_MAX: usize = 16;
 
 /// Installs the global recorder; its handle renders `/metrics`.
 /// `listeners` (ingress, admin) get their connection series at 0.
-pub fn install(listeners: &[&'static str]) -> Result<PrometheusHandle, String> {
+pub fn install(listeners: &[&'static str]) -> Result<PrometheusHandle, BuildError> {
     let handle = PrometheusBuilder::new()
         .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), &BUCKETS)
-        .and_then(|b| b.install_recorder())
-        .map_err(|e| format!("cannot install the metrics recorder: {e}"))?;
+        .and_then(|b| b.install_recorder())?;
     metrics::describe_counter!(
         ACCEPTED,
         "Events stored in the journal and acknowledged to the app."

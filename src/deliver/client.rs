@@ -67,7 +67,7 @@ impl Connector {
     }
 }
 
-pub fn build_connector() -> Result<Connector, String> {
+pub fn build_connector() -> Result<Connector, rustls::Error> {
     let mut roots = RootCertStore::empty();
     let native = rustls_native_certs::load_native_certs();
     for cert in native.certs {
@@ -81,8 +81,7 @@ pub fn build_connector() -> Result<Connector, String> {
     let system = Arc::new(roots);
     let provider = crate::tls::provider();
     let tls = rustls::ClientConfig::builder_with_provider(provider.clone())
-        .with_safe_default_protocol_versions()
-        .map_err(|e| format!("cannot configure TLS: {e}"))?
+        .with_safe_default_protocol_versions()?
         .with_root_certificates(system.clone())
         .with_no_client_auth();
     Ok(Connector {
