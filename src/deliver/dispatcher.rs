@@ -307,7 +307,10 @@ impl Dispatcher {
             }
             self.take_fresh(room);
         }
-        // Events held at an empty destination set the first deadline.
+        // Events held with no deadline known set it: the first at an empty
+        // destination, or those not in the index yet when `expire_overdue`
+        // read it. Whether or not this turn took any: a paused destination
+        // with a full window takes none.
         if self.expiry == Expiry::Unknown {
             self.expiry = self.earliest_deadline(&self.held.ready);
         }
@@ -622,21 +625,15 @@ impl Dispatcher {
             // More are overdue: read the next group while this one is written.
             return Expiry::Now;
         }
-        // Events held ready may not be in the index yet (taken from memory).
-        let held = self.earliest_deadline(&self.held.ready);
         match self.reader.oldest_accepted(&dest.name).await {
             // An expired event still in flight would make a deadline in the
             // past: look again a second later rather than spin.
-            Ok(oldest) => {
-                let indexed = oldest
-                    .map(|t| dest.limits.deadline(t))
-                    .map(|d| if d <= now { now + 1000 } else { d });
-                match (indexed, held) {
-                    (Some(d), Expiry::At(h)) => Expiry::At(d.min(h)),
-                    (Some(d), _) => Expiry::At(d),
-                    (None, held) => held,
-                }
-            }
+            Ok(Some(oldest)) => match dest.limits.deadline(oldest) {
+                d if d <= now => Expiry::At(now + 1000),
+                d => Expiry::At(d),
+            },
+            // Events held but not in the index yet: `refill` sets their deadline.
+            Ok(None) => Expiry::Unknown,
             Err(e) => Expiry::At(self.read_failed(&e, now)),
         }
     }
