@@ -11,6 +11,10 @@
 //! after a restart, those whose dead-lettering a crash interrupted (their
 //! fate is in the journal): they are never attempted again.
 //!
+//! Each turn of the loop is `refill -> start_ready -> expire -> next_wake`,
+//! and `Wake` names why the loop woke: every timer has a cause, so a
+//! missed wake-up shows as a stall rather than hiding behind a fallback.
+//!
 //! With batching, each attempt takes a batch from the front of the ready
 //! queue (`batch::take`): what is ready now, never waiting for more. A
 //! batch is one attempt for `concurrency`, the rate limit and probation.
