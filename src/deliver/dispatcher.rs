@@ -11,6 +11,10 @@
 //! after a restart, those whose dead-lettering a crash interrupted (their
 //! fate is in the journal): they are never attempted again.
 //!
+//! Each turn of the loop is `refill -> start_ready -> expire -> next_wake`,
+//! and `Wake` names why the loop woke: every timer has a cause, so a
+//! missed wake-up shows as a stall rather than hiding behind a fallback.
+//!
 //! With batching, each attempt takes a batch from the front of the ready
 //! queue (`batch::take`): what is ready now, never waiting for more. A
 //! batch is one attempt for `concurrency`, the rate limit and probation.
@@ -26,6 +30,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::health::Gate;
@@ -63,10 +68,86 @@ pub struct Dispatcher {
     ctx: Arc<Ctx>,
     /// A reloaded config's context, taken before the next attempt.
     updates: watch::Receiver<Arc<Ctx>>,
+    /// Until the fleet drops the sender (the destination was removed).
+    updates_open: bool,
     reader: Reader,
     state: Arc<DestinationState>,
     /// Cancelled at shutdown, or when a reload removes the destination.
     stop: CancellationToken,
+    held: Held,
+    tasks: JoinSet<Settled>,
+    slots: Arc<Slots>,
+    /// Whether the index may hold due events this dispatcher has not read.
+    look: bool,
+    /// When the index's next event falls due.
+    index_due: Option<u64>,
+    /// Whether the last attempt went through (not rescheduled).
+    answering: bool,
+    expiry: Expiry,
+}
+
+/// When to look for events past their TTL. An event whose next attempt
+/// lies beyond its deadline (a retry hours ahead, a TTL lowered since, a
+/// pause) must still be dead-lettered at the deadline.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Expiry {
+    /// At once: at start (a restart may find fated events), after a
+    /// reload (the TTL may have changed), when events were set aside as
+    /// expired, or when a group ended with more overdue behind it.
+    Now,
+    /// The earliest deadline of a pending event.
+    At(u64),
+    /// Nothing pending is known: the next event held sets the deadline.
+    Unknown,
+}
+
+/// Why `next_wake` returned: each wake-up has a cause, and no timer runs
+/// without one.
+#[derive(Debug)]
+enum Wake {
+    /// The indexer committed rows for this destination.
+    Indexed,
+    /// The writer put events in the ready queue.
+    Fresh,
+    /// Health changed: a resume, a probe's answer, a reload's probation.
+    Health,
+    /// A slot was given back while every slot was taken.
+    SlotFree,
+    /// An attempt or an expiry group ended (the first of those that did).
+    Settled(Result<(tokio::task::Id, Settled), tokio::task::JoinError>),
+    /// A reload handed over a new context.
+    Reload,
+    /// The fleet dropped its end: no reload will come.
+    FleetGone,
+    /// The index's next event fell due.
+    Due,
+    /// The gate's wait (a Retry-After hold, probation, the rate limit) ended.
+    GateOpens,
+    /// A TTL deadline came, or an expiry group is free to take more.
+    Expiry,
+    /// All that was read went to the expired: read on, as no attempt's
+    /// end will wake this loop.
+    ReadOn,
+    /// Shutdown began, or a reload removed the destination.
+    Stop,
+}
+
+/// How much the dispatcher holds ready: events, and their bytes.
+#[derive(Clone, Copy)]
+struct Room {
+    events: usize,
+    bytes: u64,
+}
+
+/// What stopped `start_ready` before the ready queue was empty.
+#[derive(Default)]
+struct Blocked {
+    /// The gate said to wait (`WaitUntil`: until then).
+    gate: Option<Gate>,
+    /// Every slot was taken while events were ready: only then must a
+    /// freed slot wake the loop (else each answer would, once more). A slot
+    /// given back after this look leaves a permit that `freed` then finds.
+    slots: bool,
 }
 
 /// A unit in hand: its events' seqs, and their bytes.
@@ -118,6 +199,13 @@ impl Held {
     }
 }
 
+/// The tokio instant of `ms` on the wall clock: due times and TTLs are
+/// wall-clock times (they survive a restart), timers run on tokio's clock
+/// (which tests pause and step).
+fn instant_at(ms: u64) -> Instant {
+    Instant::now() + Duration::from_millis(ms.saturating_sub(clock::now_ms()))
+}
+
 impl Dispatcher {
     pub fn new(
         mut updates: watch::Receiver<Arc<Ctx>>,
@@ -129,252 +217,332 @@ impl Dispatcher {
         Dispatcher {
             ctx,
             updates,
+            updates_open: true,
             reader,
             state,
             stop,
+            held: Held::default(),
+            tasks: JoinSet::new(),
+            slots: Arc::new(Slots::default()),
+            look: true,
+            index_due: None,
+            answering: true,
+            expiry: Expiry::Now,
         }
     }
 
     /// Runs until shutdown begins, then waits for attempts in flight (the
     /// caller bounds that wait by `shutdown_grace`).
     pub async fn run(mut self) {
-        let stop = self.stop.clone();
-        let mut held = Held::default();
-        let mut tasks: JoinSet<Settled> = JoinSet::new();
-        let slots = Arc::new(Slots::default());
-        // Whether the index may hold due events this dispatcher has not
-        // read, and when its next one falls due.
-        let mut look = true;
-        let mut index_due: Option<u64> = None;
-        // Whether the last attempt went through (not rescheduled).
-        let mut answering = true;
-        // The earliest TTL deadline of any pending event. An event whose
-        // next attempt lies beyond it (a retry hours ahead, a TTL lowered
-        // since, a pause) must still be dead-lettered at the deadline.
-        let mut expiry_at = Some(0);
-        let mut updates_open = true;
-        // `changed()` marks the new context seen: remember to take it.
-        let mut updated = false;
         loop {
-            if std::mem::take(&mut updated) || self.updates.has_changed().unwrap_or(false) {
-                // Attempts in flight finish under the context they started with.
-                self.ctx = self.updates.borrow_and_update().clone();
-                // The TTL may have changed: look for expired events again.
-                expiry_at = Some(0);
-                look = true;
+            if self.updates.has_changed().unwrap_or(false) {
+                self.reload();
             }
-            let concurrency = self.ctx.dest.concurrency;
-            let batching = self.ctx.dest.batch;
-            // Events held ready; refilled when a quarter is left. Without
-            // batching: four per attempt slot, refilled below `concurrency`.
-            let window = (concurrency * 4 * batching.max_events)
-                .min(MAX_BATCH_WINDOW)
-                .max(concurrency * 4);
-            // And in bytes: with batching, room for a batch per slot.
-            let window_bytes = if batching.enabled() {
-                READY_BYTES.max(concurrency as u64 * batching.preferred_size as u64)
-            } else {
-                READY_BYTES
-            };
-            if index_due.is_some_and(|t| clock::now_ms() >= t) {
-                look = true;
-                index_due = None;
-            }
-            // Expired events set aside wait for the dead-letter sink: while
-            // it fails, up to a group of them, not the whole backlog.
-            let wants_more = |held: &Held| {
-                held.ready.len() < window / 4
-                    && held.expired.len() < EXPIRY_GROUP
-                    && held.ready_bytes() < window_bytes / 4
-            };
-            if wants_more(&held) && !stop.is_cancelled() {
-                let room = (window, window_bytes);
-                if look {
-                    (index_due, look) = self.refill(&mut held, room).await;
-                }
-                self.take_fresh(&mut held, room);
-                // Events arriving at an empty destination set the first deadline.
-                if expiry_at.is_none() {
-                    expiry_at = held
-                        .ready
-                        .iter()
-                        .map(|ev| self.ctx.dest.limits.deadline(ev.event.accepted_ms))
-                        .min();
-                }
-            }
-            let in_hand = if batching.enabled() {
-                concurrency
-            } else {
-                concurrency * IN_HAND
-            };
-            let mut gated = None;
-            // Whether every slot was taken while events were ready: only then
-            // must a freed slot wake this loop (else each answer would, once
-            // more). Decided where the loop stops: a slot given back after
-            // this look leaves a permit that `freed` then finds.
-            let mut slot_bound = false;
-            // After a failed commit no outcome can be recorded: sending would
-            // only deliver everything twice (once now, once after restart).
-            let journal_ok = !self.ctx.journal.failed();
-            while journal_ok
-                && (tasks.len() < concurrency
-                    || (tasks.len() < in_hand && held.running_bytes < IN_HAND_BYTES))
-                && !stop.is_cancelled()
-            {
-                let Some(front) = held.ready.front() else {
-                    break;
-                };
-                if slots.taken() >= concurrency {
-                    slot_bound = true;
-                    break;
-                }
-                if self.for_the_sink(front, clock::now_ms()) {
-                    // Set aside for `expire_overdue`'s groups (not one task
-                    // and sink write each); the live events behind it go on.
-                    if let Some(ev) = held.ready.pop_front() {
-                        held.expired.push_back(ev);
-                    }
-                    expiry_at = Some(0);
-                    continue;
-                }
-                let gate = self.ctx.health.gate();
-                let Gate::Go { probe } = gate else {
-                    gated = Some(gate);
-                    break;
-                };
-                let unit = if !batching.enabled() {
-                    let Some(ev) = held.ready.pop_front() else {
-                        break;
-                    };
-                    Unit {
-                        events: vec![ev],
-                        batch: None,
-                    }
-                } else {
-                    let mut events = batch::take(&mut held.ready, batching);
-                    // Journal order: a retried batch's body is then the
-                    // same bytes as its first attempt's.
-                    events.sort_by_key(|ev| ev.seq);
-                    let Some(first) = events.first() else {
-                        break;
-                    };
-                    // A retried batch keeps its id; a new one gets a UUIDv7.
-                    let id = first.batch.clone().unwrap_or_else(crate::ids::new);
-                    Unit {
-                        events,
-                        batch: Some(id),
-                    }
-                };
-                let running = Running::of(&unit.events);
-                let ctx = self.ctx.clone();
-                let slot = slots.take();
-                let handle = tasks.spawn(async move { settle::run(&ctx, unit, probe, slot).await });
-                held.hand(handle.id(), running);
-            }
-            // Ingress is paced only while this destination is delivering.
-            let flowing = journal_ok && answering && gated.is_none() && !stop.is_cancelled();
-            self.state.flowing.store(flowing, Ordering::Relaxed);
-            let overdue = expiry_at.is_some_and(|t| clock::now_ms() >= t);
-            if overdue && held.expiring.len() < EXPIRY_GROUPS && !stop.is_cancelled() {
-                expiry_at = self.expire_overdue(&mut held, &mut tasks).await;
-            }
-            let until = match gated {
-                Some(Gate::WaitUntil(t)) => Some(t),
-                _ => None,
-            };
-            // With every expiry group in flight, the next look waits for one to end.
-            let expiry =
-                expiry_at.filter(|_| !stop.is_cancelled() && held.expiring.len() < EXPIRY_GROUPS);
-            let due = index_due.filter(|_| !stop.is_cancelled());
-            // Everything read was set aside as expired: read on at once, as
-            // no attempt's end will wake this loop.
-            let read_on = (look && wants_more(&held) && !stop.is_cancelled()).then_some(0);
-            let wake_at = [due, until, expiry, read_on].into_iter().flatten().min();
-            if stop.is_cancelled() && tasks.is_empty() {
+            self.refill().await;
+            let blocked = self.start_ready();
+            self.expire().await;
+            if self.stop.is_cancelled() && self.tasks.is_empty() {
                 return;
             }
-            let sleep = tokio::time::sleep(wake_at.map_or(Duration::from_secs(3600), |t| {
-                Duration::from_millis(t.saturating_sub(clock::now_ms()))
-            }));
-            tokio::select! {
-                _ = self.state.notify.notified(), if !stop.is_cancelled() => look = true,
-                _ = self.state.fresh.notified(), if !stop.is_cancelled() => {}
-                _ = self.ctx.health.wake.notified(), if !stop.is_cancelled() => {}
-                _ = slots.freed(), if slot_bound && !stop.is_cancelled() => {}
-                Some(done) = tasks.join_next_with_id(), if !tasks.is_empty() => {
-                    // Every attempt that has ended, not one per turn of
-                    // this loop: under load several end between turns.
-                    let mut next = Some(done);
-                    while let Some(done) = next {
-                        let (id, release) = match done {
-                            Ok((id, settled)) => {
-                                look |= settled.rescheduled;
-                                answering = !settled.rescheduled;
-                                (id, settled.release)
-                            }
-                            Err(e) => {
-                                tracing::error!(destination = %self.ctx.dest.name, error = %e, "an attempt task failed");
-                                look = true;
-                                (e.id(), true)
-                            }
-                        };
-                        // A group expired: more may be overdue behind it.
-                        if held.expiring.remove(&id) {
-                            expiry_at = Some(0);
-                        }
-                        if let Some(seqs) = held.back(id)
-                            && release
-                        {
-                            for seq in seqs {
-                                held.seqs.remove(&seq);
-                            }
-                        }
-                        next = tasks.try_join_next_with_id();
-                    }
-                }
-                changed = self.updates.changed(), if updates_open && !stop.is_cancelled() => {
-                    updates_open = changed.is_ok();
-                    updated = updates_open;
-                }
-                _ = sleep, if wake_at.is_some() => {}
-                _ = stop.cancelled(), if !stop.is_cancelled() => {}
+            match self.next_wake(&blocked).await {
+                Wake::Settled(first) => self.settled(first),
+                Wake::Indexed => self.look = true,
+                Wake::Reload => self.reload(),
+                Wake::FleetGone => self.updates_open = false,
+                Wake::Fresh
+                | Wake::Health
+                | Wake::SlotFree
+                | Wake::Due
+                | Wake::GateOpens
+                | Wake::Expiry
+                | Wake::ReadOn
+                | Wake::Stop => {}
             }
+        }
+    }
+
+    /// Takes a reloaded context: attempts in flight finish under the one
+    /// they started with.
+    fn reload(&mut self) {
+        self.ctx = self.updates.borrow_and_update().clone();
+        // The TTL may have changed: look for expired events again.
+        self.expiry = Expiry::Now;
+        self.look = true;
+    }
+
+    /// Events held ready; refilled when a quarter is left. Without
+    /// batching: four per attempt slot, refilled below `concurrency`.
+    fn room(&self) -> Room {
+        let concurrency = self.ctx.dest.concurrency;
+        let batching = self.ctx.dest.batch;
+        let events = (concurrency * 4 * batching.max_events)
+            .min(MAX_BATCH_WINDOW)
+            .max(concurrency * 4);
+        // And in bytes: with batching, room for a batch per slot.
+        let bytes = if batching.enabled() {
+            READY_BYTES.max(concurrency as u64 * batching.preferred_size as u64)
+        } else {
+            READY_BYTES
+        };
+        Room { events, bytes }
+    }
+
+    /// Whether to take more events. Expired events set aside wait for the
+    /// dead-letter sink: while it fails, up to a group of them, not the
+    /// whole backlog.
+    fn wants_more(&self, room: Room) -> bool {
+        let held = &self.held;
+        held.ready.len() < room.events / 4
+            && held.expired.len() < EXPIRY_GROUP
+            && held.ready_bytes() < room.bytes / 4
+    }
+
+    /// Step 1: fills the ready queue, from the index when it has news, then
+    /// from the journal's memory.
+    async fn refill(&mut self) {
+        if self.index_due.is_some_and(|t| clock::now_ms() >= t) {
+            self.look = true;
+            self.index_due = None;
+        }
+        let room = self.room();
+        if self.wants_more(room) && !self.stop.is_cancelled() {
+            if self.look {
+                (self.index_due, self.look) = self.read_due(room).await;
+            }
+            self.take_fresh(room);
+        }
+        // Events held with no deadline known set it: the first at an empty
+        // destination, or those not in the index yet when `expire_overdue`
+        // read it. Whether or not this turn took any: a paused destination
+        // with a full window takes none.
+        if self.expiry == Expiry::Unknown {
+            self.expiry = self.earliest_deadline(&self.held.ready);
+        }
+    }
+
+    fn earliest_deadline(&self, events: &VecDeque<StoredEvent>) -> Expiry {
+        let limits = &self.ctx.dest.limits;
+        events
+            .iter()
+            .map(|ev| limits.deadline(ev.event.accepted_ms))
+            .min()
+            .map_or(Expiry::Unknown, Expiry::At)
+    }
+
+    /// Step 2: starts attempts from the front of the ready queue while
+    /// slots are free and the gate lets them; says what stopped it.
+    fn start_ready(&mut self) -> Blocked {
+        let concurrency = self.ctx.dest.concurrency;
+        let batching = self.ctx.dest.batch;
+        let in_hand = if batching.enabled() {
+            concurrency
+        } else {
+            concurrency * IN_HAND
+        };
+        let mut blocked = Blocked::default();
+        // After a failed commit no outcome can be recorded: sending would
+        // only deliver everything twice (once now, once after restart).
+        let journal_ok = !self.ctx.journal.failed();
+        while journal_ok
+            && (self.tasks.len() < concurrency
+                || (self.tasks.len() < in_hand && self.held.running_bytes < IN_HAND_BYTES))
+            && !self.stop.is_cancelled()
+        {
+            let Some(front) = self.held.ready.front() else {
+                break;
+            };
+            if self.slots.taken() >= concurrency {
+                blocked.slots = true;
+                break;
+            }
+            if self.for_the_sink(front, clock::now_ms()) {
+                // Set aside for `expire_overdue`'s groups (not one task
+                // and sink write each); the live events behind it go on.
+                if let Some(ev) = self.held.ready.pop_front() {
+                    self.held.expired.push_back(ev);
+                }
+                self.expiry = Expiry::Now;
+                continue;
+            }
+            let gate = self.ctx.health.gate();
+            let Gate::Go { probe } = gate else {
+                blocked.gate = Some(gate);
+                break;
+            };
+            let unit = if !batching.enabled() {
+                let Some(ev) = self.held.ready.pop_front() else {
+                    break;
+                };
+                Unit {
+                    events: vec![ev],
+                    batch: None,
+                }
+            } else {
+                let mut events = batch::take(&mut self.held.ready, batching);
+                // Journal order: a retried batch's body is then the
+                // same bytes as its first attempt's.
+                events.sort_by_key(|ev| ev.seq);
+                let Some(first) = events.first() else {
+                    break;
+                };
+                // A retried batch keeps its id; a new one gets a UUIDv7.
+                let id = first.batch.clone().unwrap_or_else(crate::ids::new);
+                Unit {
+                    events,
+                    batch: Some(id),
+                }
+            };
+            let running = Running::of(&unit.events);
+            let ctx = self.ctx.clone();
+            let slot = self.slots.take();
+            let handle = self
+                .tasks
+                .spawn(async move { settle::run(&ctx, unit, probe, slot).await });
+            self.held.hand(handle.id(), running);
+        }
+        // Ingress is paced only while this destination is delivering.
+        let flowing =
+            journal_ok && self.answering && blocked.gate.is_none() && !self.stop.is_cancelled();
+        self.state.flowing.store(flowing, Ordering::Relaxed);
+        blocked
+    }
+
+    /// Step 3: dead-letters a group of expired events when a deadline
+    /// passed and a group is free.
+    async fn expire(&mut self) {
+        let overdue = match self.expiry {
+            Expiry::Now => true,
+            Expiry::At(t) => clock::now_ms() >= t,
+            Expiry::Unknown => false,
+        };
+        if overdue && self.held.expiring.len() < EXPIRY_GROUPS && !self.stop.is_cancelled() {
+            self.expiry = self.expire_overdue().await;
+        }
+    }
+
+    /// Step 4: waits for the first thing that can let the loop make
+    /// progress, and says which.
+    async fn next_wake(&mut self, blocked: &Blocked) -> Wake {
+        let live = !self.stop.is_cancelled();
+        if live && self.look && self.wants_more(self.room()) {
+            return Wake::ReadOn;
+        }
+        let until = match blocked.gate {
+            Some(Gate::WaitUntil(t)) => Some(t),
+            _ => None,
+        };
+        // With every expiry group in flight, the next look waits for one to end.
+        let expiry = match self.expiry {
+            _ if !live || self.held.expiring.len() >= EXPIRY_GROUPS => None,
+            Expiry::Now => Some(0),
+            Expiry::At(t) => Some(t),
+            Expiry::Unknown => None,
+        };
+        let due = self.index_due.filter(|_| live);
+        let timer = [
+            (due, Wake::Due),
+            (until, Wake::GateOpens),
+            (expiry, Wake::Expiry),
+        ]
+        .into_iter()
+        .filter_map(|(t, wake)| Some((t?, wake)))
+        .min_by_key(|(t, _)| *t);
+        let timer = async move {
+            match timer {
+                Some((t, wake)) => {
+                    tokio::time::sleep_until(instant_at(t)).await;
+                    wake
+                }
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = self.state.notify.notified(), if live => Wake::Indexed,
+            _ = self.state.fresh.notified(), if live => Wake::Fresh,
+            _ = self.ctx.health.wake.notified(), if live => Wake::Health,
+            _ = self.slots.freed(), if blocked.slots && live => Wake::SlotFree,
+            Some(done) = self.tasks.join_next_with_id(), if !self.tasks.is_empty() => {
+                Wake::Settled(done)
+            }
+            changed = self.updates.changed(), if self.updates_open && live => match changed {
+                Ok(()) => Wake::Reload,
+                Err(_) => Wake::FleetGone,
+            },
+            wake = timer => wake,
+            _ = self.stop.cancelled(), if live => Wake::Stop,
+        }
+    }
+
+    /// Takes back every attempt that has ended, not one per turn of the
+    /// loop: under load several end between turns.
+    fn settled(&mut self, first: Result<(tokio::task::Id, Settled), tokio::task::JoinError>) {
+        let mut next = Some(first);
+        while let Some(done) = next {
+            let (id, release) = match done {
+                Ok((id, settled)) => {
+                    self.look |= settled.rescheduled;
+                    self.answering = !settled.rescheduled;
+                    (id, settled.release)
+                }
+                Err(e) => {
+                    tracing::error!(destination = %self.ctx.dest.name, error = %e, "an attempt task failed");
+                    self.look = true;
+                    (e.id(), true)
+                }
+            };
+            // A group expired: more may be overdue behind it.
+            if self.held.expiring.remove(&id) {
+                self.expiry = Expiry::Now;
+            }
+            if let Some(seqs) = self.held.back(id)
+                && release
+            {
+                for seq in seqs {
+                    self.held.seqs.remove(&seq);
+                }
+            }
+            next = self.tasks.try_join_next_with_id();
         }
     }
 
     /// Reads due events from the index into the ready queue, up to the
     /// window's events and bytes. Returns when the index's next event
     /// falls due, and whether more are due now.
-    async fn refill(&self, held: &mut Held, (window, bytes): (usize, u64)) -> (Option<u64>, bool) {
+    async fn read_due(&mut self, room: Room) -> (Option<u64>, bool) {
         let name = &self.ctx.dest.name;
         let now = clock::now_ms();
-        let want = window.saturating_sub(held.ready.len());
-        let room = bytes.saturating_sub(held.ready_bytes());
-        match self.reader.due(name, now, want, room, &held.seqs).await {
+        let want = room.events.saturating_sub(self.held.ready.len());
+        let bytes = room.bytes.saturating_sub(self.held.ready_bytes());
+        match self
+            .reader
+            .due(name, now, want, bytes, &self.held.seqs)
+            .await
+        {
             Ok((rows, more)) => {
-                self.take(held, rows).await;
+                let taken = self.claim(rows).await;
+                self.held.ready.extend(taken);
                 if more {
                     return (None, true);
                 }
-                match self.reader.next_due_after(name, now).await {
+                match self.reader.next_due_after(&self.ctx.dest.name, now).await {
                     Ok(t) => (t, false),
-                    Err(e) => (self.read_failed(&e, now), false),
+                    Err(e) => (Some(self.read_failed(&e, now)), false),
                 }
             }
-            Err(e) => (self.read_failed(&e, now), false),
+            Err(e) => (Some(self.read_failed(&e, now)), false),
         }
     }
 
     /// Takes events the journal put in memory, oldest first, up to the
     /// window's events and bytes.
-    fn take_fresh(&self, held: &mut Held, (window, bytes): (usize, u64)) {
-        let want = window.saturating_sub(held.ready.len());
-        let room = bytes.saturating_sub(held.ready_bytes());
-        if room == 0 {
+    fn take_fresh(&mut self, room: Room) {
+        let want = room.events.saturating_sub(self.held.ready.len());
+        let bytes = room.bytes.saturating_sub(self.held.ready_bytes());
+        if bytes == 0 {
             return;
         }
         let fresh = match self.state.ready.lock() {
-            Ok(mut ready) => ready.take(want, room),
+            Ok(mut ready) => ready.take(want, bytes),
             Err(_) => return,
         };
         if !fresh.is_empty() {
@@ -382,30 +550,20 @@ impl Dispatcher {
         }
         for ev in fresh {
             // Already read from the index: this copy is the same event.
-            if held.seqs.insert(ev.seq) {
-                held.ready.push_back(ev);
+            if self.held.seqs.insert(ev.seq) {
+                self.held.ready.push_back(ev);
             }
         }
-    }
-
-    /// Adds rows read from the index to the held queue.
-    async fn take(&self, held: &mut Held, rows: Vec<Result<StoredEvent, StoreError>>) {
-        let taken = self.claim(held, rows).await;
-        held.ready.extend(taken);
     }
 
     /// The rows not held yet, now held; the ready queue forgets them, so
     /// the same event is never held twice. A row that cannot be read is
     /// quarantined.
-    async fn claim(
-        &self,
-        held: &mut Held,
-        rows: Vec<Result<StoredEvent, StoreError>>,
-    ) -> Vec<StoredEvent> {
+    async fn claim(&mut self, rows: Vec<Result<StoredEvent, StoreError>>) -> Vec<StoredEvent> {
         let mut taken = Vec::with_capacity(rows.len());
         for row in rows {
             match row {
-                Ok(ev) if held.seqs.insert(ev.seq) => taken.push(ev),
+                Ok(ev) if self.held.seqs.insert(ev.seq) => taken.push(ev),
                 Ok(_) => {}
                 Err(e) => self.quarantine(&e).await,
             }
@@ -416,69 +574,73 @@ impl Dispatcher {
         taken
     }
 
-    fn read_failed(&self, e: &rusqlite::Error, now: u64) -> Option<u64> {
+    /// Logs a failed read; returns when to read again.
+    fn read_failed(&self, e: &rusqlite::Error, now: u64) -> u64 {
         tracing::error!(destination = %self.ctx.dest.name, error = %e, "cannot read the journal");
-        Some(now + READ_RETRY.as_millis() as u64)
+        now + READ_RETRY.as_millis() as u64
     }
 
     /// Dead-letters every event whose TTL has run out, queued or still in
-    /// the journal, whatever its next due time; returns the next deadline.
-    async fn expire_overdue(&self, held: &mut Held, tasks: &mut JoinSet<Settled>) -> Option<u64> {
-        let dest = &self.ctx.dest;
+    /// the journal, whatever its next due time; returns when to look again.
+    async fn expire_overdue(&mut self) -> Expiry {
+        let dest = self.ctx.dest.clone();
         let now = clock::now_ms();
         let ttl = dest.limits.ttl.as_millis() as u64;
-        let take = EXPIRY_GROUP.min(held.expired.len());
-        let mut expired: Vec<_> = held.expired.drain(..take).collect();
-        let mut waiting = VecDeque::with_capacity(held.ready.len());
-        for ev in std::mem::take(&mut held.ready) {
+        let take = EXPIRY_GROUP.min(self.held.expired.len());
+        let mut expired: Vec<_> = self.held.expired.drain(..take).collect();
+        let mut waiting = VecDeque::with_capacity(self.held.ready.len());
+        for ev in std::mem::take(&mut self.held.ready) {
             if expired.len() < EXPIRY_GROUP && self.for_the_sink(&ev, now) {
                 expired.push(ev);
             } else {
                 waiting.push_back(ev);
             }
         }
-        held.ready = waiting;
+        self.held.ready = waiting;
         let mut failed = None;
         if expired.len() < EXPIRY_GROUP {
             let want = EXPIRY_GROUP - expired.len();
             let cutoff = now.saturating_sub(ttl);
             match self
                 .reader
-                .accepted_before(&dest.name, cutoff, want, &held.seqs)
+                .accepted_before(&dest.name, cutoff, want, &self.held.seqs)
                 .await
             {
-                Ok(rows) => expired.extend(self.claim(held, rows).await),
+                Ok(rows) => expired.extend(self.claim(rows).await),
                 Err(e) => failed = Some(self.read_failed(&e, now)),
             }
         }
-        let full = expired.len() >= EXPIRY_GROUP || !held.expired.is_empty();
+        let full = expired.len() >= EXPIRY_GROUP || !self.held.expired.is_empty();
         // Those taken from memory go even when the read failed: their seqs
         // are held, so nothing else would ever settle them.
         if !expired.is_empty() {
             let running = Running::of(&expired);
             let ctx = self.ctx.clone();
-            let handle =
-                tasks.spawn(async move { Settled::done(settle::expire(&ctx, expired).await) });
-            held.hand(handle.id(), running);
-            held.expiring.insert(handle.id());
+            let handle = self
+                .tasks
+                .spawn(async move { Settled::done(settle::expire(&ctx, expired).await) });
+            self.held.hand(handle.id(), running);
+            self.held.expiring.insert(handle.id());
         }
         if let Some(retry) = failed {
-            return retry;
+            return Expiry::At(retry);
         }
         if full {
             // More are overdue: read the next group while this one is written.
-            return Some(0);
+            return Expiry::Now;
         }
         match self.reader.oldest_accepted(&dest.name).await {
             // An expired event still in flight would make a deadline in the
             // past: look again a second later rather than spin.
-            Ok(oldest) => oldest
-                .map(|t| dest.limits.deadline(t))
-                .map(|d| if d <= now { now + 1000 } else { d }),
-            Err(e) => self.read_failed(&e, now),
+            Ok(Some(oldest)) => match dest.limits.deadline(oldest) {
+                d if d <= now => Expiry::At(now + 1000),
+                d => Expiry::At(d),
+            },
+            // Events held but not in the index yet: `refill` sets their deadline.
+            Ok(None) => Expiry::Unknown,
+            Err(e) => Expiry::At(self.read_failed(&e, now)),
         }
     }
-
     /// Past its TTL, or fated before a restart: never attempted, its dead
     /// letter goes in an expiry group.
     fn for_the_sink(&self, ev: &StoredEvent, now: u64) -> bool {

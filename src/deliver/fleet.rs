@@ -184,7 +184,7 @@ impl Fleet {
                 journal: self.journal.clone(),
                 sink,
                 passthrough: stack::build_passthrough(dest, client.clone()),
-                stack: stack::build(dest, client),
+                stack: stack::build(dest, stack::HttpService::new(client)),
                 health,
                 late,
                 sink_streak,

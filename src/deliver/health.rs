@@ -213,3 +213,54 @@ impl Health {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn health(threshold: u32) -> Health {
+        let probation = ProbationPolicy {
+            threshold,
+            ..ProbationPolicy::default()
+        };
+        Health::new(probation, None)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_pause_holds_the_gate_until_resumed() {
+        let h = health(0);
+        assert!(h.pause(PauseReason::Gone, clock::now_ms()));
+        assert_eq!(h.gate(), Gate::Wait);
+        tokio::time::advance(Duration::from_secs(3600)).await;
+        assert_eq!(h.gate(), Gate::Wait, "a pause has no end of its own");
+        assert!(h.resume());
+        assert_eq!(h.gate(), Gate::Go { probe: false });
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_retry_after_holds_the_gate_until_it_ends() {
+        let h = health(0);
+        let start = clock::now_ms();
+        h.record(Outcome::Busy, Some(Duration::from_secs(30)), false);
+        assert_eq!(h.gate(), Gate::WaitUntil(start + 30_000));
+        tokio::time::advance(Duration::from_millis(29_999)).await;
+        assert_eq!(h.gate(), Gate::WaitUntil(start + 30_000));
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert_eq!(h.gate(), Gate::Go { probe: false });
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn probation_lets_one_probe_through_when_it_ends() {
+        let h = health(2);
+        let start = clock::now_ms();
+        assert_eq!(h.record(Outcome::Failed, None, false), None);
+        assert_eq!(h.gate(), Gate::Go { probe: false }, "one failure in a row");
+        assert_eq!(h.record(Outcome::Failed, None, false), Some(start + 30_000));
+        assert_eq!(h.gate(), Gate::WaitUntil(start + 30_000));
+        tokio::time::advance(Duration::from_secs(30)).await;
+        assert_eq!(h.gate(), Gate::Go { probe: true });
+        assert_eq!(h.gate(), Gate::Wait, "the probe is out");
+        h.record(Outcome::Delivered, None, true);
+        assert_eq!(h.gate(), Gate::Go { probe: false });
+    }
+}

@@ -17,6 +17,8 @@ mod shape;
 mod sink_streak;
 mod slots;
 pub mod stack;
+#[cfg(test)]
+mod tests;
 
 pub use answer_body::AnswerBody;
 pub use client::{Connector, HttpsClient, build_connector};

@@ -40,11 +40,16 @@ pub type AttemptService = BoxCloneSyncService<AttemptRequest, Attempted, Infalli
 /// One passthrough attempt: its verdict and the answer, body unread.
 pub type PassthroughService = BoxCloneSyncService<AttemptRequest, Answered<Incoming>, Infallible>;
 
-/// Durable delivery's stack: only the verdict is kept, the answer drained.
-pub fn build(dest: &DestinationSettings, client: HttpsClient) -> AttemptService {
+/// Durable delivery's stack over `leaf` (`HttpService`; a mock in tests):
+/// only the verdict is kept, the answer drained.
+pub fn build<S, B>(dest: &DestinationSettings, leaf: S) -> AttemptService
+where
+    S: Leaf<B>,
+    B: Body,
+{
     let svc = tower::ServiceExt::map_response(
-        layers(dest, client, dest.late_answer_window),
-        |a: Answered<Incoming>| {
+        layers(dest, leaf, dest.late_answer_window),
+        |a: Answered<B>| {
             if let Some(answer) = a.answer {
                 drain(answer.into_body());
             }
@@ -57,29 +62,71 @@ pub fn build(dest: &DestinationSettings, client: HttpsClient) -> AttemptService 
 /// Passthrough's stack: the answer kept, and no late answers (the app has
 /// been answered by then).
 pub fn build_passthrough(dest: &DestinationSettings, client: HttpsClient) -> PassthroughService {
-    BoxCloneSyncService::new(layers(dest, client, Duration::ZERO))
+    BoxCloneSyncService::new(layers(dest, HttpService::new(client), Duration::ZERO))
+}
+
+/// What sends an attempt, under the layers.
+pub trait Leaf<B>:
+    tower::Service<
+        AttemptRequest,
+        Response = ::http::Response<B>,
+        Error: Into<tower::BoxError>,
+        Future: Send + Unpin + 'static,
+    > + Clone
+    + Send
+    + Sync
+    + 'static
+{
+}
+
+impl<S, B> Leaf<B> for S where
+    S: tower::Service<
+            AttemptRequest,
+            Response = ::http::Response<B>,
+            Error: Into<tower::BoxError>,
+            Future: Send + Unpin + 'static,
+        > + Clone
+        + Send
+        + Sync
+        + 'static
+{
+}
+
+/// An answer's body, as the timeout layer and `drain` take it.
+pub trait Body:
+    hyper::body::Body<Data: Send, Error: Into<tower::BoxError>> + Send + Unpin + 'static
+{
+}
+
+impl<B> Body for B where
+    B: hyper::body::Body<Data: Send, Error: Into<tower::BoxError>> + Send + Unpin + 'static
+{
 }
 
 /// The layers both stacks share, unboxed so that each boxes once.
-fn layers(
+fn layers<S, B>(
     dest: &DestinationSettings,
-    client: HttpsClient,
+    leaf: S,
     late_window: Duration,
 ) -> impl tower::Service<
     AttemptRequest,
-    Response = Answered<Incoming>,
+    Response = Answered<B>,
     Error = Infallible,
     Future: Send + 'static,
 > + Clone
 + Send
 + Sync
-+ 'static {
++ 'static
+where
+    S: Leaf<B>,
+    B: Body,
+{
     ServiceBuilder::new()
         .layer(HeadersLayer::new(dest))
         .layer(SigningLayer::new(dest.signing.clone()))
         .layer(ClassifyLayer::new(dest.status.clone()))
         .layer(TimeoutLayer::new(dest.timeout, late_window))
-        .service(HttpService::new(client))
+        .service(leaf)
 }
 
 /// The bytes of an attempt's body, leaving an identical body in place.
