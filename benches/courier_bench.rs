@@ -56,7 +56,8 @@
 //! binaries taking turns, and adds the medians of the rounds, with each
 //! budget judged on its medians. `--scale F` multiplies the backlog sizes
 //! of c and d. The table is printed with PASS/MISS for the budgets of issue
-//! #10; `--write-results` also writes it to bench/RESULTS.md.
+//! #10; `--write-results` also writes it to bench/RESULTS.md, keeping that
+//! file's hand-kept `## Measurements behind the code` section at its end.
 //!
 //! wrk, nginx, courier and this process share the machine's CPUs, so compare
 //! ratios within one invocation, not absolute numbers across machines. The
@@ -1732,6 +1733,24 @@ fn shell(cmd: &str, args: &[&str]) -> String {
         .unwrap_or_default()
 }
 
+/// The heading of bench/RESULTS.md's last section, the figures behind the
+/// code's comments: written by hand, so a new run keeps it.
+const KEPT_HEADING: &str = "## Measurements behind the code";
+
+/// `old`'s section from the line `KEPT_HEADING` to its end; "" without one.
+fn kept_section(old: &str) -> &str {
+    let mut at = 0;
+    for line in old.split_inclusive('\n') {
+        if line.trim_end() == KEPT_HEADING {
+            return &old[at..];
+        }
+        at += line.len();
+    }
+    ""
+}
+
+/// Writes bench/RESULTS.md anew, keeping the old file's `KEPT_HEADING`
+/// section after the new table.
 fn write_results(
     command: &str,
     header: &str,
@@ -1741,7 +1760,13 @@ fn write_results(
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("bench");
     std::fs::create_dir_all(&dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
     let path = dir.join("RESULTS.md");
-    let text = format!(
+    // A file that cannot be read must not lose its kept section to the rewrite.
+    let old = match std::fs::read_to_string(&path) {
+        Ok(old) => old,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+        Err(e) => return Err(format!("read {}: {e}", path.display())),
+    };
+    let mut text = format!(
         "# courier_bench results\n\n\
          Written by `{command}` on {} at commit {}.\n\n\
          Other work on the machine: `uptime` before the run: {load_before}; after: {}.\n\n\
@@ -1757,6 +1782,11 @@ fn write_results(
         shell("git", &["rev-parse", "--short", "HEAD"]),
         shell("uptime", &[]),
     );
+    let kept = kept_section(&old);
+    if !kept.is_empty() {
+        text.push('\n');
+        text.push_str(kept);
+    }
     std::fs::write(&path, text).map_err(|e| format!("write {}: {e}", path.display()))?;
     Ok(path)
 }

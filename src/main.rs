@@ -5,9 +5,9 @@
 //! and the sentence is plain text.
 
 /// mimalloc rather than glibc's malloc: per event, ingress, the journal
-/// and delivery allocate and free buffers on different threads, and a
-/// `perf` profile of the end-to-end bench put glibc's malloc and free
-/// (with `malloc_consolidate`) at 12% of courier's samples.
+/// and delivery allocate and free buffers on different threads, where
+/// glibc's malloc and free (with `malloc_consolidate`) stood out in a
+/// `perf` profile of the end-to-end bench (bench/RESULTS.md).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
@@ -412,10 +412,9 @@ const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
 /// to the system only after they stayed empty 1 s, so that a page freed and
 /// soon needed again costs nothing; in a burst over many threads (a mass
 /// expiry's readers, sink writers and workers) the pages waiting out that
-/// second made the peak. 10 ms (mimalloc v2's default) instead: a mass
-/// expiry of 100,000 events peaked at 41–42 MiB against 59–61 (1 ms in a
-/// bench run: 36 against 57, a batched drain 67 against 97, rates within
-/// the run's noise; 0 ms, purging at once, cost a batched drain 30%).
+/// second made the peak. 10 ms (mimalloc v2's default) instead: a lower
+/// peak for a mass expiry and a batched drain, rates unchanged; 0 ms,
+/// purging at once, slowed a batched drain (bench/RESULTS.md).
 /// `MIMALLOC_PURGE_DELAY`, when set, is the operator's choice.
 fn purge_freed_pages_promptly() {
     if std::env::var_os("MIMALLOC_PURGE_DELAY").is_none() {

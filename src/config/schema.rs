@@ -251,9 +251,9 @@ fn default_late_answer_window() -> Dur {
 /// Event Grid's own per-subscription pace, so a backlog does not flood the
 /// endpoint. Passthrough: the app waits for each answer, so its own
 /// connections already bound what is in flight, and a slot it must wait
-/// for is pure latency: 16 slots gave 50 app connections at 5,000
-/// requests/s a p50 of 3.9 ms against nginx proxy_pass's 1.6 ms, 64 gave
-/// 2.1 ms (issue #30); 256 keeps that headroom for app pools five times
+/// for is pure latency: 50 app connections at 5,000 requests/s waited on
+/// 16 slots, well behind nginx proxy_pass, and 64 came close (issue #30,
+/// bench/RESULTS.md); 256 keeps that headroom for app pools five times
 /// that size.
 pub fn default_concurrency(mode: Mode) -> u32 {
     match mode {

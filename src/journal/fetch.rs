@@ -3,12 +3,13 @@
 //! Why rows point into the log rather than hold the event: the log already
 //! holds every event, written once with one fdatasync per group. Copying
 //! bodies into SQLite wrote each waiting event twice more (WAL, then the
-//! checkpoint), made `journal.db` 1.39× the bodies (a 1M backlog: disk
-//! 1.54×, the start's integrity check 0.7 s) and its deletes the largest
-//! cost of a drain (bench/RESULTS.md). A row is now ~100 bytes; the log's
-//! segments stay while a row points into them (`pins`), and a segment
-//! mostly delivered has its few waiting events copied into their rows
-//! (`Indexer::spill`) so that it can go.
+//! checkpoint), kept every body a second time in `journal.db` (which the
+//! start's integrity check reads whole) and made its deletes the largest
+//! cost of a drain (bench/RESULTS.md). A row now holds the event's id,
+//! destination, method and place in the log; the log's segments stay while
+//! a row points into them (`pins`), and a segment mostly delivered has its
+//! few waiting events copied into their rows (`Indexer::spill`) so that it
+//! can go.
 
 use super::disk::LogFile;
 use super::intake::{self, Logged, Place};

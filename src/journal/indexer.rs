@@ -70,9 +70,10 @@ const CHECKPOINT_EVERY: Duration = Duration::from_secs(1);
 /// How long after a commit the next one gathers unsynced state changes
 /// (deliveries, reschedules): a commit writes every page it touched into
 /// the WAL (and the checkpoint copies them again), so a drain's commits of
-/// a few dozen deletes each wrote 2.2 KiB of WAL per event; lingering,
-/// 0.7 KiB. A settle may wait that much longer; a change that must be
-/// synced (a dead letter's delete) or the close ends the wait.
+/// a few dozen deletes each wrote the same pages again and again; lingering
+/// lets more deletes share each page (bench/RESULTS.md). A settle may wait
+/// that much longer; a change that must be synced (a dead letter's delete)
+/// or the close ends the wait.
 const LINGER: Duration = Duration::from_millis(3);
 /// New rows are committed at most this often (state changes at once, or
 /// `LINGER` after the last commit).
@@ -395,8 +396,7 @@ impl Indexer {
     /// backlog) stays: copying it would only double its bytes for a while.
     /// Nor, for a while, one whose events are still going out (`settled`):
     /// a drain frees it, and copying its rest would write those events
-    /// twice for nothing (a drain of a 100k backlog copied 15% of its
-    /// events into rows).
+    /// twice for nothing (bench/RESULTS.md).
     /// Returns whether another segment may be waiting: the caller looks
     /// again at its next turn.
     fn spill(&mut self) -> Result<bool, IndexError> {
@@ -980,8 +980,8 @@ fn write(
             }
         }
         // Read, then deleted by its key: `DELETE … RETURNING` builds a
-        // temporary table per statement, which doubled a delete's cost
-        // (~10 against ~5 µs a row).
+        // temporary table per statement, which cost more than the read it
+        // saves (bench/RESULTS.md).
         let mut doomed = conn.prepare_cached(&format!(
             "SELECT {}, at, len FROM events WHERE seq = ?1 AND attempts = ?2",
             store::ROW_BYTES

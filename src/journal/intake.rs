@@ -1,11 +1,11 @@
 //! The intake log: where an accepted event becomes durable before its 202.
 //!
 //! Why it exists, and why it is written by hand: a SQLite commit of a group
-//! of 1 KiB events writes ~35 separate 4 KiB WAL frames and fsyncs them
-//! (~3 ms per group here), and inserting rows costs the writer ~18 µs of CPU
-//! per event; together they held acceptance to ~16k events/s. Appending the
-//! group as ONE write into preallocated space and calling fdatasync once
-//! costs ~0.2 ms.
+//! writes a separate 4 KiB WAL frame for every page it touches and fsyncs
+//! them, and inserting rows costs the writer CPU per event; together they
+//! capped acceptance. Appending the group as ONE write into preallocated
+//! space and calling fdatasync once costs a small part of that commit
+//! (bench/RESULTS.md).
 //! The rows are then added to SQLite by the indexer thread, off the
 //! acceptance path; this log keeps every event the indexer has not yet made
 //! durable in SQLite. No crate gives this shape (one positional write per
@@ -28,16 +28,15 @@
 //! Records used to be padded to 4 KiB each (magic "CRR1", still read): a
 //! group of one 1 KiB event, what an app sending one webhook at a time
 //! makes, took 4 KiB of the log, so its segments were mostly padding and
-//! the indexer's spill copied every waiting event into SQLite (a paused
-//! destination, one connection for 30 s: 1,348 bytes of `journal.db` per
-//! event, against 141 now that the events stay in the log). The cost: the
-//! last page of an acknowledged record is written to disk again, with the
-//! same bytes plus the next record's. That is safe under "powersafe
-//! overwrite" (a power loss during a write changes no byte outside the
-//! range written: disks write each sector whole), which SQLite assumes by
-//! default and PostgreSQL's WAL relies on too. On a device that could
-//! tear a sector, the record would fail its CRC at the next start, and the
-//! start would report its events lost (the mark), never skip them silently.
+//! the indexer's spill copied every waiting event into SQLite, where now
+//! they stay in the log (bench/RESULTS.md). The cost: the last page of an
+//! acknowledged record is written to disk again, with the same bytes plus
+//! the next record's. That is safe under "powersafe overwrite" (a power
+//! loss during a write changes no byte outside the range written: disks
+//! write each sector whole), which SQLite assumes by default and
+//! PostgreSQL's WAL relies on too. On a device that could tear a sector,
+//! the record would fail its CRC at the next start, and the start would
+//! report its events lost (the mark), never skip them silently.
 //!
 //! A log that holds "CRR2" records is not read by builds before it: roll
 //! back only after a clean stop, which leaves nothing unindexed.
@@ -646,8 +645,8 @@ impl LogWriter {
 /// Writes the record for `payload` at `lsn`, at `offset` in `segment`, and
 /// zeros to the end of its last page (or of the segment): header, payload
 /// and zeros as one `pwritev`, so the group's bytes are not copied once
-/// more into a frame (they were 6% of the writer's CPU under load, and the
-/// writer's turn is every 202's wait).
+/// more into a frame (that copy showed in the writer's profile under load,
+/// and the writer's turn is every 202's wait).
 fn write_record(
     segment: &Segment,
     offset: u64,

@@ -943,11 +943,11 @@ fn report_lost_segments(dir: &Path, pinned: &BTreeSet<u64>) {
 /// PASSIVE checkpoints on their own connection, so the indexer never stalls
 /// on one; WAL frames are copied to the main file while commits go on.
 /// Often and small: each ends with an fsync of journal.db, and a large one
-/// keeps the disk busy long enough to stall the intake log's fdatasync
-/// (p99 25–29 ms with one per second, 15–25 ms at 100 ms, wrk -c50).
+/// keeps the disk busy long enough to stall the intake log's fdatasync,
+/// which every 202 waits for (bench/RESULTS.md).
 /// SQLite's structural check, on a connection of its own beside the
-/// replay of the intake log: on a large journal it reads the whole file
-/// (about 1 s for a 1M backlog), and readiness waits for both.
+/// replay of the intake log: on a large journal it reads the whole file,
+/// and readiness waits for both.
 type Checked = Result<(Option<String>, Duration), rusqlite::Error>;
 
 fn spawn_integrity_check(path: &Path) -> std::io::Result<std::thread::JoinHandle<Checked>> {

@@ -38,10 +38,10 @@ CREATE INDEX IF NOT EXISTS seen_age ON seen(seen_ms);
 
 /// What a start needs of every pending event, its count and bytes per
 /// destination, kept by the indexer in the transaction that changes the
-/// rows (`add_totals`): summing a million rows' lengths at start read the
-/// whole file (0.8 s of the 3.4 s to ready with a 1M backlog,
-/// bench/RESULTS.md). Not triggers: one per deleted row made a drain's
-/// deletes a third slower.
+/// rows (`add_totals`): summing every row's lengths at start read the
+/// whole file, a good part of the time to ready with a big backlog
+/// (bench/RESULTS.md). Not triggers: one per deleted row slowed a drain's
+/// deletes.
 const TOTALS: &str = "
 CREATE TABLE totals (destination TEXT PRIMARY KEY, pending INTEGER NOT NULL, bytes INTEGER NOT NULL);
 INSERT INTO totals (destination, pending, bytes)
@@ -80,8 +80,8 @@ ALTER TABLE events ADD COLUMN fate_ms INTEGER;
 
 /// No index on `at`: rows point into the log in seq order, so the rows of
 /// one segment are a range of seqs (`placed_in`). The index cost every
-/// insert ~1 µs (14% of the indexer's CPU per accepted event) for a spill
-/// that looks once a second; journals that have it lose it here.
+/// insert, on the indexer's path per accepted event (bench/RESULTS.md),
+/// for a spill that looks once a second; journals that have it lose it here.
 const PINS: &str = "
 DROP INDEX IF EXISTS events_at;
 CREATE TABLE IF NOT EXISTS pins (segment INTEGER PRIMARY KEY, events INTEGER NOT NULL, bytes INTEGER NOT NULL);
@@ -114,7 +114,7 @@ pub fn open_writer(path: &Path) -> Result<Connection, rusqlite::Error> {
     conn.pragma_update(None, "journal_mode", "WAL")?;
     conn.pragma_update(None, "synchronous", "NORMAL")?;
     // Checkpoints run on their own thread: inside the writer they stall
-    // every commit behind them for 5–20 ms.
+    // every commit behind them while they copy the WAL.
     conn.pragma_update(None, "wal_autocheckpoint", 0)?;
     conn.pragma_update(None, "journal_size_limit", 64 * 1024 * 1024)?;
     conn.execute_batch(SCHEMA)?;
@@ -328,7 +328,7 @@ pub fn open_reader(path: &Path) -> Result<Connection, rusqlite::Error> {
 
 /// SQLite (as built with STAT4) marks a statement whose `LIMIT ?` or range
 /// parameter could change its plan, and prepares it again each time that
-/// parameter is bound: every `due` read of a drain did (1% of its CPU).
+/// parameter is bound: every `due` read of a drain did (bench/RESULTS.md).
 /// The plans here never depend on bound values (no ANALYZE is run), so
 /// the query planner stability guarantee costs nothing and keeps them.
 fn stable_plans(conn: &Connection) -> Result<(), rusqlite::Error> {

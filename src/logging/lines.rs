@@ -2,13 +2,13 @@
 //! writes it to stderr in bursts.
 //!
 //! Hand-written rather than `tracing_appender::non_blocking`, which wakes
-//! its thread for almost every line: under load one futex wake and one
-//! `write(2)` per 2–3 lines (61k wakes in a drain of 145k events, ~6% of
-//! courier's CPU, bench/RESULTS.md). Here the thread, woken by the first
-//! line of a burst, lingers `linger` before it takes the buffer, so it
-//! wakes at most once per `linger`, and a logging thread wakes it only when
-//! it sleeps with nothing to write. Lossless: past `limit` queued bytes a
-//! logging thread wakes the writer and waits for room.
+//! its thread for almost every line: under load a futex wake and a
+//! `write(2)` every few lines, a share of courier's CPU (bench/RESULTS.md).
+//! Here the thread, woken by the first line of a burst, lingers `linger`
+//! before it takes the buffer, so it wakes at most once per `linger`, and a
+//! logging thread wakes it only when it sleeps with nothing to write.
+//! Lossless: past `limit` queued bytes a logging thread wakes the writer and
+//! waits for room.
 
 use std::io::Write;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};

@@ -45,7 +45,7 @@ fn filter(level: &str) -> EnvFilter {
 /// keep the guard until exit: dropping it writes out what is queued.
 ///
 /// Lines go to stderr from a thread of their own, each burst in one write
-/// (`lines`): a write per delivered event on the delivery path cost 7% of
+/// (`lines`): a write per delivered event on the delivery path showed in
 /// courier's CPU under load (bench/RESULTS.md). A full queue blocks rather
 /// than drops: an outcome line is a promise of SPEC §6. A SIGKILL loses
 /// only lines logged in the last `LINGER` before it.
