@@ -51,16 +51,15 @@ const MAX_BATCH_WINDOW: usize = 16_384;
 /// recording their outcome (`slots`). Beyond one per slot, only while the
 /// events in hand hold less than `IN_HAND_BYTES`: that bounds the memory
 /// held, and the attempts sent but not yet recorded, while the journal
-/// records slowly. A drain of the index went 19.7–21.7k → 28.9–29.9k
-/// events/s with 4 per slot, 31.7–32.5k with 16 (`/tmp/prof/drain.sh`,
-/// 1 KiB events). Batches stay one per slot: two gained nothing in the
-/// batched drain and cost 14 MiB of RSS.
+/// records slowly; more in hand let a drain of the index go on while the
+/// journal records. Batches stay one per slot: two gained nothing in the
+/// batched drain and cost memory.
 const IN_HAND: usize = 16;
 /// As much as a destination's ready queue holds (`journal::ReadyQueue`).
 const IN_HAND_BYTES: u64 = 4 * 1024 * 1024;
 /// Bytes of events held ready (read, not yet in hand) without batching:
 /// as much again. Counted in events alone, the window held four per slot
-/// whatever their size: 64 MiB of 1 MiB events at concurrency 16, past
+/// whatever their size, so large events at a high `concurrency` went past
 /// any memory budget.
 const READY_BYTES: u64 = IN_HAND_BYTES;
 

@@ -3,9 +3,9 @@
 //! for the indexer to commit its delete before its dispatcher may read
 //! the index again (it would find the row), but its connection is free
 //! and so is its slot once the answer has told the destination's health:
-//! holding slots through that commit held a drain of the index to 22.6k
-//! events/s with 64 slots, where 256 slots gave 30.7k/s (`concurrency` is
-//! what the endpoint sees; the wait is ours).
+//! holding slots through that commit held a drain of the index well below
+//! what more slots gave (`concurrency` is what the endpoint sees; the wait
+//! is ours).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

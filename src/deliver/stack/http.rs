@@ -48,7 +48,7 @@ impl tower::Service<Request<Full<Bytes>>> for HttpService {
 /// to the pool; a body too large or too slow costs the connection instead,
 /// never an attempt's time. Most answers arrive whole with their head: those
 /// are read here and now, and only the rest get a task of their own (one
-/// per attempt was ~2% of a drain's CPU).
+/// per attempt showed in a drain's profile).
 pub fn drain<B>(body: B)
 where
     B: hyper::body::Body + Send + Unpin + 'static,
