@@ -58,9 +58,8 @@ pub enum RunError {
     Tls(#[from] rustls::Error),
     #[error("cannot open a journal reader: {0}")]
     Reader(#[source] rusqlite::Error),
-    /// The destinations' dispatchers could not be set up (`Fleet::apply`).
-    #[error("{0}")]
-    Fleet(String),
+    #[error(transparent)]
+    Fleet(#[from] deliver::ApplyError),
 }
 
 /// Where the config in force came from, so that a reload can read it again.
@@ -103,7 +102,7 @@ pub async fn run(settings: Settings, source: ConfigSource) -> Result<(), RunErro
     let lifecycle = Arc::new(Lifecycle::default());
     let connector = deliver::build_connector()?;
     let fleet = Arc::new(Fleet::new(journal.clone(), connector, lifecycle.clone()));
-    fleet.apply(&settings).map_err(RunError::Fleet)?;
+    fleet.apply(&settings)?;
     let live = Arc::new(Live::from_pointee(settings));
 
     let ingress = Arc::new(ingress::Ingress::new(

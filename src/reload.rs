@@ -115,7 +115,10 @@ impl Reloader {
         }
         // Added destinations start before ingress routes to them; removed
         // ones retire after it stops routing to them.
-        let added = self.fleet.apply(&settings).map_err(|e| vec![e])?;
+        let added = self
+            .fleet
+            .apply(&settings)
+            .map_err(|e| vec![e.to_string()])?;
         crate::logging::reconfigure(&settings.log);
         self.live.store(Arc::new(settings));
         let removed = self.fleet.retire(&self.live.load());

@@ -21,7 +21,7 @@ use crate::deadletter::{DeadLetterSink, DirSink};
 use crate::journal::{Journal, Reader};
 use crate::lifecycle::Lifecycle;
 use crate::metrics;
-use crate::tls::TlsFiles;
+use crate::tls::{TlsFileError, TlsFiles};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -29,6 +29,15 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::task::{AbortHandle, JoinHandle};
 use tokio_util::sync::CancellationToken;
+
+/// Why a config could not be applied to the dispatchers; nothing changed.
+#[derive(Debug, thiserror::Error)]
+pub enum ApplyError {
+    #[error("destination {0}: {1}")]
+    Tls(String, #[source] TlsFileError),
+    #[error("cannot open a journal reader: {0}")]
+    Reader(#[source] rusqlite::Error),
+}
 
 pub struct Fleet {
     journal: Journal,
@@ -121,7 +130,7 @@ impl Fleet {
     /// Call before ingress takes the new config (the journal's counters of
     /// an added destination, and every share, are in place once this
     /// returns), and `retire` after.
-    pub fn apply(&self, settings: &Settings) -> Result<Vec<String>, String> {
+    pub fn apply(&self, settings: &Settings) -> Result<Vec<String>, ApplyError> {
         let mut inner = self.lock();
         // The steps that can fail, first: a failed apply changes nothing.
         let mut readers = HashMap::new();
@@ -135,15 +144,12 @@ impl Fleet {
                     client: self
                         .connector
                         .client(dest.concurrency, dest.tls.as_ref())
-                        .map_err(|e| format!("destination {}: {e}", dest.name))?,
+                        .map_err(|e| ApplyError::Tls(dest.name.clone(), e))?,
                 },
             };
             pools.insert(dest.name.clone(), pool);
             if !inner.running.contains_key(&dest.name) {
-                let reader = self
-                    .journal
-                    .reader()
-                    .map_err(|e| format!("cannot open a journal reader: {e}"))?;
+                let reader = self.journal.reader().map_err(ApplyError::Reader)?;
                 readers.insert(dest.name.clone(), reader);
             }
         }

@@ -22,5 +22,5 @@ mod tests;
 
 pub use answer_body::AnswerBody;
 pub use client::{Connector, HttpsClient, build_connector};
-pub use fleet::Fleet;
+pub use fleet::{ApplyError, Fleet};
 pub use passthrough::{Passed, Passthrough};
