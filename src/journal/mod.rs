@@ -987,7 +987,6 @@ pub(super) enum LockError {
 }
 
 pub(super) fn lock(dir: &Path) -> Result<std::fs::File, LockError> {
-    use std::os::fd::AsRawFd;
     let lock_path = dir.join("courier.lock");
     let file = match std::fs::OpenOptions::new()
         .create(true)
@@ -998,12 +997,12 @@ pub(super) fn lock(dir: &Path) -> Result<std::fs::File, LockError> {
         Ok(f) => f,
         Err(e) => return Err(LockError::Open(lock_path, e)),
     };
-    // SAFETY: a valid descriptor owned by `file`; the lock goes with it.
-    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-    if rc != 0 {
-        Err(LockError::Held(lock_path))
-    } else {
-        Ok(file)
+    // std's `flock(LOCK_EX | LOCK_NB)` on Linux, so an older courier's
+    // lock and this one exclude each other; the lock goes with `file`.
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(std::fs::TryLockError::WouldBlock) => Err(LockError::Held(lock_path)),
+        Err(std::fs::TryLockError::Error(e)) => Err(LockError::Open(lock_path, e)),
     }
 }
 
