@@ -3,12 +3,11 @@
 //! a restart must not send it to the endpoint again, but write its record
 //! once the sink works, and only once.
 
-use serde_json::{Value, json};
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 use support::{
-    Courier, Receiver, Reply, behavior, check, check_eq, config, dl_dir, fail, post, quiet,
-    requests, wait_dead_letters, wait_metric,
+    Courier, Receiver, Reply, behavior, check, check_eq, config, dl_dir, eventgrid_events, fail,
+    post, quiet, requests, wait_dead_letters, wait_metric,
 };
 
 const EVENTS: usize = 100;
@@ -40,10 +39,7 @@ async fn events_answered_400_during_a_sink_outage_are_not_sent_again_after_a_res
     std::fs::write(&sink, b"not a folder").expect("block the sink");
     let yaml = config("orders", &rx.url(), "schema: eventgrid\nconcurrency: 16");
     let mut c = Courier::start(dir.path(), &yaml).await;
-    let events: Vec<Value> = (0..EVENTS)
-        .map(|i| json!({"id": format!("e{i}"), "subject": "s", "eventType": "t", "eventTime": "2026-11-23T09:00:00Z", "data": {"n": i}, "dataVersion": "1"}))
-        .collect();
-    let resp = post(&c.url("orders"), Value::Array(events).to_string(), &[]).await;
+    let resp = post(&c.url("orders"), eventgrid_events("e", 0, EVENTS), &[]).await;
     check!(
         c,
         resp.status < 300,

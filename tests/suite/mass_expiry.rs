@@ -4,13 +4,12 @@
 //! benchmark's (`cargo bench --bench courier_bench -- --steps x`); this test
 //! bounds the wait only so far that one sync per event would miss it.
 
-use serde_json::{Value, json};
 use std::collections::HashMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 use support::{
-    Courier, Receiver, check, check_eq, config, dl_dir, fail, metric, post, proc_status,
-    read_dead_letters, wait_metric,
+    Courier, Receiver, check, check_eq, config, dl_dir, eventgrid_events, fail, metric, post,
+    proc_status, read_dead_letters, wait_metric,
 };
 
 const EVENTS: usize = 100_000;
@@ -22,14 +21,6 @@ const DEADLINE: Duration = Duration::from_secs(40);
 /// watcher, and a few blocking threads for index reads and the two expiry
 /// groups' sink writes (~10 in all on 2 cores).
 const MAX_OTHER_THREADS: u64 = 22;
-
-/// An Event Grid array of `n` events, ids `{prefix}{from}` onwards.
-fn events(prefix: &str, from: usize, n: usize) -> String {
-    let events: Vec<Value> = (from..from + n)
-        .map(|i| json!({"id": format!("{prefix}{i}"), "subject": "s", "eventType": "t", "eventTime": "2026-11-23T09:00:00Z", "data": {"n": i}, "dataVersion": "1"}))
-        .collect();
-    Value::Array(events).to_string()
-}
 
 /// Pauses or resumes the destination `orders` through the admin API.
 async fn orders(c: &Courier, verb: &str) {
@@ -50,7 +41,7 @@ async fn aged_backlog(rx: &Receiver, dir: &Path, extra: &str, n: usize) -> Couri
     let mut c = Courier::start(dir, &yaml).await;
     orders(&c, "pause").await;
     for from in (0..n).step_by(PER_REQUEST) {
-        let body = events("old", from, PER_REQUEST.min(n - from));
+        let body = eventgrid_events("old", from, PER_REQUEST.min(n - from));
         let resp = post(&c.url("orders"), body, &[]).await;
         check!(
             c,
@@ -155,7 +146,7 @@ async fn live_events_are_delivered_while_expired_ones_wait_for_a_failing_sink() 
     }
     std::fs::write(&sink, b"not a folder").expect("block the sink");
     c.restart().await;
-    let resp = post(&c.url("orders"), events("live", 0, LIVE), &[]).await;
+    let resp = post(&c.url("orders"), eventgrid_events("live", 0, LIVE), &[]).await;
     check!(
         c,
         resp.status < 300,

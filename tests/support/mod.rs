@@ -30,6 +30,15 @@ pub use load::{LoadReport, LoadSpec};
 pub use receiver::{Behavior, Received, Receiver, Reply, behavior};
 pub use setup::{config, now_ms, refusing_port};
 
+/// An Event Grid array of `n` events, ids `{prefix}{from}` onwards, each
+/// with `data: {"n": i}`.
+pub fn eventgrid_events(prefix: &str, from: usize, n: usize) -> String {
+    let events: Vec<serde_json::Value> = (from..from + n)
+        .map(|i| serde_json::json!({"id": format!("{prefix}{i}"), "subject": "s", "eventType": "t", "eventTime": "2026-11-23T09:00:00Z", "data": {"n": i}, "dataVersion": "1"}))
+        .collect();
+    serde_json::Value::Array(events).to_string()
+}
+
 /// A JSON object of exactly `size` bytes (at least 32), e.g. for 1 KiB
 /// benchmark events: `{"kind":"bench","seq":SEQ,"pad":"xxxx…"}`.
 pub fn json_body(size: usize, seq: u64) -> bytes::Bytes {
