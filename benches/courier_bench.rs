@@ -3,9 +3,18 @@
 //! `cargo bench --bench courier_bench [-- --seconds 10 --connections 50
 //!  --steps nhabcdekpqx --scale 1 --compare PATH --rounds 1 --write-results]`
 //!
-//! n. baselines: wrk against nginx answering 200 (`direct`), and against an
-//!    nginx `proxy_pass` to it with upstream keepalive (`proxy`, the
-//!    non-durable baseline). nginx is also the receiver courier delivers to.
+//! n. baselines, run as their users run them: wrk against an nginx answering
+//!    200 to every POST (`direct`: the receiver, which courier delivers to
+//!    too), and against a second nginx, `proxy_pass` to the first with
+//!    upstream keepalive (`proxy`, the non-durable baseline). Each is its
+//!    own nginx (own tempdir, conf and pid file) at `worker_processes auto`
+//!    (a worker per core, as the packaged /etc/nginx/nginx.conf has it):
+//!    the proxy as a new user runs it, and the receiver as the separate
+//!    service it stands for, so neither takes the other's workers. Each
+//!    row's CPU is its nginx's (master + workers, utime + stime over the
+//!    load); the proxy row's notes give the receiver's too, and those of
+//!    courier's rows give the CPU per request of the baseline measured
+//!    just before them;
 //! a. accept only: the destination is paused through the admin API, so the
 //!    load measures the path to a durable 202 (`journal.sync: always`);
 //! b. end to end: courier delivers to nginx during the load; the rate is
@@ -39,9 +48,9 @@
 //! q. paced passthrough (issue #30 item 6): an app's ordinary load rather
 //!    than a flood: 5,000 requests/s from 50 connections (the Rust load
 //!    generator, latency counted from when each request was due), through
-//!    nginx proxy, through a passthrough destination at its default
-//!    concurrency, and at `concurrency: 16` (the default before). Budget:
-//!    the default's p50 ≤ 1.5 × nginx proxy's;
+//!    nginx proxy (with its CPU, as in step n), through a passthrough
+//!    destination at its default concurrency, and at `concurrency: 16` (the
+//!    default before). Budget: the default's p50 ≤ 1.5 × nginx proxy's;
 //! x. mass expiry (issue #12): a 100,000-event
 //!    backlog of a paused destination (`--scale` multiplies it) whose TTL
 //!    has run out: SIGTERM, every event made an hour older in `journal.db`
@@ -59,11 +68,13 @@
 //! #10; `--write-results` also writes it to bench/RESULTS.md, keeping that
 //! file's hand-kept `## Measurements behind the code` section at its end.
 //!
-//! wrk, nginx, courier and this process share the machine's CPUs, so compare
-//! ratios within one invocation, not absolute numbers across machines. The
-//! machine's speed also drifts within a run (nginx's own rate by 20–30%
-//! between two files): steps a and b are judged against nginx proxy, and
-//! step c against nginx direct, measured again just before them.
+//! wrk, the two nginx, courier and this process share the machine's CPUs,
+//! so compare ratios within one invocation, not absolute numbers across
+//! machines; CPU per event (per request for nginx) is what each spends,
+//! whatever its share of the cores. The machine's speed also drifts within
+//! a run (nginx's own rate by 20–30% between two files): steps a and b are
+//! judged against nginx proxy, and step c against nginx direct, measured
+//! again just before them.
 
 #[path = "courier_bench/floor.rs"]
 mod floor;
@@ -206,22 +217,43 @@ fn free_port() -> u16 {
         .port()
 }
 
-/// nginx as the receiver (`direct`: 200 to every POST) and as a keepalive
-/// reverse proxy to it (`proxy`), run in the foreground from a tempdir.
+/// One nginx, run in the foreground from its own tempdir (its conf, pid
+/// file and temp paths) at `worker_processes auto`, as its users run it:
+/// the receiver (`direct`: 200 to every POST) or the proxy (`proxy`: a
+/// keepalive reverse proxy to the receiver). Two of them, never one nginx
+/// serving both, so that neither takes the other's worker.
 struct Nginx {
     child: Child,
-    direct: u16,
-    proxy: u16,
+    port: u16,
     _dir: tempfile::TempDir,
 }
 
 impl Nginx {
-    fn start() -> Result<Nginx, String> {
-        let dir = tempfile::tempdir().map_err(|e| format!("tempdir for nginx: {e}"))?;
-        let (direct, proxy) = (free_port(), free_port());
+    /// The receiver: 200 to every POST; also what courier delivers to.
+    fn receiver() -> Result<Nginx, String> {
+        Nginx::start("receiver", "", "location / { return 200 ''; }")
+    }
+
+    /// The proxy: `proxy_pass` to the receiver on `upstream`, keeping up
+    /// to 64 idle connections to it per worker.
+    fn proxy(upstream: u16) -> Result<Nginx, String> {
+        Nginx::start(
+            "proxy",
+            &format!("upstream receiver {{ server 127.0.0.1:{upstream}; keepalive 64; }}"),
+            "location / {
+            proxy_pass http://receiver;
+            proxy_http_version 1.1;
+            proxy_set_header Connection \"\";
+        }",
+        )
+    }
+
+    fn start(role: &str, upstream: &str, location: &str) -> Result<Nginx, String> {
+        let dir = tempfile::tempdir().map_err(|e| format!("tempdir for nginx {role}: {e}"))?;
+        let port = free_port();
         let conf = format!(
-            "# One worker: the machine's cores are shared with wrk and courier.
-worker_processes 1;
+            "# nginx {role}, as users run it: a worker per core.
+worker_processes auto;
 pid nginx.pid;
 error_log stderr warn;
 events {{ worker_connections 4096; }}
@@ -231,18 +263,10 @@ http {{
     proxy_temp_path proxy;
     keepalive_requests 1000000;
     client_max_body_size 1m;
-    upstream receiver {{ server 127.0.0.1:{direct}; keepalive 64; }}
+    {upstream}
     server {{
-        listen 127.0.0.1:{direct};
-        location / {{ return 200 ''; }}
-    }}
-    server {{
-        listen 127.0.0.1:{proxy};
-        location / {{
-            proxy_pass http://receiver;
-            proxy_http_version 1.1;
-            proxy_set_header Connection \"\";
-        }}
+        listen 127.0.0.1:{port};
+        {location}
     }}
 }}
 "
@@ -261,22 +285,34 @@ http {{
             .map_err(|e| format!("spawn {NGINX}: {e}"))?;
         let nginx = Nginx {
             child,
-            direct,
-            proxy,
+            port,
             _dir: dir,
         };
         let deadline = Instant::now() + Duration::from_secs(5);
+        // Listening, and its workers forked: the master listens first,
+        // then forks them one by one, so their number must hold for a poll.
+        let mut forked = 0;
         // Bounded by the deadline.
-        while [direct, proxy]
-            .iter()
-            .any(|p| TcpStream::connect((Ipv4Addr::LOCALHOST, *p)).is_err())
-        {
-            if Instant::now() >= deadline {
-                return Err(format!("nginx is not listening on {direct} and {proxy}"));
+        loop {
+            let workers = nginx_cpu_seconds(nginx.pid()).map_or(0, |(_, w)| w);
+            if workers > 0
+                && workers == forked
+                && TcpStream::connect((Ipv4Addr::LOCALHOST, port)).is_ok()
+            {
+                return Ok(nginx);
             }
+            if Instant::now() >= deadline {
+                return Err(format!(
+                    "nginx {role} is not listening on {port} with its workers ({workers} forked)"
+                ));
+            }
+            forked = workers;
             std::thread::sleep(POLL);
         }
-        Ok(nginx)
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     fn url(port: u16) -> String {
@@ -285,8 +321,8 @@ http {{
 }
 
 impl Drop for Nginx {
-    /// SIGTERM, so the master stops its worker too (SIGKILL would leave the
-    /// worker running); SIGKILL after 5 s.
+    /// SIGTERM, so the master stops its workers too (SIGKILL would leave
+    /// them running); SIGKILL after 5 s.
     fn drop(&mut self) {
         let pid = libc::pid_t::try_from(self.child.id()).expect("pid fits pid_t");
         // SAFETY: kill(2) on our own child, not reaped yet.
@@ -304,6 +340,72 @@ impl Drop for Nginx {
     }
 }
 
+/// utime + stime of an nginx, in seconds: its master `pid` and the
+/// children running now (its workers), and how many workers there were.
+fn nginx_cpu_seconds(pid: u32) -> Option<(f64, usize)> {
+    let mut total = cpu_seconds(pid)?;
+    let mut workers = 0;
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+    // Bounded: the master's threads, each with its few children.
+    for task in tasks.flatten() {
+        let children = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+        for child in children.split_whitespace().filter_map(|c| c.parse().ok()) {
+            // A worker that exited meanwhile is left out.
+            if let Some(cpu) = cpu_seconds(child) {
+                total += cpu;
+                workers += 1;
+            }
+        }
+    }
+    Some((total, workers))
+}
+
+/// The two nginx's masters, to read their CPU around a baseline's load.
+#[derive(Clone, Copy)]
+struct NginxPids {
+    receiver: u32,
+    proxy: u32,
+}
+
+/// What each nginx spent (master + workers, utime + stime) over a load,
+/// in seconds, and its workers.
+#[derive(Clone, Copy)]
+struct NginxCpu {
+    receiver: f64,
+    proxy: f64,
+    receiver_workers: usize,
+    proxy_workers: usize,
+}
+
+impl NginxPids {
+    fn cpu(&self) -> Option<NginxCpu> {
+        let (receiver, receiver_workers) = nginx_cpu_seconds(self.receiver)?;
+        let (proxy, proxy_workers) = nginx_cpu_seconds(self.proxy)?;
+        Some(NginxCpu {
+            receiver,
+            proxy,
+            receiver_workers,
+            proxy_workers,
+        })
+    }
+}
+
+impl NginxCpu {
+    /// The CPU spent from `before` to `self`.
+    fn since(self, before: NginxCpu) -> NginxCpu {
+        NginxCpu {
+            receiver: self.receiver - before.receiver,
+            proxy: self.proxy - before.proxy,
+            ..self
+        }
+    }
+
+    /// The proxy's CPU (`proxy`) or the receiver's.
+    fn of(&self, proxy: bool) -> f64 {
+        if proxy { self.proxy } else { self.receiver }
+    }
+}
+
 const WRK: &str = "/usr/bin/wrk";
 const NGINX: &str = "/usr/sbin/nginx";
 
@@ -317,6 +419,30 @@ struct Wrk {
     p999: f64,
     non_2xx: u64,
     socket_errors: u64,
+    /// Against nginx (`wrk_nginx`): what each nginx spent over the load.
+    nginx_cpu: Option<NginxCpu>,
+}
+
+impl Wrk {
+    /// The proxy nginx's CPU (`proxy`) or the receiver's over the load, in
+    /// µs per request answered 2xx.
+    fn nginx_us(&self, proxy: bool) -> Option<f64> {
+        let requests = self.rate * self.seconds;
+        self.nginx_cpu
+            .filter(|_| requests > 0.0)
+            .map(|c| c.of(proxy) * 1e6 / requests)
+    }
+}
+
+/// wrk against one of the two nginx, with each nginx's CPU over the load.
+async fn wrk_nginx(url: &str, pids: NginxPids, args: &Args) -> Result<Wrk, String> {
+    let before = pids.cpu();
+    let mut w = wrk(url, args).await?;
+    w.nginx_cpu = pids
+        .cpu()
+        .zip(before)
+        .map(|(now, before)| now.since(before));
+    Ok(w)
 }
 
 async fn wrk(url: &str, args: &Args) -> Result<Wrk, String> {
@@ -360,6 +486,7 @@ async fn wrk(url: &str, args: &Args) -> Result<Wrk, String> {
         p999: field("p999_us")? / 1000.0,
         non_2xx,
         socket_errors: field("socket_errors")? as u64,
+        nginx_cpu: None,
     })
 }
 
@@ -518,7 +645,6 @@ fn median(values: &mut [f64]) -> Option<f64> {
     }
 }
 
-#[derive(Default)]
 struct Baselines {
     direct: Option<Wrk>,
     proxy: Option<Wrk>,
@@ -527,6 +653,8 @@ struct Baselines {
     urls: Option<(String, String)>,
     /// nginx proxy's URL, for step q's paced baseline (with or without n).
     proxy_url: String,
+    /// For nginx's CPU over each baseline's load.
+    pids: NginxPids,
 }
 
 impl Baselines {
@@ -534,7 +662,7 @@ impl Baselines {
     async fn again(&self, proxy: bool, args: &Args) -> Option<Wrk> {
         let (direct_url, proxy_url) = self.urls.as_ref()?;
         let url = if proxy { proxy_url } else { direct_url };
-        match wrk(url, args).await {
+        match wrk_nginx(url, self.pids, args).await {
             Ok(w) => Some(w),
             Err(e) => {
                 eprintln!("courier_bench: nginx baseline again: {e}");
@@ -1107,9 +1235,9 @@ async fn idle(label: &str, bin: &Path, rx: &str) -> Result<Row, String> {
 
 /// Step h: the floor of courier's HTTP stack and of durability
 /// (`floor.rs`), run once as the baselines are. Its CPU is this process's.
-async fn floor_rows(nginx: &Nginx, args: &Args) -> Result<Vec<Row>, String> {
+async fn floor_rows(receiver: u16, args: &Args) -> Result<Vec<Row>, String> {
     let me = std::process::id();
-    let upstream = Nginx::url(nginx.direct);
+    let upstream = Nginx::url(receiver);
     let proxy = floor::proxy(&upstream)?;
     let cpu = cpu_seconds(me).unwrap_or(0.0);
     let w = wrk(&Nginx::url(proxy.port), args).await?;
@@ -1123,7 +1251,7 @@ async fn floor_rows(nginx: &Nginx, args: &Args) -> Result<Vec<Row>, String> {
         rows.push(durable_floor(&upstream, deliver, args).await?);
     }
     let events = backlog(DRAIN_BACKLOG, args);
-    let spec = events_to(Nginx::url(nginx.direct), FLOOR_CONNECTIONS);
+    let spec = events_to(Nginx::url(receiver), FLOOR_CONNECTIONS);
     let cpu = cpu_seconds(me).unwrap_or(0.0);
     let report = load::run_n(spec, events).await;
     let used = cpu_seconds(me).unwrap_or(0.0) - cpu;
@@ -1246,14 +1374,14 @@ const PACED_CONNECTIONS: usize = 50;
 /// Step q's budget: passthrough's p50 over nginx proxy's.
 const PACED_P50_BUDGET: f64 = 1.5;
 
-/// Step q: the paced load through nginx proxy, then through passthrough at
-/// its default concurrency and at 16; the rows, and the default's p50 over
-/// the proxy's.
+/// Step q: the paced load through nginx proxy (with its CPU), then through
+/// passthrough at its default concurrency and at 16; the rows, and the
+/// default's p50 over the proxy's.
 async fn paced(
     label: &str,
     bin: &Path,
     rx: &str,
-    proxy: &str,
+    base: &Baselines,
     args: &Args,
 ) -> Result<(Vec<Row>, f64), String> {
     const MODE: &str = "    mode: passthrough\n";
@@ -1279,9 +1407,15 @@ async fn paced(
             ..Row::default()
         }
     };
-    let base = load::run_paced(spec(proxy.to_owned()), PACED_PER_SECOND).await;
-    let base_p50 = base.percentile(50.0).as_secs_f64();
-    let mut rows = vec![row(format!("{label} q. paced: nginx proxy"), &base)];
+    let before = base.pids.cpu();
+    let proxied = load::run_paced(spec(base.proxy_url.clone()), PACED_PER_SECOND).await;
+    let cpu = base.pids.cpu().zip(before).map(|(now, b)| now.since(b));
+    let base_p50 = proxied.percentile(50.0).as_secs_f64();
+    let mut proxy_row = row(format!("{label} q. paced: nginx proxy"), &proxied);
+    if let Some(cpu) = cpu {
+        set_nginx_cpu(&mut proxy_row, cpu, true);
+    }
+    let mut rows = vec![proxy_row];
     let mut p50 = f64::NAN;
     for (concurrency, what) in [("~", "default concurrency"), ("16", "concurrency 16")] {
         let run = start(bin, rx, &format!("{MODE}    concurrency: {concurrency}\n")).await?;
@@ -1305,15 +1439,39 @@ async fn paced(
     Ok((rows, p50))
 }
 
+/// An nginx row's CPU: the proxy nginx's (`proxy`) or the receiver's,
+/// named in its note; the proxy's row names the receiver's CPU too.
+fn set_nginx_cpu(row: &mut Row, cpu: NginxCpu, proxy: bool) {
+    row.cpu = Some(cpu.of(proxy));
+    let note = if proxy {
+        let per = row.events.filter(|&e| e > 0.0).map_or(String::new(), |e| {
+            format!(", {:.1} µs/request", cpu.receiver * 1e6 / e)
+        });
+        format!(
+            "CPU: the proxy nginx's (master + {} workers); the receiver nginx's: {:.1} s{per}.",
+            cpu.proxy_workers, cpu.receiver
+        )
+    } else {
+        format!(
+            "CPU: the receiver nginx's (master + {} workers).",
+            cpu.receiver_workers
+        )
+    };
+    row.note = format!("{note} {}", row.note).trim().to_owned();
+}
+
 /// `row` with the baseline measured just before it, named in its note.
 fn beside(mut row: Row, near: Option<Wrk>) -> Row {
     if let Some(w) = &near {
         let what = if row.vs_direct { "direct" } else { "proxy" };
+        let cpu = w
+            .nginx_us(!row.vs_direct)
+            .map_or(String::new(), |us| format!(", its CPU {us:.1} µs/request"));
         let note = format!(
-            "nginx {what} just before: {:.0}/s, p99 {:.2} ms.",
+            "nginx {what} just before: {:.0}/s, p99 {:.2} ms{cpu}.",
             w.rate, w.p99
         );
-        row.note = format!("{} {note}", row.note).trim().to_owned();
+        row.note = format!("{} {note}", row.note.trim()).trim().to_owned();
     }
     row.against = near;
     row
@@ -1499,7 +1657,7 @@ async fn courier_steps(
             },
             'q' => {
                 let name = format!("{label} {PACED_BUDGET}");
-                match paced(label, bin, rx, &base.proxy_url, args).await {
+                match paced(label, bin, rx, base, args).await {
                     Ok((p, ratio)) => {
                         budgets.push(budget(
                             name,
@@ -1593,7 +1751,7 @@ fn verdict(pass: Option<bool>) -> &'static str {
 /// rounds, their medians after them.
 fn render(rows: &[Row], budgets: &[Budget], base: &Baselines) -> String {
     let mut out = String::from(
-        "| target | req/s | p50 ms | p99 ms | p999 ms | × proxy | × direct | courier CPU s | CPU µs/event | peak RSS MiB | notes |\n\
+        "| target | req/s | p50 ms | p99 ms | p999 ms | × proxy | × direct | CPU s | CPU µs/event | peak RSS MiB | notes |\n\
          |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n",
     );
     for r in rows {
@@ -1773,10 +1931,11 @@ fn write_results(
          {header}\n\n{table}\n\
          × proxy / × direct: req/s (events/s for drains, accepted / (load + drain) for \
          end-to-end) over nginx's, as measured just before the row (named in its notes) \
-         for courier's loads and drains. CPU: courier's utime + stime during the load (a, b), \
-         the drain (c), the fill (d) or since start (e); CPU µs/event: that over the events \
-         answered 2xx (a, p, h's loads), accepted (b, h's end to end), drained (c) or \
-         filled (d). Peak RSS: VmHWM (e: VmRSS). With \
+         for courier's loads and drains. CPU: utime + stime of the process named in the notes \
+         (courier's for courier's rows) during the load (a, b, p, q, and nginx's: the nginx \
+         master and its workers), the drain (c), the fill (d) or since start (e); CPU \
+         µs/event: that over the events (requests for nginx) answered 2xx (a, p, q, nginx, \
+         h's loads), accepted (b, h's end to end), drained (c) or filled (d). Peak RSS: VmHWM (e: VmRSS). With \
          `--rounds`, the medians of the rounds follow the budgets.\n",
         shell("date", &["-u", "+%Y-%m-%d %H:%M UTC"]),
         shell("git", &["rev-parse", "--short", "HEAD"]),
@@ -1804,15 +1963,28 @@ async fn run(args: Args) -> ExitCode {
     }
     let load_before = shell("uptime", &[]);
     println!("courier_bench: uptime: {load_before}");
-    let nginx = match Nginx::start() {
+    let nginx = Nginx::receiver().and_then(|r| Ok((Nginx::proxy(r.port)?, r)));
+    let (proxy, receiver) = match nginx {
         Ok(n) => n,
         Err(e) => {
             eprintln!("courier_bench: {e}");
             return ExitCode::FAILURE;
         }
     };
+    let pids = NginxPids {
+        receiver: receiver.pid(),
+        proxy: proxy.pid(),
+    };
+    let workers = pids.cpu().map_or("?".into(), |c| {
+        format!(
+            "proxy {} workers, receiver {}",
+            c.proxy_workers, c.receiver_workers
+        )
+    });
     let header = format!(
-        "wrk -t2 -c{} -d{}s, {BODY_BYTES}-byte JSON POSTs, {} CPUs, backlog scale {}; {}",
+        "wrk -t2 -c{} -d{}s, {BODY_BYTES}-byte JSON POSTs, {} CPUs, backlog scale {}; \
+         nginx proxy and receiver each its own nginx at worker_processes auto \
+         ({workers}); {}",
         args.connections,
         args.seconds,
         std::thread::available_parallelism().map_or(0, |n| n.get()),
@@ -1827,19 +1999,26 @@ async fn run(args: Args) -> ExitCode {
     let mut rows = Vec::new();
     let mut budgets = Vec::new();
     let mut base = Baselines {
-        proxy_url: Nginx::url(nginx.proxy),
-        ..Baselines::default()
+        direct: None,
+        proxy: None,
+        urls: None,
+        proxy_url: Nginx::url(proxy.port),
+        pids,
     };
     let mut ok = true;
     if args.steps.contains('n') {
-        base.urls = Some((Nginx::url(nginx.direct), Nginx::url(nginx.proxy)));
-        for (name, port) in [("direct", nginx.direct), ("proxy", nginx.proxy)] {
-            match wrk(&Nginx::url(port), &args).await {
+        base.urls = Some((Nginx::url(receiver.port), Nginx::url(proxy.port)));
+        for (name, port) in [("direct", receiver.port), ("proxy", proxy.port)] {
+            match wrk_nginx(&Nginx::url(port), pids, &args).await {
                 Ok(w) => {
-                    rows.push(Row {
+                    let mut row = Row {
                         vs_direct: true,
                         ..Row::load(format!("nginx {name}"), &w)
-                    });
+                    };
+                    if let Some(cpu) = w.nginx_cpu {
+                        set_nginx_cpu(&mut row, cpu, name == "proxy");
+                    }
+                    rows.push(row);
                     if name == "direct" {
                         base.direct = Some(w);
                     } else {
@@ -1854,7 +2033,7 @@ async fn run(args: Args) -> ExitCode {
         }
     }
     if args.steps.contains('h') {
-        match floor_rows(&nginx, &args).await {
+        match floor_rows(receiver.port, &args).await {
             Ok(floor) => rows.extend(floor),
             Err(e) => {
                 eprintln!("courier_bench: floor: {e}");
@@ -1862,7 +2041,7 @@ async fn run(args: Args) -> ExitCode {
             }
         }
     }
-    let rx = Nginx::url(nginx.direct);
+    let rx = Nginx::url(receiver.port);
     for round in 1..=args.rounds {
         for (label, bin) in &binaries {
             let label = if args.rounds > 1 {
@@ -1873,7 +2052,8 @@ async fn run(args: Args) -> ExitCode {
             ok &= courier_steps(&label, bin, &rx, &args, &base, &mut rows, &mut budgets).await;
         }
     }
-    drop(nginx);
+    drop(proxy);
+    drop(receiver);
     let table = render(&rows, &budgets, &base);
     println!("\n{table}");
     println!("courier_bench: uptime: {}", shell("uptime", &[]));
