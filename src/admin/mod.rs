@@ -19,7 +19,6 @@ use hyper::body::Incoming;
 use metrics_exporter_prometheus::PrometheusHandle;
 use serde_json::{Value, json};
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 pub struct Admin {
@@ -154,12 +153,7 @@ impl Admin {
         for name in self.journal.destination_names() {
             let probation = self.fleet.health(&name).is_some_and(|h| h.on_probation());
             if let Some(state) = self.journal.destination(&name) {
-                metrics::pending(
-                    &name,
-                    state.pending.load(Ordering::Relaxed),
-                    state.bytes.load(Ordering::Relaxed),
-                    probation,
-                );
+                metrics::pending(&name, state.pending(), state.bytes(), probation);
             }
             // A failed read leaves the last age: the journal is failed now,
             // which `/healthz` says.
@@ -200,7 +194,7 @@ impl Admin {
                 "until": v.until_ms.map(clock::rfc3339),
                 "paused_by": v.paused.map(|(by, _)| by.as_str()),
                 "paused_at": v.paused.map(|(_, at)| clock::rfc3339(at)),
-                "pending": state.pending.load(Ordering::Relaxed),
+                "pending": state.pending(),
                 "in_flight": v.in_flight,
                 "oldest_pending_age_s": oldest.map(|t| now.saturating_sub(t) as f64 / 1000.0),
                 "consecutive_failures": v.consecutive_failures,
@@ -212,10 +206,7 @@ impl Admin {
         orphaned.retain(|name| settings.destination(name).is_none());
         orphaned.sort();
         for name in orphaned {
-            let pending = self
-                .journal
-                .destination(&name)
-                .map_or(0, |s| s.pending.load(Ordering::Relaxed));
+            let pending = self.journal.destination(&name).map_or(0, |s| s.pending());
             if pending == 0 {
                 continue;
             }

@@ -22,11 +22,9 @@
 use super::batch;
 use super::settle::{self, Ctx, Settled, Unit};
 use crate::clock;
-use crate::journal::{Change, DestinationState, Reader, StoreError, StoredEvent};
-use crate::metrics;
+use crate::journal::{DestinationState, Reader, StoredEvent};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
@@ -402,7 +400,7 @@ impl Dispatcher {
         // Ingress is paced only while this destination is delivering.
         let flowing =
             journal_ok && self.answering && blocked.gate.is_none() && !self.stop.is_cancelled();
-        self.state.flowing.store(flowing, Ordering::Relaxed);
+        self.state.pace(flowing);
         blocked
     }
 
@@ -456,8 +454,8 @@ impl Dispatcher {
             }
         };
         tokio::select! {
-            _ = self.state.notify.notified(), if live => Wake::Indexed,
-            _ = self.state.fresh.notified(), if live => Wake::Fresh,
+            _ = self.state.indexed(), if live => Wake::Indexed,
+            _ = self.state.fresh(), if live => Wake::Fresh,
             _ = self.ctx.health.wake.notified(), if live => Wake::Health,
             _ = self.slots.freed(), if blocked.slots && live => Wake::SlotFree,
             Some(done) = self.tasks.join_next_with_id(), if !self.tasks.is_empty() => {
@@ -518,7 +516,7 @@ impl Dispatcher {
             .await
         {
             Ok((rows, more)) => {
-                let taken = self.claim(rows).await;
+                let taken = self.claim(rows);
                 self.held.ready.extend(taken);
                 if more {
                     return (None, true);
@@ -540,14 +538,7 @@ impl Dispatcher {
         if bytes == 0 {
             return;
         }
-        let fresh = match self.state.ready.lock() {
-            Ok(mut ready) => ready.take(want, bytes),
-            Err(_) => return,
-        };
-        if !fresh.is_empty() {
-            self.state.room.notify_waiters();
-        }
-        for ev in fresh {
+        for ev in self.state.take_ready(want, bytes) {
             // Already read from the index: this copy is the same event.
             if self.held.seqs.insert(ev.seq) {
                 self.held.ready.push_back(ev);
@@ -556,20 +547,13 @@ impl Dispatcher {
     }
 
     /// The rows not held yet, now held; the ready queue forgets them, so
-    /// the same event is never held twice. A row that cannot be read is
-    /// quarantined.
-    async fn claim(&mut self, rows: Vec<Result<StoredEvent, StoreError>>) -> Vec<StoredEvent> {
-        let mut taken = Vec::with_capacity(rows.len());
-        for row in rows {
-            match row {
-                Ok(ev) if self.held.seqs.insert(ev.seq) => taken.push(ev),
-                Ok(_) => {}
-                Err(e) => self.quarantine(&e).await,
-            }
-        }
-        if let Ok(mut ready) = self.state.ready.lock() {
-            ready.remove(taken.iter().map(|ev| ev.seq));
-        }
+    /// the same event is never held twice.
+    fn claim(&mut self, rows: Vec<StoredEvent>) -> Vec<StoredEvent> {
+        let taken: Vec<StoredEvent> = rows
+            .into_iter()
+            .filter(|ev| self.held.seqs.insert(ev.seq))
+            .collect();
+        self.state.read_from_index(taken.iter().map(|ev| ev.seq));
         taken
     }
 
@@ -605,7 +589,7 @@ impl Dispatcher {
                 .accepted_before(&dest.name, cutoff, want, &self.held.seqs)
                 .await
             {
-                Ok(rows) => expired.extend(self.claim(rows).await),
+                Ok(rows) => expired.extend(self.claim(rows)),
                 Err(e) => failed = Some(self.read_failed(&e, now)),
             }
         }
@@ -640,27 +624,10 @@ impl Dispatcher {
             Err(e) => Expiry::At(self.read_failed(&e, now)),
         }
     }
+
     /// Past its TTL, or fated before a restart: never attempted, its dead
     /// letter goes in an expiry group.
     fn for_the_sink(&self, ev: &StoredEvent, now: u64) -> bool {
         ev.fate.is_some() || self.ctx.dest.limits.expired(ev.event.accepted_ms, now)
-    }
-
-    async fn quarantine(&self, e: &StoreError) {
-        let name = &self.ctx.dest.name;
-        let StoreError::Corrupt { seq, .. } = e else {
-            return;
-        };
-        tracing::error!(destination = %name, journal = %self.ctx.journal.path().display(), error = %e,
-            "journal record is corrupt: it is kept but never delivered; inspect it with `courier journal inspect`");
-        metrics::corrupt(name);
-        if let Err(err) = self
-            .ctx
-            .journal
-            .apply(&[Change::Quarantine { seq: *seq }])
-            .await
-        {
-            tracing::error!(destination = %name, error = %err, "cannot quarantine the corrupt record");
-        }
     }
 }

@@ -372,8 +372,6 @@ fn delete(ev: &StoredEvent) -> Change {
 fn delete_if(ev: &StoredEvent, only_if_attempts: Option<u32>) -> Change {
     Change::Delete {
         seq: ev.seq,
-        destination: ev.event.destination.clone(),
-        size: ev.event.size(),
         only_if_attempts,
     }
 }

@@ -9,6 +9,10 @@
 //! paced, nor one whose endpoint fails: buffering events through an
 //! outage is courier's job, up to its share of the journal
 //! (`Shared::reserve`), which refuses only that destination's events.
+//!
+//! Both halves of the signal are the journal's: the dispatcher only says
+//! whether it is delivering (`DestinationState::pace`); the queue's fill
+//! and the wake-up when it drains (`take_ready`) are kept here.
 
 use super::{DestinationState, NewEvent, Shared};
 use std::sync::atomic::Ordering;
@@ -49,5 +53,5 @@ pub(super) async fn keep_pace(shared: &Shared, events: &[NewEvent]) {
 }
 
 fn behind(state: &DestinationState) -> bool {
-    state.flowing.load(Ordering::Relaxed) && state.ready.lock().is_ok_and(|r| r.nearly_full())
+    state.delivering.load(Ordering::Relaxed) && state.ready.lock().is_ok_and(|r| r.nearly_full())
 }

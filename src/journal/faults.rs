@@ -69,10 +69,7 @@ async fn held_after_reopen(dir: &Path) -> BTreeMap<String, NewEvent> {
         .0;
     journal.close().await;
     due.into_iter()
-        .map(|r| {
-            let s = r.expect("a sound row");
-            (s.event.id.clone(), s.event)
-        })
+        .map(|s| (s.event.id.clone(), s.event))
         .collect()
 }
 

@@ -331,8 +331,8 @@ impl Indexer {
     }
 
     /// One transaction: the rows of `events` marked in `insert`, the
-    /// `changes`, the new log position; synced if `sync`. Returns the seqs
-    /// that deletes removed.
+    /// `changes`, the new log position; synced if `sync`. Returns what its
+    /// deletes freed.
     fn commit(
         &mut self,
         events: &[Logged],
@@ -340,7 +340,7 @@ impl Indexer {
         changes: &[Change],
         sync: bool,
         end: u64,
-    ) -> Result<HashSet<i64>, IndexError> {
+    ) -> Result<Freed, IndexError> {
         if insert.iter().any(|i| *i) {
             self.sync_log(end)?;
         }
@@ -363,7 +363,7 @@ impl Indexer {
                 let _ = store::set_full_sync(&self.conn, false);
             }
         }
-        let (deleted, pins) = result?;
+        let (freed, pins) = result?;
         self.add_pins(pins);
         self.indexed = end;
         self.last_commit = Instant::now();
@@ -374,7 +374,7 @@ impl Indexer {
                 tracing::warn!(error = %e, "cannot switch the journal back to synchronous=NORMAL");
             }
         }
-        Ok(deleted)
+        Ok(freed)
     }
 
     fn add_pins(&mut self, deltas: BTreeMap<u64, Pin>) {
@@ -800,14 +800,14 @@ impl Indexer {
                 Err(_) => vec![true; events.len()],
             };
             match self.commit(&events, &insert, &changes, sync, end) {
-                Ok(deleted) => {
+                Ok(freed) => {
                     if let Some(last) = events.last() {
                         self.rows_through = self.rows_through.max(last.seq);
                     }
                     if let Ok(mut skip) = shared.skip.lock() {
                         skip.committed(self.rows_through);
                     }
-                    account(&events, &insert, &changes, deleted, shared);
+                    account(&events, &insert, freed, shared);
                     if self.durable == self.indexed {
                         self.publish(shared);
                     }
@@ -830,8 +830,8 @@ impl Indexer {
     fn commit_alone(&mut self, applies: Vec<Apply>, shared: &Shared) -> bool {
         let (changes, sync) = self.changes_of(&applies);
         match self.commit(&[], &[], &changes, sync, self.indexed) {
-            Ok(deleted) => {
-                account(&[], &[], &changes, deleted, shared);
+            Ok(freed) => {
+                account(&[], &[], freed, shared);
                 reply_all(applies, &Ok(()));
                 true
             }
@@ -931,7 +931,7 @@ pub(super) fn lower_priority() {
     }
 }
 
-/// Returns the seqs that deletes actually removed, for the counters, and
+/// Returns what the deletes freed, for the counters, and
 /// what the commit added to the pins of each segment (`pins`: as before).
 fn write(
     conn: &Connection,
@@ -941,7 +941,7 @@ fn write(
     changes: &[Change],
     end: u64,
     dedupe: bool,
-) -> Result<(HashSet<i64>, BTreeMap<u64, Pin>), IndexError> {
+) -> Result<(Freed, BTreeMap<u64, Pin>), IndexError> {
     let mut tally = Tally::default();
     conn.execute_batch("BEGIN IMMEDIATE")?;
     {
@@ -983,7 +983,7 @@ fn write(
         // temporary table per statement, which cost more than the read it
         // saves (bench/RESULTS.md).
         let mut doomed = conn.prepare_cached(&format!(
-            "SELECT {}, at, len FROM events WHERE seq = ?1 AND attempts = ?2",
+            "SELECT destination, {}, at, len FROM events WHERE seq = ?1 AND attempts = ?2",
             store::ROW_BYTES
         ))?;
         let mut delete = conn.prepare_cached("DELETE FROM events WHERE seq = ?1")?;
@@ -1002,34 +1002,31 @@ fn write(
         // is deleted too leaves nothing behind), and a run of consecutive
         // seqs, a drain's usual commit, is one range read and one range
         // delete instead of two statements a row.
-        let mut unconditional: Vec<(i64, &str)> = Vec::new();
+        let mut unconditional: Vec<i64> = Vec::new();
         for c in changes {
             match c {
                 Change::Delete {
                     seq,
-                    destination,
                     only_if_attempts: None,
-                    ..
-                } => unconditional.push((*seq, destination)),
+                } => unconditional.push(*seq),
                 Change::Delete {
                     seq,
-                    destination,
                     only_if_attempts: Some(attempts),
-                    ..
                 } => {
-                    // The row's own bytes: what its insert added.
+                    // The row's own destination and bytes: what its insert added.
                     let gone = doomed
                         .query_row(params![seq, attempts], |r| {
                             Ok((
-                                r.get::<_, i64>(0)?,
-                                r.get::<_, Option<i64>>(1)?,
+                                r.get::<_, String>(0)?,
+                                r.get::<_, i64>(1)?,
                                 r.get::<_, Option<i64>>(2)?,
+                                r.get::<_, Option<i64>>(3)?,
                             ))
                         })
                         .optional()?;
-                    if let Some((bytes, at, len)) = gone {
+                    if let Some((destination, bytes, at, len)) = gone {
                         delete.execute([seq])?;
-                        tally.forget(pins, *seq, destination, bytes, at, len);
+                        tally.forget(pins, &destination, bytes, at, len);
                     }
                 }
                 Change::Reschedule {
@@ -1067,23 +1064,22 @@ fn write(
                 }
             }
         }
-        unconditional.sort_unstable_by_key(|(seq, _)| *seq);
-        unconditional.dedup_by_key(|(seq, _)| *seq);
+        unconditional.sort_unstable();
+        unconditional.dedup();
+        // Every seq of a run is one of its deletes (the run has no gap), so
+        // the range read finds exactly the rows to delete.
         let mut doomed_run = conn.prepare_cached(&format!(
-            "SELECT seq, {}, at, len FROM events WHERE seq BETWEEN ?1 AND ?2",
+            "SELECT destination, {}, at, len FROM events WHERE seq BETWEEN ?1 AND ?2",
             store::ROW_BYTES
         ))?;
         let mut delete_run =
             conn.prepare_cached("DELETE FROM events WHERE seq BETWEEN ?1 AND ?2")?;
-        for run in unconditional.chunk_by(|a, b| b.0 == a.0 + 1) {
-            let (first, last) = (run[0].0, run[run.len() - 1].0);
+        for run in unconditional.chunk_by(|a, b| *b == a + 1) {
+            let (first, last) = (run[0], run[run.len() - 1]);
             let mut rows = doomed_run.query(params![first, last])?;
             while let Some(r) = rows.next()? {
-                let seq: i64 = r.get(0)?;
-                // Every seq of the run is one of its deletes: the run has
-                // no gap, so its place in the run is its offset from the first.
-                let destination = run[(seq - first) as usize].1;
-                tally.forget(pins, seq, destination, r.get(1)?, r.get(2)?, r.get(3)?);
+                let destination = r.get_ref(0)?.as_str().map_err(rusqlite::Error::from)?;
+                tally.forget(pins, destination, r.get(1)?, r.get(2)?, r.get(3)?);
             }
             delete_run.execute(params![first, last])?;
         }
@@ -1092,33 +1088,46 @@ fn write(
         store::set_intake_pos(conn, end)?;
     }
     conn.execute_batch("COMMIT")?;
-    Ok((tally.deleted, tally.pinned))
+    Ok((tally.freed, tally.pinned))
 }
 
-/// What one commit changes in the totals and the pins, and the seqs it
-/// deletes.
+/// Per destination: the events and bytes a commit's deletes removed.
+pub(super) type Freed = HashMap<String, (u64, u64)>;
+
+/// What one commit changes in the totals and the pins, and what its
+/// deletes free.
 #[derive(Default)]
 struct Tally {
-    deleted: HashSet<i64>,
     /// Per destination: events and bytes this commit adds (negative: removes).
     totals: HashMap<String, (i64, i64)>,
+    freed: Freed,
     pinned: BTreeMap<u64, Pin>,
 }
 
 impl Tally {
-    /// A deleted row: `bytes` are its own (what its insert added), `at`
-    /// and `len` its event's place in the log, when it points there.
+    /// A deleted row, counted once however many changes named it (a late
+    /// answer's delete and a retry's may share a commit: the second finds
+    /// no row): `bytes` are its own (what its insert added), `at` and
+    /// `len` its event's place in the log, when it points there.
     fn forget(
         &mut self,
         pins: &BTreeMap<u64, Pin>,
-        seq: i64,
         destination: &str,
         bytes: i64,
         at: Option<i64>,
         len: Option<i64>,
     ) {
-        self.deleted.insert(seq);
         add(&mut self.totals, destination, -1, -bytes);
+        match self.freed.get_mut(destination) {
+            Some((n, b)) => {
+                *n += 1;
+                *b += bytes.max(0) as u64;
+            }
+            None => {
+                self.freed
+                    .insert(destination.to_string(), (1, bytes.max(0) as u64));
+            }
+        }
         if let (Some(at), Some(len)) = (at, len)
             && let Some(segment) = segment_of(pins, &self.pinned, at.max(0) as u64)
         {
@@ -1148,35 +1157,19 @@ fn add(totals: &mut HashMap<String, (i64, i64)>, destination: &str, events: i64,
     }
 }
 
-/// After a commit: frees the bytes of deleted events, each once (two
-/// deletes of one event may share a commit: a late answer's and a
-/// retry's), and wakes the dispatchers whose events became rows.
-fn account(
-    events: &[Logged],
-    inserted: &[bool],
-    changes: &[Change],
-    mut deleted: HashSet<i64>,
-    shared: &Shared,
-) {
+/// After a commit: frees what its deletes removed, as the rows counted
+/// it, and wakes the dispatchers whose events became rows.
+fn account(events: &[Logged], inserted: &[bool], freed: Freed, shared: &Shared) {
     let states = shared.destinations.load();
-    for c in changes {
-        if let Change::Delete {
-            seq,
-            destination,
-            size,
-            ..
-        } = c
-            && deleted.remove(seq)
-        {
-            shared.forget(states.get(destination).map(Arc::as_ref), *size);
-        }
+    for (destination, (events, bytes)) in freed {
+        shared.forget(states.get(&destination).map(Arc::as_ref), events, bytes);
     }
     let mut woken = HashSet::new();
     for (l, _) in events.iter().zip(inserted).filter(|(_, i)| **i) {
         if woken.insert(l.event.destination.as_str())
             && let Some(d) = states.get(&l.event.destination)
         {
-            d.notify.notify_one();
+            d.indexed.notify_one();
         }
     }
     // The committed rows are what readers find now: their events leave the

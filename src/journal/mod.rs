@@ -55,6 +55,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use tokio::sync::futures::Notified;
 use tokio::sync::{Notify, mpsc, oneshot};
 use unindexed::Unindexed;
 use writer::Writer;
@@ -161,15 +162,15 @@ impl DiskError for rusqlite::Error {
     }
 }
 
-/// A change to an event after an attempt (or a TTL expiry).
+/// A change to an event after an attempt (or a TTL expiry), named by its
+/// seq alone: the journal knows each event's destination and size, and
+/// keeps its counters from what it recorded, not from what a caller says.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Change {
     /// Delivered or dead-lettered: the event leaves the journal. With
     /// `only_if_attempts`, only if no later attempt was recorded since.
     Delete {
         seq: i64,
-        destination: String,
-        size: u64,
         only_if_attempts: Option<u32>,
     },
     Reschedule {
@@ -201,30 +202,32 @@ impl Change {
     }
 }
 
-/// Counters of one destination's pending events, kept in memory so that
-/// admission and metrics never query the file, and its fast path.
+/// One destination's face of the journal: its counters, kept in memory so
+/// that admission and metrics never query the file, and its fast path.
+/// Only the journal writes them; a dispatcher takes events, says whether
+/// it is delivering (the pacing signal), and waits for news.
 pub struct DestinationState {
-    pub pending: AtomicU64,
+    pending: AtomicU64,
     /// Counted from admission, as the journal's total is: taken before the
     /// write (so that concurrent requests cannot all pass the share), given
     /// back if the write fails.
-    pub bytes: AtomicU64,
+    bytes: AtomicU64,
     /// The most `bytes` may reach (`max_pending_bytes`), so that an
     /// endpoint that is down fills only its own part of the journal.
     /// `u64::MAX` until the config sets it: a destination known only from
     /// an earlier config's events counts toward the total only.
     share: AtomicU64,
     /// Woken after a commit that added rows for this destination.
-    pub notify: Notify,
+    indexed: Notify,
     /// Events durable in the log, not yet taken by the dispatcher.
-    pub ready: Mutex<ReadyQueue>,
+    ready: Mutex<ReadyQueue>,
     /// Woken when the writer put events in `ready`.
-    pub fresh: Notify,
+    fresh: Notify,
     /// Woken (all waiters) when the dispatcher took events from `ready`.
-    pub room: Notify,
+    room: Notify,
     /// Set by the dispatcher while it is sending (not paused, on
     /// probation or held by a Retry-After): only then is ingress paced.
-    pub flowing: AtomicBool,
+    delivering: AtomicBool,
     /// Accept times of events not in SQLite yet, for the oldest's age.
     unindexed: Mutex<Unindexed>,
 }
@@ -235,15 +238,70 @@ impl Default for DestinationState {
             pending: AtomicU64::default(),
             bytes: AtomicU64::default(),
             share: AtomicU64::new(u64::MAX),
-            notify: Notify::default(),
+            indexed: Notify::default(),
             ready: Mutex::default(),
             fresh: Notify::default(),
             room: Notify::default(),
-            flowing: AtomicBool::default(),
+            delivering: AtomicBool::default(),
             unindexed: Mutex::default(),
         }
     }
 }
+
+impl DestinationState {
+    /// Events pending: durable and not yet delivered or dead-lettered.
+    pub fn pending(&self) -> u64 {
+        self.pending.load(Ordering::Relaxed)
+    }
+
+    /// Their bytes, with those of appends under way.
+    pub fn bytes(&self) -> u64 {
+        self.bytes.load(Ordering::Relaxed)
+    }
+
+    /// Resolves after a commit that made rows of this destination's events.
+    pub fn indexed(&self) -> Notified<'_> {
+        self.indexed.notified()
+    }
+
+    /// Resolves when the writer put events in the ready queue.
+    pub fn fresh(&self) -> Notified<'_> {
+        self.fresh.notified()
+    }
+
+    /// Takes up to `n` durable events from memory, oldest first, and no
+    /// more once they hold `max_bytes` (at least one); paced appends
+    /// waiting for room are woken.
+    pub fn take_ready(&self, n: usize, max_bytes: u64) -> Vec<StoredEvent> {
+        let taken = match self.ready.lock() {
+            Ok(mut ready) => ready.take(n, max_bytes),
+            Err(_) => return Vec::new(),
+        };
+        if !taken.is_empty() {
+            self.room.notify_waiters();
+        }
+        taken
+    }
+
+    /// `seqs` were read from the index: their copies in memory go, so that
+    /// no event is handed out twice.
+    pub fn read_from_index(&self, seqs: impl IntoIterator<Item = i64>) {
+        if let Ok(mut ready) = self.ready.lock() {
+            ready.remove(seqs);
+        }
+    }
+
+    /// The backpressure signal: whether this destination is delivering as
+    /// fast as it can (neither held back nor failing), so that ingress
+    /// should keep pace with it rather than fill the journal.
+    pub fn pace(&self, delivering: bool) {
+        self.delivering.store(delivering, Ordering::Relaxed);
+    }
+}
+
+/// What an event in the ready queue was handed out with: its
+/// destination's counters and its size, freed when it is delivered.
+type Handed = (Arc<DestinationState>, u64);
 
 pub(crate) struct Shared {
     /// Released when the last thread of this journal is gone.
@@ -269,8 +327,9 @@ pub(crate) struct Shared {
     disk_full: AtomicBool,
     disk_turn: Mutex<()>,
     reserve: Reserve,
-    /// Deliveries of events the indexer has not reached.
-    skip: Mutex<Skip>,
+    /// Deliveries of events the indexer has not reached, and the counters
+    /// and size each event in memory was handed out with.
+    skip: Mutex<Skip<Handed>>,
     closed: AtomicBool,
     /// Copied on write: a reload adds a destination rarely, every group
     /// commit reads the map.
@@ -320,12 +379,28 @@ impl Shared {
         self.destinations.load().get(name).cloned()
     }
 
-    /// An event of `size` bytes left the journal: its bytes are free.
-    fn forget(&self, destination: Option<&DestinationState>, size: u64) {
-        sub(&self.pending_bytes, size);
+    /// Writes are refused after a failed commit, and once closing.
+    fn writable(&self) -> Result<(), JournalError> {
+        if let Some(reason) = self
+            .failed
+            .lock()
+            .map_err(|_| JournalError::Closed)?
+            .as_ref()
+        {
+            return Err(JournalError::Failed(reason.clone()));
+        }
+        if self.closed.load(Ordering::Acquire) {
+            return Err(JournalError::Closed);
+        }
+        Ok(())
+    }
+
+    /// `events` of `bytes` in all left the journal: their bytes are free.
+    fn forget(&self, destination: Option<&DestinationState>, events: u64, bytes: u64) {
+        sub(&self.pending_bytes, bytes);
         if let Some(d) = destination {
-            sub(&d.pending, 1);
-            sub(&d.bytes, size);
+            sub(&d.pending, events);
+            sub(&d.bytes, bytes);
         }
     }
 
@@ -402,6 +477,24 @@ impl Shared {
             }
         }
     }
+}
+
+/// Changes for the indexer, committed (and synced if `sync`) when this
+/// returns.
+async fn to_indexer(
+    indexer: &std::sync::mpsc::Sender<ToIndexer>,
+    changes: Vec<Change>,
+    sync: bool,
+) -> Result<(), JournalError> {
+    let (reply, rx) = oneshot::channel();
+    indexer
+        .send(ToIndexer::Apply {
+            changes,
+            sync,
+            reply,
+        })
+        .map_err(|_| JournalError::Closed)?;
+    rx.await.map_err(|_| JournalError::Closed)?
 }
 
 /// Lowers a counter, never below zero.
@@ -787,19 +880,15 @@ impl Journal {
         let mut rest = Vec::new();
         {
             let mut skip = self.shared.skip.lock().map_err(|_| JournalError::Closed)?;
-            let states = self.shared.destinations.load();
             for c in changes {
                 match c {
                     Change::Delete {
                         seq,
-                        destination,
-                        size,
                         only_if_attempts: None,
                     } if !skip.claimed(*seq) => {
                         // A retried `settle` may bring it twice: counted once.
-                        if skip.delivered(*seq) {
-                            let state = states.get(destination.as_str()).map(Arc::as_ref);
-                            self.shared.forget(state, *size);
+                        if let Some((state, size)) = skip.delivered(*seq) {
+                            self.shared.forget(Some(&state), 1, size);
                         }
                     }
                     _ => rest.push(c.clone()),
@@ -813,31 +902,11 @@ impl Journal {
     }
 
     async fn to_indexer(&self, changes: Vec<Change>, sync: bool) -> Result<(), JournalError> {
-        let (reply, rx) = oneshot::channel();
-        self.indexer
-            .send(ToIndexer::Apply {
-                changes,
-                sync,
-                reply,
-            })
-            .map_err(|_| JournalError::Closed)?;
-        rx.await.map_err(|_| JournalError::Closed)?
+        to_indexer(&self.indexer, changes, sync).await
     }
 
     fn writable(&self) -> Result<(), JournalError> {
-        if let Some(reason) = self
-            .shared
-            .failed
-            .lock()
-            .map_err(|_| JournalError::Closed)?
-            .as_ref()
-        {
-            return Err(JournalError::Failed(reason.clone()));
-        }
-        if self.shared.closed.load(Ordering::Acquire) {
-            return Err(JournalError::Closed);
-        }
-        Ok(())
+        self.shared.writable()
     }
 
     /// Queues `cmd` for the writer; a refused one comes back with why.
@@ -912,7 +981,7 @@ impl Journal {
 
     /// A read connection for one dispatcher.
     pub fn reader(&self) -> Result<Reader, rusqlite::Error> {
-        Reader::open(&self.shared)
+        Reader::open(&self.shared, self.indexer.clone())
     }
 
     pub fn path(&self) -> &Path {

@@ -1,8 +1,14 @@
 //! The dispatchers' and admin API's read side: their own SQLite
 //! connections, which WAL lets run beside the indexer's commits.
+//!
+//! A row that fails its checksum is quarantined here, where it is read:
+//! the caller gets sound events only, and a damaged one never reaches
+//! delivery to come back as a change.
 
+use super::indexer::ToIndexer;
 use super::store::{self, StoreError};
-use super::{Shared, StoredEvent};
+use super::{Change, Shared, StoredEvent};
+use crate::metrics;
 use rusqlite::Connection;
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -17,17 +23,58 @@ pub struct Reader {
     /// To fail the journal on a lasting read error. Weak: a reader kept
     /// after close must not hold the journal's lock.
     shared: Weak<Shared>,
+    /// To quarantine the corrupt rows it reads.
+    indexer: std::sync::mpsc::Sender<ToIndexer>,
 }
 
 type Loaded = Vec<Result<StoredEvent, StoreError>>;
 
 impl Reader {
-    pub(super) fn open(shared: &Arc<Shared>) -> Result<Reader, rusqlite::Error> {
+    pub(super) fn open(
+        shared: &Arc<Shared>,
+        indexer: std::sync::mpsc::Sender<ToIndexer>,
+    ) -> Result<Reader, rusqlite::Error> {
         Ok(Reader {
             conn: Arc::new(Mutex::new(store::open_reader(&shared.path)?)),
             dir: Arc::new(shared.dir.clone()),
             shared: Arc::downgrade(shared),
+            indexer,
         })
+    }
+
+    /// The sound events of `rows`; each corrupt one is reported and
+    /// quarantined (kept, never due again). A row that could not be read
+    /// for another reason is left out, to be read again.
+    async fn sound(&self, destination: &str, rows: Loaded) -> Vec<StoredEvent> {
+        let mut sound = Vec::with_capacity(rows.len());
+        let mut corrupt = Vec::new();
+        for row in rows {
+            match row {
+                Ok(ev) => sound.push(ev),
+                Err(e @ StoreError::Corrupt { seq, .. }) => {
+                    tracing::error!(destination, journal = %self.dir.display(), error = %e,
+                        "journal record is corrupt: it is kept but never delivered; inspect it with `courier journal inspect`");
+                    metrics::corrupt(destination);
+                    corrupt.push(Change::Quarantine { seq });
+                }
+                Err(e @ StoreError::Sqlite(_)) => {
+                    tracing::warn!(destination, error = %e, "cannot read a journal row; it is read again later");
+                }
+            }
+        }
+        let writable = || match self.shared.upgrade() {
+            Some(shared) => shared.writable(),
+            None => Err(super::JournalError::Closed),
+        };
+        if !corrupt.is_empty()
+            && let Err(e) = match writable() {
+                Ok(()) => super::to_indexer(&self.indexer, corrupt, true).await,
+                Err(e) => Err(e),
+            }
+        {
+            tracing::error!(destination, error = %e, "cannot quarantine the corrupt record");
+        }
+        sound
     }
 
     async fn with<T: Send + 'static>(
@@ -69,18 +116,20 @@ impl Reader {
         limit: usize,
         max_bytes: u64,
         held: &HashSet<i64>,
-    ) -> Result<(Loaded, bool), rusqlite::Error> {
+    ) -> Result<(Vec<StoredEvent>, bool), rusqlite::Error> {
         let d = destination.to_string();
         let held = held.clone();
-        self.with(move |c, dir| {
-            let tx = c.unchecked_transaction()?;
-            let (mut rows, more) = store::due(&tx, dir, &d, now_ms, limit, max_bytes, &held)?;
-            add_batch_siblings(&tx, dir, &d, now_ms, &held, &mut rows)?;
-            tx.finish()?;
-            read_again_what_moved(c, dir, &mut rows)?;
-            Ok((rows, more))
-        })
-        .await
+        let (rows, more) = self
+            .with(move |c, dir| {
+                let tx = c.unchecked_transaction()?;
+                let (mut rows, more) = store::due(&tx, dir, &d, now_ms, limit, max_bytes, &held)?;
+                add_batch_siblings(&tx, dir, &d, now_ms, &held, &mut rows)?;
+                tx.finish()?;
+                read_again_what_moved(c, dir, &mut rows)?;
+                Ok((rows, more))
+            })
+            .await?;
+        Ok((self.sound(destination, rows).await, more))
     }
 
     /// Up to `limit` events of `destination` accepted at or before
@@ -91,13 +140,14 @@ impl Reader {
         cutoff_ms: u64,
         limit: usize,
         held: &HashSet<i64>,
-    ) -> Result<Loaded, rusqlite::Error> {
+    ) -> Result<Vec<StoredEvent>, rusqlite::Error> {
         let d = destination.to_string();
         let scan = limit + held.len();
         let seqs = self
             .with(move |c, _| store::accepted_before(c, &d, cutoff_ms, scan))
             .await?;
-        self.load_unheld(seqs, held, limit).await
+        let rows = self.load_unheld(seqs, held, limit).await?;
+        Ok(self.sound(destination, rows).await)
     }
 
     async fn load_unheld(

@@ -8,31 +8,49 @@
 //! indexer claims its record (and is skipped), or finds the record claimed
 //! and goes to the indexer as a delete of a row that will exist; the
 //! writer puts an event in the ready queue only while it is unclaimed.
+//!
+//! What the writer handed out with an unclaimed event (its destination's
+//! counters and its size) waits here too: a delivery is settled by seq
+//! alone, and the journal frees the counters from what it recorded
+//! itself, never from what the caller says the event was.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
-#[derive(Default)]
-pub struct Skip {
+pub struct Skip<T> {
     /// The highest seq the indexer has claimed (inserted or skipped).
     claimed: i64,
     /// Delivered seqs above `claimed`, to leave out when it gets there.
     delivered: BTreeSet<i64>,
+    /// Events handed out from memory and not claimed yet.
+    handed: BTreeMap<i64, T>,
 }
 
-impl Skip {
+impl<T> Skip<T> {
     pub fn new(claimed: i64) -> Self {
         Skip {
             claimed,
             delivered: BTreeSet::new(),
+            handed: BTreeMap::new(),
         }
     }
 
-    /// Records the delivery of `seq`, whose record must not be claimed yet
-    /// (else it is, or will be, a row for the indexer to delete); `false`
-    /// when it was recorded before.
-    pub fn delivered(&mut self, seq: i64) -> bool {
+    /// The writer hands out `seq`, not claimed yet, with `what`.
+    pub fn hand(&mut self, seq: i64, what: T) {
         debug_assert!(!self.claimed(seq));
-        self.delivered.insert(seq)
+        self.handed.insert(seq, what);
+    }
+
+    /// Records the delivery of `seq`, whose record must not be claimed yet
+    /// (else it is, or will be, a row for the indexer to delete). Returns
+    /// what it was handed out with, the first time only: a retried
+    /// settle brings the same delivery again.
+    pub fn delivered(&mut self, seq: i64) -> Option<T> {
+        debug_assert!(!self.claimed(seq));
+        if self.delivered.insert(seq) {
+            self.handed.remove(&seq)
+        } else {
+            None
+        }
     }
 
     /// Whether the indexer has taken the record of `seq`.
@@ -47,6 +65,8 @@ impl Skip {
         seqs.into_iter()
             .map(|seq| {
                 self.claimed = self.claimed.max(seq);
+                // A row now, or skipped: a delivery goes to the indexer.
+                self.handed.remove(&seq);
                 !self.delivered.contains(&seq)
             })
             .collect()
@@ -64,35 +84,64 @@ impl Skip {
     pub fn len(&self) -> usize {
         self.delivered.len()
     }
+
+    #[cfg(test)]
+    pub fn handed(&self) -> usize {
+        self.handed.len()
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// Hands `seq` out (with its seq as the payload) and delivers it.
+    fn deliver(s: &mut Skip<i64>, seq: i64) -> Option<i64> {
+        s.hand(seq, seq * 100);
+        s.delivered(seq)
+    }
+
     #[test]
     fn a_delivery_before_the_claim_is_skipped_and_one_after_is_for_the_indexer() {
         let mut s = Skip::new(10);
         assert!(s.claimed(10), "seq 10 is already a row");
         assert!(!s.claimed(12));
-        assert!(s.delivered(12));
+        assert_eq!(deliver(&mut s, 12), Some(1200));
         assert_eq!(s.claim([11, 12, 13]), vec![true, false, true]);
         assert!(s.claimed(13) && !s.claimed(14));
-        assert!(s.delivered(14));
+        assert_eq!(deliver(&mut s, 14), Some(1400));
     }
 
     #[test]
-    fn the_same_delivery_twice_is_recorded_once() {
+    fn the_same_delivery_twice_is_recorded_once_and_counted_once() {
         let mut s = Skip::new(0);
-        assert!(s.delivered(5));
-        assert!(!s.delivered(5), "a retried settle must not count it again");
+        assert_eq!(deliver(&mut s, 5), Some(500));
+        assert_eq!(
+            s.delivered(5),
+            None,
+            "a retried settle must not count it again"
+        );
         assert_eq!(s.len(), 1);
+        assert_eq!(s.handed(), 0);
+    }
+
+    #[test]
+    fn a_claim_forgets_what_was_handed_out_with_its_records() {
+        let mut s = Skip::new(0);
+        for seq in 1..=4 {
+            s.hand(seq, seq);
+        }
+        assert_eq!(s.claim([1, 2]), vec![true, true]);
+        assert_eq!(s.handed(), 2, "3 and 4 are not rows yet");
+        assert_eq!(s.delivered(3), Some(3));
+        s.claim([3, 4]);
+        assert_eq!(s.handed(), 0);
     }
 
     #[test]
     fn a_retried_claim_answers_the_same_until_committed() {
         let mut s = Skip::new(0);
-        assert!(s.delivered(2));
+        assert!(deliver(&mut s, 2).is_some());
         assert_eq!(s.claim([1, 2, 3]), vec![true, false, true]);
         // The commit failed: the same records are claimed again.
         assert_eq!(s.claim([1, 2, 3]), vec![true, false, true]);
@@ -104,7 +153,7 @@ mod tests {
     fn a_smaller_commit_after_a_failed_one_keeps_the_rest_skipped() {
         let mut s = Skip::new(0);
         for seq in [2, 6] {
-            assert!(s.delivered(seq));
+            assert!(deliver(&mut s, seq).is_some());
         }
         // Records 1..=8 claimed, their commit failed; then only 1..=4 made it.
         assert_eq!(s.claim(1..=8).iter().filter(|i| !**i).count(), 2);
@@ -119,7 +168,7 @@ mod tests {
     fn committing_keeps_deliveries_beyond_the_claim() {
         let mut s = Skip::new(0);
         for seq in [3, 7, 9] {
-            assert!(s.delivered(seq));
+            assert!(deliver(&mut s, seq).is_some());
         }
         assert_eq!(
             s.claim([1, 2, 3, 4, 5]),

@@ -299,7 +299,7 @@ fn account(group: &[Command], shared: &Shared) {
 /// so it must not be handed out a second time from memory.
 fn make_ready(events: Vec<NewEvent>, first_seq: i64, shared: &Shared) {
     let states = shared.destinations.load();
-    let Ok(skip) = shared.skip.lock() else {
+    let Ok(mut skip) = shared.skip.lock() else {
         return;
     };
     let mut woken: Vec<&DestinationState> = Vec::new();
@@ -331,6 +331,7 @@ fn make_ready(events: Vec<NewEvent>, first_seq: i64, shared: &Shared) {
         // array post, a topic's fan-out), which must not stay alive for one
         // small event. Copied outside the lock the dispatcher takes too.
         event.body = bytes::Bytes::copy_from_slice(&event.body);
+        let size = event.size();
         let held = state.ready.lock().is_ok_and(|mut ready| {
             ready.push(StoredEvent {
                 seq,
@@ -344,7 +345,13 @@ fn make_ready(events: Vec<NewEvent>, first_seq: i64, shared: &Shared) {
                 fate: None,
             })
         });
-        if held && !woken.iter().any(|w| std::ptr::eq(*w, state.as_ref())) {
+        if !held {
+            continue;
+        }
+        // A delivery from memory is settled by seq: the journal frees
+        // these counters by what it handed out, not by what it is told.
+        skip.hand(seq, (state.clone(), size));
+        if !woken.iter().any(|w| std::ptr::eq(*w, state.as_ref())) {
             woken.push(state);
         }
     }
