@@ -22,7 +22,7 @@
 use super::batch;
 use super::settle::{self, Ctx, Settled, Unit};
 use crate::clock;
-use crate::journal::{DestinationState, Reader, StoredEvent};
+use crate::journal::{DestinationState, LoadError, Reader, StoredEvent};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
@@ -558,7 +558,7 @@ impl Dispatcher {
     }
 
     /// Logs a failed read; returns when to read again.
-    fn read_failed(&self, e: &rusqlite::Error, now: u64) -> u64 {
+    fn read_failed(&self, e: &LoadError, now: u64) -> u64 {
         tracing::error!(destination = %self.ctx.dest.name, error = %e, "cannot read the journal");
         now + READ_RETRY.as_millis() as u64
     }

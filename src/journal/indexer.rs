@@ -105,6 +105,111 @@ fn reply_all(applies: Vec<Apply>, result: &Result<(), JournalError>) {
     }
 }
 
+/// What one turn of the indexer's loop received.
+struct Inbox {
+    applies: Vec<Apply>,
+    close: Option<oneshot::Sender<()>>,
+}
+
+/// Waits up to `wait` for a message, then takes what else is queued; `None`
+/// when every sender is gone. A change that needs no sync waits until
+/// `linger_until` (`LINGER` after the last commit), for more to share the
+/// next commit; one that does, or the close, ends the wait.
+fn receive(
+    rx: &Receiver<ToIndexer>,
+    wait: Duration,
+    linger_until: Instant,
+    shared: &Shared,
+) -> Option<Inbox> {
+    let first = match rx.recv_timeout(wait) {
+        Ok(msg) => Some(msg),
+        Err(RecvTimeoutError::Timeout) => None,
+        Err(RecvTimeoutError::Disconnected) => return None,
+    };
+    shared.indexer_idle.store(false, Ordering::SeqCst);
+    let linger = Cell::new(matches!(&first, Some(ToIndexer::Apply { sync: false, .. })));
+    let more = std::iter::from_fn(|| {
+        let left = linger_until.saturating_duration_since(Instant::now());
+        if linger.get() && !left.is_zero() {
+            rx.recv_timeout(left).ok()
+        } else {
+            rx.try_recv().ok()
+        }
+    });
+    let mut inbox = Inbox {
+        applies: Vec::new(),
+        close: None,
+    };
+    for msg in first.into_iter().chain(more.take(4096)) {
+        match msg {
+            ToIndexer::Wake => {}
+            ToIndexer::Apply {
+                changes,
+                sync,
+                reply,
+            } => {
+                linger.set(linger.get() && !sync);
+                inbox.applies.push((changes, sync, reply));
+            }
+            ToIndexer::Close { reply } => {
+                linger.set(false);
+                inbox.close = Some(reply);
+            }
+        }
+    }
+    Some(inbox)
+}
+
+/// Log ends the writer published, and when they were seen: indexed once
+/// `lag` old. Read from `Shared` rather than sent per group, so a busy
+/// writer does not wake the indexer thousands of times a second (a
+/// context switch each, on cores shared with ingress).
+struct Written {
+    ends: VecDeque<(Instant, u64)>,
+    /// The last end seen.
+    seen: u64,
+    /// The end the indexer is to reach.
+    target: u64,
+}
+
+impl Written {
+    fn new(indexed: u64) -> Self {
+        Written {
+            ends: VecDeque::new(),
+            seen: indexed,
+            target: indexed,
+        }
+    }
+
+    fn saw(&mut self, end: u64) {
+        if end > self.seen {
+            self.ends.push_back((Instant::now(), end));
+            self.seen = end;
+        }
+    }
+
+    /// When the oldest end not yet taken was seen.
+    fn oldest(&self) -> Option<Instant> {
+        self.ends.front().map(|(at, _)| *at)
+    }
+
+    /// The end to index up to now: every end when catching up, else those
+    /// `lag` old, and only once a commit is due (`index_now`): new rows
+    /// share a commit, as each rewrites the same index pages into the WAL,
+    /// and that write volume delays the log's fdatasync.
+    fn due(&mut self, catch_up: bool, index_now: bool, lag: Duration) -> u64 {
+        let now = Instant::now();
+        while let Some(&(at, end)) = self.ends.front() {
+            if !(catch_up || (index_now && now >= at + lag)) {
+                break;
+            }
+            self.target = self.target.max(end);
+            self.ends.pop_front();
+        }
+        self.target
+    }
+}
+
 pub(super) enum ToIndexer {
     /// The writer wrote while the indexer slept with nothing to index:
     /// where the log ends is in `Shared::written_end`.
@@ -562,180 +667,170 @@ impl Indexer {
             .map(|_| ())
     }
 
+    /// Each turn: `sleep_for -> receive -> Written::due -> step ->
+    /// sync_if_due -> spill_if_due -> checkpoint -> expire_seen`, and
+    /// `finish` at the close.
     fn run(mut self, rx: Receiver<ToIndexer>, shared: Arc<Shared>) {
-        let mut target = self.indexed;
-        // Log ends the writer published, and when they were seen: indexed
-        // once `lag` old. Read from `Shared` rather than sent per group, so
-        // a busy writer does not wake the indexer thousands of times a
-        // second (a context switch each, on cores shared with ingress).
-        let mut written: VecDeque<(Instant, u64)> = VecDeque::new();
-        let mut seen_end = self.indexed;
+        let mut written = Written::new(self.indexed);
         let mut retry = false;
         loop {
-            let mut wait = if retry {
-                RETRY_FULL
-            } else if self.unsynced() {
-                self.pace
-                    .durable_every
-                    .saturating_sub(self.last_durable.elapsed())
-            } else {
-                CHECKPOINT_EVERY
+            let wait = self.sleep_for(retry, &written, &shared);
+            let Some(inbox) = receive(&rx, wait, self.last_commit + LINGER, &shared) else {
+                return;
             };
-            if let Some((at, _)) = written.front() {
-                let due = (*at + self.pace.lag).max(self.last_commit + INDEX_EVERY);
-                // Writes go on meanwhile: look at the log's end that often.
-                wait = wait.min(INDEX_EVERY);
-                wait = wait.min(due.saturating_duration_since(Instant::now()));
-            } else {
-                // Nothing written to index: the writer's next group wakes
-                // the indexer (once), or it finds the group here.
-                shared.indexer_idle.store(true, Ordering::SeqCst);
-                if shared.written_end.load(Ordering::SeqCst) > seen_end {
-                    wait = Duration::ZERO;
-                }
-            }
-            let mut applies = Vec::new();
-            let mut close = None;
-            let first = match rx.recv_timeout(wait) {
-                Ok(msg) => Some(msg),
-                Err(RecvTimeoutError::Timeout) => None,
-                Err(RecvTimeoutError::Disconnected) => return,
-            };
-            shared.indexer_idle.store(false, Ordering::SeqCst);
-            // A change that needs no sync waits while the last commit is
-            // recent, for more to share the next one (`LINGER`); one that
-            // does, or the close, ends the wait.
-            let linger = Cell::new(matches!(&first, Some(ToIndexer::Apply { sync: false, .. })));
-            let linger_until = self.last_commit + LINGER;
-            let more = std::iter::from_fn(|| {
-                let left = linger_until.saturating_duration_since(Instant::now());
-                if linger.get() && !left.is_zero() {
-                    rx.recv_timeout(left).ok()
-                } else {
-                    rx.try_recv().ok()
-                }
-            });
-            for msg in first.into_iter().chain(more.take(4096)) {
-                match msg {
-                    ToIndexer::Wake => {}
-                    ToIndexer::Apply {
-                        changes,
-                        sync,
-                        reply,
-                    } => {
-                        linger.set(linger.get() && !sync);
-                        applies.push((changes, sync, reply));
-                    }
-                    ToIndexer::Close { reply } => {
-                        linger.set(false);
-                        close = Some(reply);
-                    }
-                }
-            }
             // After the messages: a change to an event, or the close, was
             // sent after the writer published the end that holds it.
-            let end = shared.written_end.load(Ordering::SeqCst);
-            if end > seen_end {
-                written.push_back((Instant::now(), end));
-                seen_end = end;
-            }
+            written.saw(shared.written_end.load(Ordering::SeqCst));
             // A change may concern an event the indexer has not made a row
             // yet (an attempt sent from the ready queue): catch up with the
             // log first. Changes to rows, e.g. a retry read from the index,
             // leave the lag alone.
-            let catch_up = close.is_some()
-                || applies
+            let catch_up = inbox.close.is_some()
+                || inbox
+                    .applies
                     .iter()
                     .flat_map(|(changes, _, _)| changes)
                     .any(|c| c.seq() > self.rows_through);
-            // New rows share a commit: each rewrites the same index pages
-            // into the WAL, and that write volume delays the log's fdatasync.
-            let now = Instant::now();
-            let index_now = now >= self.last_commit + INDEX_EVERY;
-            while let Some(&(at, lsn)) = written.front() {
-                let old = index_now && now >= at + self.pace.lag;
-                if !(catch_up || old) {
-                    break;
-                }
-                target = target.max(lsn);
-                written.pop_front();
+            let index_now = Instant::now() >= self.last_commit + INDEX_EVERY;
+            let target = written.due(catch_up, index_now, self.pace.lag);
+            retry = !self.step(target, inbox.applies, &shared);
+            retry |= self.sync_if_due(&shared);
+            if !retry {
+                self.spill_if_due(&shared);
             }
-            retry = !self.step(target, applies, &shared);
-            if self.unsynced() && self.last_durable.elapsed() >= self.pace.durable_every {
-                match self.sync() {
-                    Ok(()) => self.publish(&shared),
-                    // The log still holds the rows: try again shortly.
-                    Err(e) if e.disk_full() => {
-                        shared.full();
-                        retry = true;
-                    }
-                    Err(e) if e.transient() => {
-                        self.strained(&e);
-                        retry = true;
-                    }
-                    Err(e) => {
-                        self.failure(&e, &shared);
-                    }
-                }
-            }
-            // Not on a full disk: a spill grows journal.db before the
-            // segment it frees goes back.
-            if !retry
-                && !shared.disk_full.load(Ordering::Acquire)
-                && self.last_spill.elapsed() >= SPILL_EVERY
-            {
-                match self.spill() {
-                    // Another may be waiting: look again at the next turn.
-                    Ok(true) => {}
-                    Ok(false) => self.last_spill = Instant::now(),
-                    Err(e) => {
-                        tracing::warn!(error = %e, "cannot copy waiting events out of an intake log segment; it stays until its rows change");
-                        self.last_spill = Instant::now();
-                    }
-                }
-            }
-            if shared.disk_full.load(Ordering::Acquire) && !retry {
-                // On a full disk the pages of delivered events and the WAL
-                // must go back to the volume, or they keep the room the
-                // intake log needs.
-                let _ = self.conn.execute_batch("PRAGMA incremental_vacuum");
-                let _ = self.conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)");
-                self.last_checkpoint = Instant::now();
-            } else if self.last_checkpoint.elapsed() >= CHECKPOINT_EVERY {
-                // Under sustained load the background checkpointer never
-                // catches up, so the WAL could never restart; from here no
-                // frame can arrive during the checkpoint.
-                if let Err(e) = self.conn.execute_batch("PRAGMA wal_checkpoint(PASSIVE)") {
-                    tracing::warn!(error = %e, "journal checkpoint failed; will retry");
-                }
-                self.last_checkpoint = Instant::now();
-            }
-            if let Some(window) = self.dedupe_ms
-                && self.last_expiry.elapsed() >= EXPIRE_SEEN_EVERY
-            {
-                let cutoff = crate::clock::now_ms().saturating_sub(window);
-                if let Err(e) = store::expire_seen(&self.conn, cutoff) {
-                    tracing::warn!(error = %e, "cannot expire dedupe keys; will retry");
-                }
-                self.last_expiry = Instant::now();
-            }
-            if let Some(reply) = close {
-                // The writer has stopped: index what it wrote, sync, and fold
-                // the WAL into the main file (a backup is journal.db with
-                // the intake-*.log segments its rows point into).
-                for _ in 0..1000 {
-                    if self.indexed >= target || !self.step(target, Vec::new(), &shared) {
-                        break;
-                    }
-                }
-                if self.sync().is_ok() {
-                    self.publish(&shared);
-                }
-                let _ = self.conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)");
+            self.checkpoint(retry, &shared);
+            self.expire_seen();
+            if let Some(reply) = inbox.close {
+                self.finish(target, &shared);
                 let _ = reply.send(());
                 return;
             }
         }
+    }
+
+    /// How long to wait for messages: until a retry, the next sync or
+    /// checkpoint, or the oldest unindexed end's turn. With nothing
+    /// written to index, the writer's next group wakes the indexer (once),
+    /// or it finds the group here.
+    fn sleep_for(&self, retry: bool, written: &Written, shared: &Shared) -> Duration {
+        let mut wait = if retry {
+            RETRY_FULL
+        } else if self.unsynced() {
+            self.pace
+                .durable_every
+                .saturating_sub(self.last_durable.elapsed())
+        } else {
+            CHECKPOINT_EVERY
+        };
+        match written.oldest() {
+            Some(at) => {
+                let due = (at + self.pace.lag).max(self.last_commit + INDEX_EVERY);
+                // Writes go on meanwhile: look at the log's end that often.
+                wait = wait
+                    .min(INDEX_EVERY)
+                    .min(due.saturating_duration_since(Instant::now()));
+            }
+            None => {
+                shared.indexer_idle.store(true, Ordering::SeqCst);
+                if shared.written_end.load(Ordering::SeqCst) > written.seen {
+                    wait = Duration::ZERO;
+                }
+            }
+        }
+        wait
+    }
+
+    /// Syncs when unsynced changes are `durable_every` old; true when a
+    /// full disk or a passing error leaves it to retry shortly (the log
+    /// still holds the rows).
+    fn sync_if_due(&mut self, shared: &Shared) -> bool {
+        if !self.unsynced() || self.last_durable.elapsed() < self.pace.durable_every {
+            return false;
+        }
+        match self.sync() {
+            Ok(()) => {
+                self.publish(shared);
+                false
+            }
+            Err(e) if e.disk_full() => {
+                shared.full();
+                true
+            }
+            Err(e) if e.transient() => {
+                self.strained(&e);
+                true
+            }
+            Err(e) => {
+                self.failure(&e, shared);
+                false
+            }
+        }
+    }
+
+    /// Not on a full disk: a spill grows journal.db before the segment it
+    /// frees goes back.
+    fn spill_if_due(&mut self, shared: &Shared) {
+        if shared.disk_full.load(Ordering::Acquire) || self.last_spill.elapsed() < SPILL_EVERY {
+            return;
+        }
+        match self.spill() {
+            // Another may be waiting: look again at the next turn.
+            Ok(true) => {}
+            Ok(false) => self.last_spill = Instant::now(),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot copy waiting events out of an intake log segment; it stays until its rows change");
+                self.last_spill = Instant::now();
+            }
+        }
+    }
+
+    fn checkpoint(&mut self, retry: bool, shared: &Shared) {
+        if shared.disk_full.load(Ordering::Acquire) && !retry {
+            // On a full disk the pages of delivered events and the WAL
+            // must go back to the volume, or they keep the room the
+            // intake log needs.
+            let _ = self.conn.execute_batch("PRAGMA incremental_vacuum");
+            let _ = self.conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)");
+            self.last_checkpoint = Instant::now();
+        } else if self.last_checkpoint.elapsed() >= CHECKPOINT_EVERY {
+            // Under sustained load the background checkpointer never
+            // catches up, so the WAL could never restart; from here no
+            // frame can arrive during the checkpoint.
+            if let Err(e) = self.conn.execute_batch("PRAGMA wal_checkpoint(PASSIVE)") {
+                tracing::warn!(error = %e, "journal checkpoint failed; will retry");
+            }
+            self.last_checkpoint = Instant::now();
+        }
+    }
+
+    /// Dedupe keys older than the window go.
+    fn expire_seen(&mut self) {
+        let Some(window) = self.dedupe_ms else {
+            return;
+        };
+        if self.last_expiry.elapsed() < EXPIRE_SEEN_EVERY {
+            return;
+        }
+        let cutoff = crate::clock::now_ms().saturating_sub(window);
+        if let Err(e) = store::expire_seen(&self.conn, cutoff) {
+            tracing::warn!(error = %e, "cannot expire dedupe keys; will retry");
+        }
+        self.last_expiry = Instant::now();
+    }
+
+    /// The writer has stopped: index what it wrote, sync, and fold the WAL
+    /// into the main file (a backup is journal.db with the intake-*.log
+    /// segments its rows point into).
+    fn finish(&mut self, target: u64, shared: &Shared) {
+        for _ in 0..1000 {
+            if self.indexed >= target || !self.step(target, Vec::new(), shared) {
+                break;
+            }
+        }
+        if self.sync().is_ok() {
+            self.publish(shared);
+        }
+        let _ = self.conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)");
     }
 
     /// Indexes up to `target` and applies `applies`; false when a full disk
@@ -1190,6 +1285,28 @@ fn account(events: &[Logged], inserted: &[bool], freed: Freed, shared: &Shared) 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn written_ends_are_indexed_once_lag_old_or_at_once_to_catch_up() {
+        let hour = Duration::from_secs(3600);
+        let mut w = Written::new(10);
+        w.saw(5);
+        assert_eq!(w.oldest(), None, "an end before the indexed one is no news");
+        w.saw(20);
+        w.saw(30);
+        assert!(w.oldest().is_some());
+        assert_eq!(w.due(false, true, hour), 10, "not lag old yet");
+        assert_eq!(w.due(false, false, Duration::ZERO), 10, "no commit due yet");
+        assert_eq!(w.due(false, true, Duration::ZERO), 30);
+        assert_eq!(w.oldest(), None);
+        w.saw(40);
+        assert_eq!(
+            w.due(true, false, hour),
+            40,
+            "a change to an event not a row yet"
+        );
+        assert_eq!(w.due(false, false, hour), 40, "the target never goes back");
+    }
 
     #[test]
     fn a_spill_waits_while_events_go_out_but_not_for_ever() {

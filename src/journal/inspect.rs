@@ -2,8 +2,9 @@
 //! without changing anything.
 
 use super::intake::{self, LogReader};
+use super::open::{LockError, lock};
 use super::store::{self, DestinationSummary, FILE};
-use super::{LockError, NewEvent, OpenError, lock};
+use super::{NewEvent, OpenError};
 use rusqlite::Connection;
 use std::path::{Path, PathBuf};
 
@@ -25,7 +26,10 @@ pub fn inspect(dir: &Path) -> Result<Inspection, OpenError> {
         store::integrity_problem(&conn).map_err(|e| OpenError::Open(path.clone(), e))?;
     let mut summary = store::summary(&conn).map_err(|e| OpenError::Open(path.clone(), e))?;
     let mut corrupt: Vec<String> = store::corrupt_rows(&conn, dir)
-        .map_err(|e| OpenError::Open(path.clone(), e))?
+        .map_err(|e| match e {
+            store::LoadError::Sqlite(e) => OpenError::Open(path.clone(), e),
+            other => OpenError::Intake(dir.to_path_buf(), other.to_string()),
+        })?
         .iter()
         .map(ToString::to_string)
         .collect();

@@ -22,6 +22,7 @@ mod fetch;
 mod indexer;
 mod inspect;
 pub(crate) mod intake;
+mod open;
 mod pauses;
 mod reader;
 mod ready;
@@ -37,15 +38,13 @@ pub use pauses::Pause;
 pub use reader::Reader;
 pub use ready::ReadyQueue;
 pub use record::{Fate, Header, NewEvent, StoredEvent};
-pub use store::{DestinationSummary, FILE, StoreError};
+pub use store::{DestinationSummary, FILE, LoadError, StoreError};
 
 use crate::clock;
 use crate::metrics;
 use arc_swap::ArcSwap;
 use dedupe::{Check, Claim, Dedupe};
-use disk::Disk;
-use indexer::{Indexer, ToIndexer};
-use intake::LogWriter;
+use indexer::ToIndexer;
 use pauses::{Pauses, PausesError};
 use reserve::Reserve;
 use rusqlite::Connection;
@@ -58,7 +57,6 @@ use std::time::Duration;
 use tokio::sync::futures::Notified;
 use tokio::sync::{Notify, mpsc, oneshot};
 use unindexed::Unindexed;
-use writer::Writer;
 
 /// What `append` did beyond storing.
 #[derive(Debug, Default, Clone, PartialEq)]
@@ -542,9 +540,6 @@ pub struct Journal {
 /// ids before it gives up with 503.
 const DEDUPE_ROUNDS: usize = 64;
 
-/// Free bytes below which a failed start is put down to a full disk.
-const NEARLY_FULL: u64 = 64 * 1024;
-
 /// Commands queued beyond this are refused with 503 rather than held.
 const QUEUE: usize = 16_384;
 
@@ -567,212 +562,6 @@ impl Journal {
             dedupe_window,
             destinations,
         )
-    }
-
-    /// The same, with the intake log on `disk` (tests make it fail).
-    pub(crate) fn open_with(
-        disk: Arc<dyn Disk>,
-        dir: &Path,
-        full_sync: bool,
-        max_bytes: u64,
-        dedupe_window: Option<Duration>,
-        destinations: &[String],
-    ) -> Result<(Journal, Vec<DestinationSummary>), OpenError> {
-        let dedupe_ms = dedupe_window.map(|w| w.as_millis() as u64);
-        std::fs::create_dir_all(dir).map_err(|e| OpenError::Dir(dir.to_path_buf(), e))?;
-        crate::file_modes::tighten(dir);
-        let path = dir.join(FILE);
-        let lock_file = lock(dir).map_err(|e| match e {
-            LockError::Held(lock_path) => OpenError::Locked(path.clone(), lock_path),
-            LockError::Open(lock_path, e) => OpenError::Lock(lock_path, e),
-        })?;
-        // Read before anything is written: a damaged file refuses the
-        // start with the journal untouched.
-        let pauses = Pauses::load(dir)?;
-        let intake_err = |e: std::io::Error| OpenError::Intake(dir.to_path_buf(), e.to_string());
-        let mark = match intake::Mark::read_on(&*disk, dir) {
-            Ok(m) => m,
-            Err(e) => {
-                tracing::error!(error = %e, "cannot check the intake log for a lost tail");
-                None
-            }
-        };
-        if !path.exists()
-            && (mark.is_some()
-                || !intake::segments_on(&*disk, dir)
-                    .map_err(intake_err)?
-                    .is_empty())
-        {
-            return Err(OpenError::DbMissing(path));
-        }
-        // The last run's reserve is this start's room to recover in.
-        let reserve = Reserve::new(dir).map_err(|e| OpenError::Dir(dir.to_path_buf(), e))?;
-        reserve.release();
-        // SQLite may report a full disk as another I/O error (a -shm file
-        // it cannot size): with next to nothing free, it is the disk.
-        let full = |e: &dyn DiskError| {
-            let free = reserve::space(dir).map_or(u64::MAX, |s| s.1);
-            (e.disk_full() || free < NEARLY_FULL)
-                .then(|| OpenError::DiskFull(dir.to_path_buf(), free))
-        };
-        let started = std::time::Instant::now();
-        let conn = store::open_writer(&path)
-            .map_err(|e| full(&e).unwrap_or(OpenError::Open(path.clone(), e)))?;
-        let check =
-            spawn_integrity_check(&path).map_err(|e| OpenError::Dir(dir.to_path_buf(), e))?;
-        let pace = indexer::Pace::from_env();
-        let recovered = Indexer::new(conn, disk.clone(), dir, full_sync, pace, dedupe_ms)
-            .map_err(|e| OpenError::Open(path.clone(), e))
-            .and_then(|mut indexer| {
-                let indexed = indexer.recover().map_err(|e| {
-                    full(&e).unwrap_or_else(|| {
-                        if e.transient() {
-                            OpenError::Retry(dir.to_path_buf(), e.to_string())
-                        } else {
-                            OpenError::Intake(dir.to_path_buf(), e.to_string())
-                        }
-                    })
-                })?;
-                Ok((indexer, indexed))
-            });
-        // The check's verdict comes first: whatever else failed, a damaged
-        // file is what the operator must hear about.
-        let checked_in = match check.join() {
-            Ok(Ok((None, took))) => took,
-            Ok(Ok((Some(problem), _))) => return Err(OpenError::Integrity(path, problem)),
-            Ok(Err(e)) => return Err(OpenError::Open(path, e)),
-            Err(_) => return Err(OpenError::Integrity(path, "the check panicked".into())),
-        };
-        let (mut indexer, indexed) = recovered?;
-        tracing::info!(
-            dir = %dir.display(),
-            checked_ms = checked_in.as_millis() as u64,
-            opened_ms = started.elapsed().as_millis() as u64,
-            "journal checked and recovered"
-        );
-        let conn = indexer.conn();
-        let next_seq = store::next_seq(conn).map_err(|e| OpenError::Open(path.clone(), e))?;
-        // Checked before `resume_at` records the new position: a refused
-        // start leaves the evidence for the next one.
-        if let Some(mark) = mark
-            && mark.end > indexed
-        {
-            let lost = OpenError::TailLost {
-                dir: dir.to_path_buf(),
-                file: intake::segment_for(dir, indexed),
-                events: (mark.next_seq - next_seq).max(0),
-                end: indexed,
-                acknowledged: mark.end,
-            };
-            if full_sync {
-                return Err(lost);
-            }
-            // With `sync: os` a crash of the machine may lose the tail, as
-            // that setting allows; said loudly, not a reason to stay down.
-            if let OpenError::TailLost { events, file, .. } = &lost {
-                tracing::error!(events, file = %file.display(), "the intake log lost acknowledged events, as journal.sync: os allows after a machine crash; starting without them");
-            }
-        }
-        // The log resumes after every segment there is: what they hold is
-        // indexed and synced now, so they are all free for reuse.
-        let resume = intake::segments_on(&*disk, dir)
-            .map_err(intake_err)?
-            .iter()
-            .map(|(start, size, _)| start + size)
-            .fold(indexed, u64::max);
-        indexer
-            .resume_at(resume)
-            .map_err(|e| full(&e).unwrap_or(OpenError::Intake(dir.to_path_buf(), e.to_string())))?;
-        let next_seq = next_seq.max(mark.map_or(0, |m| m.next_seq));
-        let pinned = indexer.pinned();
-        report_lost_segments(dir, &pinned);
-        let log = LogWriter::open_on(disk, dir, resume, next_seq, &pinned)
-            .map_err(|e| full(&e).unwrap_or_else(|| intake_err(e)))?;
-        let conn = indexer.conn();
-        let summary = store::summary(conn).map_err(|e| OpenError::Open(path.clone(), e))?;
-        let dedupe = match dedupe_ms {
-            Some(window) => {
-                let mut d = Dedupe::new(window);
-                let since = clock::now_ms().saturating_sub(window);
-                for (key, at) in
-                    store::load_seen(conn, since).map_err(|e| OpenError::Open(path.clone(), e))?
-                {
-                    d.remember(&key, at);
-                }
-                Some(Arc::new(Mutex::new(d)))
-            }
-            None => None,
-        };
-        let mut states: HashMap<String, Arc<DestinationState>> = destinations
-            .iter()
-            .map(|d| (d.clone(), Arc::default()))
-            .collect();
-        let mut total = 0;
-        for s in &summary {
-            let state = states.entry(s.destination.clone()).or_default();
-            state.pending.store(s.pending, Ordering::Relaxed);
-            state.bytes.store(s.bytes, Ordering::Relaxed);
-            total += s.bytes;
-        }
-        // Without room for the reserve, ingress starts at 507, and says so.
-        let without_room = match reserve.take() {
-            reserve::Taken::Held => false,
-            reserve::Taken::Unsupported => {
-                tracing::warn!(dir = %dir.display(), "the journal's file system cannot preallocate: no disk reserve, so a full disk may need a restart to recover");
-                false
-            }
-            reserve::Taken::NoRoom { free, needed } => {
-                tracing::warn!(dir = %dir.display(), free, needed, "the journal's disk has no room for its reserve: ingress answers 507 until `needed` bytes are free");
-                true
-            }
-        };
-        indexer.rows_below(next_seq);
-        let shared = Arc::new(Shared {
-            _lock: lock_file,
-            dir: dir.to_path_buf(),
-            path,
-            durable_pos: AtomicU64::new(resume),
-            written_end: AtomicU64::new(0),
-            indexer_idle: AtomicBool::new(false),
-            pinned: Mutex::new(Arc::new(pinned)),
-            max_bytes,
-            pending_bytes: AtomicU64::new(total),
-            dedupe,
-            failed: Mutex::new(None),
-            disk_full: AtomicBool::new(without_room),
-            disk_turn: Mutex::new(()),
-            reserve,
-            skip: Mutex::new(Skip::new(next_seq - 1)),
-            closed: AtomicBool::new(false),
-            destinations: ArcSwap::from_pointee(states),
-            pauses,
-        });
-        let (tx, rx) = mpsc::channel(QUEUE);
-        let (to_indexer, from_writer) = std::sync::mpsc::channel();
-        let thread_err = |e| OpenError::Dir(dir.to_path_buf(), e);
-        indexer
-            .spawn(from_writer, shared.clone())
-            .map_err(thread_err)?;
-        writer::spawn(
-            Writer {
-                log,
-                next_seq,
-                full_sync,
-                shared: shared.clone(),
-                indexer: to_indexer.clone(),
-            },
-            rx,
-        )
-        .map_err(thread_err)?;
-        spawn_checkpointer(shared.clone()).map_err(thread_err)?;
-        Ok((
-            Journal {
-                tx,
-                indexer: to_indexer,
-                shared,
-            },
-            summary,
-        ))
     }
 
     /// Stores `events` durably (per `journal.sync`); returns once committed.
@@ -989,47 +778,11 @@ impl Journal {
     }
 }
 
-/// Segments rows point into that are gone (removed by hand, or a restore
-/// of journal.db without them): their events cannot be delivered, and each
-/// is quarantined as damaged when it comes due. Said at start, by name.
-fn report_lost_segments(dir: &Path, pinned: &BTreeSet<u64>) {
-    let present: BTreeSet<u64> = match intake::segments(dir) {
-        Ok(s) => s.into_iter().map(|(start, _, _)| start).collect(),
-        // Not a reason to call every segment missing.
-        Err(e) => {
-            tracing::warn!(dir = %dir.display(), error = %e, "cannot list the intake log's segments to look for missing ones");
-            return;
-        }
-    };
-    for start in pinned.difference(&present) {
-        tracing::error!(
-            file = %dir.join(intake::name(*start)).display(),
-            "an intake log segment that pending events point into is missing: those events cannot be delivered and will be quarantined; restore the file from a backup to keep them"
-        );
-    }
-}
-
 /// PASSIVE checkpoints on their own connection, so the indexer never stalls
 /// on one; WAL frames are copied to the main file while commits go on.
 /// Often and small: each ends with an fsync of journal.db, and a large one
 /// keeps the disk busy long enough to stall the intake log's fdatasync,
 /// which every 202 waits for (bench/RESULTS.md).
-/// SQLite's structural check, on a connection of its own beside the
-/// replay of the intake log: on a large journal it reads the whole file,
-/// and readiness waits for both.
-type Checked = Result<(Option<String>, Duration), rusqlite::Error>;
-
-fn spawn_integrity_check(path: &Path) -> std::io::Result<std::thread::JoinHandle<Checked>> {
-    let path = path.to_path_buf();
-    std::thread::Builder::new()
-        .name("journal-check".into())
-        .spawn(move || {
-            let started = std::time::Instant::now();
-            let conn = store::open_reader(&path)?;
-            Ok((store::integrity_problem(&conn)?, started.elapsed()))
-        })
-}
-
 fn spawn_checkpointer(shared: Arc<Shared>) -> std::io::Result<()> {
     std::thread::Builder::new()
         .name("journal-checkpoint".into())
@@ -1046,33 +799,6 @@ fn spawn_checkpointer(shared: Arc<Shared>) -> std::io::Result<()> {
             }
         })
         .map(|_| ())
-}
-
-/// An exclusive `flock` on `dir/courier.lock`, held while the journal's
-/// threads live: two couriers on one journal would deliver everything twice.
-pub(super) enum LockError {
-    Open(PathBuf, std::io::Error),
-    Held(PathBuf),
-}
-
-pub(super) fn lock(dir: &Path) -> Result<std::fs::File, LockError> {
-    let lock_path = dir.join("courier.lock");
-    let file = match std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&lock_path)
-    {
-        Ok(f) => f,
-        Err(e) => return Err(LockError::Open(lock_path, e)),
-    };
-    // std's `flock(LOCK_EX | LOCK_NB)` on Linux, so an older courier's
-    // lock and this one exclude each other; the lock goes with `file`.
-    match file.try_lock() {
-        Ok(()) => Ok(file),
-        Err(std::fs::TryLockError::WouldBlock) => Err(LockError::Held(lock_path)),
-        Err(std::fs::TryLockError::Error(e)) => Err(LockError::Open(lock_path, e)),
-    }
 }
 
 #[cfg(test)]

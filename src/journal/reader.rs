@@ -6,7 +6,7 @@
 //! delivery to come back as a change.
 
 use super::indexer::ToIndexer;
-use super::store::{self, StoreError};
+use super::store::{self, LoadError, StoreError};
 use super::{Change, Shared, StoredEvent};
 use crate::metrics;
 use rusqlite::Connection;
@@ -79,16 +79,16 @@ impl Reader {
 
     async fn with<T: Send + 'static>(
         &self,
-        f: impl FnOnce(&Connection, &Path) -> Result<T, rusqlite::Error> + Send + 'static,
-    ) -> Result<T, rusqlite::Error> {
+        f: impl FnOnce(&Connection, &Path) -> Result<T, LoadError> + Send + 'static,
+    ) -> Result<T, LoadError> {
         let conn = self.conn.clone();
         let dir = self.dir.clone();
         let result = tokio::task::spawn_blocking(move || {
-            let guard = conn.lock().map_err(|_| rusqlite::Error::InvalidQuery)?;
+            let guard = conn.lock().map_err(|_| LoadError::Unusable)?;
             f(&guard, &dir)
         })
         .await
-        .map_err(|_| rusqlite::Error::InvalidQuery)?;
+        .map_err(|_| LoadError::Unusable)?;
         if let Err(e) = &result
             && let Some(reason) = log_failure(e)
             && let Some(shared) = self.shared.upgrade()
@@ -116,7 +116,7 @@ impl Reader {
         limit: usize,
         max_bytes: u64,
         held: &HashSet<i64>,
-    ) -> Result<(Vec<StoredEvent>, bool), rusqlite::Error> {
+    ) -> Result<(Vec<StoredEvent>, bool), LoadError> {
         let d = destination.to_string();
         let held = held.clone();
         let (rows, more) = self
@@ -140,11 +140,11 @@ impl Reader {
         cutoff_ms: u64,
         limit: usize,
         held: &HashSet<i64>,
-    ) -> Result<Vec<StoredEvent>, rusqlite::Error> {
+    ) -> Result<Vec<StoredEvent>, LoadError> {
         let d = destination.to_string();
         let scan = limit + held.len();
         let seqs = self
-            .with(move |c, _| store::accepted_before(c, &d, cutoff_ms, scan))
+            .with(move |c, _| Ok(store::accepted_before(c, &d, cutoff_ms, scan)?))
             .await?;
         let rows = self.load_unheld(seqs, held, limit).await?;
         Ok(self.sound(destination, rows).await)
@@ -155,7 +155,7 @@ impl Reader {
         seqs: Vec<i64>,
         held: &HashSet<i64>,
         limit: usize,
-    ) -> Result<Loaded, rusqlite::Error> {
+    ) -> Result<Loaded, LoadError> {
         let fresh: Vec<i64> = seqs
             .into_iter()
             .filter(|s| !held.contains(s))
@@ -172,15 +172,16 @@ impl Reader {
         .await
     }
 
-    pub async fn oldest_accepted(&self, destination: &str) -> Result<Option<u64>, rusqlite::Error> {
+    pub async fn oldest_accepted(&self, destination: &str) -> Result<Option<u64>, LoadError> {
         let d = destination.to_string();
-        self.with(move |c, _| store::oldest_accepted(c, &d)).await
+        self.with(move |c, _| Ok(store::oldest_accepted(c, &d)?))
+            .await
     }
 
     /// The oldest accept time of `destination`'s pending events, wherever
     /// they are: in SQLite, or not yet (`Unindexed`). Two lookups of a
     /// first entry, cheap enough for every scrape.
-    pub async fn oldest_pending(&self, destination: &str) -> Result<Option<u64>, rusqlite::Error> {
+    pub async fn oldest_pending(&self, destination: &str) -> Result<Option<u64>, LoadError> {
         let unindexed = self
             .shared
             .upgrade()
@@ -194,9 +195,9 @@ impl Reader {
         &self,
         destination: &str,
         now_ms: u64,
-    ) -> Result<Option<u64>, rusqlite::Error> {
+    ) -> Result<Option<u64>, LoadError> {
         let d = destination.to_string();
-        self.with(move |c, _| store::next_due_after(c, &d, now_ms))
+        self.with(move |c, _| Ok(store::next_due_after(c, &d, now_ms)?))
             .await
     }
 }
@@ -210,7 +211,7 @@ fn add_batch_siblings(
     now_ms: u64,
     held: &HashSet<i64>,
     rows: &mut Loaded,
-) -> Result<(), rusqlite::Error> {
+) -> Result<(), LoadError> {
     let batches: HashSet<String> = rows
         .iter()
         .filter_map(|r| r.as_ref().ok()?.batch.clone())
@@ -241,23 +242,18 @@ fn add_batch_siblings(
 /// (EIO, EACCES) fails the journal, as a failed write does (README
 /// "Journal faults"): retried for ever, it would stall its destination
 /// without a word to the kubelet.
-fn log_failure(e: &rusqlite::Error) -> Option<String> {
-    let rusqlite::Error::FromSqlConversionFailure(_, _, inner) = e else {
+fn log_failure(e: &LoadError) -> Option<String> {
+    let LoadError::Log(io) = e else {
         return None;
     };
-    let io = inner.downcast_ref::<std::io::Error>()?;
-    (!super::intake::is_transient(io)).then(|| format!("cannot read the intake log: {io}"))
+    (!super::intake::is_transient(io)).then(|| e.to_string())
 }
 
 /// Rows that failed are read once more, outside the read transaction that
 /// found them: a spill may have copied a row's event into it and freed the
 /// segment it pointed into meanwhile. What fails again is damaged; a row
 /// gone since (delivered, by a late answer) is left out.
-fn read_again_what_moved(
-    c: &Connection,
-    dir: &Path,
-    rows: &mut Loaded,
-) -> Result<(), rusqlite::Error> {
+fn read_again_what_moved(c: &Connection, dir: &Path, rows: &mut Loaded) -> Result<(), LoadError> {
     let failed: Vec<i64> = rows
         .iter()
         .filter_map(|r| match r {
@@ -293,17 +289,12 @@ mod tests {
 
     #[test]
     fn only_a_lasting_log_read_error_fails_the_journal() {
-        let io = |errno| store::io_error(std::io::Error::from_raw_os_error(errno));
+        let io = |errno| LoadError::Log(std::io::Error::from_raw_os_error(errno));
         let said = log_failure(&io(libc::EIO)).expect("EIO fails the journal");
         assert!(said.contains("cannot read the intake log"), "{said}");
         assert!(log_failure(&io(libc::EACCES)).is_some());
         assert_eq!(log_failure(&io(libc::EMFILE)), None);
-        assert_eq!(log_failure(&rusqlite::Error::InvalidQuery), None);
-        let other = rusqlite::Error::FromSqlConversionFailure(
-            0,
-            rusqlite::types::Type::Text,
-            "not an I/O error".into(),
-        );
-        assert_eq!(log_failure(&other), None);
+        assert_eq!(log_failure(&rusqlite::Error::InvalidQuery.into()), None);
+        assert_eq!(log_failure(&LoadError::Unusable), None);
     }
 }

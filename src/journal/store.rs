@@ -379,15 +379,21 @@ fn load_columns(conn: &Connection) -> Result<String, rusqlite::Error> {
 /// The columns of a row the writer's connection has brought up to date.
 const LOAD_COLUMNS: &str = "seq, id, destination, method, path, headers, body, accepted_ms, crc, attempts, next_due_ms, last_outcome, last_status, last_attempt_ms, batch, at, len, fate, fate_ms";
 
-/// An I/O error reading the log, carried through rusqlite's error type (as
-/// the `at` column's value failing to become an event) so that it fails
-/// the read rather than condemn the row: a passing shortage is tried
-/// again, anything else fails the journal (`reader`).
-pub(super) fn io_error(e: std::io::Error) -> rusqlite::Error {
-    rusqlite::Error::FromSqlConversionFailure(15, rusqlite::types::Type::Integer, Box::new(e))
+/// Why rows could not be read at all. A failed read of the intake log is
+/// kept apart from SQLite's errors: it fails the read rather than condemn
+/// the row, and a passing shortage is tried again while anything else
+/// fails the journal (`reader`).
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error(transparent)]
+    Sqlite(#[from] rusqlite::Error),
+    #[error("cannot read the intake log: {0}")]
+    Log(std::io::Error),
+    #[error("the journal's read connection is unusable (a read panicked)")]
+    Unusable,
 }
 
-fn row(r: &Row, fetch: &mut Fetch) -> Result<Result<StoredEvent, StoreError>, rusqlite::Error> {
+fn row(r: &Row, fetch: &mut Fetch) -> Result<Result<StoredEvent, StoreError>, LoadError> {
     let seq: i64 = r.get(0)?;
     let stored_crc: i64 = r.get(8)?;
     let place = match (r.get::<_, Option<i64>>(15)?, r.get::<_, Option<i64>>(16)?) {
@@ -400,7 +406,7 @@ fn row(r: &Row, fetch: &mut Fetch) -> Result<Result<StoredEvent, StoreError>, ru
     };
     let event = match place {
         // The row's accept time rules (TTLs are computed from it).
-        Some(place) => match fetch.event(place, seq).map_err(io_error)? {
+        Some(place) => match fetch.event(place, seq).map_err(LoadError::Log)? {
             Some(logged) => NewEvent {
                 accepted_ms: r.get::<_, Option<i64>>(7)?.map_or(0, |v| v.max(0) as u64),
                 ..logged.event
@@ -420,7 +426,7 @@ fn row(r: &Row, fetch: &mut Fetch) -> Result<Result<StoredEvent, StoreError>, ru
             Err(e) => return Ok(Err(e)),
         },
     };
-    let ms = |i: usize| -> Result<Option<u64>, rusqlite::Error> {
+    let ms = |i: usize| -> Result<Option<u64>, LoadError> {
         Ok(r.get::<_, Option<i64>>(i)?.map(|v| v.max(0) as u64))
     };
     let attempts = r.get::<_, i64>(9)?.clamp(0, u32::MAX as i64) as u32;
@@ -511,7 +517,7 @@ pub fn due(
     limit: usize,
     max_bytes: u64,
     held: &HashSet<i64>,
-) -> Result<(Vec<Result<StoredEvent, StoreError>>, bool), rusqlite::Error> {
+) -> Result<(Vec<Result<StoredEvent, StoreError>>, bool), LoadError> {
     let mut stmt = conn.prepare_cached(&format!(
         "SELECT {LOAD_COLUMNS} FROM events WHERE destination = ?1 AND next_due_ms <= ?2 ORDER BY next_due_ms, seq LIMIT ?3"
     ))?;
@@ -555,14 +561,14 @@ pub fn load(
     conn: &Connection,
     dir: &Path,
     seqs: &[i64],
-) -> Result<Vec<Result<StoredEvent, StoreError>>, rusqlite::Error> {
+) -> Result<Vec<Result<StoredEvent, StoreError>>, LoadError> {
     let mut stmt =
         conn.prepare_cached(&format!("SELECT {LOAD_COLUMNS} FROM events WHERE seq = ?1"))?;
     let mut fetch = Fetch::new(dir);
     let mut out = Vec::with_capacity(seqs.len());
     for seq in seqs {
-        if let Some(row) = stmt.query_row([seq], |r| row(r, &mut fetch)).optional()? {
-            out.push(row);
+        if let Some(r) = stmt.query([seq])?.next()? {
+            out.push(row(r, &mut fetch)?);
         }
     }
     Ok(out)
@@ -668,13 +674,13 @@ pub fn summary(conn: &Connection) -> Result<Vec<DestinationSummary>, rusqlite::E
 
 /// Every row that fails its checksum or header decoding, or whose event
 /// is not in the log in `dir` (for `journal inspect`).
-pub fn corrupt_rows(conn: &Connection, dir: &Path) -> Result<Vec<StoreError>, rusqlite::Error> {
+pub fn corrupt_rows(conn: &Connection, dir: &Path) -> Result<Vec<StoreError>, LoadError> {
     let mut stmt = conn.prepare(&format!("SELECT {} FROM events", load_columns(conn)?))?;
     let mut fetch = Fetch::new(dir);
-    let rows = stmt.query_map([], |r| row(r, &mut fetch))?;
+    let mut rows = stmt.query([])?;
     let mut bad = Vec::new();
-    for r in rows {
-        if let Err(e) = r? {
+    while let Some(r) = rows.next()? {
+        if let Err(e) = row(r, &mut fetch)? {
             bad.push(e);
         }
     }
