@@ -3,11 +3,11 @@
 //! (`Answered`). Classification itself is the pure `policy::classify`; this
 //! layer only extracts status, Retry-After and the kind of transport failure.
 
-use super::timeout::{LateAnswer, TimedOut};
+use super::timeout::{LateAnswer, LateSlot, TimedOut};
 use crate::deliver::resolver::ResolveError;
 use crate::policy::classify::parse_retry_after;
 use crate::policy::{Classified, StatusPolicy, Transport};
-use http::Response;
+use http::{Request, Response};
 use std::convert::Infallible;
 use std::error::Error as StdError;
 use std::future::Future;
@@ -72,9 +72,9 @@ pub struct Classify<S> {
     not_ready: Option<(Transport, String)>,
 }
 
-impl<S, Req, B> Service<Req> for Classify<S>
+impl<S, ReqBody, B> Service<Request<ReqBody>> for Classify<S>
 where
-    S: Service<Req, Response = Response<B>>,
+    S: Service<Request<ReqBody>, Response = Response<B>>,
     S::Error: Into<BoxError>,
     S::Future: Send + 'static,
     B: Send + 'static,
@@ -95,7 +95,7 @@ where
         }
     }
 
-    fn call(&mut self, req: Req) -> Self::Future {
+    fn call(&mut self, mut req: Request<ReqBody>) -> Self::Future {
         if let Some((kind, error)) = self.not_ready.take() {
             let classified = self.policy.classify_transport(kind);
             return Box::pin(async move {
@@ -112,6 +112,9 @@ where
                 })
             });
         }
+        // The timeout layer leaves a late answer here, not in its error.
+        let late = LateSlot::default();
+        req.extensions_mut().insert(late.clone());
         let started = Instant::now();
         let fut = self.inner.call(req);
         let policy = self.policy.clone();
@@ -141,16 +144,13 @@ where
                 Err(e) => {
                     let e: BoxError = e.into();
                     let kind = transport_kind(e.as_ref());
-                    let late = e
-                        .downcast_ref::<TimedOut>()
-                        .and_then(|t| t.late.lock().ok()?.take());
                     Answered {
                         attempted: Attempted {
                             classified: policy.classify_transport(kind),
                             status: None,
                             took,
                             retry_after: None,
-                            late,
+                            late: late.take(),
                             error: Some(chain(e.as_ref())),
                         },
                         answer: None,
@@ -255,7 +255,6 @@ mod tests {
     fn error_chains_map_to_transport_kinds() {
         let elapsed: BoxError = Box::new(TimedOut {
             after: Duration::from_secs(1),
-            late: std::sync::Mutex::new(None),
         });
         assert_eq!(transport_kind(elapsed.as_ref()), Transport::TimedOut);
         let tls = Wrapped(Box::new(std::io::Error::new(
@@ -295,7 +294,7 @@ mod tests {
 
     #[tokio::test]
     async fn responses_are_classified_with_retry_after() {
-        let inner = tower::service_fn(|_: ()| async {
+        let inner = tower::service_fn(|_: Request<()>| async {
             let resp = Response::builder()
                 .status(429)
                 .header("retry-after", "7")
@@ -305,7 +304,7 @@ mod tests {
         });
         let answered = ClassifyLayer::new(StatusPolicy::default())
             .layer(inner)
-            .oneshot(())
+            .oneshot(Request::new(()))
             .await
             .expect("infallible");
         assert_eq!(

@@ -1,7 +1,8 @@
 //! The per-attempt timeout, with Event Grid's late answers: when an attempt
 //! times out, the request is not dropped but kept waiting for
 //! `late_answer_window` in the background; its status, if one comes, is
-//! handed to whoever settles the attempt (SPEC §4.2).
+//! handed to whoever settles the attempt (SPEC §4.2), through the
+//! request's [`LateSlot`]: the error says only what happened.
 //!
 //! A request may carry a [`Deadline`] (passthrough: the app is waiting):
 //! its attempt then times out at the deadline if that comes first.
@@ -9,7 +10,7 @@
 use http::{Request, Response};
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::sync::oneshot;
@@ -22,12 +23,30 @@ pub type LateAnswer = oneshot::Receiver<u16>;
 #[derive(Clone, Copy, Debug)]
 pub struct Deadline(pub tokio::time::Instant);
 
-/// No answer within the timeout; `late` yields the answer's status if it
-/// still arrives within the late-answer window.
+/// Where a request that timed out leaves its late answer: a request
+/// extension its sender puts in and reads after the attempt. Without one,
+/// nobody would read a late answer, and none is waited for.
+#[derive(Clone, Debug, Default)]
+pub struct LateSlot(Arc<Mutex<Option<LateAnswer>>>);
+
+impl LateSlot {
+    /// The late answer of the attempt that carried this slot, if it timed
+    /// out with a late-answer window.
+    pub fn take(&self) -> Option<LateAnswer> {
+        self.0.lock().ok()?.take()
+    }
+
+    fn put(&self, late: LateAnswer) {
+        if let Ok(mut slot) = self.0.lock() {
+            *slot = Some(late);
+        }
+    }
+}
+
+/// No answer within the timeout.
 #[derive(Debug)]
 pub struct TimedOut {
     pub after: Duration,
-    pub late: Mutex<Option<LateAnswer>>,
 }
 
 impl std::fmt::Display for TimedOut {
@@ -96,12 +115,17 @@ where
         if let Some(Deadline(at)) = req.extensions().get::<Deadline>() {
             timeout = timeout.min(at.saturating_duration_since(tokio::time::Instant::now()));
         }
+        let slot = req
+            .extensions()
+            .get::<LateSlot>()
+            .filter(|_| !late_window.is_zero())
+            .cloned();
         let mut fut = self.inner.call(req);
         Box::pin(async move {
             match tokio::time::timeout(timeout, &mut fut).await {
                 Ok(result) => result.map_err(Into::into),
                 Err(_) => {
-                    let late = (!late_window.is_zero()).then(|| {
+                    if let Some(slot) = slot {
                         let (tx, rx) = oneshot::channel();
                         tokio::spawn(async move {
                             if let Ok(Ok(resp)) = tokio::time::timeout(late_window, fut).await {
@@ -110,12 +134,9 @@ where
                                 super::drain(resp.into_body());
                             }
                         });
-                        rx
-                    });
-                    Err(Box::new(TimedOut {
-                        after: timeout,
-                        late: Mutex::new(late),
-                    }) as BoxError)
+                        slot.put(rx);
+                    }
+                    Err(Box::new(TimedOut { after: timeout }) as BoxError)
                 }
             }
         })
@@ -149,18 +170,22 @@ mod tests {
         Request::new(())
     }
 
+    /// A request carrying a slot for its late answer, and the slot.
+    fn with_slot() -> (Request<()>, LateSlot) {
+        let slot = LateSlot::default();
+        let mut r = req();
+        r.extensions_mut().insert(slot.clone());
+        (r, slot)
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_late_answer_within_the_window_is_handed_over() {
         let svc = TimeoutLayer::new(Duration::from_millis(200), Duration::from_secs(3))
             .layer(slow(Duration::from_millis(500)));
-        let err = svc.oneshot(req()).await.expect_err("times out");
-        let timed_out = err.downcast_ref::<TimedOut>().expect("TimedOut");
-        let late = timed_out
-            .late
-            .lock()
-            .expect("lock")
-            .take()
-            .expect("late channel");
+        let (r, slot) = with_slot();
+        let err = svc.oneshot(r).await.expect_err("times out");
+        assert!(err.is::<TimedOut>(), "{err}");
+        let late = slot.take().expect("late channel");
         assert_eq!(late.await, Ok(201));
     }
 
@@ -168,19 +193,14 @@ mod tests {
     async fn an_answer_after_the_window_is_not_and_zero_disables_waiting() {
         let svc = TimeoutLayer::new(Duration::from_millis(200), Duration::from_secs(1))
             .layer(slow(Duration::from_secs(5)));
-        let err = svc.oneshot(req()).await.expect_err("times out");
-        let late = err
-            .downcast_ref::<TimedOut>()
-            .and_then(|t| t.late.lock().expect("lock").take())
-            .expect("channel");
-        assert!(late.await.is_err());
+        let (r, slot) = with_slot();
+        svc.oneshot(r).await.expect_err("times out");
+        assert!(slot.take().expect("channel").await.is_err());
         let svc = TimeoutLayer::new(Duration::from_millis(200), Duration::ZERO)
             .layer(slow(Duration::from_secs(5)));
-        let err = svc.oneshot(req()).await.expect_err("times out");
-        assert!(
-            err.downcast_ref::<TimedOut>()
-                .is_some_and(|t| t.late.lock().expect("lock").is_none())
-        );
+        let (r, slot) = with_slot();
+        svc.oneshot(r).await.expect_err("times out");
+        assert!(slot.take().is_none(), "no window: nothing waits");
     }
 
     #[tokio::test(start_paused = true)]
