@@ -19,8 +19,10 @@ pub mod logging;
 pub mod metrics;
 pub mod policy;
 pub mod reload;
+pub mod rfc3339;
 pub mod server;
 pub mod signature;
+pub mod table;
 pub mod tls;
 
 /// A header map of `pairs`, in order, for unit tests.

@@ -199,6 +199,7 @@ async fn dead_letters_call(
     json: bool,
     command: DeadLetterCommand,
 ) -> Result<String, CliError> {
+    use courier::admin::api::{PurgeAnswer, ReplayAnswer, ReplayRequest};
     use http::Method;
     use serde_json::json;
     let client = AdminClient::new(admin, token_env)?;
@@ -249,45 +250,54 @@ async fn dead_letters_call(
                     "replaying every dead letter of `{destination}` needs --yes"
                 )));
             }
-            let body = if all {
-                json!({ "destination": destination, "all": true, "reason": reason, "since": since, "until": until })
+            let ask = if all {
+                ReplayRequest {
+                    destination: destination.clone(),
+                    ids: None,
+                    all: true,
+                    reason,
+                    since,
+                    until,
+                }
             } else {
-                json!({ "destination": destination, "ids": ids })
+                ReplayRequest {
+                    destination: destination.clone(),
+                    ids: Some(ids),
+                    all: false,
+                    reason: None,
+                    since: None,
+                    until: None,
+                }
             };
-            let answer = client
-                .call(Method::POST, "/v1/dead-letters/replay", Some(body))
+            let body = serde_json::to_value(&ask)
+                .map_err(|e| CliError::Runtime(format!("cannot write the request: {e}")))?;
+            let answer: ReplayAnswer = client
+                .call_as(Method::POST, "/v1/dead-letters/replay", Some(body))
                 .await?;
             if json {
-                return Ok(pretty(&answer));
+                return Ok(pretty(&json!(answer)));
             }
             let _ = writeln!(
                 o,
                 "replayed {} dead letters of {destination}",
-                answer["replayed_count"]
+                answer.replayed_count
             );
-            let list = |key: &str| -> Vec<String> {
-                answer[key]
-                    .as_array()
-                    .map(|a| {
-                        a.iter()
-                            .map(|v| v.as_str().map_or_else(|| v.to_string(), String::from))
-                            .collect()
-                    })
-                    .unwrap_or_default()
-            };
-            let not_found = list("not_found");
-            if !not_found.is_empty() {
-                let _ = writeln!(o, "not found: {}", not_found.join(", "));
+            if !answer.not_found.is_empty() {
+                let _ = writeln!(o, "not found: {}", answer.not_found.join(", "));
             }
-            let unreadable = list("unreadable");
-            if !unreadable.is_empty() {
+            if !answer.unreadable.is_empty() {
+                let unreadable: Vec<String> = answer
+                    .unreadable
+                    .iter()
+                    .map(|u| format!("{} at {} ({})", u.day, u.offset, u.error))
+                    .collect();
                 let _ = writeln!(
                     o,
                     "unreadable records, not replayed: {}",
                     unreadable.join(", ")
                 );
             }
-            if let Some(note) = answer["note"].as_str() {
+            if let Some(note) = &answer.note {
                 let _ = writeln!(o, "{note}");
             }
         }
@@ -305,17 +315,17 @@ async fn dead_letters_call(
                 ("destination", Some(destination.clone())),
                 ("before", before),
             ]);
-            let answer = client
-                .call(Method::DELETE, &format!("/v1/dead-letters{q}"), None)
+            let answer: PurgeAnswer = client
+                .call_as(Method::DELETE, &format!("/v1/dead-letters{q}"), None)
                 .await?;
             if json {
-                return Ok(pretty(&answer));
+                return Ok(pretty(&json!(answer)));
             }
             let _ = writeln!(
                 o,
                 "purged {} dead letters of {destination} ({} files)",
-                answer["purged"],
-                answer["files"].as_array().map_or(0, Vec::len)
+                answer.purged,
+                answer.files.len()
             );
         }
     }
@@ -561,22 +571,25 @@ fn inspect(dir: &Path) -> ExitCode {
         report.path.display(),
         report.file_bytes
     );
-    let _ = writeln!(
-        o,
-        "{:<24} {:>10} {:>14} {:>12}  oldest",
-        "destination", "pending", "bytes", "quarantined"
-    );
-    for s in &report.summary {
-        let oldest = s
-            .oldest_accepted_ms
-            .map(courier::clock::rfc3339)
-            .unwrap_or_default();
-        let _ = writeln!(
-            o,
-            "{:<24} {:>10} {:>14} {:>12}  {oldest}",
-            s.destination, s.pending, s.bytes, s.quarantined
-        );
-    }
+    let rows = report
+        .summary
+        .iter()
+        .map(|s| {
+            let oldest = s.oldest_accepted_ms.map(courier::clock::rfc3339);
+            vec![
+                s.destination.clone(),
+                s.pending.to_string(),
+                s.bytes.to_string(),
+                s.quarantined.to_string(),
+                oldest.unwrap_or_default(),
+            ]
+        })
+        .collect();
+    o.push_str(&courier::table::render(
+        &["destination", "pending", "bytes", "quarantined", "oldest"],
+        rows,
+        &[1, 2, 3],
+    ));
     if report.unindexed > 0 {
         let _ = writeln!(
             o,

@@ -2,14 +2,15 @@
 //! from the command line, as a readable table or, with `--json`, the API's
 //! own answers. Plain HTTP: the admin listener is the pod's, on loopback.
 
+use super::api::DeadLetterItem;
 use bytes::Bytes;
 use http::{Method, Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
+use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
-use std::fmt::Write as _;
 use std::time::Duration;
 
 /// How long one call may take: a replay of `all` works while it answers.
@@ -131,6 +132,23 @@ impl AdminClient {
     }
 }
 
+impl AdminClient {
+    /// `call`, its answer read as `T`.
+    pub async fn call_as<T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> Result<T, CliError> {
+        let answer = self.call(method, path, body).await?;
+        serde_json::from_value(answer).map_err(|e| {
+            CliError::Runtime(format!(
+                "the admin API's answer to {path} is not what this courier expects ({e}): is it the same version?"
+            ))
+        })
+    }
+}
+
 /// A query string from the pairs that are set.
 pub fn query(pairs: &[(&str, Option<String>)]) -> String {
     let mut q = form_urlencoded::Serializer::new(String::new());
@@ -160,7 +178,7 @@ pub async fn list(
     client: &AdminClient,
     filters: &[(&str, Option<String>)],
     limit: usize,
-) -> Result<Vec<Value>, CliError> {
+) -> Result<Vec<DeadLetterItem>, CliError> {
     let mut out = Vec::new();
     let mut after: Option<String> = None;
     // Bounded: every page but the last adds at least one record.
@@ -169,17 +187,15 @@ pub async fn list(
         let mut pairs = filters.to_vec();
         pairs.push(("limit", Some(want.to_string())));
         pairs.push(("after", after.clone()));
-        let page = client
-            .call(
+        let page: super::api::DeadLetterPage = client
+            .call_as(
                 Method::GET,
                 &format!("/v1/dead-letters{}", query(&pairs)),
                 None,
             )
             .await?;
-        if let Some(items) = page["dead_letters"].as_array() {
-            out.extend(items.iter().cloned());
-        }
-        after = page["next"].as_str().map(str::to_string);
+        out.extend(page.dead_letters);
+        after = page.next;
         if after.is_none() || out.len() >= limit {
             break;
         }
@@ -189,12 +205,8 @@ pub async fn list(
 }
 
 /// The records as a table: the columns an operator scans first.
-pub fn table(items: &[Value]) -> String {
-    let text = |v: &Value| match v {
-        Value::Null => "-".to_string(),
-        Value::String(s) => s.clone(),
-        other => other.to_string(),
-    };
+pub fn table(items: &[DeadLetterItem]) -> String {
+    let text = |v: &Option<String>| v.clone().unwrap_or_else(|| "-".into());
     let head = [
         "ID",
         "DESTINATION",
@@ -204,48 +216,26 @@ pub fn table(items: &[Value]) -> String {
         "DEAD-LETTERED AT",
         "REPLAYED",
     ];
-    let rows: Vec<[String; 7]> = items
+    let rows: Vec<Vec<String>> = items
         .iter()
         .map(|i| {
-            let outcome = match (text(&i["last_outcome"]), &i["last_status"]) {
-                (o, Value::Number(n)) => format!("{o} ({n})"),
-                (o, _) => o,
+            let s = &i.summary;
+            let outcome = match (text(&s.last_outcome), s.last_status) {
+                (o, Some(n)) => format!("{o} ({n})"),
+                (o, None) => o,
             };
-            [
-                text(&i["id"]),
-                text(&i["destination"]),
-                text(&i["reason"]),
+            vec![
+                s.id.clone(),
+                i.destination.clone(),
+                text(&s.reason),
                 outcome,
-                text(&i["attempts"]),
-                text(&i["dead_lettered_at"]),
-                if i["replayed"] == json!(true) {
-                    "yes"
-                } else {
-                    "no"
-                }
-                .to_string(),
+                s.attempts.map_or_else(|| "-".into(), |n| n.to_string()),
+                text(&s.dead_lettered_at),
+                if i.replayed { "yes" } else { "no" }.to_string(),
             ]
         })
         .collect();
-    let mut widths = head.map(str::len);
-    for row in &rows {
-        for (w, cell) in widths.iter_mut().zip(row) {
-            *w = (*w).max(cell.chars().count());
-        }
-    }
-    let mut o = String::new();
-    let line = |o: &mut String, cells: &[&str]| {
-        let mut l = String::new();
-        for (cell, w) in cells.iter().zip(widths) {
-            let _ = write!(l, "{cell:<w$}  ");
-        }
-        let _ = writeln!(o, "{}", l.trim_end());
-    };
-    line(&mut o, &head);
-    for row in &rows {
-        line(&mut o, &row.iter().map(String::as_str).collect::<Vec<_>>());
-    }
-    o
+    crate::table::render(&head, rows, &[])
 }
 
 #[cfg(test)]
@@ -254,10 +244,13 @@ mod tests {
 
     #[test]
     fn the_table_lines_up_and_shows_missing_values_as_dashes() {
-        let items = [
-            json!({"id": "evt-1", "destination": "orders", "reason": "NonRetriableStatus", "last_outcome": "BadRequest", "last_status": 400, "attempts": 1, "dead_lettered_at": "2026-11-23T09:00:00.000000Z", "replayed": false}),
-            json!({"id": "a-much-longer-id", "destination": "o", "reason": "TimeToLiveExceeded", "last_outcome": null, "last_status": null, "attempts": 0, "dead_lettered_at": null, "replayed": true}),
-        ];
+        let items: Vec<DeadLetterItem> = [
+            json!({"id": "evt-1", "destination": "orders", "reason": "NonRetriableStatus", "last_outcome": "BadRequest", "last_status": 400, "attempts": 1, "accepted_at": null, "dead_lettered_at": "2026-11-23T09:00:00.000000Z", "replayed": false}),
+            json!({"id": "a-much-longer-id", "destination": "o", "reason": "TimeToLiveExceeded", "last_outcome": null, "last_status": null, "attempts": 0, "accepted_at": null, "dead_lettered_at": null, "replayed": true}),
+        ]
+        .into_iter()
+        .map(|v| serde_json::from_value(v).expect("an item"))
+        .collect();
         let t = table(&items);
         let lines: Vec<&str> = t.lines().collect();
         assert_eq!(lines.len(), 3);

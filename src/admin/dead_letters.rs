@@ -8,6 +8,9 @@
 //! can replay a record twice, never lose one (at least once, as delivery).
 
 use super::Admin;
+use super::api::{
+    DeadLetterItem, DeadLetterPage, PurgeAnswer, ReplayAnswer, ReplayRequest, UnreadableRecord,
+};
 use crate::clock;
 use crate::deadletter::{
     Cursor, Filter, Order, Place, Source, Summary, day_start_ms, find, is_day, page, parse,
@@ -90,10 +93,7 @@ fn time_ms(key: &str, value: &str) -> Result<u64, ApiError> {
     let ms = if is_day(value) {
         day_start_ms(value)
     } else {
-        humantime::parse_rfc3339_weak(value)
-            .ok()
-            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-            .map(|d| d.as_millis() as u64)
+        crate::rfc3339::parse_ms_utc_default(value)
     };
     ms.ok_or_else(|| {
         bad(format!(
@@ -128,11 +128,17 @@ fn query(uri: &Uri, allowed: &[&str]) -> Result<Vec<(String, String)>, ApiError>
     Ok(pairs)
 }
 
-fn item_json(destination: &str, summary: &Summary, replayed: bool) -> Value {
-    let mut v = json!(summary);
-    v["destination"] = json!(destination);
-    v["replayed"] = json!(replayed);
-    v
+fn item(destination: &str, summary: Summary, replayed: bool) -> DeadLetterItem {
+    DeadLetterItem {
+        summary,
+        destination: destination.to_string(),
+        replayed,
+    }
+}
+
+/// An answer's body as JSON.
+fn to_json(body: &impl serde::Serialize) -> Answer {
+    serde_json::to_value(body).map_err(|e| ApiError::Read(e.to_string()))
 }
 
 /// What `list` reads: the page wanted, and where from.
@@ -206,32 +212,14 @@ impl Listing {
     }
 }
 
-#[derive(serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ReplayRequest {
-    destination: String,
-    #[serde(default)]
-    ids: Option<Vec<String>>,
-    #[serde(default)]
-    all: bool,
-    #[serde(default)]
-    reason: Option<String>,
-    #[serde(default)]
-    since: Option<String>,
-    #[serde(default)]
-    until: Option<String>,
-}
-
-impl ReplayRequest {
-    fn filter(&self) -> Result<Filter, ApiError> {
-        let time =
-            |key: &str, v: &Option<String>| v.as_deref().map(|v| time_ms(key, v)).transpose();
-        Ok(Filter {
-            reason: self.reason.as_deref().map(reason).transpose()?,
-            since_ms: time("since", &self.since)?,
-            until_ms: time("until", &self.until)?,
-        })
-    }
+/// The filter of a replay of `all`.
+fn replay_filter(ask: &ReplayRequest) -> Result<Filter, ApiError> {
+    let time = |key: &str, v: &Option<String>| v.as_deref().map(|v| time_ms(key, v)).transpose();
+    Ok(Filter {
+        reason: ask.reason.as_deref().map(reason).transpose()?,
+        since_ms: time("since", &ask.since)?,
+        until_ms: time("until", &ask.until)?,
+    })
 }
 
 impl Admin {
@@ -280,16 +268,15 @@ impl Admin {
             page(&sources, &l.filter, l.order, l.after.as_ref(), l.limit)
         })
         .await??;
-        let items: Vec<Value> = p
-            .items
-            .iter()
-            .map(|i| item_json(&i.destination, &i.summary, i.replayed))
-            .collect();
-        Ok(json!({
-            "dead_letters": items,
-            "next": p.next.map(|c| c.encode()),
-            "unreadable_lines": p.unreadable,
-        }))
+        to_json(&DeadLetterPage {
+            dead_letters: p
+                .items
+                .into_iter()
+                .map(|i| item(&i.destination, i.summary, i.replayed))
+                .collect(),
+            next: p.next.map(|c| c.encode()),
+            unreadable_lines: p.unreadable,
+        })
     }
 
     /// `GET /v1/dead-letters/{destination}/{id}`: the newest record of `id`.
@@ -308,7 +295,7 @@ impl Admin {
         })?;
         let record = parse(&f.line)
             .map_err(|e| ApiError::Read(format!("the record of `{id}` is unreadable: {e}")))?;
-        let mut v = item_json(name, &record.summary(), f.replayed);
+        let mut v = to_json(&item(name, record.summary(), f.replayed))?;
         v["record"] = record.into_value();
         Ok(v)
     }
@@ -339,12 +326,12 @@ impl Admin {
         })
         .await??;
         tracing::info!(destination = %name, before = before.as_deref(), records = purged.records, files = purged.files.len(), "dead letters purged");
-        Ok(json!({
-            "destination": name,
-            "before": before,
-            "purged": purged.records,
-            "files": purged.files,
-        }))
+        to_json(&PurgeAnswer {
+            destination: name,
+            before,
+            purged: purged.records,
+            files: purged.files,
+        })
     }
 
     /// `POST /v1/dead-letters/replay`.
@@ -360,7 +347,7 @@ impl Admin {
             ))
         })?;
         let source = self.source(&ask.destination)?;
-        let filter = ask.filter()?;
+        let filter = replay_filter(&ask)?;
         let named = ask.reason.is_some() || ask.since.is_some() || ask.until.is_some();
         let what = match (ask.ids, ask.all) {
             (Some(ids), false) if !ids.is_empty() && ids.len() <= MAX_IDS => {
@@ -404,10 +391,11 @@ impl Admin {
         let name = &done.destination;
         tracing::info!(destination = %name, replayed = done.count, not_found = done.not_found.len(), "dead letters replayed");
         match outcome {
-            Ok(()) => Ok(done.json()),
+            Ok(()) => to_json(&done.answer()),
             Err((status, error)) => {
                 tracing::error!(destination = %name, error, "replay stopped");
-                Err(ApiError::Stopped(status, error, Box::new(done.json())))
+                let body = serde_json::to_value(done.answer()).unwrap_or_default();
+                Err(ApiError::Stopped(status, error, Box::new(body)))
             }
         }
     }
@@ -486,11 +474,11 @@ impl Replayer {
                     events.push(r.event);
                     places.push(place);
                 }
-                Err(e) => done.unreadable.push(json!({
-                    "day": place.day,
-                    "offset": place.offset,
-                    "error": e.to_string(),
-                })),
+                Err(e) => done.unreadable.push(UnreadableRecord {
+                    day: place.day,
+                    offset: place.offset,
+                    error: e.to_string(),
+                }),
             }
         }
         if events.is_empty() {
@@ -546,7 +534,7 @@ struct Replay {
     not_found: Vec<String>,
     /// Named ids whose record was replayed before: sent again, as asked.
     again: Vec<String>,
-    unreadable: Vec<Value>,
+    unreadable: Vec<UnreadableRecord>,
     redacted: Vec<String>,
 }
 
@@ -569,27 +557,23 @@ impl Replay {
         self.ids.extend(ids.into_iter().take(room));
     }
 
-    fn json(&self) -> Value {
-        let mut v = json!({
-            "destination": self.destination,
-            "replayed": self.ids,
-            "replayed_count": self.count,
-            "not_found": self.not_found,
-            "unreadable": self.unreadable,
-        });
-        if !self.again.is_empty() {
-            v["replayed_before"] = json!(self.again);
+    fn answer(&self) -> ReplayAnswer {
+        let listed = self.count > self.ids.len() as u64;
+        ReplayAnswer {
+            destination: self.destination.clone(),
+            replayed: self.ids.clone(),
+            replayed_count: self.count,
+            not_found: self.not_found.clone(),
+            unreadable: self.unreadable.clone(),
+            replayed_before: self.again.clone(),
+            replayed_listed: listed.then_some(self.ids.len()),
+            redacted_headers: self.redacted.clone(),
+            note: (!self.redacted.is_empty()).then(|| {
+                format!(
+                    "sent without the headers the records did not keep (dead_letter.redact_headers): {}",
+                    self.redacted.join(", ")
+                )
+            }),
         }
-        if self.count > self.ids.len() as u64 {
-            v["replayed_listed"] = json!(self.ids.len());
-        }
-        if !self.redacted.is_empty() {
-            v["redacted_headers"] = json!(self.redacted);
-            v["note"] = json!(format!(
-                "sent without the headers the records did not keep (dead_letter.redact_headers): {}",
-                self.redacted.join(", ")
-            ));
-        }
-        v
     }
 }

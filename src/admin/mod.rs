@@ -1,6 +1,7 @@
 //! The admin surface (SPEC §5): health, readiness, Prometheus metrics, and
 //! the destinations API (state, pause, resume).
 
+pub mod api;
 pub mod client;
 mod dead_letters;
 

@@ -151,34 +151,7 @@ fn base64_decode(s: &str) -> Option<Vec<u8>> {
 /// Python's `str(datetime)` (`2026-11-23 13:00:00+00:00`, with or without a
 /// fraction or an offset) or as RFC 3339; a time without an offset is UTC.
 fn expiry_ms(s: &str) -> Option<u64> {
-    let s = s.trim();
-    let (date, rest) = (s.get(..10)?, s.get(10..)?);
-    let rest = rest.strip_prefix([' ', 'T', 't'])?;
-    let (time, offset_secs) = match rest.find(['+', '-', 'Z', 'z']) {
-        Some(i) => {
-            let offset = &rest[i..];
-            let secs: i64 = if offset.eq_ignore_ascii_case("z") {
-                0
-            } else {
-                let sign = if offset.starts_with('-') { -1 } else { 1 };
-                let (h, m) = offset.get(1..)?.split_once(':')?;
-                // Bounded before any arithmetic: the token is unverified.
-                let (h, m) = (h.parse::<u8>().ok()?, m.parse::<u8>().ok()?);
-                if h > 23 || m > 59 {
-                    return None;
-                }
-                sign * (i64::from(h) * 3600 + i64::from(m) * 60)
-            };
-            (&rest[..i], secs)
-        }
-        None => (rest, 0),
-    };
-    let (whole, fraction) = time.split_once('.').unwrap_or((time, ""));
-    let stamp = format!("{date}T{whole}Z");
-    let at = humantime::parse_rfc3339(&stamp).ok()?;
-    let ms = at.duration_since(std::time::UNIX_EPOCH).ok()?.as_millis() as i64;
-    let frac_ms: i64 = format!("{fraction:0<3}").get(..3)?.parse().ok()?;
-    u64::try_from(ms + frac_ms - offset_secs * 1000).ok()
+    crate::rfc3339::parse_ms_utc_default(s.trim())
 }
 
 #[cfg(test)]

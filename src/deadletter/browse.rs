@@ -37,8 +37,7 @@ const DAY_MS: u64 = 86_400_000;
 
 /// Midnight UTC at the start of `day` (`yyyy-mm-dd`).
 pub fn day_start_ms(day: &str) -> Option<u64> {
-    let t = humantime::parse_rfc3339(&format!("{day}T00:00:00Z")).ok()?;
-    Some(t.duration_since(std::time::UNIX_EPOCH).ok()?.as_millis() as u64)
+    crate::rfc3339::parse_ms(&format!("{day}T00:00:00Z"))
 }
 
 /// When a record was dead-lettered; records from before `deadLetterTime`

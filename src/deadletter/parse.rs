@@ -38,7 +38,7 @@ enum Shape {
 }
 
 /// What a listing shows of a record.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Summary {
     pub id: String,
     pub reason: Option<String>,
@@ -108,9 +108,7 @@ impl Record {
     /// When it was dead-lettered (ms since the epoch), when it says so.
     pub fn dead_lettered_ms(&self) -> Option<u64> {
         let at = self.fields.get(self.names().dead_lettered)?.as_str()?;
-        let t = humantime::parse_rfc3339(at).ok()?;
-        let d = t.duration_since(std::time::UNIX_EPOCH).ok()?;
-        Some(d.as_millis() as u64)
+        crate::rfc3339::parse_ms(at)
     }
 
     /// The record's key; `None` for one written before records had their

@@ -71,12 +71,14 @@ async fn real_sleep(d: Duration) {
 
 struct Harness {
     journal: Journal,
+    /// Builds the context a reload hands over.
+    leaf: mock::Mock<AttemptRequest, Answer>,
     reader: Reader,
     health: Arc<Health>,
     endpoint: mock::Handle<AttemptRequest, Answer>,
     sink: Arc<Sink>,
     stop: CancellationToken,
-    _ctx: watch::Sender<Arc<Ctx>>,
+    ctx: watch::Sender<Arc<Ctx>>,
     _dir: tempfile::TempDir,
     _brake: Brake,
     next_id: u32,
@@ -86,10 +88,7 @@ struct Harness {
 /// and a paused health if `paused`, running.
 fn start(settings: &str, paused: bool) -> Harness {
     let brake = brake();
-    let yaml = format!("destinations:\n  {DEST}:\n    url: https://h.example/\n{settings}");
-    let env = config::ProcessEnv;
-    let loaded = config::parse("c.yaml", &yaml, ".".into(), Purpose::Run, &env).expect("config");
-    let dest = loaded.settings.destinations[0].clone();
+    let dest = destination(settings);
     let dir = tempfile::tempdir().expect("tempdir");
     let (journal, _) =
         Journal::open(dir.path(), true, 1 << 30, None, &[DEST.into()]).expect("journal");
@@ -102,20 +101,7 @@ fn start(settings: &str, paused: bool) -> Harness {
         health.pause(PauseReason::Operator, clock::now_ms());
     }
     let sink = Arc::new(Sink::default());
-    let ctx = Arc::new(Ctx {
-        dest: dest.clone(),
-        journal: journal.clone(),
-        sink: Some(sink.clone()),
-        stack: stack::build(&dest, leaf),
-        // Durable delivery never sends through it.
-        passthrough: tower::util::BoxCloneSyncService::new(tower::service_fn(|_| {
-            std::future::pending()
-        })),
-        health: health.clone(),
-        late: Arc::default(),
-        sink_streak: Arc::default(),
-        metrics: metrics::Delivery::new(DEST),
-    });
+    let ctx = context(dest, &journal, &sink, &health, leaf.clone());
     let (tx, rx) = watch::channel(ctx);
     let stop = CancellationToken::new();
     let reader = journal.reader().expect("reader");
@@ -124,16 +110,48 @@ fn start(settings: &str, paused: bool) -> Harness {
     tokio::spawn(dispatcher.run());
     Harness {
         journal,
+        leaf,
         reader,
         health,
         endpoint,
         sink,
         stop,
-        _ctx: tx,
+        ctx: tx,
         _dir: dir,
         _brake: brake,
         next_id: 0,
     }
+}
+
+/// The destination `orders` with `settings` (YAML under it).
+fn destination(settings: &str) -> Arc<config::DestinationSettings> {
+    let yaml = format!("destinations:\n  {DEST}:\n    url: https://h.example/\n{settings}");
+    let env = config::ProcessEnv;
+    let loaded = config::parse("c.yaml", &yaml, ".".into(), Purpose::Run, &env).expect("config");
+    loaded.settings.destinations[0].clone()
+}
+
+fn context(
+    dest: Arc<config::DestinationSettings>,
+    journal: &Journal,
+    sink: &Arc<Sink>,
+    health: &Arc<Health>,
+    leaf: mock::Mock<AttemptRequest, Answer>,
+) -> Arc<Ctx> {
+    Arc::new(Ctx {
+        stack: stack::build(&dest, leaf),
+        dest,
+        journal: journal.clone(),
+        sink: Some(sink.clone()),
+        // Durable delivery never sends through it.
+        passthrough: tower::util::BoxCloneSyncService::new(tower::service_fn(|_| {
+            std::future::pending()
+        })),
+        health: health.clone(),
+        late: Arc::default(),
+        sink_streak: Arc::default(),
+        metrics: metrics::Delivery::new(DEST),
+    })
 }
 
 fn answer(status: u16) -> Answer {
@@ -219,6 +237,27 @@ impl Harness {
     }
 }
 
+impl Harness {
+    /// Hands the dispatcher a reloaded context with `settings`.
+    fn reload(&self, settings: &str) {
+        let ctx = context(
+            destination(settings),
+            &self.journal,
+            &self.sink,
+            &self.health,
+            self.leaf.clone(),
+        );
+        self.ctx.send(ctx).expect("the dispatcher listens");
+    }
+}
+
+/// The JSON array a batch attempt carries.
+async fn batch_of(req: AttemptRequest) -> Vec<serde_json::Value> {
+    use http_body_util::BodyExt;
+    let body = req.into_body().collect().await.expect("body").to_bytes();
+    serde_json::from_slice(&body).expect("a JSON array")
+}
+
 impl Drop for Harness {
     fn drop(&mut self) {
         self.stop.cancel();
@@ -293,4 +332,51 @@ async fn an_event_past_its_ttl_is_dead_lettered_at_its_deadline() {
     assert!(lines[0].contains(&ids[0]), "{}", lines[0]);
     assert!(lines[0].contains("TimeToLiveExceeded"), "{}", lines[0]);
     h.no_attempt("it expired without an attempt").await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_reload_applies_before_the_next_attempt() {
+    let mut h = start("    concurrency: 1\n", false);
+    h.accept(2).await;
+    let (_, _first) = h.attempt().await;
+    h.no_attempt("one slot, taken").await;
+    h.reload("    concurrency: 2\n");
+    let (req, _) = h.attempt().await;
+    assert_eq!(
+        attempt_number(&req),
+        "1",
+        "the second event's first attempt"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn ready_events_go_out_as_batches_of_at_most_max_events() {
+    let mut h = start("    batch: { max_events: 3 }\n", true);
+    h.accept(4).await;
+    assert!(h.health.resume());
+    let (first, a) = h.attempt().await;
+    let (second, b) = h.attempt().await;
+    let mut sizes = vec![batch_of(first).await.len(), batch_of(second).await.len()];
+    sizes.sort_unstable();
+    assert_eq!(sizes, [1, 3], "what is ready, cut at max_events");
+    a.send_response(answer(200));
+    b.send_response(answer(200));
+    h.no_attempt("all four were delivered").await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_rate_limit_spaces_attempts_evenly() {
+    let policy = r#"    retry: { schedule: { sns: { healthyRetryPolicy: { minDelayTarget: 1, maxDelayTarget: 2, numRetries: 1, numNoDelayRetries: 0, numMinDelayRetries: 0, numMaxDelayRetries: 0, backoffFunction: "linear" }, throttlePolicy: { maxReceivesPerSecond: 2 } } }, jitter: 0 }
+"#;
+    let mut h = start(policy, false);
+    h.accept(2).await;
+    let (_, first) = h.attempt().await;
+    first.send_response(answer(200));
+    h.no_attempt("the next slot is 500 ms after the first")
+        .await;
+    advance(Duration::from_millis(499)).await;
+    h.no_attempt("still 1 ms early").await;
+    // The gate rounds its wait up by a ms.
+    advance(Duration::from_millis(2)).await;
+    h.attempt().await;
 }

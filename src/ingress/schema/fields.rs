@@ -1,7 +1,8 @@
 //! Field checks shared by both schemas, each naming the event and field it
 //! refuses.
 
-use super::{Problem, SchemaError, rfc3339};
+use super::{Problem, SchemaError};
+use crate::rfc3339;
 use serde_json::{Map, Value};
 
 /// Longest event id accepted, as for the `custom` id headers: the id

@@ -10,7 +10,6 @@
 mod cloudevents;
 mod eventgrid;
 mod fields;
-mod rfc3339;
 
 use crate::config::Schema;
 use bytes::Bytes;
