@@ -353,6 +353,14 @@ async fn a_reload_applies_before_the_next_attempt() {
 async fn ready_events_go_out_as_batches_of_at_most_max_events() {
     let mut h = start("    batch: { max_events: 3 }\n", true);
     h.accept(4).await;
+    // The writer puts events in memory one by one: once they are rows, all
+    // four are ready together, as a backlog is at a resume.
+    for _ in 0..PATIENCE {
+        if h.reader.oldest_accepted(DEST).await.expect("read").is_some() {
+            break;
+        }
+        real_sleep(WAIT_STEP).await;
+    }
     assert!(h.health.resume());
     let (first, a) = h.attempt().await;
     let (second, b) = h.attempt().await;

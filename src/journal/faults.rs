@@ -402,3 +402,137 @@ async fn a_transient_error_is_retried_and_never_fails_the_journal() {
     assert_kept(&held, &acked, small);
     assert_eq!(held.len(), 2, "the refused group is not stored");
 }
+
+/// The reads of events for their rows (a dispatcher's refill, an expiry)
+/// go through the same disk as the writer: EIO there fails the journal as
+/// a failed write does (README "Journal faults"), while running out of
+/// descriptors only fails that read, to be tried again. Nothing
+/// acknowledged is lost either way.
+#[tokio::test]
+async fn a_rows_event_unreadable_fails_the_journal_and_a_shortage_is_tried_again() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let (journal, _) = super::tests::open(tmp.path()).expect("open");
+    let (acked, _) = append_all(&journal, [event(1), event(2)]).await;
+    journal.close().await;
+    drop(journal);
+    // Reopened, the events are rows that point into the log.
+    let disk = Faulty::new();
+    let mut opened = None;
+    for _ in 0..100 {
+        match open_on(&disk, tmp.path()) {
+            Err(OpenError::Locked(..)) => tokio::time::sleep(Duration::from_millis(20)).await,
+            other => {
+                opened = Some(other.expect("reopen"));
+                break;
+            }
+        }
+    }
+    let journal = opened.expect("the journal lock was never released");
+    let reader = journal.reader().expect("reader");
+    let none = std::collections::HashSet::new();
+    let due = || reader.due("orders", u64::MAX / 2, 10, u64::MAX, &none);
+    disk.fail(Op::Open, 1, ALWAYS, libc::EMFILE);
+    let short = due().await.expect_err("no descriptor to read the log with");
+    assert!(matches!(short, LoadError::Log(_)), "{short:?}");
+    assert!(!journal.failed(), "a shortage of descriptors passes");
+    disk.heal();
+    assert_eq!(due().await.expect("due").0.len(), 2, "read once it passed");
+    disk.fail(Op::Read, 1, ALWAYS, libc::EIO);
+    let eio = due().await.expect_err("the log cannot be read");
+    assert!(matches!(eio, LoadError::Log(_)), "{eio:?}");
+    assert!(journal.failed(), "EIO reading the log fails the journal");
+    let later = journal.append(vec![event(3)]).await;
+    let Err(JournalError::Failed(_)) = &later else {
+        panic!("after a failed read, an append answered {later:?}");
+    };
+    journal.close().await;
+    drop(journal);
+    let held = held_after_reopen(tmp.path()).await;
+    assert_kept(&held, &acked, small);
+}
+
+/// A segment that could not be removed once it was done with is removed
+/// at a later group, not forgotten on the volume until the next start.
+#[tokio::test]
+async fn a_segment_that_failed_to_go_is_removed_at_the_next_try() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let disk = Faulty::new();
+    let journal = open_on(&disk, tmp.path()).expect("open");
+    // Three full segments and a fourth begun.
+    let (acked, refused) = append_all(&journal, (1..=13).map(big)).await;
+    assert_eq!(refused, None);
+    let files = || intake::segments(tmp.path()).expect("list").len();
+    assert_eq!(files(), 4);
+    let deliveries: Vec<Change> = (1..=12)
+        .map(|seq| Change::Delete {
+            seq,
+            only_if_attempts: None,
+        })
+        .collect();
+    journal.settle(&deliveries).await.expect("settle");
+    // Two become spares; removing the third fails once.
+    disk.fail(Op::Remove, 1, 1, libc::EIO);
+    // Bounded: each turn's group lets the writer recycle again.
+    for i in 0..200 {
+        journal.append(vec![event(100 + i)]).await.expect("append");
+        if disk.calls(Op::Remove) >= 2 && files() == 3 {
+            break;
+        }
+        assert!(i < 199, "the segment was never removed: {} files", files());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(disk.calls(Op::Remove), 2, "failed once, then removed");
+    assert!(!journal.failed(), "a failed removal is not a failed write");
+    journal.close().await;
+    drop(journal);
+    let held = held_after_reopen(tmp.path()).await;
+    assert!(
+        held.contains_key(&acked[12]),
+        "the thirteenth is still pending"
+    );
+}
+
+/// `intake.mark` says how far the log was acknowledged. One that exists
+/// and cannot be read refuses the start with `sync: always` (a lost tail
+/// would pass unseen), is a retry when descriptors run short, and with
+/// `sync: os` is said and passed over. Nothing acknowledged is lost.
+#[tokio::test]
+async fn an_unreadable_mark_refuses_the_start_unless_sync_is_os() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let (journal, _) = super::tests::open(tmp.path()).expect("open");
+    let (acked, _) = append_all(&journal, [event(1), event(2)]).await;
+    journal.close().await;
+    drop(journal);
+    let reopened = |disk: &Faulty, full_sync: bool| {
+        let mut last = None;
+        for _ in 0..100 {
+            match open_synced(disk, tmp.path(), full_sync) {
+                Err(OpenError::Locked(..)) => std::thread::sleep(Duration::from_millis(20)),
+                other => {
+                    last = Some(other);
+                    break;
+                }
+            }
+        }
+        last.expect("the journal lock was never released")
+    };
+    let disk = Faulty::new();
+    disk.fail(Op::ReadMark, 1, ALWAYS, libc::EIO);
+    match reopened(&disk, true) {
+        Err(OpenError::MarkUnreadable(path, _)) => {
+            assert_eq!(path, tmp.path().join(intake::MARK));
+        }
+        Err(other) => panic!("an unreadable mark refused the start as {other:?}"),
+        Ok(_) => panic!("an unreadable mark must stop a start with sync: always"),
+    }
+    let disk = Faulty::new();
+    disk.fail(Op::ReadMark, 1, ALWAYS, libc::EMFILE);
+    assert!(matches!(reopened(&disk, true), Err(OpenError::Retry(..))));
+    let disk = Faulty::new();
+    disk.fail(Op::ReadMark, 1, ALWAYS, libc::EIO);
+    let journal = reopened(&disk, false).expect("with sync: os the start goes on");
+    journal.close().await;
+    drop(journal);
+    let held = held_after_reopen(tmp.path()).await;
+    assert_kept(&held, &acked, small);
+}

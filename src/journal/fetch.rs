@@ -11,9 +11,8 @@
 //! few waiting events copied into their rows (`Indexer::spill`) so that it
 //! can go.
 
-use super::disk::LogFile;
+use super::disk::{Disk, LogFile};
 use super::intake::{self, Logged, Place};
-use std::fs::File;
 use std::io;
 use std::path::{Path, PathBuf};
 
@@ -23,11 +22,20 @@ use std::path::{Path, PathBuf};
 /// each. Retries due at scattered times read just their event.
 const READ_AHEAD: u64 = 64 * 1024;
 
+/// Where rows' events are read from: the intake log's disk and directory.
+#[derive(Clone, Copy)]
+pub struct Log<'a> {
+    pub disk: &'a dyn Disk,
+    pub dir: &'a Path,
+}
+
 /// The segments one read (of a refill, a spill, an inspection) needs,
 /// opened once each. Short-lived on purpose: a handle kept on a segment
 /// that was since removed would keep its space from the volume, and the
 /// bytes read ahead are as old as the rows that led here.
-pub struct Fetch {
+pub struct Fetch<'a> {
+    /// The intake log's disk, as the writer's (tests make it fail).
+    disk: &'a dyn Disk,
     dir: PathBuf,
     /// Listed on first use; each opened on first read.
     segments: Option<Vec<Segment>>,
@@ -39,12 +47,13 @@ pub struct Fetch {
 }
 
 /// (start, size, handle once opened, path).
-type Segment = (u64, u64, Option<File>, PathBuf);
+type Segment = (u64, u64, Option<Box<dyn LogFile>>, PathBuf);
 
-impl Fetch {
-    pub fn new(dir: &Path) -> Fetch {
+impl<'a> Fetch<'a> {
+    pub fn new(log: Log<'a>) -> Fetch<'a> {
         Fetch {
-            dir: dir.to_path_buf(),
+            disk: log.disk,
+            dir: log.dir.to_path_buf(),
             segments: None,
             ahead: Vec::new(),
             ahead_at: 0,
@@ -57,7 +66,7 @@ impl Fetch {
     /// after the row moved: the caller reads the row again to tell).
     pub fn event(&mut self, place: Place, seq: i64) -> io::Result<Option<Logged>> {
         if self.segments.is_none() {
-            let listed = intake::segments(&self.dir)?
+            let listed = intake::segments_on(self.disk, &self.dir)?
                 .into_iter()
                 .map(|(start, size, path)| (start, size, None, path))
                 .collect();
@@ -78,7 +87,7 @@ impl Fetch {
         if !held {
             let file = match file {
                 Some(f) => f,
-                None => match File::open(&*path) {
+                None => match self.disk.open(path) {
                     Ok(f) => file.insert(f),
                     Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
                     Err(e) => return Err(e),
@@ -94,7 +103,12 @@ impl Fetch {
             };
             self.ahead.resize(want as usize, 0);
             self.ahead_at = place.at;
-            let got = read_at_least(file, &mut self.ahead, place.at - start, place.len as usize);
+            let got = read_at_least(
+                &**file,
+                &mut self.ahead,
+                place.at - start,
+                place.len as usize,
+            );
             match got {
                 Ok(n) => self.ahead.truncate(n),
                 Err(e) => {
@@ -140,6 +154,7 @@ pub(super) fn read_at_least<F: LogFile + ?Sized>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::journal::disk::Real;
     use crate::journal::intake::{LogReader, LogWriter, Read, encode};
     use crate::journal::record::NewEvent;
     use bytes::Bytes;
@@ -199,7 +214,10 @@ mod tests {
             "the big events reach a second segment"
         );
         let read = |order: &mut dyn Iterator<Item = &Logged>| {
-            let mut fetch = Fetch::new(tmp.path());
+            let mut fetch = Fetch::new(Log {
+                disk: &Real,
+                dir: tmp.path(),
+            });
             for l in order {
                 let got = fetch.event(l.place, l.seq).expect("read");
                 assert_eq!(
@@ -219,7 +237,10 @@ mod tests {
     fn bytes_that_are_not_the_event_read_as_none() {
         let tmp = tempfile::tempdir().expect("tempdir");
         let logged = log(tmp.path());
-        let mut fetch = Fetch::new(tmp.path());
+        let mut fetch = Fetch::new(Log {
+            disk: &Real,
+            dir: tmp.path(),
+        });
         let l = &logged[5];
         let wrong_crc = Place {
             crc: l.place.crc ^ 1,

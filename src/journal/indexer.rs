@@ -15,7 +15,7 @@
 //! must not come back after a crash as an event to send or write again.
 
 use super::disk::Disk;
-use super::fetch::Fetch;
+use super::fetch::{Fetch, Log};
 use super::intake::{LogReader, Logged, Read, ReadError, SyncError};
 use super::store::{self, Pin, QUARANTINED};
 use super::{Change, DiskError, JournalError, Shared};
@@ -537,7 +537,10 @@ impl Indexer {
         let events = self.pins.get(&start).map_or(0, |p| p.events);
         let seqs = seqs_in(&self.disk, &self.dir, start, size);
         let placed = store::placed_in(&self.conn, start, start + size, seqs)?;
-        let mut fetch = Fetch::new(&self.dir);
+        let mut fetch = Fetch::new(Log {
+            disk: &*self.disk,
+            dir: &self.dir,
+        });
         let mut moved = Vec::with_capacity(placed.len());
         for (seq, place) in placed {
             // A row whose event cannot be read keeps the segment: it stays

@@ -25,14 +25,20 @@ pub fn inspect(dir: &Path) -> Result<Inspection, OpenError> {
     let integrity =
         store::integrity_problem(&conn).map_err(|e| OpenError::Open(path.clone(), e))?;
     let mut summary = store::summary(&conn).map_err(|e| OpenError::Open(path.clone(), e))?;
-    let mut corrupt: Vec<String> = store::corrupt_rows(&conn, dir)
-        .map_err(|e| match e {
-            store::LoadError::Sqlite(e) => OpenError::Open(path.clone(), e),
-            other => OpenError::Intake(dir.to_path_buf(), other.to_string()),
-        })?
-        .iter()
-        .map(ToString::to_string)
-        .collect();
+    let mut corrupt: Vec<String> = store::corrupt_rows(
+        &conn,
+        super::fetch::Log {
+            disk: &super::disk::Real,
+            dir,
+        },
+    )
+    .map_err(|e| match e {
+        store::LoadError::Sqlite(e) => OpenError::Open(path.clone(), e),
+        other => OpenError::Intake(dir.to_path_buf(), other.to_string()),
+    })?
+    .iter()
+    .map(ToString::to_string)
+    .collect();
     // Events the log holds beyond SQLite's rows are pending too: the next
     // start indexes them.
     let mut unindexed = 0;

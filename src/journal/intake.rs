@@ -583,14 +583,20 @@ impl LogWriter {
                 i += 1;
                 continue;
             }
-            self.retired.remove(i);
             let path = self.dir.join(name(start));
             // A small segment (made on a nearly full disk) is not worth keeping.
             if keep && self.spares.len() < SPARES && size >= SEGMENT {
                 self.spares.push(path);
             } else {
-                self.disk.remove(&path)?;
+                // Forgotten only once gone: a removal that failed is
+                // tried again at the next group, not left on the volume.
+                match self.disk.remove(&path) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(e),
+                }
             }
+            self.retired.remove(i);
         }
         Ok(())
     }

@@ -128,6 +128,10 @@ pub enum OpenError {
         acknowledged: u64,
     },
     #[error(
+        "cannot read {0} ({1}), which records how far the intake log was acknowledged: courier will not start without knowing whether acknowledged events were lost. Restore the file from a backup; or, to start without that check, remove it"
+    )]
+    MarkUnreadable(PathBuf, String),
+    #[error(
         "the disk holding the journal {0} is full ({1} bytes free): free space on that volume or give it more room (journal.max_bytes of pending events and about as much again), then start courier again. No event was lost"
     )]
     DiskFull(PathBuf, u64),
@@ -305,6 +309,8 @@ pub(crate) struct Shared {
     /// Released when the last thread of this journal is gone.
     _lock: std::fs::File,
     dir: PathBuf,
+    /// The intake log's disk, which readers read events from too.
+    disk: Arc<dyn disk::Disk>,
     path: PathBuf,
     /// The intake log's position up to which SQLite has synced the rows:
     /// segments before it may be recycled, unless `pinned`.

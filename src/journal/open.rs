@@ -47,7 +47,7 @@ impl Journal {
         // Read before anything is written: a damaged file refuses the
         // start with the journal untouched.
         let pauses = Pauses::load(dir)?;
-        let mark = o.mark();
+        let mark = o.mark()?;
         o.refuse_without_db(mark.as_ref())?;
         let reserve = o.release_reserve()?;
         let (mut indexer, indexed) = o.recover(dedupe_ms)?;
@@ -62,6 +62,7 @@ impl Journal {
         let shared = Arc::new(Shared {
             _lock: lock_file,
             dir: dir.to_path_buf(),
+            disk: o.disk.clone(),
             path: o.path.clone(),
             durable_pos: AtomicU64::new(resume),
             written_end: AtomicU64::new(0),
@@ -104,12 +105,26 @@ impl Opening<'_> {
         })
     }
 
-    /// Where the last run acknowledged the log up to, if it says.
-    fn mark(&self) -> Option<intake::Mark> {
-        intake::Mark::read_on(&*self.disk, self.dir).unwrap_or_else(|e| {
-            tracing::error!(error = %e, "cannot check the intake log for a lost tail");
-            None
-        })
+    /// Where the last run acknowledged the log up to, if it wrote a mark.
+    /// One that exists and cannot be read refuses the start with `sync:
+    /// always`: without it a lost tail would pass unseen. With `sync: os`,
+    /// which allows a lost tail, it is said and the start goes on.
+    fn mark(&self) -> Result<Option<intake::Mark>, OpenError> {
+        match intake::Mark::read_on(&*self.disk, self.dir) {
+            Ok(mark) => Ok(mark),
+            Err(e) if intake::is_transient(&e) => Err(OpenError::Retry(
+                self.dir.to_path_buf(),
+                format!("cannot read {}: {e}", intake::MARK),
+            )),
+            Err(e) if self.full_sync => Err(OpenError::MarkUnreadable(
+                self.dir.join(intake::MARK),
+                e.to_string(),
+            )),
+            Err(e) => {
+                tracing::error!(error = %e, "cannot read intake.mark: with journal.sync: os, starting without the check for a lost tail");
+                Ok(None)
+            }
+        }
     }
 
     /// journal.db gone beside an earlier journal's intake log is a lost

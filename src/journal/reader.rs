@@ -5,13 +5,15 @@
 //! the caller gets sound events only, and a damaged one never reaches
 //! delivery to come back as a change.
 
+use super::disk::Disk;
+use super::fetch::Log;
 use super::indexer::ToIndexer;
 use super::store::{self, LoadError, StoreError};
 use super::{Change, Shared, StoredEvent};
 use crate::metrics;
 use rusqlite::Connection;
 use std::collections::{HashMap, HashSet};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex, Weak};
 
 /// One dispatcher's read connection. Queries run on the blocking pool.
@@ -20,6 +22,8 @@ pub struct Reader {
     conn: Arc<Mutex<Connection>>,
     /// The journal's directory, whose intake log holds the rows' events.
     dir: Arc<PathBuf>,
+    /// The intake log's disk.
+    disk: Arc<dyn Disk>,
     /// To fail the journal on a lasting read error. Weak: a reader kept
     /// after close must not hold the journal's lock.
     shared: Weak<Shared>,
@@ -37,6 +41,7 @@ impl Reader {
         Ok(Reader {
             conn: Arc::new(Mutex::new(store::open_reader(&shared.path)?)),
             dir: Arc::new(shared.dir.clone()),
+            disk: shared.disk.clone(),
             shared: Arc::downgrade(shared),
             indexer,
         })
@@ -79,13 +84,18 @@ impl Reader {
 
     async fn with<T: Send + 'static>(
         &self,
-        f: impl FnOnce(&Connection, &Path) -> Result<T, LoadError> + Send + 'static,
+        f: impl FnOnce(&Connection, Log<'_>) -> Result<T, LoadError> + Send + 'static,
     ) -> Result<T, LoadError> {
         let conn = self.conn.clone();
         let dir = self.dir.clone();
+        let disk = self.disk.clone();
         let result = tokio::task::spawn_blocking(move || {
             let guard = conn.lock().map_err(|_| LoadError::Unusable)?;
-            f(&guard, &dir)
+            let log = Log {
+                disk: &*disk,
+                dir: &dir,
+            };
+            f(&guard, log)
         })
         .await
         .map_err(|_| LoadError::Unusable)?;
@@ -120,12 +130,12 @@ impl Reader {
         let d = destination.to_string();
         let held = held.clone();
         let (rows, more) = self
-            .with(move |c, dir| {
+            .with(move |c, log| {
                 let tx = c.unchecked_transaction()?;
-                let (mut rows, more) = store::due(&tx, dir, &d, now_ms, limit, max_bytes, &held)?;
-                add_batch_siblings(&tx, dir, &d, now_ms, &held, &mut rows)?;
+                let (mut rows, more) = store::due(&tx, log, &d, now_ms, limit, max_bytes, &held)?;
+                add_batch_siblings(&tx, log, &d, now_ms, &held, &mut rows)?;
                 tx.finish()?;
-                read_again_what_moved(c, dir, &mut rows)?;
+                read_again_what_moved(c, log, &mut rows)?;
                 Ok((rows, more))
             })
             .await?;
@@ -164,9 +174,9 @@ impl Reader {
         if fresh.is_empty() {
             return Ok(Vec::new());
         }
-        self.with(move |c, dir| {
-            let mut rows = store::load(c, dir, &fresh)?;
-            read_again_what_moved(c, dir, &mut rows)?;
+        self.with(move |c, log| {
+            let mut rows = store::load(c, log, &fresh)?;
+            read_again_what_moved(c, log, &mut rows)?;
             Ok(rows)
         })
         .await
@@ -206,7 +216,7 @@ impl Reader {
 /// the rest of its events (due at the same time) are read too.
 fn add_batch_siblings(
     c: &Connection,
-    dir: &Path,
+    log: Log<'_>,
     destination: &str,
     now_ms: u64,
     held: &HashSet<i64>,
@@ -233,7 +243,7 @@ fn add_batch_siblings(
         );
     }
     if !missing.is_empty() {
-        rows.extend(store::load(c, dir, &missing)?);
+        rows.extend(store::load(c, log, &missing)?);
     }
     Ok(())
 }
@@ -253,7 +263,7 @@ fn log_failure(e: &LoadError) -> Option<String> {
 /// found them: a spill may have copied a row's event into it and freed the
 /// segment it pointed into meanwhile. What fails again is damaged; a row
 /// gone since (delivered, by a late answer) is left out.
-fn read_again_what_moved(c: &Connection, dir: &Path, rows: &mut Loaded) -> Result<(), LoadError> {
+fn read_again_what_moved(c: &Connection, log: Log<'_>, rows: &mut Loaded) -> Result<(), LoadError> {
     let failed: Vec<i64> = rows
         .iter()
         .filter_map(|r| match r {
@@ -267,7 +277,7 @@ fn read_again_what_moved(c: &Connection, dir: &Path, rows: &mut Loaded) -> Resul
     // In place: the caller's order (due time, age) holds.
     let mut again = HashMap::new();
     let mut other = Vec::new();
-    for r in store::load(c, dir, &failed)? {
+    for r in store::load(c, log, &failed)? {
         match &r {
             Ok(s) => _ = again.insert(s.seq, r),
             Err(StoreError::Corrupt { seq, .. }) => _ = again.insert(*seq, r),

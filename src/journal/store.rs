@@ -1,7 +1,7 @@
 //! The SQLite file: schema, opening with the right pragmas, the integrity
 //! check at start, and the read queries the dispatchers and `inspect` use.
 
-use super::fetch::Fetch;
+use super::fetch::{Fetch, Log};
 use super::intake::Place;
 use super::record::{Fate, NewEvent, StoredEvent, decode_headers};
 use crate::policy::Reason;
@@ -511,7 +511,7 @@ fn inline_event(
 /// seqs, then a lookup per seq, ran a statement per event).
 pub fn due(
     conn: &Connection,
-    dir: &Path,
+    log: Log<'_>,
     destination: &str,
     now_ms: u64,
     limit: usize,
@@ -523,7 +523,7 @@ pub fn due(
     ))?;
     let scan = limit.saturating_add(held.len());
     let mut rows = stmt.query(params![destination, now_ms as i64, scan as i64])?;
-    let mut fetch = Fetch::new(dir);
+    let mut fetch = Fetch::new(log);
     let mut out = Vec::with_capacity(limit.min(scan));
     let mut bytes = 0;
     while out.len() < limit
@@ -559,12 +559,12 @@ pub fn batch_seqs(
 /// back as `Err` so the caller can quarantine it.
 pub fn load(
     conn: &Connection,
-    dir: &Path,
+    log: Log<'_>,
     seqs: &[i64],
 ) -> Result<Vec<Result<StoredEvent, StoreError>>, LoadError> {
     let mut stmt =
         conn.prepare_cached(&format!("SELECT {LOAD_COLUMNS} FROM events WHERE seq = ?1"))?;
-    let mut fetch = Fetch::new(dir);
+    let mut fetch = Fetch::new(log);
     let mut out = Vec::with_capacity(seqs.len());
     for seq in seqs {
         if let Some(r) = stmt.query([seq])?.next()? {
@@ -674,9 +674,9 @@ pub fn summary(conn: &Connection) -> Result<Vec<DestinationSummary>, rusqlite::E
 
 /// Every row that fails its checksum or header decoding, or whose event
 /// is not in the log in `dir` (for `journal inspect`).
-pub fn corrupt_rows(conn: &Connection, dir: &Path) -> Result<Vec<StoreError>, LoadError> {
+pub fn corrupt_rows(conn: &Connection, log: Log<'_>) -> Result<Vec<StoreError>, LoadError> {
     let mut stmt = conn.prepare(&format!("SELECT {} FROM events", load_columns(conn)?))?;
-    let mut fetch = Fetch::new(dir);
+    let mut fetch = Fetch::new(log);
     let mut rows = stmt.query([])?;
     let mut bad = Vec::new();
     while let Some(r) = rows.next()? {
