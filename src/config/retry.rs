@@ -17,6 +17,13 @@
 //! With `sns:` the number of attempts is `numRetries + 1` (the first attempt
 //! plus the retries), so `retry.max_attempts` must not be set as well: any
 //! value there is an error that says to use `numRetries`.
+//!
+//! `schedule` is walked as a YAML value rather than read into a serde enum
+//! of its four shapes: an untagged enum answers a mistake with "did not
+//! match any variant", where this walk says which shape it took the value
+//! for, what is allowed there, and reports every mistake of the block with
+//! its key path and position at once (`Checker`). The typed result is
+//! `policy::Schedule`.
 
 use super::schema::Retry;
 use super::units::{Dur, parse_duration};

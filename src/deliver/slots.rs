@@ -6,6 +6,12 @@
 //! holding slots through that commit held a drain of the index well below
 //! what more slots gave (`concurrency` is what the endpoint sees; the wait
 //! is ours).
+//!
+//! A counter, not `tokio::sync::Semaphore` or `tower::limit`: a reload
+//! changes `concurrency` while attempts hold slots, and a semaphore shrinks
+//! only by its free permits, so lowering it under load would need a debt
+//! kept beside it, which is this counter again. The dispatcher compares
+//! the count with the `concurrency` in force at each attempt.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

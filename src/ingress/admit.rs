@@ -190,6 +190,10 @@ impl Ingress {
         let Some(share) = self.budget.try_take(declared.unwrap_or(limit)) else {
             return reply::over_budget(name, self.budget.bytes());
         };
+        // The limit is http-body-util's `Limited`, with this request's
+        // `max_body_bytes` (a reload changes it; tower-http's limit layer is
+        // fixed when the service is built), and the deadline is the body's
+        // alone: the journal's wait after it is not the app's to time out.
         let (head, body) = req.into_parts();
         let declared = declared.map(|n| n as usize);
         let read = share.read(body, limit as usize, declared);
