@@ -356,7 +356,12 @@ async fn ready_events_go_out_as_batches_of_at_most_max_events() {
     // The writer puts events in memory one by one: once they are rows, all
     // four are ready together, as a backlog is at a resume.
     for _ in 0..PATIENCE {
-        if h.reader.oldest_accepted(DEST).await.expect("read").is_some() {
+        if h.reader
+            .oldest_accepted(DEST)
+            .await
+            .expect("read")
+            .is_some()
+        {
             break;
         }
         real_sleep(WAIT_STEP).await;

@@ -49,17 +49,7 @@ async fn append_all(
 /// The events the journal in `dir` holds, read after opening it on the
 /// real disk, by id. Closes it again.
 async fn held_after_reopen(dir: &Path) -> BTreeMap<String, NewEvent> {
-    let mut opened = None;
-    for _ in 0..100 {
-        match super::tests::open(dir) {
-            Err(OpenError::Locked(..)) => tokio::time::sleep(Duration::from_millis(20)).await,
-            other => {
-                opened = Some(other.expect("reopen on the real disk"));
-                break;
-            }
-        }
-    }
-    let (journal, _) = opened.expect("the journal lock was never released");
+    let (journal, _) = super::tests::reopen(dir).await;
     let due = journal
         .reader()
         .expect("reader")
@@ -71,6 +61,32 @@ async fn held_after_reopen(dir: &Path) -> BTreeMap<String, NewEvent> {
     due.into_iter()
         .map(|s| (s.event.id.clone(), s.event))
         .collect()
+}
+
+/// Opens the journal in `dir` on `disk` again, once the last one's
+/// threads have let go of its lock.
+async fn reopen_on(disk: &Faulty, dir: &Path, full_sync: bool) -> Result<Journal, OpenError> {
+    for _ in 0..100 {
+        match open_synced(disk, dir, full_sync) {
+            Err(OpenError::Locked(..)) => tokio::time::sleep(Duration::from_millis(20)).await,
+            other => return other,
+        }
+    }
+    panic!("the journal lock was never released");
+}
+
+/// After a fault that fails the journal: an append is refused as
+/// `Failed`, and every acknowledged event is there when the journal
+/// opens again on a sound disk.
+async fn failed_and_kept(journal: Journal, dir: &Path, acked: &[String], why: &str) {
+    let later = journal.append(vec![event(99)]).await;
+    let Err(JournalError::Failed(_)) = &later else {
+        panic!("{why}: an append answered {later:?}");
+    };
+    journal.close().await;
+    drop(journal);
+    let held = held_after_reopen(dir).await;
+    assert_kept(&held, acked, small);
 }
 
 /// Every acknowledged id is held, with its event as it was sent.
@@ -324,14 +340,7 @@ async fn eio_reading_the_log_while_indexing_fails_the_journal() {
     assert_eq!(refused, None, "the writer does not read");
     acked.extend(more);
     until("the indexer meets the EIO", || journal.failed()).await;
-    let later = journal.append(vec![event(3)]).await;
-    let Err(JournalError::Failed(_)) = &later else {
-        panic!("after a failed read, an append answered {later:?}");
-    };
-    journal.close().await;
-    drop(journal);
-    let held = held_after_reopen(tmp.path()).await;
-    assert_kept(&held, &acked, small);
+    failed_and_kept(journal, tmp.path(), &acked, "after a failed read").await;
 }
 
 /// With `sync: os` the writer does not fdatasync, but the indexer does
@@ -351,14 +360,8 @@ async fn with_sync_os_a_failed_fdatasync_before_indexing_fails_the_journal() {
         })
         .await;
         assert_eq!(disk.calls(Op::SyncData), 1, "errno {errno}: not retried");
-        let later = journal.append(vec![event(2)]).await;
-        let Err(JournalError::Failed(_)) = &later else {
-            panic!("errno {errno}: after a failed fdatasync, {later:?}");
-        };
-        journal.close().await;
-        drop(journal);
-        let held = held_after_reopen(tmp.path()).await;
-        assert_kept(&held, &acked, small);
+        let why = format!("errno {errno}: after a failed fdatasync");
+        failed_and_kept(journal, tmp.path(), &acked, &why).await;
     }
 }
 
@@ -417,17 +420,7 @@ async fn a_rows_event_unreadable_fails_the_journal_and_a_shortage_is_tried_again
     drop(journal);
     // Reopened, the events are rows that point into the log.
     let disk = Faulty::new();
-    let mut opened = None;
-    for _ in 0..100 {
-        match open_on(&disk, tmp.path()) {
-            Err(OpenError::Locked(..)) => tokio::time::sleep(Duration::from_millis(20)).await,
-            other => {
-                opened = Some(other.expect("reopen"));
-                break;
-            }
-        }
-    }
-    let journal = opened.expect("the journal lock was never released");
+    let journal = reopen_on(&disk, tmp.path(), true).await.expect("reopen");
     let reader = journal.reader().expect("reader");
     let none = std::collections::HashSet::new();
     let due = || reader.due("orders", u64::MAX / 2, 10, u64::MAX, &none);
@@ -441,14 +434,7 @@ async fn a_rows_event_unreadable_fails_the_journal_and_a_shortage_is_tried_again
     let eio = due().await.expect_err("the log cannot be read");
     assert!(matches!(eio, LoadError::Log(_)), "{eio:?}");
     assert!(journal.failed(), "EIO reading the log fails the journal");
-    let later = journal.append(vec![event(3)]).await;
-    let Err(JournalError::Failed(_)) = &later else {
-        panic!("after a failed read, an append answered {later:?}");
-    };
-    journal.close().await;
-    drop(journal);
-    let held = held_after_reopen(tmp.path()).await;
-    assert_kept(&held, &acked, small);
+    failed_and_kept(journal, tmp.path(), &acked, "after a failed read").await;
 }
 
 /// A segment that could not be removed once it was done with is removed
@@ -503,22 +489,9 @@ async fn an_unreadable_mark_refuses_the_start_unless_sync_is_os() {
     let (acked, _) = append_all(&journal, [event(1), event(2)]).await;
     journal.close().await;
     drop(journal);
-    let reopened = |disk: &Faulty, full_sync: bool| {
-        let mut last = None;
-        for _ in 0..100 {
-            match open_synced(disk, tmp.path(), full_sync) {
-                Err(OpenError::Locked(..)) => std::thread::sleep(Duration::from_millis(20)),
-                other => {
-                    last = Some(other);
-                    break;
-                }
-            }
-        }
-        last.expect("the journal lock was never released")
-    };
     let disk = Faulty::new();
     disk.fail(Op::ReadMark, 1, ALWAYS, libc::EIO);
-    match reopened(&disk, true) {
+    match reopen_on(&disk, tmp.path(), true).await {
         Err(OpenError::MarkUnreadable(path, _)) => {
             assert_eq!(path, tmp.path().join(intake::MARK));
         }
@@ -527,10 +500,15 @@ async fn an_unreadable_mark_refuses_the_start_unless_sync_is_os() {
     }
     let disk = Faulty::new();
     disk.fail(Op::ReadMark, 1, ALWAYS, libc::EMFILE);
-    assert!(matches!(reopened(&disk, true), Err(OpenError::Retry(..))));
+    assert!(matches!(
+        reopen_on(&disk, tmp.path(), true).await,
+        Err(OpenError::Retry(..))
+    ));
     let disk = Faulty::new();
     disk.fail(Op::ReadMark, 1, ALWAYS, libc::EIO);
-    let journal = reopened(&disk, false).expect("with sync: os the start goes on");
+    let journal = reopen_on(&disk, tmp.path(), false)
+        .await
+        .expect("with sync: os the start goes on");
     journal.close().await;
     drop(journal);
     let held = held_after_reopen(tmp.path()).await;

@@ -632,7 +632,7 @@ async fn a_group_of_appends_is_one_record_and_every_waiter_hears() {
 }
 
 /// Opens again once the previous journal's threads have let go of the lock.
-async fn reopen(dir: &Path) -> (Journal, Vec<DestinationSummary>) {
+pub(super) async fn reopen(dir: &Path) -> (Journal, Vec<DestinationSummary>) {
     for _ in 0..100 {
         match open(dir) {
             Err(OpenError::Locked(..)) => tokio::time::sleep(Duration::from_millis(20)).await,
