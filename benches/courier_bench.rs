@@ -295,10 +295,10 @@ http {{
         // Bounded by the deadline.
         loop {
             let workers = nginx_cpu_seconds(nginx.pid()).map_or(0, |(_, w)| w);
-            if workers > 0
-                && workers == forked
-                && TcpStream::connect((Ipv4Addr::LOCALHOST, port)).is_ok()
-            {
+            // Without /proc's `children` (a kernel built without it) the
+            // workers cannot be counted: listening is all there is to see.
+            let settled = (workers > 0 && workers == forked) || !children_listed();
+            if settled && TcpStream::connect((Ipv4Addr::LOCALHOST, port)).is_ok() {
                 return Ok(nginx);
             }
             if Instant::now() >= deadline {
@@ -338,6 +338,13 @@ impl Drop for Nginx {
             std::thread::sleep(POLL);
         }
     }
+}
+
+/// Whether this kernel lists a task's children in /proc (for nginx's
+/// workers and their CPU).
+fn children_listed() -> bool {
+    let pid = std::process::id();
+    std::path::Path::new(&format!("/proc/{pid}/task/{pid}/children")).exists()
 }
 
 /// utime + stime of an nginx, in seconds: its master `pid` and the

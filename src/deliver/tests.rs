@@ -353,19 +353,23 @@ async fn a_reload_applies_before_the_next_attempt() {
 async fn ready_events_go_out_as_batches_of_at_most_max_events() {
     let mut h = start("    batch: { max_events: 3 }\n", true);
     h.accept(4).await;
-    // The writer puts events in memory one by one: once they are rows, all
-    // four are ready together, as a backlog is at a resume.
+    // The writer puts a group in memory after it has answered: once the
+    // events are rows, all four are ready together, as a backlog is at a
+    // resume.
+    let mut indexed = false;
     for _ in 0..PATIENCE {
-        if h.reader
+        indexed = h
+            .reader
             .oldest_accepted(DEST)
             .await
             .expect("read")
-            .is_some()
-        {
+            .is_some();
+        if indexed {
             break;
         }
         real_sleep(WAIT_STEP).await;
     }
+    assert!(indexed, "the four events never became rows");
     assert!(h.health.resume());
     let (first, a) = h.attempt().await;
     let (second, b) = h.attempt().await;
@@ -375,6 +379,18 @@ async fn ready_events_go_out_as_batches_of_at_most_max_events() {
     a.send_response(answer(200));
     b.send_response(answer(200));
     h.no_attempt("all four were delivered").await;
+    for _ in 0..PATIENCE {
+        if h.reader
+            .oldest_accepted(DEST)
+            .await
+            .expect("read")
+            .is_none()
+        {
+            return;
+        }
+        real_sleep(WAIT_STEP).await;
+    }
+    panic!("the delivered batches were not settled");
 }
 
 #[tokio::test(start_paused = true)]

@@ -12,7 +12,7 @@
 //!
 //! Both halves of the signal are the journal's: the dispatcher only says
 //! whether it is delivering (`DestinationState::pace`); the queue's fill
-//! and the wake-up when it drains (`take_ready`) are kept here.
+//! is read here, and `DestinationState::take_ready` wakes the waiters.
 
 use super::{DestinationState, NewEvent, Shared};
 use std::sync::atomic::Ordering;

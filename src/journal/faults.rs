@@ -511,6 +511,14 @@ async fn an_unreadable_mark_refuses_the_start_unless_sync_is_os() {
         .expect("with sync: os the start goes on");
     journal.close().await;
     drop(journal);
+    // An empty mark was made by a start that stopped before writing it,
+    // when nothing was acknowledged: no mark, not damage.
+    std::fs::write(tmp.path().join(intake::MARK), b"").expect("empty mark");
+    let journal = reopen_on(&Faulty::new(), tmp.path(), true)
+        .await
+        .expect("an empty mark is no mark");
+    journal.close().await;
+    drop(journal);
     let held = held_after_reopen(tmp.path()).await;
     assert_kept(&held, &acked, small);
 }

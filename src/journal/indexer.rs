@@ -1259,8 +1259,8 @@ fn add(totals: &mut HashMap<String, (i64, i64)>, destination: &str, events: i64,
 /// it, and wakes the dispatchers whose events became rows.
 fn account(events: &[Logged], inserted: &[bool], freed: Freed, shared: &Shared) {
     let states = shared.destinations.load();
-    for (destination, (events, bytes)) in freed {
-        shared.forget(states.get(&destination).map(Arc::as_ref), events, bytes);
+    for (destination, (count, bytes)) in freed {
+        shared.forget(states.get(&destination).map(Arc::as_ref), count, bytes);
     }
     let mut woken = HashSet::new();
     for (l, _) in events.iter().zip(inserted).filter(|(_, i)| **i) {

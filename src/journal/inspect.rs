@@ -34,7 +34,7 @@ pub fn inspect(dir: &Path) -> Result<Inspection, OpenError> {
     )
     .map_err(|e| match e {
         store::LoadError::Sqlite(e) => OpenError::Open(path.clone(), e),
-        other => OpenError::Intake(dir.to_path_buf(), other.to_string()),
+        other => OpenError::InspectLog(dir.to_path_buf(), other.to_string()),
     })?
     .iter()
     .map(ToString::to_string)

@@ -94,6 +94,8 @@ pub struct Place {
 /// The mark's file name, beside the segments.
 pub const MARK: &str = "intake.mark";
 const MARK_MAGIC: u32 = 0x4352_4d31; // "CRM1"
+/// A mark's bytes: magic, CRC, end, next seq.
+const MARK_LEN: usize = 24;
 
 /// What the writer had acknowledged when it last wrote the mark: the log's
 /// end after the last synced record, and the seq the next event would get.
@@ -116,7 +118,7 @@ impl Mark {
 
     /// `None` for anything but a whole mark (a missing or torn file).
     fn decode(b: &[u8]) -> Option<Mark> {
-        let b: &[u8; 24] = b.get(..24)?.try_into().ok()?;
+        let b: &[u8; MARK_LEN] = b.get(..MARK_LEN)?.try_into().ok()?;
         let [m0, m1, m2, m3, c0, c1, c2, c3, rest @ ..] = *b;
         let [e0, e1, e2, e3, e4, e5, e6, e7, s @ ..] = rest;
         if u32::from_le_bytes([m0, m1, m2, m3]) != MARK_MAGIC
@@ -138,6 +140,12 @@ impl Mark {
 
     pub(crate) fn read_on(disk: &dyn Disk, dir: &Path) -> io::Result<Option<Mark>> {
         match disk.read(&dir.join(MARK)) {
+            // Shorter than a mark: made at a start that stopped before its
+            // first write, when nothing was acknowledged yet.
+            Ok(b) if b.len() < MARK_LEN => {
+                tracing::warn!(file = %dir.join(MARK).display(), bytes = b.len(), "intake.mark was created but never written; taken as no mark");
+                Ok(None)
+            }
             Ok(b) => match Mark::decode(&b) {
                 Some(m) => Ok(Some(m)),
                 None => Err(io::Error::new(
@@ -573,7 +581,11 @@ impl LogWriter {
     /// and holding no pending event (`pinned` lists those that do) are kept
     /// as spares or removed. On a full disk (`keep` false) none is kept:
     /// the space goes back.
+    ///
+    /// A segment that cannot be removed stays listed, to be tried at the
+    /// next call, and the others go on; the first error is returned.
     pub fn recycle(&mut self, durable: u64, keep: bool, pinned: &BTreeSet<u64>) -> io::Result<()> {
+        let mut failed = None;
         let mut i = 0;
         while let Some(&(start, size)) = self.retired.get(i) {
             if start + size > durable {
@@ -593,12 +605,16 @@ impl LogWriter {
                 match self.disk.remove(&path) {
                     Ok(()) => {}
                     Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                    Err(e) => return Err(e),
+                    Err(e) => {
+                        failed.get_or_insert(e);
+                        i += 1;
+                        continue;
+                    }
                 }
             }
             self.retired.remove(i);
         }
-        Ok(())
+        failed.map_or(Ok(()), Err)
     }
 
     /// On a full disk, the spares' space is better given back.

@@ -48,7 +48,7 @@ use indexer::ToIndexer;
 use pauses::{Pauses, PausesError};
 use reserve::Reserve;
 use rusqlite::Connection;
-use skip::Skip;
+use skip::{Delivered, Skip};
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -131,6 +131,8 @@ pub enum OpenError {
         "cannot read {0} ({1}), which records how far the intake log was acknowledged: courier will not start without knowing whether acknowledged events were lost. Restore the file from a backup; or, to start without that check, remove it"
     )]
     MarkUnreadable(PathBuf, String),
+    #[error("cannot read the intake log in {0} to check the rows' events: {1}")]
+    InspectLog(PathBuf, String),
     #[error(
         "the disk holding the journal {0} is full ({1} bytes free): free space on that volume or give it more room (journal.max_bytes of pending events and about as much again), then start courier again. No event was lost"
     )]
@@ -667,7 +669,8 @@ impl Journal {
     /// a dispatcher never reads a delivered event back, and synced within
     /// `DURABLE_EVERY` (a crash before then delivers those events again,
     /// or retries them one attempt behind, as at-least-once allows). A
-    /// delivery of an event the indexer has not reached costs no write.
+    /// delivery of an event handed out from memory that the indexer has
+    /// not reached costs no write.
     /// Takes the changes by reference so that a caller can try again
     /// without a copy made each time for a failure that seldom comes.
     pub async fn settle(&self, changes: &[Change]) -> Result<(), JournalError> {
@@ -680,12 +683,12 @@ impl Journal {
                     Change::Delete {
                         seq,
                         only_if_attempts: None,
-                    } if !skip.claimed(*seq) => {
+                    } if !skip.claimed(*seq) => match skip.delivered(*seq) {
+                        Delivered::Now((state, size)) => self.shared.forget(Some(&state), 1, size),
                         // A retried `settle` may bring it twice: counted once.
-                        if let Some((state, size)) = skip.delivered(*seq) {
-                            self.shared.forget(Some(&state), 1, size);
-                        }
-                    }
+                        Delivered::Again => {}
+                        Delivered::NotHanded => rest.push(c.clone()),
+                    },
                     _ => rest.push(c.clone()),
                 }
             }

@@ -1,7 +1,7 @@
 //! Opening the journal, as a list of steps (`Journal::open_with`). Each
-//! step can refuse the start, and those before `resume_log` leave the
-//! journal as they found it: a refused start keeps the evidence for the
-//! next one.
+//! step can refuse the start, and none before `resume_log` moves the log
+//! position the journal records: a refused start leaves the evidence (a
+//! lost tail, a damaged record) for the next one to find.
 
 use super::dedupe::Dedupe;
 use super::disk::Disk;
@@ -246,7 +246,7 @@ impl Opening<'_> {
                 .unwrap_or(OpenError::Intake(self.dir.to_path_buf(), e.to_string()))
         })?;
         let pinned = indexer.pinned();
-        report_lost_segments(self.dir, &pinned);
+        report_lost_segments(&*self.disk, self.dir, &pinned);
         let log = LogWriter::open_on(self.disk.clone(), self.dir, resume, next_seq, &pinned)
             .map_err(|e| self.full(&e).unwrap_or_else(|| self.intake_error(e)))?;
         Ok((log, resume, pinned))
@@ -305,6 +305,7 @@ impl Opening<'_> {
                 full_sync: self.full_sync,
                 shared: shared.clone(),
                 indexer: to_indexer.clone(),
+                recycle_warned: None,
             },
             rx,
         )
@@ -361,8 +362,8 @@ fn counters(
 /// Segments rows point into that are gone (removed by hand, or a restore
 /// of journal.db without them): their events cannot be delivered, and each
 /// is quarantined as damaged when it comes due. Said at start, by name.
-fn report_lost_segments(dir: &Path, pinned: &BTreeSet<u64>) {
-    let present: BTreeSet<u64> = match intake::segments(dir) {
+fn report_lost_segments(disk: &dyn Disk, dir: &Path, pinned: &BTreeSet<u64>) {
+    let present: BTreeSet<u64> = match intake::segments_on(disk, dir) {
         Ok(s) => s.into_iter().map(|(start, _, _)| start).collect(),
         // Not a reason to call every segment missing.
         Err(e) => {

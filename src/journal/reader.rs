@@ -57,7 +57,7 @@ impl Reader {
             match row {
                 Ok(ev) => sound.push(ev),
                 Err(e @ StoreError::Corrupt { seq, .. }) => {
-                    tracing::error!(destination, journal = %self.dir.display(), error = %e,
+                    tracing::error!(destination, journal = %self.dir.join(super::FILE).display(), error = %e,
                         "journal record is corrupt: it is kept but never delivered; inspect it with `courier journal inspect`");
                     metrics::corrupt(destination);
                     corrupt.push(Change::Quarantine { seq });

@@ -16,6 +16,17 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+/// What `Skip::delivered` made of a delivery.
+#[derive(Debug, PartialEq)]
+pub enum Delivered<T> {
+    /// Settled here: free what the event was handed out with.
+    Now(T),
+    /// A retried settle of a delivery settled before: nothing to free.
+    Again,
+    /// Not handed out from memory: for the indexer, from its row.
+    NotHanded,
+}
+
 pub struct Skip<T> {
     /// The highest seq the indexer has claimed (inserted or skipped).
     claimed: i64,
@@ -41,15 +52,21 @@ impl<T> Skip<T> {
     }
 
     /// Records the delivery of `seq`, whose record must not be claimed yet
-    /// (else it is, or will be, a row for the indexer to delete). Returns
-    /// what it was handed out with, the first time only: a retried
-    /// settle brings the same delivery again.
-    pub fn delivered(&mut self, seq: i64) -> Option<T> {
+    /// (else it is, or will be, a row for the indexer to delete). Only an
+    /// event handed out from memory is settled here, freed by what it was
+    /// handed out with; any other is the indexer's, which frees it from
+    /// its row.
+    pub fn delivered(&mut self, seq: i64) -> Delivered<T> {
         debug_assert!(!self.claimed(seq));
-        if self.delivered.insert(seq) {
-            self.handed.remove(&seq)
-        } else {
-            None
+        if self.delivered.contains(&seq) {
+            return Delivered::Again;
+        }
+        match self.handed.remove(&seq) {
+            Some(what) => {
+                self.delivered.insert(seq);
+                Delivered::Now(what)
+            }
+            None => Delivered::NotHanded,
         }
     }
 
@@ -98,7 +115,10 @@ mod tests {
     /// Hands `seq` out (with its seq as the payload) and delivers it.
     fn deliver(s: &mut Skip<i64>, seq: i64) -> Option<i64> {
         s.hand(seq, seq * 100);
-        s.delivered(seq)
+        match s.delivered(seq) {
+            Delivered::Now(what) => Some(what),
+            _ => None,
+        }
     }
 
     #[test]
@@ -118,11 +138,19 @@ mod tests {
         assert_eq!(deliver(&mut s, 5), Some(500));
         assert_eq!(
             s.delivered(5),
-            None,
+            Delivered::Again,
             "a retried settle must not count it again"
         );
         assert_eq!(s.len(), 1);
         assert_eq!(s.handed(), 0);
+    }
+
+    #[test]
+    fn an_event_never_handed_out_is_left_to_the_indexer() {
+        let mut s: Skip<i64> = Skip::new(0);
+        assert_eq!(s.delivered(3), Delivered::NotHanded);
+        assert_eq!(s.len(), 0, "not skipped: its row frees it");
+        assert_eq!(s.claim([3]), vec![true], "the indexer inserts its row");
     }
 
     #[test]
@@ -133,7 +161,7 @@ mod tests {
         }
         assert_eq!(s.claim([1, 2]), vec![true, true]);
         assert_eq!(s.handed(), 2, "3 and 4 are not rows yet");
-        assert_eq!(s.delivered(3), Some(3));
+        assert_eq!(s.delivered(3), Delivered::Now(3));
         s.claim([3, 4]);
         assert_eq!(s.handed(), 0);
     }

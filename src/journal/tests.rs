@@ -1038,7 +1038,12 @@ async fn a_delivery_settled_by_seq_frees_what_the_journal_counted() {
         .expect("settle");
     journal.settle(&[delete(seqs[1])]).await.expect("again");
     assert_eq!((state.pending(), state.bytes()), (2, 2 * one));
-    assert_eq!(handed(&journal), 2, "two are still only in memory");
+    // Read before the claim: claims only grow, so if the indexer has not
+    // claimed the last two after the count was read, it had not before.
+    let in_memory = handed(&journal);
+    if !journal.shared.skip.lock().expect("skip").claimed(seqs[3]) {
+        assert_eq!(in_memory, 2, "two are still only in memory");
+    }
     // Once the other two are rows, their deletes go through the indexer.
     let conn = Connection::open(tmp.path().join(FILE)).expect("open db");
     let rows = || -> i64 {

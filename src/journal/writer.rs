@@ -13,7 +13,7 @@ use crate::metrics;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot};
 
 /// Upper bounds of one group, so one record cannot grow without end.
@@ -33,7 +33,12 @@ pub(super) struct Writer {
     pub full_sync: bool,
     pub shared: Arc<Shared>,
     pub indexer: std::sync::mpsc::Sender<ToIndexer>,
+    /// When a failed recycle was last logged: it is tried at every group.
+    pub recycle_warned: Option<Instant>,
 }
+
+/// A recycle that keeps failing is said this often, not at every group.
+const RECYCLE_WARN_EVERY: Duration = Duration::from_secs(60);
 
 pub(super) fn spawn(writer: Writer, rx: mpsc::Receiver<Command>) -> std::io::Result<()> {
     std::thread::Builder::new()
@@ -82,8 +87,13 @@ impl Writer {
             Some(pinned) => self.log.recycle(durable, keep, pinned),
             None => Ok(()),
         };
-        if let Err(e) = recycled {
-            tracing::warn!(error = %e, "cannot recycle intake log segments; will retry");
+        if let Err(e) = recycled
+            && self
+                .recycle_warned
+                .is_none_or(|at| at.elapsed() >= RECYCLE_WARN_EVERY)
+        {
+            self.recycle_warned = Some(Instant::now());
+            tracing::warn!(error = %e, "cannot recycle intake log segments; will retry at each commit");
         }
         let first_seq = self.next_seq;
         let started = Instant::now();
