@@ -89,6 +89,16 @@ async fn failed_and_kept(journal: Journal, dir: &Path, acked: &[String], why: &s
     assert_kept(&held, acked, small);
 }
 
+/// A journal in `dir`, on the real disk, that acknowledged two events and
+/// was closed; their ids.
+async fn two_acknowledged(dir: &Path) -> Vec<String> {
+    let (journal, _) = super::tests::open(dir).expect("open");
+    let (acked, refused) = append_all(&journal, [event(1), event(2)]).await;
+    assert_eq!(refused, None);
+    journal.close().await;
+    acked
+}
+
 /// Every acknowledged id is held, with its event as it was sent.
 fn assert_kept(
     held: &BTreeMap<String, NewEvent>,
@@ -414,10 +424,7 @@ async fn a_transient_error_is_retried_and_never_fails_the_journal() {
 #[tokio::test]
 async fn a_rows_event_unreadable_fails_the_journal_and_a_shortage_is_tried_again() {
     let tmp = tempfile::tempdir().expect("tempdir");
-    let (journal, _) = super::tests::open(tmp.path()).expect("open");
-    let (acked, _) = append_all(&journal, [event(1), event(2)]).await;
-    journal.close().await;
-    drop(journal);
+    let acked = two_acknowledged(tmp.path()).await;
     // Reopened, the events are rows that point into the log.
     let disk = Faulty::new();
     let journal = reopen_on(&disk, tmp.path(), true).await.expect("reopen");
@@ -485,10 +492,7 @@ async fn a_segment_that_failed_to_go_is_removed_at_the_next_try() {
 #[tokio::test]
 async fn an_unreadable_mark_refuses_the_start_unless_sync_is_os() {
     let tmp = tempfile::tempdir().expect("tempdir");
-    let (journal, _) = super::tests::open(tmp.path()).expect("open");
-    let (acked, _) = append_all(&journal, [event(1), event(2)]).await;
-    journal.close().await;
-    drop(journal);
+    let acked = two_acknowledged(tmp.path()).await;
     let disk = Faulty::new();
     disk.fail(Op::ReadMark, 1, ALWAYS, libc::EIO);
     match reopen_on(&disk, tmp.path(), true).await {
