@@ -38,7 +38,7 @@ pub use pauses::Pause;
 pub use reader::Reader;
 pub use ready::ReadyQueue;
 pub use record::{Fate, Header, NewEvent, StoredEvent};
-pub use store::{DestinationSummary, FILE, LoadError, StoreError};
+pub use store::{DestinationSummary, FILE, LoadError};
 
 use crate::clock;
 use crate::metrics;
@@ -576,7 +576,7 @@ impl Journal {
     /// With a dedupe window, events whose id this destination already
     /// stored within it are left out, and reported.
     pub async fn append(&self, events: Vec<NewEvent>) -> Result<Appended, JournalError> {
-        self.writable()?;
+        self.shared.writable()?;
         backpressure::keep_pace(&self.shared, &events).await;
         let Some(dedupe) = &self.shared.dedupe else {
             self.store(events, Vec::new()).await?;
@@ -632,7 +632,7 @@ impl Journal {
     /// Stores dead letters put back by an operator, durably, past the
     /// dedupe window: a replay is meant to be delivered again.
     pub async fn replay(&self, events: Vec<NewEvent>) -> Result<(), JournalError> {
-        self.writable()?;
+        self.shared.writable()?;
         backpressure::keep_pace(&self.shared, &events).await;
         self.store(events, Vec::new()).await
     }
@@ -661,8 +661,8 @@ impl Journal {
     /// `sync: always`): a dead letter's fate and its delete, a quarantine. They go
     /// straight to the indexer, never behind a burst of ingress.
     pub async fn apply(&self, changes: &[Change]) -> Result<(), JournalError> {
-        self.writable()?;
-        self.to_indexer(changes.to_vec(), true).await
+        self.shared.writable()?;
+        to_indexer(&self.indexer, changes.to_vec(), true).await
     }
 
     /// Records deliveries and reschedules: committed when this returns, so
@@ -674,7 +674,7 @@ impl Journal {
     /// Takes the changes by reference so that a caller can try again
     /// without a copy made each time for a failure that seldom comes.
     pub async fn settle(&self, changes: &[Change]) -> Result<(), JournalError> {
-        self.writable()?;
+        self.shared.writable()?;
         let mut rest = Vec::new();
         {
             let mut skip = self.shared.skip.lock().map_err(|_| JournalError::Closed)?;
@@ -696,15 +696,7 @@ impl Journal {
         if rest.is_empty() {
             return Ok(());
         }
-        self.to_indexer(rest, false).await
-    }
-
-    async fn to_indexer(&self, changes: Vec<Change>, sync: bool) -> Result<(), JournalError> {
-        to_indexer(&self.indexer, changes, sync).await
-    }
-
-    fn writable(&self) -> Result<(), JournalError> {
-        self.shared.writable()
+        to_indexer(&self.indexer, rest, false).await
     }
 
     /// Queues `cmd` for the writer; a refused one comes back with why.

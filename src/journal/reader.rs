@@ -67,15 +67,8 @@ impl Reader {
                 }
             }
         }
-        let writable = || match self.shared.upgrade() {
-            Some(shared) => shared.writable(),
-            None => Err(super::JournalError::Closed),
-        };
         if !corrupt.is_empty()
-            && let Err(e) = match writable() {
-                Ok(()) => super::to_indexer(&self.indexer, corrupt, true).await,
-                Err(e) => Err(e),
-            }
+            && let Err(e) = self.quarantine(corrupt).await
         {
             tracing::error!(destination, error = %e, "cannot quarantine the corrupt record");
         }
@@ -109,6 +102,17 @@ impl Reader {
             }
         }
         result
+    }
+
+    /// Commits (synced) the quarantine of corrupt rows, unless the journal
+    /// refuses writes.
+    async fn quarantine(&self, changes: Vec<Change>) -> Result<(), super::JournalError> {
+        // Not held across the commit: a reader must not keep the journal.
+        self.shared
+            .upgrade()
+            .ok_or(super::JournalError::Closed)?
+            .writable()?;
+        super::to_indexer(&self.indexer, changes, true).await
     }
 
     /// Up to `limit` due events of `destination`, and no more once they
