@@ -2,6 +2,7 @@
 //! This file wires the parts together and owns the process life cycle.
 
 pub mod admin;
+pub mod bucket;
 pub mod clock;
 pub mod config;
 pub mod deadletter;

@@ -34,6 +34,7 @@ pub const CONNECTIONS_REFUSED: &str = "courier_http_connections_refused_total";
 pub const OLDEST_PENDING_AGE: &str = "courier_oldest_pending_age_seconds";
 pub const DEAD_LETTER_WRITE_FAILURES: &str = "courier_dead_letter_write_failures_total";
 pub const BUILD_INFO: &str = "courier_build_info";
+pub const OBJECT_STORE_REQUESTS: &str = "courier_object_store_requests_total";
 
 const BUCKETS: [f64; 14] = [
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
@@ -124,6 +125,10 @@ pub fn install(listeners: &[&'static str]) -> Result<PrometheusHandle, BuildErro
     metrics::describe_counter!(
         DEAD_LETTER_WRITE_FAILURES,
         "Dead-letter writes that failed (each is retried; the events stay in the journal)."
+    );
+    metrics::describe_counter!(
+        OBJECT_STORE_REQUESTS,
+        "Requests to object storage (dead-letter buckets, hand-off), by store URL, operation and result."
     );
     metrics::describe_gauge!(
         BUILD_INFO,
@@ -260,6 +265,13 @@ pub fn dropped(destination: &str, reason: &'static str) {
 
 pub fn rejected(destination: &str, reason: &'static str) {
     counter!(REJECTED, "destination" => destination.to_string(), "reason" => reason).increment(1);
+}
+
+/// One request to the store of URL `store`; `result` is `ok`, `error`,
+/// `not_found` or `exists` (a conditional create that lost).
+pub fn object_store_request(store: &str, op: &'static str, result: &'static str) {
+    counter!(OBJECT_STORE_REQUESTS, "store" => store.to_string(), "op" => op, "result" => result)
+        .increment(1);
 }
 
 pub fn http_panic(listener: &'static str) {

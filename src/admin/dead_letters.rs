@@ -234,14 +234,18 @@ impl Admin {
                 .collect();
             return Err(ApiError::Unknown(name.to_string(), names));
         };
-        let Some(root) = &dest.dead_letter else {
+        let Some(at) = &dest.dead_letter else {
             return Err(ApiError::NotFound(format!(
-                "destination `{name}` has no dead-letter sink (`dead_letter: none`, or no default `dead_letter.dir`): its events are dropped, not kept"
+                "destination `{name}` has no dead-letter sink (`dead_letter: none`, or no default `dead_letter`): its events are dropped, not kept"
             )));
         };
+        let sink = self
+            .fleet
+            .sink(at)
+            .map_err(|e| ApiError::Read(format!("cannot open the dead-letter store: {e}")))?;
         Ok(Source {
             destination: name.to_string(),
-            sink: self.fleet.sink(root),
+            sink,
         })
     }
 

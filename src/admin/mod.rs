@@ -6,7 +6,7 @@ pub mod client;
 mod dead_letters;
 
 use crate::clock;
-use crate::config::Live;
+use crate::config::{Live, SinkAt};
 use crate::deliver::Fleet;
 use crate::deliver::health::PauseReason;
 use crate::journal::{Journal, Pause, Reader};
@@ -188,6 +188,16 @@ impl Admin {
             };
             let v = health.view();
             let oldest = self.reader.oldest_pending(&d.name).await.ok().flatten();
+            let failing = self.fleet.sink_failing(&d.name);
+            let dead_letter = json!({
+                "sink": d.dead_letter.as_ref().map(|at| match at {
+                    SinkAt::Dir(dir) => dir.display().to_string(),
+                    SinkAt::Bucket(url) => url.as_str().to_string(),
+                }),
+                "writing": if failing.is_some() { "failing" } else { "ok" },
+                "failed_writes": failing.map(|t| t.failures),
+                "failing_for_s": failing.map(|t| t.lasted.as_secs_f64()),
+            });
             out.push(json!({
                 "name": d.name,
                 "mode": d.mode.as_str(),
@@ -201,6 +211,7 @@ impl Admin {
                 "consecutive_failures": v.consecutive_failures,
                 "last_outcome": v.last_outcome.map(|o| o.as_str()),
                 "last_attempt": v.last_attempt_ms.map(clock::rfc3339),
+                "dead_letter": dead_letter,
             }));
         }
         let mut orphaned = self.journal.destination_names();

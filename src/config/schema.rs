@@ -37,7 +37,7 @@ pub struct RawConfig {
     #[serde(default)]
     pub ingress: Ingress,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub dead_letter: Option<DeadLetterDir>,
+    pub dead_letter: Option<DeadLetterSpec>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub topics: BTreeMap<String, Topic>,
     #[serde(default)]
@@ -165,19 +165,25 @@ fn default_max_inflight() -> Size {
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
-pub struct DeadLetterDir {
-    pub dir: String,
+pub struct DeadLetterSpec {
+    /// A directory of JSON Lines files (SPEC §4.6)...
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dir: Option<String>,
+    /// ...or a bucket (SPEC §7): one of the two.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub redact_headers: Vec<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub keep_headers: Vec<String>,
 }
 
-/// A destination's sink: its own directory, or `none` (drop and count).
+/// A destination's sink: its own directory or bucket, or `none` (drop and
+/// count).
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(untagged)]
 pub enum DeadLetterChoice {
-    Dir(DeadLetterDir),
+    Sink(DeadLetterSpec),
     Keyword(String),
 }
 

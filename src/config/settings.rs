@@ -4,6 +4,7 @@
 use super::admin_token::AdminToken;
 use super::ingress_keys::IngressKeys;
 use super::schema::{LogFormat, Mode, Schema, SyncMode};
+use crate::bucket::StoreUrl;
 use crate::event_path::EventPath;
 use crate::policy::probation::ProbationPolicy;
 use crate::policy::{Limits, Schedule, StatusPolicy};
@@ -120,8 +121,8 @@ pub struct DestinationSettings {
     /// Standard Webhooks signing keys (1..=3, several during a rotation);
     /// empty = requests are not signed.
     pub signing: Vec<Secret>,
-    /// Root of the dead-letter directory sink; `None` drops and counts.
-    pub dead_letter: Option<PathBuf>,
+    /// Where dead letters go; `None` drops and counts.
+    pub dead_letter: Option<SinkAt>,
     /// App headers never written to a dead-letter record (lowercase): the
     /// global `dead_letter.redact_headers` and the destination's own.
     pub redact_headers: Vec<String>,
@@ -267,4 +268,13 @@ mod tests {
             }
         }
     }
+}
+
+/// Where a destination's dead letters go.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum SinkAt {
+    /// `dead_letter.dir`: JSON Lines files, a file per day (SPEC §4.6).
+    Dir(PathBuf),
+    /// `dead_letter.url`: objects in a bucket (SPEC §7).
+    Bucket(StoreUrl),
 }

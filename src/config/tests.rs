@@ -1,4 +1,5 @@
 use super::*;
+use crate::bucket::StoreUrl;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -782,10 +783,9 @@ fn state_paths(extra: &str, var: Option<&'static str>) -> (PathBuf, PathBuf, Pat
     let loaded = parse("c.yaml", &text, "/etc/courier".into(), Purpose::Run, &env)
         .unwrap_or_else(|e| panic!("rejected: {e}\n{text}"));
     let s = &loaded.settings;
-    let sink = |name: &str| {
-        s.destination(name)
-            .and_then(|d| d.dead_letter.clone())
-            .unwrap_or_else(|| panic!("{name} has no sink"))
+    let sink = |name: &str| match s.destination(name).and_then(|d| d.dead_letter.clone()) {
+        Some(crate::config::SinkAt::Dir(dir)) => dir,
+        other => panic!("{name} has no directory sink: {other:?}"),
     };
     (
         s.journal.dir.clone(),
@@ -1530,4 +1530,56 @@ fn a_share_out_of_range_names_key_value_and_range() {
             )
         );
     }
+}
+
+#[test]
+fn a_sink_is_a_directory_or_a_bucket_url_and_a_bad_one_names_its_key() {
+    let text = "\
+dead_letter: { url: s3://bucket/dl/ }
+destinations:
+  a: { url: http://127.0.0.1:9/a }
+  b: { url: http://127.0.0.1:9/b, dead_letter: { url: file:///var/lib/dl } }
+  c: { url: http://127.0.0.1:9/c, dead_letter: { dir: ./own } }
+";
+    let loaded = parse("c.yaml", text, "/etc/courier".into(), Purpose::Run, &env()).expect("valid");
+    let sink = |name: &str| {
+        loaded
+            .settings
+            .destination(name)
+            .and_then(|d| d.dead_letter.clone())
+    };
+    let bucket = |u: &str| Some(SinkAt::Bucket(StoreUrl::parse(u).expect("url")));
+    assert_eq!(
+        sink("a"),
+        bucket("s3://bucket/dl"),
+        "a trailing / is one prefix"
+    );
+    assert_eq!(sink("b"), bucket("file:///var/lib/dl"));
+    assert_eq!(sink("c"), Some(SinkAt::Dir("/etc/courier/own".into())));
+
+    let e = one_error(
+        "dead_letter: { url: http://bucket/x }\ndestinations:\n  a: { url: http://127.0.0.1:9/a }\n",
+    );
+    assert!(
+        e.contains("dead_letter.url") && e.contains("`http` is not one of s3, az, gs, file"),
+        "{e}"
+    );
+    let e = one_error(
+        "destinations:\n  a: { url: http://127.0.0.1:9/a, dead_letter: { dir: ./x, url: s3://b/p } }\n",
+    );
+    assert!(
+        e.contains("destinations.a.dead_letter") && e.contains("both `dir` and `url`"),
+        "{e}"
+    );
+    let e = one_error(
+        "dead_letter: { redact_headers: [x] }\ndestinations:\n  a: { url: http://127.0.0.1:9/a }\n",
+    );
+    assert!(
+        e.contains("dead_letter") && e.contains("needs `dir: PATH` or `url:"),
+        "{e}"
+    );
+    let e = one_error(
+        "dead_letter: { url: s3:///nobucket }\ndestinations:\n  a: { url: http://127.0.0.1:9/a }\n",
+    );
+    assert!(e.contains("names no bucket"), "{e}");
 }

@@ -5,11 +5,12 @@
 use super::admin_token::AdminToken;
 use super::ingress_keys::IngressKeys;
 use super::schema::{
-    DeadLetterChoice, Destination, HeaderSpec, Mode, RawConfig, Schema, SigningSpec, StatusKey,
-    TlsSpec,
+    DeadLetterChoice, DeadLetterSpec, Destination, HeaderSpec, Mode, RawConfig, Schema,
+    SigningSpec, StatusKey, TlsSpec,
 };
 use super::settings::*;
 use super::units::{Dur, Size};
+use crate::bucket::StoreUrl;
 use crate::event_path::EventPath;
 use crate::policy::classify::Codes;
 use crate::policy::probation::ProbationPolicy;
@@ -256,9 +257,9 @@ pub fn check(
         .filter(|d| d.mode == Mode::Durable)
         .count();
     let shares = Shares::new(&mut c, max_bytes, max_body_bytes, durable);
-    let default_sink = raw.dead_letter.as_ref().map(|d| {
+    let default_sink = raw.dead_letter.as_ref().and_then(|d| {
         let redact = redaction(&mut c, "dead_letter", d, &Redaction::default());
-        (c.dir(&d.dir), redact)
+        sink_at(&mut c, "dead_letter", d).map(|at| (at, redact))
     });
     let destinations = raw
         .destinations
@@ -461,7 +462,7 @@ fn destination(
     c: &mut Checker,
     name: &str,
     d: &Destination,
-    default_sink: Option<&(PathBuf, Redaction)>,
+    default_sink: Option<&(SinkAt, Redaction)>,
     shares: &Shares,
 ) -> DestinationSettings {
     let p = format!("destinations.{name}");
@@ -549,15 +550,15 @@ fn destination(
     let mut redact = default_sink.map(|(_, r)| r.clone()).unwrap_or_default();
     let dead_letter = match &d.dead_letter {
         None => default_sink.map(|(dir, _)| dir.clone()),
-        Some(DeadLetterChoice::Dir(dl)) => {
+        Some(DeadLetterChoice::Sink(dl)) => {
             redact = redaction(c, &format!("{p}.dead_letter"), dl, &redact);
-            Some(c.dir(&dl.dir))
+            sink_at(c, &format!("{p}.dead_letter"), dl)
         }
         Some(DeadLetterChoice::Keyword(k)) if k == "none" => None,
         Some(DeadLetterChoice::Keyword(k)) => {
             c.err(
                 format!("{p}.dead_letter"),
-                format!("`{k}` is not a sink: write `{{ dir: PATH }}` or `none`"),
+                format!("`{k}` is not a sink: write `{{ dir: PATH }}`, `{{ url: s3://bucket/prefix }}` or `none`"),
             );
             None
         }
@@ -925,13 +926,41 @@ impl Redaction {
     }
 }
 
+/// Where a sink is: `dir` or `url`, exactly one.
+fn sink_at(c: &mut Checker, path: &str, sink: &DeadLetterSpec) -> Option<SinkAt> {
+    match (&sink.dir, &sink.url) {
+        (Some(dir), None) => Some(SinkAt::Dir(c.dir(dir))),
+        (None, Some(url)) => match StoreUrl::parse(url) {
+            Ok(url) => Some(SinkAt::Bucket(url)),
+            Err(e) => {
+                c.err(format!("{path}.url"), e.to_string());
+                None
+            }
+        },
+        (Some(_), Some(_)) => {
+            c.err(
+                path,
+                "has both `dir` and `url`: a sink is one directory or one bucket",
+            );
+            None
+        }
+        (None, None) => {
+            c.err(
+                path,
+                "needs `dir: PATH` or `url: s3://bucket/prefix` (or az://, gs://, file:///)",
+            );
+            None
+        }
+    }
+}
+
 /// A sink's `redact_headers` and `keep_headers` over what it inherits (the
 /// defaults, or the global sink's): names are added by the one and taken
 /// back from the defaults by the other.
 fn redaction(
     c: &mut Checker,
     path: &str,
-    sink: &super::schema::DeadLetterDir,
+    sink: &DeadLetterSpec,
     inherited: &Redaction,
 ) -> Redaction {
     let mut out = inherited.clone();

@@ -1,16 +1,19 @@
 //! Paging through the sink for the admin API: filters, the opaque cursor,
 //! the newest record of an id, and the stream of records a replay of
-//! `all` takes. Blocking file reads: callers run them off the runtime.
+//! `all` takes, on any [`Shelf`]. Blocking: callers run them off the
+//! runtime.
 //!
 //! A page merges destinations by dead-letter time, newest (or oldest)
 //! first; within one destination records come in the order of its files.
+//! A page reads only the days and parts it lists from (a bucket's day is
+//! listed, and its objects read from the cursor on), never the whole sink.
 //! The cursor holds, per destination, the place of the last record listed,
 //! so records written while an operator pages never shift a page (newest
 //! first) or come at its end (oldest first), and each is listed once, even
 //! where two records' times are out of order in a file.
 
-use super::dir::{DirSink, Place};
 use super::parse::{Record, Summary, parse};
+use super::shelf::{Place, Shelf, is_day};
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -74,7 +77,7 @@ impl Filter {
 #[derive(Clone)]
 pub struct Source {
     pub destination: String,
-    pub sink: Arc<DirSink>,
+    pub sink: Arc<dyn Shelf>,
 }
 
 /// One record of a listing.
@@ -103,7 +106,10 @@ impl Cursor {
         let mut places: Vec<_> = self.after.iter().collect();
         places.sort();
         for (dest, place) in places {
-            text.push_str(&format!("\n{}\t{}\t{dest}", place.day, place.offset));
+            text.push_str(&format!(
+                "\n{}\t{}\t{}\t{dest}",
+                place.day, place.part, place.offset
+            ));
         }
         URL_SAFE_NO_PAD.encode(text)
     }
@@ -118,14 +124,15 @@ impl Cursor {
         };
         let mut after = HashMap::new();
         for line in lines {
-            let mut parts = line.splitn(3, '\t');
+            let mut parts = line.splitn(4, '\t');
             let day = parts.next()?.to_string();
+            let part = parts.next()?.to_string();
             let offset = parts.next()?.parse().ok()?;
             let dest = parts.next()?.to_string();
-            if !super::dir::is_day(&day) {
+            if !is_day(&day) {
                 return None;
             }
-            after.insert(dest, Place { day, offset });
+            after.insert(dest, Place { day, part, offset });
         }
         Some(Cursor { order, after })
     }
@@ -165,54 +172,85 @@ fn read_one(
         if skip {
             continue;
         }
+        let mut parts = src.sink.parts(&src.destination, &day)?;
+        if order == Order::Newest {
+            parts.reverse();
+        }
         let replayed = src.sink.replayed(&src.destination, &day)?;
-        let bound = from.filter(|p| p.day == day).map(|p| p.offset);
-        let mut take = |offset: u64, line: &str| -> Option<Item> {
-            let Ok(record) = parse(line) else {
-                *unreadable += 1;
-                return None;
-            };
-            filter.takes(&record, &day).then(|| Item {
-                destination: src.destination.clone(),
-                place: Place {
-                    day: day.clone(),
-                    offset,
-                },
-                at_ms: at_ms(&record, &day),
-                summary: record.summary(),
-                replayed: replayed.contains(&offset),
-            })
-        };
-        match order {
-            Order::Oldest => {
-                let start = bound.unwrap_or(0);
-                src.sink
-                    .lines(&src.destination, &day, start, u64::MAX, |offset, line| {
-                        if bound == Some(offset) {
-                            return true;
-                        }
-                        if let Some(item) = take(offset, line) {
-                            items.push(item);
-                        }
-                        items.len() < want
-                    })?;
+        for (part, _) in parts {
+            if items.len() >= want {
+                break;
             }
-            Order::Newest => {
-                // The file reads forward: keep the last ones before the bound.
-                let room = want - items.len();
-                let mut last = VecDeque::with_capacity(room);
-                let upto = bound.unwrap_or(u64::MAX);
-                src.sink
-                    .lines(&src.destination, &day, 0, upto, |offset, line| {
-                        if let Some(item) = take(offset, line) {
-                            if last.len() == room {
-                                last.pop_front();
+            let here = from.filter(|p| p.day == day);
+            let skip = match (here, order) {
+                (Some(p), Order::Oldest) => part < p.part,
+                (Some(p), Order::Newest) => part > p.part,
+                (None, _) => false,
+            };
+            if skip {
+                continue;
+            }
+            let bound = here.filter(|p| p.part == part).map(|p| p.offset);
+            let mut take = |offset: u64, line: &str| -> Option<Item> {
+                let Ok(record) = parse(line) else {
+                    *unreadable += 1;
+                    return None;
+                };
+                filter.takes(&record, &day).then(|| Item {
+                    destination: src.destination.clone(),
+                    at_ms: at_ms(&record, &day),
+                    replayed: replayed.contains(&(part.clone(), offset)),
+                    place: Place {
+                        day: day.clone(),
+                        part: part.clone(),
+                        offset,
+                    },
+                    summary: record.summary(),
+                })
+            };
+            match order {
+                Order::Oldest => {
+                    let start = bound.unwrap_or(0);
+                    src.sink.lines(
+                        &src.destination,
+                        &day,
+                        &part,
+                        start,
+                        u64::MAX,
+                        &mut |offset, line| {
+                            if bound == Some(offset) {
+                                return true;
                             }
-                            last.push_back(item);
-                        }
-                        true
-                    })?;
-                items.extend(last.into_iter().rev());
+                            if let Some(item) = take(offset, line) {
+                                items.push(item);
+                            }
+                            items.len() < want
+                        },
+                    )?;
+                }
+                Order::Newest => {
+                    // A part reads forward: keep the last ones before the bound.
+                    let room = want - items.len();
+                    let mut last = VecDeque::with_capacity(room);
+                    let upto = bound.unwrap_or(u64::MAX);
+                    src.sink.lines(
+                        &src.destination,
+                        &day,
+                        &part,
+                        0,
+                        upto,
+                        &mut |offset, line| {
+                            if let Some(item) = take(offset, line) {
+                                if last.len() == room {
+                                    last.pop_front();
+                                }
+                                last.push_back(item);
+                            }
+                            true
+                        },
+                    )?;
+                    items.extend(last.into_iter().rev());
+                }
             }
         }
     }
@@ -296,29 +334,38 @@ pub fn find(src: &Source, ids: &HashSet<String>) -> std::io::Result<HashMap<Stri
     };
     for day in src.sink.days(&src.destination)? {
         let replayed = src.sink.replayed(&src.destination, &day)?;
-        src.sink
-            .lines(&src.destination, &day, 0, u64::MAX, |offset, line| {
-                // Parse only lines that can hold one of the ids.
-                if !texts.is_empty() && !texts.iter().any(|id| line.contains(id.as_str())) {
-                    return true;
-                }
-                if let Ok(record) = parse(line)
-                    && let Some(id) = record.id().filter(|id| ids.contains(*id))
-                {
-                    found.insert(
-                        id.to_string(),
-                        Found {
-                            place: Place {
-                                day: day.clone(),
-                                offset,
+        for (part, _) in src.sink.parts(&src.destination, &day)? {
+            src.sink.lines(
+                &src.destination,
+                &day,
+                &part,
+                0,
+                u64::MAX,
+                &mut |offset, line| {
+                    // Parse only lines that can hold one of the ids.
+                    if !texts.is_empty() && !texts.iter().any(|id| line.contains(id.as_str())) {
+                        return true;
+                    }
+                    if let Ok(record) = parse(line)
+                        && let Some(id) = record.id().filter(|id| ids.contains(*id))
+                    {
+                        found.insert(
+                            id.to_string(),
+                            Found {
+                                replayed: replayed.contains(&(part.clone(), offset)),
+                                place: Place {
+                                    day: day.clone(),
+                                    part: part.clone(),
+                                    offset,
+                                },
+                                line: line.to_string(),
                             },
-                            line: line.to_string(),
-                            replayed: replayed.contains(&offset),
-                        },
-                    );
-                }
-                true
-            })?;
+                        );
+                    }
+                    true
+                },
+            )?;
+        }
     }
     Ok(found)
 }
@@ -335,30 +382,43 @@ pub fn unreplayed(
     let mut go_on = true;
     // What exists now: records that replays dead-letter again while this
     // runs are past these ends, and wait for the next replay.
-    for (day, size) in src.sink.sizes(&src.destination)? {
-        if !filter.day(&day) {
-            continue;
+    let mut days = Vec::new();
+    for day in src.sink.days(&src.destination)? {
+        if filter.day(&day) {
+            let parts = src.sink.parts(&src.destination, &day)?;
+            days.push((day, parts));
         }
+    }
+    for (day, parts) in days {
         let replayed = src.sink.replayed(&src.destination, &day)?;
-        src.sink
-            .lines(&src.destination, &day, 0, size, |offset, line| {
-                if replayed.contains(&offset) {
-                    return true;
-                }
-                if parse(line).is_ok_and(|r| filter.takes(&r, &day)) {
-                    let place = Place {
-                        day: day.clone(),
-                        offset,
-                    };
-                    batch.push((place, line.to_string()));
-                    if batch.len() == chunk {
-                        go_on = each(std::mem::take(&mut batch));
+        for (part, size) in parts {
+            src.sink.lines(
+                &src.destination,
+                &day,
+                &part,
+                0,
+                size,
+                &mut |offset, line| {
+                    if replayed.contains(&(part.clone(), offset)) {
+                        return true;
                     }
-                }
-                go_on
-            })?;
-        if !go_on {
-            return Ok(());
+                    if parse(line).is_ok_and(|r| filter.takes(&r, &day)) {
+                        let place = Place {
+                            day: day.clone(),
+                            part: part.clone(),
+                            offset,
+                        };
+                        batch.push((place, line.to_string()));
+                        if batch.len() == chunk {
+                            go_on = each(std::mem::take(&mut batch));
+                        }
+                    }
+                    go_on
+                },
+            )?;
+            if !go_on {
+                return Ok(());
+            }
         }
     }
     if !batch.is_empty() {
@@ -370,11 +430,54 @@ pub fn unreplayed(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::deadletter::DeadLetterSink;
+    use crate::deadletter::{BucketSink, DirSink, Line};
 
-    /// Two destinations over three days: 5 + 7 records, reasons alternating.
-    fn sources(root: &std::path::Path) -> Vec<Source> {
-        let sink = Arc::new(DirSink::new(root.to_path_buf()));
+    #[derive(Clone, Copy, Debug)]
+    enum Kind {
+        Dir,
+        Bucket,
+    }
+
+    fn shelf(root: &std::path::Path, kind: Kind) -> Arc<dyn Shelf> {
+        match kind {
+            Kind::Dir => Arc::new(DirSink::new(root.to_path_buf())),
+            Kind::Bucket => {
+                let url = format!("file://{}", root.display());
+                let url = crate::bucket::StoreUrl::parse(&url).expect("url");
+                Arc::new(BucketSink::new(
+                    crate::bucket::Bucket::open(&url).expect("open"),
+                ))
+            }
+        }
+    }
+
+    /// Runs `test` on a directory sink and on a bucket sink (a local
+    /// store: all of the bucket sink's code but the store's), on a
+    /// blocking thread of a runtime, as the admin API runs them.
+    fn on_both(test: fn(Kind, &std::path::Path)) {
+        for kind in [Kind::Dir, Kind::Bucket] {
+            let tmp = tempfile::tempdir().expect("tempdir");
+            let root = tmp.path().to_path_buf();
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .enable_all()
+                .build()
+                .expect("runtime");
+            rt.block_on(rt.spawn_blocking(move || test(kind, &root)))
+                .unwrap_or_else(|e| panic!("{kind:?}: {e}"));
+        }
+    }
+
+    fn write(sink: &dyn Shelf, dest: &str, day: &str, texts: &[String]) {
+        let lines: Vec<Line> = texts.iter().map(|t| Line::bare(t)).collect();
+        let refs: Vec<&Line> = lines.iter().collect();
+        sink.write(dest, day, &refs).expect("write");
+    }
+
+    /// Two destinations over three days: 5 + 7 records, reasons
+    /// alternating; written two at a time (a bucket's day in parts).
+    fn sources(root: &std::path::Path, kind: Kind) -> Vec<Source> {
+        let sink = shelf(root, kind);
         let mut n = 0;
         for (dest, days) in [("a", [2, 0, 3]), ("b", [1, 4, 2])] {
             for (d, count) in days.into_iter().enumerate() {
@@ -386,8 +489,8 @@ mod tests {
                         format!(r#"{{"id":"e{n}","deadLetterReason":"{reason}","deadLetterTime":"{day}T{n:02}:00:00Z","data":{{}}}}"#)
                     })
                     .collect();
-                if !lines.is_empty() {
-                    sink.write(dest, &day, &lines).expect("write");
+                for two in lines.chunks(2) {
+                    write(sink.as_ref(), dest, &day, two);
                 }
             }
         }
@@ -417,8 +520,11 @@ mod tests {
 
     #[test]
     fn pages_return_every_record_once_in_either_order() {
-        let tmp = tempfile::tempdir().expect("tempdir");
-        let src = sources(tmp.path());
+        on_both(pages_in_either_order);
+    }
+
+    fn pages_in_either_order(kind: Kind, root: &std::path::Path) {
+        let src = sources(root, kind);
         // By dead-letter time across both destinations.
         let oldest = [
             "e1", "e2", "e6", "e7", "e8", "e9", "e10", "e3", "e4", "e5", "e11", "e12",
@@ -440,19 +546,26 @@ mod tests {
 
     #[test]
     fn times_out_of_order_in_a_file_still_list_each_record_once() {
-        let tmp = tempfile::tempdir().expect("tempdir");
-        let sink = Arc::new(DirSink::new(tmp.path().to_path_buf()));
+        on_both(times_out_of_order);
+    }
+
+    fn times_out_of_order(kind: Kind, root: &std::path::Path) {
+        let sink = shelf(root, kind);
         let line = |id: &str, hour: u32| {
             format!(r#"{{"id":"{id}","deadLetterTime":"2026-11-20T{hour:02}:00:00Z"}}"#)
         };
-        sink.write(
+        write(
+            sink.as_ref(),
             "a",
             "2026-11-20",
             &[line("a1", 5), line("a2", 1), line("a3", 9)],
-        )
-        .expect("write");
-        sink.write("b", "2026-11-20", &[line("b1", 3), line("b2", 7)])
-            .expect("write");
+        );
+        write(
+            sink.as_ref(),
+            "b",
+            "2026-11-20",
+            &[line("b1", 3), line("b2", 7)],
+        );
         let src = ["a", "b"].map(|d| Source {
             destination: d.into(),
             sink: sink.clone(),
@@ -472,8 +585,11 @@ mod tests {
 
     #[test]
     fn filters_take_reason_and_time() {
-        let tmp = tempfile::tempdir().expect("tempdir");
-        let src = sources(tmp.path());
+        on_both(filters);
+    }
+
+    fn filters(kind: Kind, root: &std::path::Path) {
+        let src = sources(root, kind);
         let ttl = Filter {
             reason: Some("TimeToLiveExceeded".into()),
             ..Filter::default()
@@ -499,8 +615,11 @@ mod tests {
 
     #[test]
     fn a_replay_of_all_skips_what_was_replayed_and_finds_the_newest_by_id() {
-        let tmp = tempfile::tempdir().expect("tempdir");
-        let src = sources(tmp.path());
+        on_both(replay_of_all);
+    }
+
+    fn replay_of_all(kind: Kind, root: &std::path::Path) {
+        let src = sources(root, kind);
         let mut first = Vec::new();
         unreplayed(&src[1], &Filter::default(), 3, |chunk| {
             first.push(chunk.len());
@@ -527,10 +646,12 @@ mod tests {
         .expect("walk");
         assert_eq!(rest, [Some("e12".to_string())]);
         // The same id twice: the newest wins.
-        src[0]
-            .sink
-            .write("a", "2026-11-24", &[r#"{"id":"e1","v":2}"#.into()])
-            .expect("write");
+        write(
+            src[0].sink.as_ref(),
+            "a",
+            "2026-11-24",
+            &[r#"{"id":"e1","v":2}"#.to_string()],
+        );
         let ids = HashSet::from(["e1".to_string(), "nope".to_string()]);
         let found = find(&src[0], &ids).expect("find");
         assert_eq!(found.len(), 1);
@@ -545,13 +666,14 @@ mod tests {
         assert!(Cursor::decode("not base64!").is_none());
         assert!(Cursor::decode(&URL_SAFE_NO_PAD.encode("x")).is_none());
         assert!(Cursor::decode(&URL_SAFE_NO_PAD.encode("n\nnot-a-day\t3\ta")).is_none());
-        assert!(Cursor::decode(&URL_SAFE_NO_PAD.encode("n\n2026-11-20\tx\ta")).is_none());
+        assert!(Cursor::decode(&URL_SAFE_NO_PAD.encode("n\n2026-11-20\t\tx\ta")).is_none());
         let c = Cursor {
             order: Order::Oldest,
             after: HashMap::from([(
                 "a\tb".to_string(),
                 Place {
                     day: "2026-11-20".into(),
+                    part: "0000000000001-0000000000002-x-2.jsonl".into(),
                     offset: 7,
                 },
             )]),

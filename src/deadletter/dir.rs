@@ -2,14 +2,15 @@
 //! object per line, appended and fdatasync'ed before the journal forgets.
 //!
 //! The files are also what the admin API reads, replays and purges. A
-//! record's place, (day, byte offset of its line), is its stable handle:
-//! files are only appended to, or removed whole by a purge. Replayed
-//! records are listed by offset in `<day>.replayed` beside their file, so
-//! the records themselves never change, and tools that read `*.jsonl`
-//! see nothing new.
+//! day is one part (its file, named ""), and a record's offset in it is
+//! its stable handle: files are only appended to, or removed whole by a
+//! purge. Replayed records are listed by offset in `<day>.replayed`
+//! beside their file, so the records themselves never change, and tools
+//! that read `*.jsonl` see nothing new.
 
-use super::{DeadLetterSink, Key, day_of, parse};
-use std::collections::{BTreeMap, HashSet};
+use super::shelf::{Place, Purged, Shelf, is_day};
+use super::{DeadLetterSink, Key, Line, keys_by_day};
+use std::collections::HashSet;
 use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
@@ -23,30 +24,12 @@ pub struct DirSink {
     lock: Mutex<()>,
 }
 
-/// A record's place in the sink.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Place {
-    pub day: String,
-    pub offset: u64,
-}
-
-/// What a purge removed.
-#[derive(Debug, Default, PartialEq)]
-pub struct Purged {
-    pub records: u64,
-    pub files: Vec<String>,
-}
-
 impl DirSink {
     pub fn new(root: PathBuf) -> Self {
         DirSink {
             root,
             lock: Mutex::new(()),
         }
-    }
-
-    pub fn root(&self) -> &Path {
-        &self.root
     }
 
     fn lock(&self) -> std::io::Result<MutexGuard<'_, ()>> {
@@ -59,51 +42,15 @@ impl DirSink {
         self.root.join(destination).join(format!("{day}.{ext}"))
     }
 
-    /// The days that have a file for `destination`, oldest first.
-    pub fn days(&self, destination: &str) -> std::io::Result<Vec<String>> {
-        let entries = match std::fs::read_dir(self.root.join(destination)) {
-            Ok(entries) => entries,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-            Err(e) => return Err(e),
-        };
-        let mut days = Vec::new();
-        for entry in entries {
-            let name = entry?.file_name();
-            let Some(day) = name.to_str().and_then(|n| n.strip_suffix(".jsonl")) else {
-                continue;
-            };
-            if is_day(day) {
-                days.push(day.to_string());
-            }
-        }
-        days.sort();
-        Ok(days)
-    }
-
-    /// The size of each day's file now: what a replay of `all` reads, so
-    /// that it never reaches the records its own replays write.
-    pub fn sizes(&self, destination: &str) -> std::io::Result<Vec<(String, u64)>> {
-        let mut out = Vec::new();
-        for day in self.days(destination)? {
-            match std::fs::metadata(self.file(destination, &day, "jsonl")) {
-                Ok(m) => out.push((day, m.len())),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(out)
-    }
-
-    /// Calls `each(offset, line)` for every whole line of a day's file
-    /// from `from` on and before `upto`, until it returns false. A last
-    /// line without its newline is a write in progress and is skipped.
-    pub fn lines(
+    /// Every whole line of a day's file from `from` on and before `upto`,
+    /// to `each` until it returns false.
+    fn read(
         &self,
         destination: &str,
         day: &str,
         from: u64,
         upto: u64,
-        mut each: impl FnMut(u64, &str) -> bool,
+        each: &mut dyn FnMut(u64, &str) -> bool,
     ) -> std::io::Result<()> {
         let mut file = match File::open(self.file(destination, day, "jsonl")) {
             Ok(f) => f,
@@ -128,9 +75,50 @@ impl DirSink {
         }
         Ok(())
     }
+}
 
-    /// The offsets of a day's records already replayed.
-    pub fn replayed(&self, destination: &str, day: &str) -> std::io::Result<HashSet<u64>> {
+impl Shelf for DirSink {
+    fn days(&self, destination: &str) -> std::io::Result<Vec<String>> {
+        let entries = match std::fs::read_dir(self.root.join(destination)) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(e),
+        };
+        let mut days = Vec::new();
+        for entry in entries {
+            let name = entry?.file_name();
+            let Some(day) = name.to_str().and_then(|n| n.strip_suffix(".jsonl")) else {
+                continue;
+            };
+            if is_day(day) {
+                days.push(day.to_string());
+            }
+        }
+        days.sort();
+        Ok(days)
+    }
+
+    fn parts(&self, destination: &str, day: &str) -> std::io::Result<Vec<(String, u64)>> {
+        match std::fs::metadata(self.file(destination, day, "jsonl")) {
+            Ok(m) => Ok(vec![(String::new(), m.len())]),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn lines(
+        &self,
+        destination: &str,
+        day: &str,
+        _part: &str,
+        from: u64,
+        upto: u64,
+        each: &mut dyn FnMut(u64, &str) -> bool,
+    ) -> std::io::Result<()> {
+        self.read(destination, day, from, upto, each)
+    }
+
+    fn replayed(&self, destination: &str, day: &str) -> std::io::Result<HashSet<(String, u64)>> {
         let mut text = String::new();
         match File::open(self.file(destination, day, "replayed")) {
             Ok(mut f) => f.read_to_string(&mut text)?,
@@ -144,11 +132,11 @@ impl DirSink {
         Ok(whole
             .lines()
             .filter_map(|l| l.trim().parse().ok())
+            .map(|offset| (String::new(), offset))
             .collect())
     }
 
-    /// Records `places` as replayed, durably.
-    pub fn mark_replayed(&self, destination: &str, places: &[Place]) -> std::io::Result<()> {
+    fn mark_replayed(&self, destination: &str, places: &[Place]) -> std::io::Result<()> {
         let _guard = self.lock()?;
         let mut days: Vec<&str> = places.iter().map(|p| p.day.as_str()).collect();
         days.sort_unstable();
@@ -169,9 +157,7 @@ impl DirSink {
         Ok(())
     }
 
-    /// Removes `destination`'s files of days before `before` (all of them
-    /// without), with their replay marks; counts the records removed.
-    pub fn purge(&self, destination: &str, before: Option<&str>) -> std::io::Result<Purged> {
+    fn purge(&self, destination: &str, before: Option<&str>) -> std::io::Result<Purged> {
         let _guard = self.lock()?;
         let mut purged = Purged::default();
         for day in self.days(destination)? {
@@ -180,7 +166,7 @@ impl DirSink {
             }
             let path = self.file(destination, &day, "jsonl");
             let mut records = 0;
-            self.lines(destination, &day, 0, u64::MAX, |_, _| {
+            self.read(destination, &day, 0, u64::MAX, &mut |_, _| {
                 records += 1;
                 true
             })?;
@@ -199,17 +185,6 @@ impl DirSink {
         }
         Ok(purged)
     }
-}
-
-/// `yyyy-mm-dd`, as the sink names its files (a stray file is ignored).
-pub fn is_day(s: &str) -> bool {
-    let b = s.as_bytes();
-    b.len() == 10
-        && b[4] == b'-'
-        && b[7] == b'-'
-        && b.iter()
-            .enumerate()
-            .all(|(i, c)| i == 4 || i == 7 || c.is_ascii_digit())
 }
 
 /// Appends `bytes` to `path` (created 0600) in `root/destination`, durably:
@@ -258,47 +233,15 @@ fn ends_line(file: &File, len: u64) -> std::io::Result<bool> {
     Ok(last[0] == b'\n')
 }
 
-/// The keys one day file is searched for. Only a line that holds one of
-/// their dead-letter times is parsed: most of a day's records are not.
-struct Wanted {
-    keys: HashSet<Key>,
-    times: Vec<String>,
-}
-
-impl Wanted {
-    fn new(keys: HashSet<Key>) -> Self {
-        let mut times: Vec<String> = keys
-            .iter()
-            .map(|k| crate::clock::rfc3339(k.at_ms))
-            .collect();
-        times.sort_unstable();
-        times.dedup();
-        Wanted { keys, times }
-    }
-
-    /// The key of `line`, when it is one wanted.
-    fn find(&self, line: &str) -> Option<Key> {
-        if !self.times.iter().any(|t| line.contains(t.as_str())) {
-            return None;
-        }
-        parse(line).ok()?.key().filter(|k| self.keys.contains(k))
-    }
-}
-
 impl DeadLetterSink for DirSink {
     /// Reads the day files the keys' dead-letter times name, whole (a
     /// record is appended after its time was chosen, but maybe long after,
     /// behind later ones), until every key is found.
     fn holds(&self, destination: &str, keys: &[Key]) -> std::io::Result<HashSet<Key>> {
-        let mut days: BTreeMap<String, HashSet<Key>> = BTreeMap::new();
-        for k in keys {
-            days.entry(day_of(k.at_ms)).or_default().insert(k.clone());
-        }
         let mut found = HashSet::new();
-        for (day, keys) in days {
-            let wanted = Wanted::new(keys);
+        for (day, wanted) in keys_by_day(keys) {
             let mut left = wanted.keys.len();
-            self.lines(destination, &day, 0, u64::MAX, |_, line| {
+            self.read(destination, &day, 0, u64::MAX, &mut |_, line| {
                 if let Some(k) = wanted.find(line)
                     && found.insert(k)
                 {
@@ -310,11 +253,11 @@ impl DeadLetterSink for DirSink {
         Ok(found)
     }
 
-    fn write(&self, destination: &str, day: &str, lines: &[String]) -> std::io::Result<()> {
+    fn write(&self, destination: &str, day: &str, lines: &[&Line]) -> std::io::Result<()> {
         let _guard = self.lock()?;
-        let mut buf = Vec::with_capacity(lines.iter().map(|l| l.len() + 1).sum());
+        let mut buf = Vec::with_capacity(lines.iter().map(|l| l.text.len() + 1).sum());
         for line in lines {
-            buf.extend_from_slice(line.as_bytes());
+            buf.extend_from_slice(line.text.as_bytes());
             buf.push(b'\n');
         }
         append(
@@ -331,13 +274,14 @@ mod tests {
     use super::*;
 
     fn write(sink: &DirSink, day: &str, lines: &[&str]) {
-        let lines: Vec<String> = lines.iter().map(|l| l.to_string()).collect();
-        sink.write("orders", day, &lines).expect("write");
+        let lines: Vec<Line> = lines.iter().map(|l| Line::bare(l)).collect();
+        let refs: Vec<&Line> = lines.iter().collect();
+        sink.write("orders", day, &refs).expect("write");
     }
 
     fn all(sink: &DirSink, day: &str) -> Vec<(u64, String)> {
         let mut out = Vec::new();
-        sink.lines("orders", day, 0, u64::MAX, |o, l| {
+        sink.lines("orders", day, "", 0, u64::MAX, &mut |o, l| {
             out.push((o, l.to_string()));
             true
         })
@@ -383,7 +327,7 @@ mod tests {
         // Only what existed when a reader started is read.
         write(&sink, "2026-11-22", &["{\"a\":3}"]);
         let mut upto = Vec::new();
-        sink.lines("orders", "2026-11-22", 0, 16, |o, _| {
+        sink.lines("orders", "2026-11-22", "", 0, 16, &mut |o, _| {
             upto.push(o);
             true
         })
@@ -393,16 +337,17 @@ mod tests {
         std::fs::write(tmp.path().join("orders/2026-11-22.replayed"), "8\n1").expect("write");
         assert_eq!(
             sink.replayed("orders", "2026-11-22").expect("read"),
-            HashSet::from([8])
+            HashSet::from([(String::new(), 8)])
         );
         let place = Place {
             day: "2026-11-22".into(),
+            part: String::new(),
             offset: 16,
         };
         sink.mark_replayed("orders", &[place]).expect("mark");
         assert_eq!(
             sink.replayed("orders", "2026-11-22").expect("read"),
-            HashSet::from([8, 16])
+            HashSet::from([(String::new(), 8), (String::new(), 16)])
         );
     }
 
@@ -452,14 +397,11 @@ mod tests {
         // A record from before records had a seq: the same id and time.
         let old = a_text.replacen(",\"seq\":1", "", 1);
         assert_ne!(old, a_text, "the seq was taken out");
-        sink.write("orders", "2026-11-22", &[old, a_before_text])
-            .expect("write");
+        write(&sink, "2026-11-22", &[&old, &a_before_text]);
         let keys = [a.clone(), b.clone(), c.clone()];
         assert!(sink.holds("orders", &keys).expect("holds").is_empty());
-        sink.write("orders", "2026-11-22", std::slice::from_ref(&a_text))
-            .expect("write");
-        sink.write("orders", "2026-11-23", &[c_text])
-            .expect("write");
+        write(&sink, "2026-11-22", &[&a_text]);
+        write(&sink, "2026-11-23", &[&c_text]);
         // A record cut by a crash is not one.
         let (d, d_text) = keyed(4, "d", t);
         let path = tmp.path().join("orders/2026-11-22.jsonl");
@@ -487,13 +429,14 @@ mod tests {
         std::fs::write(tmp.path().join("orders/notes.txt"), "keep").expect("write");
         let place = |day: &str, offset| Place {
             day: day.into(),
+            part: String::new(),
             offset,
         };
         sink.mark_replayed("orders", &[place("2026-11-20", 3), place("2026-11-22", 0)])
             .expect("mark");
         assert_eq!(
             sink.replayed("orders", "2026-11-20").expect("read"),
-            HashSet::from([3])
+            HashSet::from([(String::new(), 3)])
         );
         assert_eq!(
             sink.days("orders").expect("days"),
@@ -506,7 +449,7 @@ mod tests {
         assert!(!tmp.path().join("orders/2026-11-20.replayed").exists());
         assert_eq!(
             sink.replayed("orders", "2026-11-22").expect("read"),
-            HashSet::from([0])
+            HashSet::from([(String::new(), 0)])
         );
         assert!(
             tmp.path().join("orders/notes.txt").exists(),

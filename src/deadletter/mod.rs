@@ -2,25 +2,29 @@
 //! to a sink, and synced, before it leaves the journal.
 
 mod browse;
+mod bucket;
 mod dir;
 mod parse;
 mod record;
+mod shelf;
 
 pub use browse::{
     Cursor, Filter, Found, Item, Order, Page, Source, day_start_ms, find, page, unreplayed,
 };
-pub use dir::{DirSink, Place, Purged, is_day};
+pub use bucket::BucketSink;
+pub use dir::DirSink;
 pub use parse::{ParseError, Rebuilt, Record, Summary, parse};
 pub use record::{Facts, Key, Written, record};
+pub use shelf::{Place, Purged, Shelf, is_day};
 
 use std::collections::{BTreeMap, HashSet};
 
-/// Where dead letters go. The directory sink is the one built in; the trait
-/// keeps delivery independent of it (and lets tests inject failures).
+/// Where dead letters go: a directory or a bucket. The trait keeps
+/// delivery independent of them (and lets tests inject failures).
 pub trait DeadLetterSink: Send + Sync {
-    /// Appends `lines` (one JSON object each) for `destination`, durably,
-    /// before returning.
-    fn write(&self, destination: &str, day: &str, lines: &[String]) -> std::io::Result<()>;
+    /// Stores `lines` (records of dead-letter day `day`) for
+    /// `destination`, durably, before returning.
+    fn write(&self, destination: &str, day: &str, lines: &[&Line]) -> std::io::Result<()>;
 
     /// Those of `keys` whose record `destination` already holds.
     fn holds(&self, destination: &str, keys: &[Key]) -> std::io::Result<HashSet<Key>>;
@@ -30,6 +34,21 @@ pub trait DeadLetterSink: Send + Sync {
 pub struct Line {
     pub key: Key,
     pub text: String,
+}
+
+impl Line {
+    /// A record under a key of no event, for tests of what sinks store.
+    #[cfg(test)]
+    pub(crate) fn bare(text: &str) -> Line {
+        Line {
+            key: Key {
+                seq: 0,
+                id: String::new(),
+                at_ms: 0,
+            },
+            text: text.to_string(),
+        }
+    }
 }
 
 /// Writes the records of `lines`, each to the file of its dead-letter day.
@@ -55,22 +74,56 @@ pub fn write_once(
             "dead letters found already written (before a restart, or by a failed write): not written again"
         );
     }
-    for (day, texts) in missing_by_day(lines, &held) {
-        sink.write(destination, &day, &texts)?;
+    for (day, day_lines) in missing_by_day(lines, &held) {
+        sink.write(destination, &day, &day_lines)?;
     }
     Ok(())
 }
 
-/// The texts of the lines not `held`, per UTC day of their dead-letter
-/// time (the sink's file), in their order.
-fn missing_by_day(lines: &[Line], held: &HashSet<Key>) -> BTreeMap<String, Vec<String>> {
-    let mut days: BTreeMap<String, Vec<String>> = BTreeMap::new();
+/// The lines not `held`, per UTC day of their dead-letter time (the
+/// sink's file or folder), in their order.
+fn missing_by_day<'a>(lines: &'a [Line], held: &HashSet<Key>) -> BTreeMap<String, Vec<&'a Line>> {
+    let mut days: BTreeMap<String, Vec<&Line>> = BTreeMap::new();
     for line in lines.iter().filter(|l| !held.contains(&l.key)) {
-        days.entry(day_of(line.key.at_ms))
-            .or_default()
-            .push(line.text.clone());
+        days.entry(day_of(line.key.at_ms)).or_default().push(line);
     }
     days
+}
+
+/// The keys a sink is searched for. Only a line that holds one of their
+/// dead-letter times is parsed: most of a day's records are not.
+struct Wanted {
+    keys: HashSet<Key>,
+    times: Vec<String>,
+}
+
+impl Wanted {
+    fn new(keys: HashSet<Key>) -> Self {
+        let mut times: Vec<String> = keys
+            .iter()
+            .map(|k| crate::clock::rfc3339(k.at_ms))
+            .collect();
+        times.sort_unstable();
+        times.dedup();
+        Wanted { keys, times }
+    }
+
+    /// The key of `line`, when it is one wanted.
+    fn find(&self, line: &str) -> Option<Key> {
+        if !self.times.iter().any(|t| line.contains(t.as_str())) {
+            return None;
+        }
+        parse(line).ok()?.key().filter(|k| self.keys.contains(k))
+    }
+}
+
+/// The keys wanted of each day (a dead-letter time's day is its record's).
+fn keys_by_day(keys: &[Key]) -> BTreeMap<String, Wanted> {
+    let mut days: BTreeMap<String, HashSet<Key>> = BTreeMap::new();
+    for k in keys {
+        days.entry(day_of(k.at_ms)).or_default().insert(k.clone());
+    }
+    days.into_iter().map(|(d, k)| (d, Wanted::new(k))).collect()
 }
 
 /// `yyyy-mm-dd` (UTC) of a dead-letter time: the day file its record is in.
@@ -91,9 +144,12 @@ mod tests {
     }
 
     impl DeadLetterSink for Fake {
-        fn write(&self, _: &str, day: &str, lines: &[String]) -> std::io::Result<()> {
+        fn write(&self, _: &str, day: &str, lines: &[&Line]) -> std::io::Result<()> {
             let mut writes = self.writes.lock().expect("lock");
-            writes.push((day.to_string(), lines.to_vec()));
+            writes.push((
+                day.to_string(),
+                lines.iter().map(|l| l.text.clone()).collect(),
+            ));
             Ok(())
         }
 

@@ -14,16 +14,16 @@
 use super::dispatcher::Dispatcher;
 use super::health::{Health, PauseReason};
 use super::settle::{Ctx, LateCompleted};
-use super::sink_streak::SinkStreak;
+use super::sink_streak::{SinkStreak, Tally as SinkTally};
 use super::{Connector, HttpsClient, Passthrough, stack};
-use crate::config::{DestinationSettings, Settings};
-use crate::deadletter::{DeadLetterSink, DirSink};
+use crate::bucket::Bucket;
+use crate::config::{DestinationSettings, Settings, SinkAt};
+use crate::deadletter::{BucketSink, DeadLetterSink, DirSink, Shelf};
 use crate::journal::{Journal, Reader};
 use crate::lifecycle::Lifecycle;
 use crate::metrics;
 use crate::tls::{TlsFileError, TlsFiles};
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::watch;
@@ -37,6 +37,8 @@ pub enum ApplyError {
     Tls(String, #[source] TlsFileError),
     #[error("cannot open a journal reader: {0}")]
     Reader(#[source] rusqlite::Error),
+    #[error("destination {0}: cannot open the dead-letter store {1}: {2}")]
+    Sink(String, String, #[source] object_store::Error),
 }
 
 pub struct Fleet {
@@ -54,7 +56,8 @@ struct Inner {
     /// Kept across a removal, so that a destination that comes back keeps
     /// its pause, probation, late answers and dead-letter failure streak.
     healths: HashMap<String, Kept>,
-    sinks: HashMap<PathBuf, Arc<DirSink>>,
+    /// One per place, shared by the destinations that name it.
+    sinks: HashMap<SinkAt, Arc<dyn Shelf>>,
     /// Each destination's connection pool and the `concurrency` and `tls`
     /// it was made for; a reload keeps the pool unless one changed.
     clients: HashMap<String, Pool>,
@@ -96,19 +99,26 @@ struct Task {
 }
 
 impl Inner {
-    fn sink(sinks: &mut HashMap<PathBuf, Arc<DirSink>>, root: &Path) -> Arc<DirSink> {
-        sinks
-            .entry(root.to_path_buf())
-            .or_insert_with(|| Arc::new(DirSink::new(root.to_path_buf())))
-            .clone()
+    /// The sink at `at`, opened on first use (a bucket makes no request
+    /// to open; its credentials come from the environment).
+    fn sink(&mut self, at: &SinkAt) -> Result<Arc<dyn Shelf>, object_store::Error> {
+        if let Some(sink) = self.sinks.get(at) {
+            return Ok(sink.clone());
+        }
+        let sink: Arc<dyn Shelf> = match at {
+            SinkAt::Dir(root) => Arc::new(DirSink::new(root.clone())),
+            SinkAt::Bucket(url) => Arc::new(BucketSink::new(Bucket::open(url)?)),
+        };
+        self.sinks.insert(at.clone(), sink.clone());
+        Ok(sink)
     }
 }
 
 impl Fleet {
-    /// The sink of the directory `root`: the one delivery appends to, so
-    /// that the admin API's marks and purges take the same lock.
-    pub fn sink(&self, root: &Path) -> Arc<DirSink> {
-        Inner::sink(&mut self.lock().sinks, root)
+    /// The sink at `at`: the one delivery writes to, so that the admin
+    /// API's marks and purges take the same lock.
+    pub fn sink(&self, at: &SinkAt) -> Result<Arc<dyn Shelf>, object_store::Error> {
+        self.lock().sink(at)
     }
 
     pub fn new(journal: Journal, connector: Connector, lifecycle: Arc<Lifecycle>) -> Fleet {
@@ -148,6 +158,15 @@ impl Fleet {
                 },
             };
             pools.insert(dest.name.clone(), pool);
+            if let Some(at) = &dest.dead_letter {
+                inner.sink(at).map_err(|e| {
+                    let place = match at {
+                        SinkAt::Dir(dir) => dir.display().to_string(),
+                        SinkAt::Bucket(url) => url.as_str().to_string(),
+                    };
+                    ApplyError::Sink(dest.name.clone(), place, e)
+                })?;
+            }
             if !inner.running.contains_key(&dest.name) {
                 let reader = self.journal.reader().map_err(ApplyError::Reader)?;
                 readers.insert(dest.name.clone(), reader);
@@ -179,7 +198,8 @@ impl Fleet {
             let sink = dest
                 .dead_letter
                 .as_ref()
-                .map(|root| Inner::sink(&mut inner.sinks, root) as Arc<dyn DeadLetterSink>);
+                .and_then(|at| inner.sinks.get(at).cloned())
+                .map(|s| s as Arc<dyn DeadLetterSink>);
             let Some(pool) = pools.remove(name) else {
                 continue;
             };
@@ -283,6 +303,15 @@ impl Fleet {
             .running
             .contains_key(name)
             .then(|| inner.healths.get(name).map(|k| k.health.clone()))?
+    }
+
+    /// A destination's failing dead-letter writes, while they fail: the
+    /// failed writes so far and since when (its events wait meanwhile).
+    pub fn sink_failing(&self, name: &str) -> Option<SinkTally> {
+        let inner = self.lock();
+        let kept = inner.healths.get(name)?;
+        let streak = kept.sink_streak.lock().unwrap_or_else(|p| p.into_inner());
+        streak.open(tokio::time::Instant::now())
     }
 
     /// After `Lifecycle::drain`: waits up to `grace` for every dispatcher to

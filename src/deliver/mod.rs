@@ -24,3 +24,4 @@ pub use answer_body::AnswerBody;
 pub use client::{Connector, HttpsClient, build_connector};
 pub use fleet::{ApplyError, Fleet};
 pub use passthrough::{Passed, Passthrough};
+pub use sink_streak::Tally as SinkTally;

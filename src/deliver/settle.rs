@@ -40,10 +40,14 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tower::ServiceExt;
 
-/// How long a dead letter that could not be written waits before the next try.
-const SINK_RETRY: Duration = Duration::from_secs(5);
-/// How long a settled outcome keeps trying to reach the journal or the sink
-/// before its event is left for the next start.
+/// A dead letter that could not be written waits this long before the
+/// next try, doubled after each failure up to `SINK_RETRY_MAX`: a sink is
+/// tried until it takes the record (a bucket may be down for an hour), the
+/// events held in the journal meanwhile.
+const SINK_RETRY: Duration = Duration::from_secs(1);
+const SINK_RETRY_MAX: Duration = Duration::from_secs(30);
+/// How long a settled outcome keeps trying to reach the journal before its
+/// event is left for the next start.
 const PERSIST_FOR: Duration = Duration::from_secs(600);
 
 pub struct Ctx {
@@ -490,7 +494,10 @@ async fn dead_letter(ctx: &Ctx, items: &[(&StoredEvent, Fate)], batch: Option<&s
             // Fated before a restart: the record may be written already.
             let mut check = items.iter().any(|(ev, _)| ev.fate.is_some());
             let first = items.first().map_or("", |(ev, _)| ev.event.id.as_str());
-            let give_up = tokio::time::Instant::now() + PERSIST_FOR;
+            let mut wait = SINK_RETRY;
+            // Until written, or the dispatcher is stopped: the events stay
+            // in the journal and are not sent again; only the dead letters
+            // are retried.
             loop {
                 let (sink, name, lines) = (sink.clone(), dest.clone(), lines.clone());
                 let error = match tokio::task::spawn_blocking(move || {
@@ -503,40 +510,28 @@ async fn dead_letter(ctx: &Ctx, items: &[(&StoredEvent, Fate)], batch: Option<&s
                     Err(e) => e.to_string(),
                 };
                 ctx.metrics.dead_letter_write_failed();
-                // The events stay in the journal and are not sent again:
-                // only the dead letters are retried.
-                let now = tokio::time::Instant::now();
-                let gives_up = now >= give_up;
-                let given_up = if gives_up { items.len() as u64 } else { 0 };
-                let say = ctx.streak().failed(now, given_up);
-                let message = if gives_up {
-                    "cannot write the dead letter; the event stays pending until restart"
-                } else {
-                    "cannot write the dead letter; retrying"
-                };
-                let events = items.len();
-                match say {
+                let message = "cannot write the dead letter; retrying";
+                let (events, retry_s) = (items.len(), wait.as_secs());
+                match ctx.streak().failed(tokio::time::Instant::now()) {
                     Say::Loud => {
-                        tracing::error!(destination = %dest, id = %first, events, error, "{message}");
+                        tracing::error!(destination = %dest, id = %first, events, retry_s, error, "{message}");
                     }
                     Say::Remind(t) => {
-                        tracing::error!(destination = %dest, id = %first, events, error,
-                            failures = t.failures, streak_s = t.lasted.as_secs(), left_pending = t.left_pending, "{message}");
+                        tracing::error!(destination = %dest, id = %first, events, retry_s, error,
+                            failures = t.failures, streak_s = t.lasted.as_secs(), "{message}");
                     }
                     Say::Quiet => {
-                        tracing::debug!(destination = %dest, id = %first, events, error, "{message}");
+                        tracing::debug!(destination = %dest, id = %first, events, retry_s, error, "{message}");
                     }
-                }
-                if gives_up {
-                    return false;
                 }
                 // A failed write may have reached the sink in part.
                 check = true;
-                tokio::time::sleep(SINK_RETRY).await;
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(SINK_RETRY_MAX);
             }
             let ended = ctx.streak().written(tokio::time::Instant::now());
             if let Some(t) = ended {
-                tracing::info!(destination = %dest, failures = t.failures, streak_s = t.lasted.as_secs(), left_pending = t.left_pending, "dead letters are written again");
+                tracing::info!(destination = %dest, failures = t.failures, streak_s = t.lasted.as_secs(), "dead letters are written again");
             }
             for (ev, fate) in items {
                 outcome_log::dead_lettered(ev, &fate.into(), batch.or(ev.batch.as_deref()));

@@ -7,9 +7,9 @@
 //! `courier_dead_letter_write_failures_total`); while the streak lasts, a
 //! failure at least `REMIND_EVERY` after the last ERROR line is one again,
 //! with the streak's tally, so that a long streak still shows in a log
-//! kept for a short while; the first event of the streak whose write is
-//! given up (it then waits for a restart) is one too; and the first write
-//! that succeeds ends the streak with one line giving its tally.
+//! kept for a short while; and the first write that succeeds ends the
+//! streak with one line giving its tally. `/v1/destinations` shows an
+//! open streak.
 //!
 //! Pure: the caller passes the time and does the logging.
 
@@ -24,7 +24,7 @@ pub const REMIND_EVERY: Duration = Duration::from_secs(60);
 pub enum Say {
     /// Counted only: a DEBUG line.
     Quiet,
-    /// An ERROR line: the streak starts, or its first give-up.
+    /// An ERROR line: the streak starts.
     Loud,
     /// An ERROR line with the streak so far.
     Remind(Tally),
@@ -37,9 +37,6 @@ pub struct Tally {
     pub failures: u64,
     /// Since the first of them.
     pub lasted: Duration,
-    /// Events whose writes were given up: they wait in the journal for a
-    /// restart.
-    pub left_pending: u64,
 }
 
 #[derive(Default)]
@@ -50,30 +47,22 @@ pub struct SinkStreak {
 struct Open {
     since: Instant,
     failures: u64,
-    left_pending: u64,
     last_loud: Instant,
 }
 
 impl SinkStreak {
-    /// A write failed; `given_up`: the events it held that now wait for a
-    /// restart (0 while they are retried).
-    pub fn failed(&mut self, now: Instant, given_up: u64) -> Say {
+    /// A write failed (it is tried again).
+    pub fn failed(&mut self, now: Instant) -> Say {
         let Some(open) = &mut self.open else {
             self.open = Some(Open {
                 since: now,
                 failures: 1,
-                left_pending: given_up,
                 last_loud: now,
             });
             return Say::Loud;
         };
         open.failures += 1;
-        let first_give_up = open.left_pending == 0 && given_up > 0;
-        open.left_pending += given_up;
-        if first_give_up {
-            open.last_loud = now;
-            Say::Loud
-        } else if now.duration_since(open.last_loud) >= REMIND_EVERY {
+        if now.duration_since(open.last_loud) >= REMIND_EVERY {
             open.last_loud = now;
             Say::Remind(open.tally(now))
         } else {
@@ -85,6 +74,11 @@ impl SinkStreak {
     pub fn written(&mut self, now: Instant) -> Option<Tally> {
         self.open.take().map(|open| open.tally(now))
     }
+
+    /// The streak so far, while one lasts.
+    pub fn open(&self, now: Instant) -> Option<Tally> {
+        self.open.as_ref().map(|open| open.tally(now))
+    }
 }
 
 impl Open {
@@ -92,7 +86,6 @@ impl Open {
         Tally {
             failures: self.failures,
             lasted: now.duration_since(self.since),
-            left_pending: self.left_pending,
         }
     }
 }
@@ -110,32 +103,32 @@ mod tests {
         let t0 = Instant::now();
         let mut s = SinkStreak::default();
         assert_eq!(s.written(t0), None, "no streak, nothing to end");
-        assert_eq!(s.failed(t0, 0), Say::Loud);
+        assert_eq!(s.open(t0), None);
+        assert_eq!(s.failed(t0), Say::Loud);
         for i in 1..200 {
-            assert_eq!(s.failed(t0 + Duration::from_millis(i * 50), 0), Say::Quiet);
+            assert_eq!(s.failed(t0 + Duration::from_millis(i * 50)), Say::Quiet);
         }
-        assert_eq!(
-            s.written(t0 + secs(12)),
-            Some(Tally {
-                failures: 200,
-                lasted: secs(12),
-                left_pending: 0
-            })
-        );
+        let tally = Tally {
+            failures: 200,
+            lasted: secs(12),
+        };
+        assert_eq!(s.open(t0 + secs(12)), Some(tally), "shown while it lasts");
+        assert_eq!(s.written(t0 + secs(12)), Some(tally));
+        assert_eq!(s.open(t0 + secs(12)), None);
         assert_eq!(s.written(t0 + secs(13)), None, "the streak ended once");
-        assert_eq!(s.failed(t0 + secs(14), 0), Say::Loud, "a new streak");
+        assert_eq!(s.failed(t0 + secs(14)), Say::Loud, "a new streak");
     }
 
     #[test]
     fn a_long_streak_reminds_at_most_once_per_interval() {
         let t0 = Instant::now();
         let mut s = SinkStreak::default();
-        s.failed(t0, 0);
+        s.failed(t0);
         let mut reminders = Vec::new();
         // A failure every 5 s for 3 minutes.
         for i in 1..=36 {
             let at = secs(5 * i);
-            if let Say::Remind(t) = s.failed(t0 + at, 0) {
+            if let Say::Remind(t) = s.failed(t0 + at) {
                 reminders.push((at, t.failures));
             }
         }
@@ -143,23 +136,5 @@ mod tests {
             reminders,
             vec![(secs(60), 13), (secs(120), 25), (secs(180), 37)]
         );
-    }
-
-    #[test]
-    fn the_first_give_up_is_loud_and_every_one_is_counted() {
-        let t0 = Instant::now();
-        let mut s = SinkStreak::default();
-        s.failed(t0, 0);
-        assert_eq!(s.failed(t0 + secs(1), 3), Say::Loud);
-        assert_eq!(s.failed(t0 + secs(2), 2), Say::Quiet);
-        assert_eq!(
-            s.failed(t0 + secs(61), 0),
-            Say::Remind(Tally {
-                failures: 4,
-                lasted: secs(61),
-                left_pending: 5
-            })
-        );
-        assert_eq!(s.written(t0 + secs(70)).map(|t| t.left_pending), Some(5));
     }
 }

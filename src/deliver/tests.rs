@@ -10,7 +10,7 @@ use super::settle::Ctx;
 use super::stack::{self, AttemptRequest};
 use crate::clock;
 use crate::config::{self, Purpose};
-use crate::deadletter::{DeadLetterSink, Key};
+use crate::deadletter::{DeadLetterSink, Key, Line};
 use crate::journal::{Journal, NewEvent, Reader};
 use crate::metrics;
 use bytes::Bytes;
@@ -37,8 +37,9 @@ const WAIT_STEP: Duration = Duration::from_millis(10);
 struct Sink(Mutex<Vec<String>>);
 
 impl DeadLetterSink for Sink {
-    fn write(&self, _: &str, _: &str, lines: &[String]) -> std::io::Result<()> {
-        self.0.lock().expect("sink").extend_from_slice(lines);
+    fn write(&self, _: &str, _: &str, lines: &[&Line]) -> std::io::Result<()> {
+        let mut held = self.0.lock().expect("sink");
+        held.extend(lines.iter().map(|l| l.text.clone()));
         Ok(())
     }
 

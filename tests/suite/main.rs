@@ -17,6 +17,7 @@ mod crash;
 mod crash_loop;
 mod crash_windows;
 mod credits;
+mod dead_letter_bucket;
 mod dead_letter_bytes;
 mod dead_letter_files;
 mod dead_letter_once;

@@ -21,6 +21,7 @@ pub mod node;
 pub mod python;
 pub mod receiver;
 pub mod setup;
+pub mod stores;
 
 pub use checks::{quiet, requests, wait_metric};
 pub use client::{Resp, admin_post, get, json, metric, metric_sum, post};

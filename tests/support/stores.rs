@@ -1,0 +1,224 @@
+//! Real object stores for the tests, each started by the test on a free
+//! loopback port: S3 as `moto_server` (PyPI `moto[server]`, in the test
+//! venv), and a [`Gate`] in front of one, so that a test can stop the store
+//! (connections refused, those open cut) and start it again without losing
+//! what it holds. Objects are read back with boto3 (`tests/py/s3_objects.py`),
+//! not with courier's own code.
+
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+
+use super::python::{check_with, python};
+
+/// The credentials moto accepts (any), as courier reads them: from the
+/// environment only (SPEC §7).
+const KEY: &str = "courier-test";
+
+pub struct Moto {
+    child: Child,
+    port: u16,
+}
+
+impl Moto {
+    /// Starts `moto_server` on a free loopback port, waits until it
+    /// answers, and creates `bucket`.
+    pub async fn start(bucket: &str) -> Moto {
+        let py = python();
+        let bin = py.with_file_name("moto_server");
+        let port = free_port();
+        let child = Command::new(&bin)
+            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {}: {e}", bin.display()));
+        let moto = Moto { child, port };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        // Bounded by the deadline.
+        while TcpStream::connect(moto.addr()).await.is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "moto_server did not listen in 30s"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        moto.create_bucket(bucket).await;
+        moto
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], self.port))
+    }
+
+    pub fn endpoint(&self) -> String {
+        format!("http://{}", self.addr())
+    }
+
+    async fn create_bucket(&self, bucket: &str) {
+        let client = raw::put(self.addr(), &format!("/{bucket}")).await;
+        assert!(
+            client.starts_with("HTTP/1.1 200"),
+            "create bucket {bucket}: {client}"
+        );
+    }
+
+    /// Every object under `bucket/prefix`, by key, as boto3 reads them.
+    pub fn objects(&self, bucket: &str, prefix: &str) -> Vec<(String, String)> {
+        objects_at(&self.endpoint(), bucket, prefix)
+    }
+}
+
+impl Drop for Moto {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Every object under `bucket/prefix` of the S3 at `endpoint`, by key.
+pub fn objects_at(endpoint: &str, bucket: &str, prefix: &str) -> Vec<(String, String)> {
+    let out = check_with("s3_objects.py", &[endpoint, bucket, prefix], b"");
+    let v: serde_json::Value =
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("s3_objects.py: {e}: {out}"));
+    let mut objects: Vec<(String, String)> = v
+        .as_object()
+        .map(|m| {
+            m.iter()
+                .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_string()))
+                .collect()
+        })
+        .unwrap_or_default();
+    objects.sort();
+    objects
+}
+
+/// The environment courier reads an S3 store from (SPEC §7).
+pub fn s3_env(endpoint: &str) -> Vec<(&'static str, String)> {
+    vec![
+        ("AWS_ACCESS_KEY_ID", KEY.to_string()),
+        ("AWS_SECRET_ACCESS_KEY", KEY.to_string()),
+        ("AWS_DEFAULT_REGION", "us-east-1".to_string()),
+        ("AWS_ENDPOINT", endpoint.to_string()),
+        ("AWS_ALLOW_HTTP", "true".to_string()),
+    ]
+}
+
+/// A port free now (bound and let go): for servers that take a port
+/// number, not a socket.
+fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a free port");
+    l.local_addr().expect("local addr").port()
+}
+
+/// One plain HTTP/1.1 request, without a client library: moto takes
+/// unsigned bucket creation.
+mod raw {
+    use std::net::SocketAddr;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpStream;
+
+    pub async fn put(addr: SocketAddr, path: &str) -> String {
+        let mut s = TcpStream::connect(addr).await.expect("connect");
+        let req = format!(
+            "PUT {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        );
+        s.write_all(req.as_bytes()).await.expect("send");
+        let mut out = Vec::new();
+        s.read_to_end(&mut out).await.expect("read");
+        String::from_utf8_lossy(&out).into_owned()
+    }
+}
+
+/// A TCP gate in front of a store: open, it passes connections through;
+/// closed, it refuses new ones and cuts those open, as a store that went
+/// down does, while the store keeps what it holds.
+pub struct Gate {
+    port: u16,
+    open: watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Gate {
+    pub async fn start(upstream: SocketAddr) -> Gate {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind gate");
+        let port = listener.local_addr().expect("addr").port();
+        let (open, rx) = watch::channel(true);
+        let task = tokio::spawn(serve(listener, port, upstream, Arc::new(rx)));
+        Gate { port, open, task }
+    }
+
+    pub fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    pub fn close(&self) {
+        self.open.send_replace(false);
+    }
+
+    pub fn open(&self) {
+        self.open.send_replace(true);
+    }
+}
+
+impl Drop for Gate {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn serve(
+    mut listener: TcpListener,
+    port: u16,
+    upstream: SocketAddr,
+    open: Arc<watch::Receiver<bool>>,
+) {
+    let mut state = (*open).clone();
+    // Ends when the gate is dropped (the task is aborted).
+    loop {
+        let closing = tokio::select! {
+            accepted = listener.accept() => {
+                if let Ok((down, _)) = accepted {
+                    tokio::spawn(pass(down, upstream, (*open).clone()));
+                }
+                false
+            }
+            _ = state.wait_for(|o| !*o) => true,
+        };
+        if !closing {
+            continue;
+        }
+        drop(listener);
+        if state.wait_for(|o| *o).await.is_err() {
+            return;
+        }
+        // The same port again (std sets SO_REUSEADDR on listeners).
+        let deadline = Instant::now() + Duration::from_secs(5);
+        listener = loop {
+            match TcpListener::bind(("127.0.0.1", port)).await {
+                Ok(l) => break l,
+                Err(e) => {
+                    assert!(Instant::now() < deadline, "gate cannot listen again: {e}");
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+        };
+    }
+}
+
+/// One connection through the gate, until either side ends or the gate
+/// closes.
+async fn pass(mut down: TcpStream, upstream: SocketAddr, mut open: watch::Receiver<bool>) {
+    let Ok(mut up) = TcpStream::connect(upstream).await else {
+        return;
+    };
+    tokio::select! {
+        _ = tokio::io::copy_bidirectional(&mut down, &mut up) => {}
+        _ = open.wait_for(|o| !*o) => {}
+    }
+}
