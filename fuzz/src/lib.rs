@@ -162,7 +162,7 @@ pub fn intake_decode(data: &[u8]) {
         return;
     };
     let count = u32::from_le_bytes(*count) as usize;
-    let Ok(logged) = fuzzing::intake_decode(0, 0, payload, count) else {
+    let Ok(logged) = fuzzing::intake_decode(0, 0, payload, count, false) else {
         return;
     };
     assert_eq!(logged.len(), count);

@@ -188,7 +188,7 @@ mod tests {
                 encode(&mut payload, seq, &event(seq as u64, len));
                 seq += 1;
             }
-            w.append(&payload, n as u32).expect("append");
+            w.append(&payload, n as u32, false).expect("append");
         }
         let mut r = LogReader::new(dir);
         let (mut all, mut at) = (Vec::new(), 0);

@@ -1049,6 +1049,10 @@ fn write(
             "INSERT INTO events (seq, id, destination, method, path, headers, body, accepted_ms, crc, attempts, next_due_ms, at, len)
              VALUES (?1, ?8, ?2, ?3, '', x'', x'', ?4, ?5, 0, ?4, ?6, ?7)",
         )?;
+        // An adopted event goes on where its delivery stood.
+        let mut carry = conn.prepare_cached(
+            "UPDATE events SET attempts = ?2, next_due_ms = ?3, last_outcome = ?4, last_status = ?5, last_attempt_ms = ?6, batch = ?7 WHERE seq = ?1",
+        )?;
         for (l, _) in events.iter().zip(insert_mask).filter(|(_, keep)| **keep) {
             let e = &l.event;
             let bytes = e.body.len() + l.encoded_headers.len() + e.path.len() + e.id.len();
@@ -1066,6 +1070,17 @@ fn write(
                 l.place.len,
                 e.id
             ])?;
+            if let Some(c) = &l.carried {
+                carry.execute(params![
+                    l.seq,
+                    c.attempts,
+                    c.next_due_ms as i64,
+                    c.last_outcome,
+                    c.last_status,
+                    c.last_attempt_ms.map(|t| t as i64),
+                    c.batch
+                ])?;
+            }
         }
         if dedupe {
             let mut seen =

@@ -41,6 +41,12 @@
 //! A log that holds "CRR2" records is not read by builds before it: roll
 //! back only after a clean stop, which leaves nothing unindexed.
 //!
+//! Events adopted from another courier's hand-off (SPEC §7) go in records
+//! of their own, "CRC1": each event as in "CRR2", then its delivery state
+//! so far (`Carried`, length-prefixed JSON), so that the event and where
+//! its delivery stood are durable in one write. An event's place covers its
+//! encoding only, which reads back the same from either kind.
+//!
 //! A record lost at the tail (a truncated or deleted segment, a damaged last
 //! record) reads as a clean end. So after every commit the writer also puts
 //! the log's acknowledged end in `intake.mark`, a file of its own that no
@@ -48,7 +54,7 @@
 //! the mark knows that acknowledged events are gone, and says so.
 
 use super::disk::{self, Disk, LogFile, Real};
-use super::record::{Header, NewEvent, decode_headers, encode_headers};
+use super::record::{Carried, Header, NewEvent, decode_headers, encode_headers};
 use std::collections::BTreeSet;
 use std::io;
 use std::path::{Path, PathBuf};
@@ -57,6 +63,8 @@ use std::sync::Arc;
 const MAGIC: u32 = 0x4352_5232; // "CRR2"
 /// The records of logs written before "CRR2", each padded to `PAGE`.
 const MAGIC_PADDED: u32 = 0x4352_5231; // "CRR1"
+/// Records of adopted events, each followed by its `Carried` state.
+const MAGIC_CARRIED: u32 = 0x4352_4331; // "CRC1"
 const HEADER: usize = 24;
 /// Where records start: a multiple of this past their segment's start.
 const ALIGN: u64 = 8;
@@ -81,6 +89,8 @@ pub struct Logged {
     /// The start of the segment holding it, which stays while rows point
     /// into it.
     pub segment: u64,
+    /// An adopted event's delivery so far ("CRC1" records).
+    pub carried: Option<Carried>,
 }
 
 /// One event's encoding in the log: its lsn, length and CRC32C.
@@ -258,6 +268,13 @@ pub fn encode(out: &mut Vec<u8>, seq: i64, e: &NewEvent) {
     put_bytes(out, &e.body);
 }
 
+/// An adopted event's state, after its encoding in a "CRC1" record.
+pub fn encode_carried(out: &mut Vec<u8>, carried: &Carried) {
+    // A plain struct of numbers and strings: serializing cannot fail.
+    let json = serde_json::to_vec(carried).unwrap_or_default();
+    put_bytes(out, &json);
+}
+
 #[derive(Debug, Clone, Copy, thiserror::Error, PartialEq)]
 #[error("malformed event {index} in the record at lsn {lsn}")]
 pub struct Malformed {
@@ -268,12 +285,14 @@ pub struct Malformed {
 /// The fewest bytes one encoded event takes: seq, accepted_ms and six lengths.
 const MIN_EVENT: usize = 8 + 8 + 6 * 4;
 
-/// The events of the record at `lsn` in the segment starting at `segment`.
+/// The events of the record at `lsn` in the segment starting at `segment`;
+/// `carried`: a "CRC1" record, whose events are each followed by their state.
 pub fn decode(
     segment: u64,
     lsn: u64,
     payload: &[u8],
     count: usize,
+    carried: bool,
 ) -> Result<Vec<Logged>, Malformed> {
     // `count` comes from the record header: a damaged one whose CRC still
     // matches must not reserve memory for billions of events (found by
@@ -282,10 +301,16 @@ pub fn decode(
     let mut offset = 0;
     for index in 0..count {
         let at = lsn + HEADER as u64 + offset as u64;
-        let (logged, used) =
+        let (mut logged, used) =
             decode_one(segment, at, &payload[offset..]).ok_or(Malformed { lsn, index })?;
-        out.push(logged);
         offset += used;
+        if carried {
+            let (state, used) =
+                decode_carried(&payload[offset..]).ok_or(Malformed { lsn, index })?;
+            logged.carried = Some(state);
+            offset += used;
+        }
+        out.push(logged);
     }
     if offset == payload.len() {
         Ok(out)
@@ -301,6 +326,13 @@ pub fn decode_event(segment: u64, at: u64, bytes: &[u8]) -> Option<Logged> {
         (logged, used) if used == bytes.len() => Some(logged),
         _ => None,
     }
+}
+
+/// The state at the start of `p` and the bytes it took.
+fn decode_carried(p: &[u8]) -> Option<(Carried, usize)> {
+    let len = u32::from_le_bytes(p.get(..4)?.try_into().ok()?) as usize;
+    let json = p.get(4..4 + len)?;
+    Some((serde_json::from_slice(json).ok()?, 4 + len))
 }
 
 /// The event at the start of `p` and the bytes it took.
@@ -336,6 +368,7 @@ fn decode_one(segment: u64, at: u64, whole: &[u8]) -> Option<(Logged, usize)> {
                 crc: crc32c::crc32c(encoding),
             },
             segment,
+            carried: None,
             event: NewEvent {
                 id: text(id)?,
                 destination: text(destination)?,
@@ -402,7 +435,7 @@ impl Head {
     /// The bytes the record takes in the log, by its magic's layout.
     fn span(&self) -> Option<u64> {
         match self.magic {
-            MAGIC => Some(span(self.len as usize)),
+            MAGIC | MAGIC_CARRIED => Some(span(self.len as usize)),
             MAGIC_PADDED => Some(padded(self.len as usize)),
             _ => None,
         }
@@ -539,7 +572,15 @@ impl LogWriter {
 
     /// Writes one record holding `count` events encoded in `payload`;
     /// returns the lsn after it. Not durable until `sync`.
-    pub fn append(&mut self, payload: &[u8], count: u32) -> Result<u64, AppendError> {
+    /// Writes one record of `count` events; `carried`: adopted events, each
+    /// followed by its state ("CRC1").
+    pub fn append(
+        &mut self,
+        payload: &[u8],
+        count: u32,
+        carried: bool,
+    ) -> Result<u64, AppendError> {
+        let magic = if carried { MAGIC_CARRIED } else { MAGIC };
         if u32::try_from(payload.len()).is_err() {
             return Err(AppendError::TooLarge);
         }
@@ -553,7 +594,7 @@ impl LogWriter {
             // it: after a failed write the next group still goes where the
             // reader looks for it (the rest of the old segment).
             let next = self.next_segment(need)?;
-            write_record(&next, 0, next.start, payload, count)?;
+            write_record(&next, 0, next.start, magic, payload, count)?;
             self.pos = next.start + need;
             if let Some(old) = self.current.replace(next) {
                 self.retired.push((old.start, old.size));
@@ -564,7 +605,7 @@ impl LogWriter {
             return Err(AppendError::Io(io::Error::other("no segment")));
         };
         let lsn = self.pos;
-        write_record(seg, lsn - seg.start, lsn, payload, count)?;
+        write_record(seg, lsn - seg.start, lsn, magic, payload, count)?;
         self.pos = lsn + need;
         Ok(self.pos)
     }
@@ -673,13 +714,14 @@ fn write_record(
     segment: &Segment,
     offset: u64,
     lsn: u64,
+    magic: u32,
     payload: &[u8],
     count: u32,
 ) -> io::Result<()> {
     static ZEROS: [u8; PAGE as usize] = [0; PAGE as usize];
     let file = &segment.file;
     let header = Head {
-        magic: MAGIC,
+        magic,
         len: payload.len() as u32,
         lsn,
         crc: record_crc(lsn, count, payload),
@@ -887,12 +929,14 @@ impl LogReader {
             return Ok(None);
         }
         let next = lsn + span;
-        let events = decode(seg.start, lsn, &payload, head.count as usize).map_err(|source| {
-            ReadError::Malformed {
-                file: path.clone(),
-                source,
-            }
-        })?;
+        let carried = head.magic == MAGIC_CARRIED;
+        let events =
+            decode(seg.start, lsn, &payload, head.count as usize, carried).map_err(|source| {
+                ReadError::Malformed {
+                    file: path.clone(),
+                    source,
+                }
+            })?;
         Ok(Some(Read::Record(events, next)))
     }
 
@@ -994,7 +1038,7 @@ mod tests {
         let tmp = tempfile::tempdir().expect("tempdir");
         let mut w = LogWriter::open(tmp.path(), 0, 1, &BTreeSet::new()).expect("open");
         let (p, n) = group(1..4);
-        let end = w.append(&p, n).expect("append");
+        let end = w.append(&p, n, false).expect("append");
         assert_eq!(end, span(p.len()), "a record takes its own bytes");
         w.sync().expect("sync");
         let mut r = LogReader::new(tmp.path());
@@ -1016,7 +1060,7 @@ mod tests {
         for seq in 1..=10 {
             let (p, n) = group(seq..seq + 1);
             let start = w.end();
-            ends.push(w.append(&p, n).expect("append"));
+            ends.push(w.append(&p, n, false).expect("append"));
             assert_eq!(ends.last(), Some(&(start + span(p.len()))));
         }
         assert!(
@@ -1059,7 +1103,7 @@ mod tests {
         // A new run's writer starts a segment of its own after it.
         let mut w = LogWriter::open(tmp.path(), SEGMENT, 4, &BTreeSet::new()).expect("open");
         let (p, n) = group(4..5);
-        w.append(&p, n).expect("append");
+        w.append(&p, n, false).expect("append");
         let (seqs, _) = read_all(tmp.path(), SEGMENT).expect("read");
         assert_eq!(seqs, vec![4]);
     }
@@ -1069,9 +1113,9 @@ mod tests {
         let tmp = tempfile::tempdir().expect("tempdir");
         let mut w = LogWriter::open(tmp.path(), 0, 1, &BTreeSet::new()).expect("open");
         let (p, n) = group(1..3);
-        let first_end = w.append(&p, n).expect("append");
+        let first_end = w.append(&p, n, false).expect("append");
         let (p, n) = group(3..5);
-        w.append(&p, n).expect("append");
+        w.append(&p, n, false).expect("append");
         // Tear the second record: flip a payload byte.
         let path = tmp.path().join(name(0));
         let f = OpenOptions::new().write(true).open(&path).expect("open");
@@ -1089,7 +1133,7 @@ mod tests {
         let mut w = LogWriter::open(tmp.path(), 0, 1, &BTreeSet::new()).expect("open");
         for i in 0..3 {
             let (p, n) = group(i * 10..i * 10 + 2);
-            w.append(&p, n).expect("append");
+            w.append(&p, n, false).expect("append");
         }
         let f = OpenOptions::new()
             .write(true)
@@ -1112,11 +1156,11 @@ mod tests {
         for seq in 0..3 {
             let p = big_payload(seq, 1100 * 1024);
             starts.push(w.end());
-            w.append(&p, 1).expect("append");
+            w.append(&p, 1, false).expect("append");
         }
         let (p, n) = group(3..4);
         starts.push(w.end());
-        w.append(&p, n).expect("append");
+        w.append(&p, n, false).expect("append");
         let f = OpenOptions::new()
             .write(true)
             .open(tmp.path().join(name(0)))
@@ -1144,7 +1188,7 @@ mod tests {
         let mut ends = Vec::new();
         for seq in 0..40 {
             let p = big_payload(seq, 1024 * 1024 - 200);
-            ends.push(w.append(&p, 1).expect("append"));
+            ends.push(w.append(&p, 1, false).expect("append"));
         }
         assert!(segments(tmp.path()).expect("list").len() >= 3);
         let (seqs, end) = read_all(tmp.path(), 0).expect("read");
@@ -1156,7 +1200,7 @@ mod tests {
         let from = w.end();
         let (p, n) = group(100..101);
         for _ in 0..20 {
-            w.append(&p, n).expect("append");
+            w.append(&p, n, false).expect("append");
         }
         let (seqs, _) = read_all(tmp.path(), from).expect("read");
         assert_eq!(seqs, vec![100; 20]);
@@ -1172,7 +1216,7 @@ mod tests {
         let mut w = LogWriter::open(tmp.path(), 0, 1, &BTreeSet::new()).expect("open");
         let p = big_payload(1, 1024 * 1024 - 200);
         for _ in 0..20 {
-            w.append(&p, 1).expect("append");
+            w.append(&p, 1, false).expect("append");
         }
         // The first segment becomes the spare; the next rotation takes it.
         w.recycle(w.end(), true, &BTreeSet::new()).expect("recycle");
@@ -1182,11 +1226,11 @@ mod tests {
             if current(&w) != before {
                 break;
             }
-            w.append(&p, 1).expect("append");
+            w.append(&p, 1, false).expect("append");
         }
         assert_ne!(current(&w), before, "the writer moved on to the spare");
         let (q, n) = group(100..101);
-        let end = w.append(&q, n).expect("append");
+        let end = w.append(&q, n, false).expect("append");
         let seg = w.current.as_ref().expect("a segment");
         let at = (end - seg.start) as usize;
         let page_end = at.div_ceil(PAGE as usize) * PAGE as usize;
@@ -1210,7 +1254,7 @@ mod tests {
         let mut w = LogWriter::open(tmp.path(), 0, 1, &BTreeSet::new()).expect("open");
         let p = big_payload(1, 1024 * 1024 - 200);
         for _ in 0..40 {
-            w.append(&p, 1).expect("append");
+            w.append(&p, 1, false).expect("append");
         }
         let starts: Vec<u64> = segments(tmp.path())
             .expect("list")
@@ -1245,7 +1289,7 @@ mod tests {
             vec![starts[0], starts[2]],
             "the pinned one survives the open"
         );
-        w.append(&p, 1).expect("append");
+        w.append(&p, 1, false).expect("append");
         w.recycle(w.end(), false, &BTreeSet::new())
             .expect("recycle");
         let left: Vec<u64> = segments(tmp.path())
@@ -1263,7 +1307,7 @@ mod tests {
         let mut starts = Vec::new();
         for seq in 0..20 {
             let p = big_payload(seq, 1024 * 1024 - 200);
-            let end = w.append(&p, 1).expect("append");
+            let end = w.append(&p, 1, false).expect("append");
             starts.push(end - span(p.len()));
         }
         // The last record that went into the first segment, then damaged.
@@ -1286,7 +1330,7 @@ mod tests {
         let mut w = LogWriter::open(tmp.path(), 0, 1, &BTreeSet::new()).expect("open");
         for seq in 0..40 {
             let p = big_payload(seq, 1024 * 1024 - 200);
-            w.append(&p, 1).expect("append");
+            w.append(&p, 1, false).expect("append");
         }
         std::fs::remove_file(tmp.path().join(name(SEGMENT))).expect("remove the second segment");
         assert!(matches!(
@@ -1305,7 +1349,7 @@ mod tests {
         };
         let mut p = Vec::new();
         encode(&mut p, 7, &huge);
-        w.append(&p, 1).expect("append");
+        w.append(&p, 1, false).expect("append");
         let (seqs, _) = read_all(tmp.path(), 0).expect("read");
         assert_eq!(seqs, vec![7]);
     }
@@ -1315,7 +1359,7 @@ mod tests {
         let tmp = tempfile::tempdir().expect("tempdir");
         let mut w = LogWriter::open(tmp.path(), 0, 1, &BTreeSet::new()).expect("open");
         let (p, n) = group(1..2);
-        w.append(&p, n).expect("append");
+        w.append(&p, n, false).expect("append");
         assert!(LogWriter::open(tmp.path(), 4096, 1, &BTreeSet::new()).is_err());
         assert!(LogWriter::open(tmp.path(), SEGMENT, 1, &BTreeSet::new()).is_ok());
     }

@@ -37,7 +37,7 @@ pub use inspect::{Inspection, inspect};
 pub use pauses::Pause;
 pub use reader::Reader;
 pub use ready::ReadyQueue;
-pub use record::{Fate, Header, NewEvent, StoredEvent};
+pub use record::{Carried, Fate, Header, NewEvent, StoredEvent};
 pub use store::{DestinationSummary, FILE, LoadError};
 
 use crate::clock;
@@ -529,6 +529,10 @@ pub(crate) enum Command {
         events: Vec<NewEvent>,
         /// Dedupe keys of `events`, pending until they are durable.
         claims: Vec<Claim>,
+        /// Adopted events' delivery so far, one per event: such a command
+        /// is a group, and a record, of its own ("CRC1"), and its events
+        /// wait in the index for their due time, never in memory.
+        carried: Option<Vec<Carried>>,
         reply: oneshot::Sender<Result<(), JournalError>>,
     },
     Close {
@@ -579,7 +583,7 @@ impl Journal {
         self.shared.writable()?;
         backpressure::keep_pace(&self.shared, &events).await;
         let Some(dedupe) = &self.shared.dedupe else {
-            self.store(events, Vec::new()).await?;
+            self.store(events, Vec::new(), None).await?;
             return Ok(Appended::default());
         };
         // Bounded: each round waits for another request's write to finish.
@@ -623,7 +627,7 @@ impl Journal {
                 .map(|(_, e)| e)
                 .collect();
             let claims = claims.into_iter().map(|(_, c)| c).collect();
-            self.store(fresh, claims).await?;
+            self.store(fresh, claims, None).await?;
             return Ok(Appended { duplicates });
         }
         Err(JournalError::Busy)
@@ -634,12 +638,34 @@ impl Journal {
     pub async fn replay(&self, events: Vec<NewEvent>) -> Result<(), JournalError> {
         self.shared.writable()?;
         backpressure::keep_pace(&self.shared, &events).await;
-        self.store(events, Vec::new()).await
+        self.store(events, Vec::new(), None).await
+    }
+
+    /// Stores events handed off by another courier, durably, each with
+    /// its delivery so far (SPEC §7), past the dedupe window (an adopted
+    /// event was accepted once already). A destination this courier does
+    /// not know gets counters, and its events wait as orphaned ones do.
+    pub async fn adopt(&self, events: Vec<(NewEvent, Carried)>) -> Result<(), JournalError> {
+        self.shared.writable()?;
+        for (e, _) in &events {
+            if self.shared.destination(&e.destination).is_none() {
+                self.add_destination(&e.destination);
+                self.set_share(&e.destination, self.shared.max_bytes);
+            }
+        }
+        let (events, carried): (Vec<NewEvent>, Vec<Carried>) = events.into_iter().unzip();
+        backpressure::keep_pace(&self.shared, &events).await;
+        self.store(events, Vec::new(), Some(carried)).await
     }
 
     /// `claims` go with the command: the writer stores them once the events
     /// are durable, and any other fate of the command drops (frees) them.
-    async fn store(&self, events: Vec<NewEvent>, claims: Vec<Claim>) -> Result<(), JournalError> {
+    async fn store(
+        &self,
+        events: Vec<NewEvent>,
+        claims: Vec<Claim>,
+        carried: Option<Vec<Carried>>,
+    ) -> Result<(), JournalError> {
         // Once queued, the writer gives the room back if the write fails,
         // even when this request's caller has gone away.
         self.shared.reserve(&events)?;
@@ -647,6 +673,7 @@ impl Journal {
         if let Err((e, cmd)) = self.send(Command::Append {
             events,
             claims,
+            carried,
             reply,
         }) {
             if let Command::Append { events, .. } = &cmd {

@@ -64,6 +64,38 @@ pub struct StoredEvent {
     pub fate: Option<Fate>,
 }
 
+/// What an event handed off by another courier brings of its delivery so
+/// far (SPEC §7): it goes on where it stopped, not from attempt 1. Kept
+/// beside the event in the intake log (a "CRC1" record), so the event and
+/// its state become durable in one commit.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Carried {
+    pub attempts: u32,
+    pub next_due_ms: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_outcome: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_status: Option<u16>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_attempt_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch: Option<String>,
+}
+
+impl Carried {
+    /// The delivery state of `ev`, to carry to another journal.
+    pub fn of(ev: &StoredEvent) -> Carried {
+        Carried {
+            attempts: ev.attempts,
+            next_due_ms: ev.next_due_ms,
+            last_outcome: ev.last_outcome.clone(),
+            last_status: ev.last_status,
+            last_attempt_ms: ev.last_attempt_ms,
+            batch: ev.batch.clone(),
+        }
+    }
+}
+
 /// Why an event is dead-lettered and what its record says, recorded in the
 /// journal before the record is written, so that a restart writes the same
 /// record (or finds it written) instead of deciding again.

@@ -33,7 +33,7 @@ pub(super) fn log_only(dir: &Path, groups: &[std::ops::Range<i64>]) -> Vec<u64> 
             intake::encode(&mut payload, seq, &event(seq as u64));
         }
         let end = w
-            .append(&payload, g.clone().count() as u32)
+            .append(&payload, g.clone().count() as u32, false)
             .expect("append");
         w.sync().expect("sync");
         w.acknowledge(intake::Mark {
@@ -595,6 +595,7 @@ async fn a_group_of_appends_is_one_record_and_every_waiter_hears() {
     let queued_first = journal.send(Command::Append {
         events: first,
         claims: Vec::new(),
+        carried: None,
         reply,
     });
     assert!(queued_first.is_ok(), "queue the first append");
@@ -1069,4 +1070,152 @@ async fn a_delivery_settled_by_seq_frees_what_the_journal_counted() {
     let (journal, summary) = reopen(tmp.path()).await;
     assert!(summary.iter().all(|s| s.pending == 0), "{summary:?}");
     journal.close().await;
+}
+
+fn carried(attempts: u32, next_due_ms: u64) -> Carried {
+    Carried {
+        attempts,
+        next_due_ms,
+        last_outcome: Some("Busy".into()),
+        last_status: Some(503),
+        last_attempt_ms: Some(next_due_ms.saturating_sub(10)),
+        batch: Some(format!("batch-{attempts}")),
+    }
+}
+
+/// Rows' delivery state, by seq: (attempts, next due, outcome, status, batch).
+type RowState = (i64, u32, i64, Option<String>, Option<u16>, Option<String>);
+
+fn row_states(dir: &Path) -> Vec<RowState> {
+    let conn = Connection::open(dir.join(FILE)).expect("open db");
+    conn.prepare(
+        "SELECT seq, attempts, next_due_ms, last_outcome, last_status, batch FROM events ORDER BY seq",
+    )
+    .expect("prepare")
+    .query_map([], |r| {
+        Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?))
+    })
+    .expect("query")
+    .collect::<Result<_, _>>()
+    .expect("rows")
+}
+
+#[tokio::test]
+async fn adopted_events_keep_their_delivery_state_and_wait_in_the_index_not_in_memory() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let (journal, _) = open(tmp.path()).expect("open");
+    let later = 4_000_000_000_000;
+    journal.append(vec![event(1)]).await.expect("append");
+    journal
+        .adopt(vec![
+            (event(2), carried(3, later)),
+            (event(3), carried(1, 0)),
+        ])
+        .await
+        .expect("adopt");
+    journal.append(vec![event(4)]).await.expect("append");
+    let state = journal.destination("orders").expect("orders");
+    let ready: Vec<i64> = state
+        .take_ready(100, u64::MAX)
+        .iter()
+        .map(|e| e.seq)
+        .collect();
+    // 1 and 4 are in memory unless the indexer claimed them first.
+    assert!(
+        !ready.contains(&2) && !ready.contains(&3),
+        "adopted events are not handed out from memory: {ready:?}"
+    );
+    assert_eq!(state.pending(), 4, "adopted events count as pending");
+    drop(state);
+    // A destination this courier does not know: kept, as orphaned.
+    let mut stray = event(5);
+    stray.destination = "gone".into();
+    journal
+        .adopt(vec![(stray, carried(2, later))])
+        .await
+        .expect("adopt an unknown destination's event");
+    journal.close().await;
+    drop(journal);
+    assert_eq!(
+        row_states(tmp.path()),
+        [
+            (1, 0, 1001, None, None, None),
+            (
+                2,
+                3,
+                later as i64,
+                Some("Busy".into()),
+                Some(503),
+                Some("batch-3".into())
+            ),
+            (
+                3,
+                1,
+                0,
+                Some("Busy".into()),
+                Some(503),
+                Some("batch-1".into())
+            ),
+            (4, 0, 1004, None, None, None),
+            (
+                5,
+                2,
+                later as i64,
+                Some("Busy".into()),
+                Some(503),
+                Some("batch-2".into())
+            ),
+        ]
+    );
+    let (journal, summary) = reopen(tmp.path()).await;
+    let gone = summary.iter().find(|s| s.destination == "gone");
+    assert_eq!(gone.map(|s| s.pending), Some(1));
+    let due = journal
+        .reader()
+        .expect("reader")
+        .due("orders", 1_000_000, 100, u64::MAX, &HashSet::new())
+        .await
+        .expect("due")
+        .0;
+    let mut got: Vec<(i64, u32)> = due.iter().map(|e| (e.seq, e.attempts)).collect();
+    got.sort_unstable();
+    assert_eq!(got, [(1, 0), (3, 1), (4, 0)], "seq 2 is due later");
+}
+
+#[tokio::test]
+async fn an_adopted_record_in_the_log_alone_is_indexed_at_open_with_its_state() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    drop(store::open_writer(&tmp.path().join(FILE)).expect("create journal.db"));
+    let mut w = LogWriter::open(tmp.path(), 0, 1, &BTreeSet::new()).expect("open log");
+    let mut payload = Vec::new();
+    for seq in 1..3 {
+        intake::encode(&mut payload, seq, &event(seq as u64));
+        intake::encode_carried(&mut payload, &carried(seq as u32 + 5, 7_000));
+    }
+    let end = w.append(&payload, 2, true).expect("append");
+    w.sync().expect("sync");
+    w.acknowledge(intake::Mark { end, next_seq: 3 })
+        .expect("mark");
+    drop(w);
+    let (journal, summary) = open(tmp.path()).expect("open");
+    assert_eq!(summary[0].pending, 2);
+    let due = journal
+        .reader()
+        .expect("reader")
+        .due("orders", 8_000, 100, u64::MAX, &HashSet::new())
+        .await
+        .expect("due")
+        .0;
+    let got: Vec<(i64, u32, Option<String>, NewEvent)> = due
+        .into_iter()
+        .map(|e| (e.seq, e.attempts, e.batch, e.event))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (1, 6, Some("batch-6".into()), event(1)),
+            (2, 7, Some("batch-7".into()), event(2)),
+        ],
+        "the events read back from their places, with the state beside them"
+    );
 }

@@ -51,11 +51,19 @@ impl Writer {
     fn run(mut self, mut rx: mpsc::Receiver<Command>) {
         let mut group = Vec::with_capacity(MAX_GROUP);
         let mut payload = Vec::with_capacity(1 << 20);
-        while let Some(first) = rx.blocking_recv() {
+        // A command taken that starts the next group: adopted events are a
+        // record of their own.
+        let mut next: Option<Command> = None;
+        while let Some(first) = next.take().or_else(|| rx.blocking_recv()) {
             let mut bytes = first.size();
+            let alone = first.carried();
             group.push(first);
-            while group.len() < MAX_GROUP && bytes < MAX_GROUP_BYTES {
+            while !alone && group.len() < MAX_GROUP && bytes < MAX_GROUP_BYTES {
                 match rx.try_recv() {
+                    Ok(cmd) if cmd.carried() => {
+                        next = Some(cmd);
+                        break;
+                    }
                     Ok(cmd) => {
                         bytes += cmd.size();
                         group.push(cmd);
@@ -115,13 +123,16 @@ impl Writer {
         let answer = result.as_ref().map(|_| ()).map_err(Clone::clone);
         let now = crate::clock::now_ms();
         let mut written = Vec::new();
+        let mut adopted = false;
         for cmd in group.drain(..) {
             if let Command::Append {
                 events,
                 reply,
                 claims,
+                carried,
             } = cmd
             {
+                adopted |= carried.is_some();
                 // Duplicates of these ids become duplicates only now; on
                 // failure the claims drop and free the ids.
                 if answer.is_ok() {
@@ -138,7 +149,10 @@ impl Writer {
             if self.shared.indexer_idle.swap(false, Ordering::SeqCst) {
                 let _ = self.indexer.send(ToIndexer::Wake);
             }
-            make_ready(written, first_seq, &self.shared);
+            // Adopted events wait in the index for their due time.
+            if !adopted {
+                make_ready(written, first_seq, &self.shared);
+            }
         }
     }
 
@@ -152,16 +166,24 @@ impl Writer {
         }
         payload.clear();
         let mut seq = self.next_seq;
+        let mut adopted = false;
         for cmd in group {
-            if let Command::Append { events, .. } = cmd {
-                for e in events {
+            if let Command::Append {
+                events, carried, ..
+            } = cmd
+            {
+                for (i, e) in events.iter().enumerate() {
                     intake::encode(payload, seq, e);
+                    if let Some(state) = carried.as_ref().and_then(|c| c.get(i)) {
+                        intake::encode_carried(payload, state);
+                        adopted = true;
+                    }
                     seq += 1;
                 }
             }
         }
         let count = (seq - self.next_seq) as u32;
-        let mut written = self.log.append(payload, count);
+        let mut written = self.log.append(payload, count, adopted);
         // Bounded: a few tries within ~0.3 s, then this group gets a 503
         // and the next one tries again; the journal stays healthy.
         for pause in TRANSIENT_PAUSES {
@@ -170,7 +192,7 @@ impl Writer {
             };
             tracing::warn!(error = %e, "the journal cannot write yet; retrying");
             std::thread::sleep(pause);
-            written = self.log.append(payload, count);
+            written = self.log.append(payload, count, adopted);
         }
         // A failed fdatasync fails the journal whatever its errno.
         let written = written.and_then(|end| {
@@ -263,6 +285,17 @@ impl Writer {
 }
 
 impl Command {
+    /// Adopted events: a group of their own.
+    fn carried(&self) -> bool {
+        matches!(
+            self,
+            Command::Append {
+                carried: Some(_),
+                ..
+            }
+        )
+    }
+
     fn size(&self) -> u64 {
         match self {
             Command::Append { events, .. } => events.iter().map(NewEvent::size).sum(),
@@ -287,12 +320,19 @@ fn account(group: &[Command], shared: &Shared) {
     let mut accepted: HashMap<&str, u64> = HashMap::new();
     let states = shared.destinations.load();
     for cmd in group {
-        if let Command::Append { events, .. } = cmd {
+        if let Command::Append {
+            events, carried, ..
+        } = cmd
+        {
             for e in events {
                 if let Some(d) = states.get(&e.destination) {
                     d.pending.fetch_add(1, Ordering::Relaxed);
                 }
-                *accepted.entry(e.destination.as_str()).or_default() += 1;
+                // An adopted event was accepted by the courier that handed
+                // it off (`courier_handoff_events_total` counts it here).
+                if carried.is_none() {
+                    *accepted.entry(e.destination.as_str()).or_default() += 1;
+                }
             }
         }
     }
