@@ -12,6 +12,7 @@ mod fd_limit;
 mod file_modes;
 #[doc(hidden)]
 pub mod fuzzing;
+mod handoff;
 mod ids;
 mod ingress;
 pub mod journal;
@@ -63,6 +64,8 @@ pub enum RunError {
     Reader(#[source] rusqlite::Error),
     #[error(transparent)]
     Fleet(#[from] deliver::ApplyError),
+    #[error("cannot open the hand-off store {0}: {1}")]
+    Handoff(String, #[source] object_store::Error),
 }
 
 /// Where the config in force came from, so that a reload can read it again.
@@ -106,6 +109,21 @@ pub async fn run(settings: Settings, source: ConfigSource) -> Result<(), RunErro
     let connector = deliver::build_connector()?;
     let fleet = Arc::new(Fleet::new(journal.clone(), connector, lifecycle.clone()));
     fleet.apply(&settings)?;
+    let handoff = match &settings.handoff {
+        Some(h) => {
+            Some(Arc::new(handoff::Handoff::open(h).map_err(|e| {
+                RunError::Handoff(h.url.as_str().to_string(), e)
+            })?))
+        }
+        None => None,
+    };
+    let adoption = handoff.clone().map(|h| {
+        tokio::spawn(handoff::adopt_loop(
+            h,
+            journal.clone(),
+            lifecycle.stop_dispatch.clone(),
+        ))
+    });
     let live = Arc::new(Live::from_pointee(settings));
 
     let ingress = Arc::new(ingress::Ingress::new(
@@ -171,6 +189,14 @@ pub async fn run(settings: Settings, source: ConfigSource) -> Result<(), RunErro
         tracing::warn!(
             "shutdown grace ran out; passthrough requests still waiting for their endpoint are cut off as courier exits"
         );
+    }
+    if let Some(a) = adoption {
+        let _ = a.await;
+    }
+    // After the grace, what is still pending goes to the hand-off store,
+    // within as long again.
+    if let Some(h) = &handoff {
+        handoff::hand_off(h, &journal, tokio::time::Instant::now() + grace).await;
     }
     journal.close().await;
     lifecycle.stop_servers.cancel();

@@ -35,6 +35,9 @@ pub const OLDEST_PENDING_AGE: &str = "courier_oldest_pending_age_seconds";
 pub const DEAD_LETTER_WRITE_FAILURES: &str = "courier_dead_letter_write_failures_total";
 pub const BUILD_INFO: &str = "courier_build_info";
 pub const OBJECT_STORE_REQUESTS: &str = "courier_object_store_requests_total";
+pub const HANDOFF_EVENTS: &str = "courier_handoff_events_total";
+pub const HANDOFF_PENDING_OBJECTS: &str = "courier_handoff_pending_objects";
+pub const HANDOFF_OLDEST_AGE: &str = "courier_handoff_oldest_age_seconds";
 
 const BUCKETS: [f64; 14] = [
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
@@ -129,6 +132,18 @@ pub fn install(listeners: &[&'static str]) -> Result<PrometheusHandle, BuildErro
     metrics::describe_counter!(
         OBJECT_STORE_REQUESTS,
         "Requests to object storage (dead-letter buckets, hand-off), by store URL, operation and result."
+    );
+    metrics::describe_counter!(
+        HANDOFF_EVENTS,
+        "Pending events handed off to object storage at shutdown (written), or taken from it (adopted)."
+    );
+    metrics::describe_gauge!(
+        HANDOFF_PENDING_OBJECTS,
+        "Hand-off objects waiting in the store for a courier to adopt them, at the last look."
+    );
+    metrics::describe_gauge!(
+        HANDOFF_OLDEST_AGE,
+        "Age of the oldest hand-off object waiting in the store at the last look, 0 when none."
     );
     metrics::describe_gauge!(
         BUILD_INFO,
@@ -272,6 +287,17 @@ pub fn rejected(destination: &str, reason: &'static str) {
 pub fn object_store_request(store: &str, op: &'static str, result: &'static str) {
     counter!(OBJECT_STORE_REQUESTS, "store" => store.to_string(), "op" => op, "result" => result)
         .increment(1);
+}
+
+/// Events handed off (`written`) or adopted (`adopted`).
+pub fn handoff_events(direction: &'static str, n: u64) {
+    counter!(HANDOFF_EVENTS, "direction" => direction).increment(n);
+}
+
+/// What the last look at the hand-off store found waiting.
+pub fn handoff_waiting(objects: usize, oldest: Duration) {
+    gauge!(HANDOFF_PENDING_OBJECTS).set(objects as f64);
+    gauge!(HANDOFF_OLDEST_AGE).set(oldest.as_secs_f64());
 }
 
 pub fn http_panic(listener: &'static str) {

@@ -167,6 +167,10 @@ pub fn keep_fixed(
         fixed.push("journal");
         new.journal = old.journal.clone();
     }
+    if new.handoff != old.handoff {
+        fixed.push("handoff");
+        new.handoff = old.handoff.clone();
+    }
     if new.ingress.dedupe_window != old.ingress.dedupe_window {
         fixed.push("ingress.dedupe_window");
         new.ingress.dedupe_window = old.ingress.dedupe_window;

@@ -16,7 +16,9 @@ pub mod units;
 mod validate;
 
 pub use schema::{LogFormat, Mode, Schema, SyncMode};
-pub use settings::{DestinationSettings, Settings, SinkAt, Subscription, Target, TopicSettings};
+pub use settings::{
+    DestinationSettings, HandoffSettings, Settings, SinkAt, Subscription, Target, TopicSettings,
+};
 pub use state_dir::STATE_DIR_ENV;
 pub use validate::{Env, ProcessEnv, Purpose};
 

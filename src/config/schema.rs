@@ -38,6 +38,8 @@ pub struct RawConfig {
     pub ingress: Ingress,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dead_letter: Option<DeadLetterSpec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub handoff: Option<Handoff>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub topics: BTreeMap<String, Topic>,
     #[serde(default)]
@@ -52,6 +54,26 @@ fn default_admin_listen() -> String {
 }
 fn default_shutdown_grace() -> Dur {
     secs(20)
+}
+
+/// `handoff` (SPEC §7): where pending events go on SIGTERM, and where
+/// every courier of the same url looks for them.
+#[derive(Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Handoff {
+    pub url: String,
+    #[serde(default = "default_handoff_poll")]
+    pub poll: Dur,
+    #[serde(default = "default_claim_timeout")]
+    pub claim_timeout: Dur,
+}
+
+fn default_handoff_poll() -> Dur {
+    secs(30)
+}
+
+fn default_claim_timeout() -> Dur {
+    secs(300)
 }
 
 #[derive(Debug, Deserialize, Serialize)]

@@ -30,6 +30,17 @@ pub struct Settings {
     pub ingress: IngressSettings,
     pub destinations: Vec<Arc<DestinationSettings>>,
     pub topics: Vec<Arc<TopicSettings>>,
+    pub handoff: Option<HandoffSettings>,
+}
+
+/// `handoff`, checked (SPEC §7).
+#[derive(Debug, Clone, PartialEq)]
+pub struct HandoffSettings {
+    pub url: StoreUrl,
+    /// How often the store is looked at for other couriers' hand-offs.
+    pub poll: Duration,
+    /// A claim older than this is taken over: its claimer died.
+    pub claim_timeout: Duration,
 }
 
 impl Settings {

@@ -274,6 +274,10 @@ pub fn check(
         return Err(c.problems);
     }
     let allowed_hosts = allowed_hosts(&mut c, &raw.allowed_hosts);
+    let handoff = raw.handoff.as_ref().and_then(|h| handoff(&mut c, h));
+    if !c.problems.is_empty() {
+        return Err(c.problems);
+    }
     let settings = Settings {
         listen,
         admin_listen,
@@ -299,12 +303,39 @@ pub fn check(
         },
         destinations,
         topics,
+        handoff,
     };
     Ok(Checked {
         settings,
         warnings: c.warnings,
         state_dir: c.state_dir,
     })
+}
+
+fn handoff(c: &mut Checker, h: &super::schema::Handoff) -> Option<HandoffSettings> {
+    let poll = c.range_dur(
+        "handoff.poll",
+        h.poll,
+        Duration::from_millis(100),
+        Duration::from_secs(3600),
+    );
+    let claim_timeout = c.range_dur(
+        "handoff.claim_timeout",
+        h.claim_timeout,
+        Duration::from_secs(1),
+        Duration::from_secs(86_400),
+    );
+    match StoreUrl::parse(&h.url) {
+        Ok(url) => Some(HandoffSettings {
+            url,
+            poll,
+            claim_timeout,
+        }),
+        Err(e) => {
+            c.err("handoff.url", e.to_string());
+            None
+        }
+    }
 }
 
 /// `allowed_hosts`: DNS names (an IP address needs no entry), compared

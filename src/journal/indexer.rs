@@ -688,12 +688,13 @@ impl Indexer {
             // yet (an attempt sent from the ready queue): catch up with the
             // log first. Changes to rows, e.g. a retry read from the index,
             // leave the lag alone.
+            // An empty synced apply asks for every event to be a row
+            // (`Journal::index_all`).
             let catch_up = inbox.close.is_some()
-                || inbox
-                    .applies
-                    .iter()
-                    .flat_map(|(changes, _, _)| changes)
-                    .any(|c| c.seq() > self.rows_through);
+                || inbox.applies.iter().any(|(changes, sync, _)| {
+                    (changes.is_empty() && *sync)
+                        || changes.iter().any(|c| c.seq() > self.rows_through)
+                });
             let index_now = Instant::now() >= self.last_commit + INDEX_EVERY;
             let target = written.due(catch_up, index_now, self.pace.lag);
             retry = !self.step(target, inbox.applies, &shared);

@@ -692,6 +692,13 @@ impl Journal {
         to_indexer(&self.indexer, changes.to_vec(), true).await
     }
 
+    /// Has the indexer make rows of every event the log holds, synced:
+    /// then a reader sees every pending event (a hand-off reads them all).
+    pub async fn index_all(&self) -> Result<(), JournalError> {
+        self.shared.writable()?;
+        to_indexer(&self.indexer, Vec::new(), true).await
+    }
+
     /// Records deliveries and reschedules: committed when this returns, so
     /// a dispatcher never reads a delivered event back, and synced within
     /// `DURABLE_EVERY` (a crash before then delivers those events again,

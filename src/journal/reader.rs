@@ -205,6 +205,25 @@ impl Reader {
         Ok(indexed.into_iter().chain(unindexed).min())
     }
 
+    /// Up to `limit` pending events of any destination after seq `after`,
+    /// in seq order, and the last seq looked at (`None`: none is left).
+    pub async fn pending_after(
+        &self,
+        after: i64,
+        limit: usize,
+    ) -> Result<(Vec<StoredEvent>, Option<i64>), LoadError> {
+        let (rows, last) = self
+            .with(move |c, log| {
+                let seqs = store::pending_after(c, after, limit)?;
+                let last = seqs.last().copied();
+                let mut rows = store::load(c, log, &seqs)?;
+                read_again_what_moved(c, log, &mut rows)?;
+                Ok((rows, last))
+            })
+            .await?;
+        Ok((self.sound("(hand-off)", rows).await, last))
+    }
+
     pub async fn next_due_after(
         &self,
         destination: &str,

@@ -574,6 +574,20 @@ pub fn load(
     Ok(out)
 }
 
+/// Seqs of every destination's pending events after `after`, in order,
+/// quarantined rows aside: what a hand-off takes (SPEC §7).
+pub fn pending_after(
+    conn: &Connection,
+    after: i64,
+    limit: usize,
+) -> Result<Vec<i64>, rusqlite::Error> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT seq FROM events WHERE seq > ?1 AND next_due_ms < ?2 ORDER BY seq LIMIT ?3",
+    )?;
+    let rows = stmt.query_map(params![after, QUARANTINED, limit as i64], |r| r.get(0))?;
+    rows.collect()
+}
+
 /// Seqs of `destination`'s events accepted at or before `cutoff_ms`
 /// (expired, when the cutoff is now minus the TTL), quarantined rows aside.
 pub fn accepted_before(

@@ -22,7 +22,7 @@ def main():
     for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
         for obj in page.get("Contents", []):
             body = s3.get_object(Bucket=bucket, Key=obj["Key"])["Body"].read()
-            out[obj["Key"]] = body.decode("utf-8")
+            out[obj["Key"]] = body.decode("utf-8", errors="replace")
     json.dump(out, sys.stdout)
 
 

@@ -112,7 +112,7 @@ fn segment(groups: &[&[NewEvent]]) -> Vec<u8> {
             intake_encode(&mut payload, seq, e);
             seq += 1;
         }
-        end = w.append(&payload, g.len() as u32).expect("append");
+        end = w.append(&payload, g.len() as u32, false).expect("append");
     }
     let mut bytes = std::fs::read(tmp.path().join("intake-0000000000000000.log")).expect("read");
     bytes.truncate(end as usize);

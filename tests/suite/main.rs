@@ -29,6 +29,7 @@ mod deploy;
 mod disk;
 mod edges;
 mod fuzz_corpus;
+mod handoff;
 mod headers_config;
 mod health;
 mod ingress;

@@ -1,0 +1,141 @@
+//! A hand-off object's bytes: `[magic "CHO1" u32][events u32][crc32c u32]`
+//! then each event as the intake log encodes an adopted one (the event,
+//! then its `Carried` state): the journal's own codec, so an event crosses
+//! couriers exactly as it would cross a restart. The CRC covers the count
+//! and the events: a damaged object is refused whole, and left in the
+//! store for an operator, never adopted in part.
+
+use crate::journal::intake::{self, Logged};
+use crate::journal::{Carried, NewEvent};
+
+const MAGIC: u32 = 0x4348_4f31; // "CHO1"
+const HEAD: usize = 12;
+
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum ObjectError {
+    #[error("not a hand-off object (no CHO1 header)")]
+    NotHandoff,
+    #[error("the hand-off object is damaged (its checksum fails)")]
+    Damaged,
+    #[error("the hand-off object is damaged: {0}")]
+    Malformed(#[from] intake::Malformed),
+}
+
+/// Builds one object, event by event.
+pub struct Builder {
+    bytes: Vec<u8>,
+    count: u32,
+}
+
+impl Builder {
+    pub fn new() -> Builder {
+        Builder {
+            bytes: vec![0; HEAD],
+            count: 0,
+        }
+    }
+
+    pub fn push(&mut self, event: &NewEvent, carried: &Carried) {
+        intake::encode(&mut self.bytes, 0, event);
+        intake::encode_carried(&mut self.bytes, carried);
+        self.count += 1;
+    }
+
+    pub fn len(&self) -> usize {
+        self.bytes.len()
+    }
+
+    pub fn count(&self) -> u32 {
+        self.count
+    }
+
+    pub fn finish(mut self) -> Vec<u8> {
+        self.bytes[0..4].copy_from_slice(&MAGIC.to_le_bytes());
+        self.bytes[4..8].copy_from_slice(&self.count.to_le_bytes());
+        let crc = crc32c::crc32c(&self.bytes[4..8]);
+        let crc = crc32c::crc32c_append(crc, &self.bytes[HEAD..]);
+        self.bytes[8..12].copy_from_slice(&crc.to_le_bytes());
+        self.bytes
+    }
+}
+
+/// The events of an object, with their state.
+pub fn decode(bytes: &[u8]) -> Result<Vec<(NewEvent, Carried)>, ObjectError> {
+    let head = bytes.get(..HEAD).ok_or(ObjectError::NotHandoff)?;
+    let word = |i: usize| u32::from_le_bytes([head[i], head[i + 1], head[i + 2], head[i + 3]]);
+    if word(0) != MAGIC {
+        return Err(ObjectError::NotHandoff);
+    }
+    let crc = crc32c::crc32c_append(crc32c::crc32c(&head[4..8]), &bytes[HEAD..]);
+    if crc != word(8) {
+        return Err(ObjectError::Damaged);
+    }
+    let logged = intake::decode(0, 0, &bytes[HEAD..], word(4) as usize, true)?;
+    Ok(logged
+        .into_iter()
+        .map(|Logged { event, carried, .. }| {
+            // A "CRC1" decode gives every event its state.
+            let carried = carried.unwrap_or(Carried {
+                attempts: 0,
+                next_due_ms: event.accepted_ms,
+                last_outcome: None,
+                last_status: None,
+                last_attempt_ms: None,
+                batch: None,
+            });
+            (event, carried)
+        })
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(i: u64) -> (NewEvent, Carried) {
+        (
+            NewEvent {
+                id: format!("e{i}"),
+                destination: "orders".into(),
+                method: "PUT".into(),
+                path: format!("/x/{i}?q=1"),
+                headers: vec![("x-tenant".into(), b"acme".to_vec())],
+                body: bytes::Bytes::from(vec![i as u8; 300]),
+                accepted_ms: 1_000 + i,
+            },
+            Carried {
+                attempts: i as u32,
+                next_due_ms: 9_000 + i,
+                last_outcome: Some("Failed".into()),
+                last_status: Some(500),
+                last_attempt_ms: Some(8_000),
+                batch: i.is_multiple_of(2).then(|| format!("b{i}")),
+            },
+        )
+    }
+
+    #[test]
+    fn events_cross_an_object_whole_and_a_damaged_one_is_refused() {
+        let events: Vec<_> = (0..5).map(event).collect();
+        let mut b = Builder::new();
+        for (e, c) in &events {
+            b.push(e, c);
+        }
+        assert_eq!(b.count(), 5);
+        let bytes = b.finish();
+        assert_eq!(decode(&bytes), Ok(events));
+
+        let mut flipped = bytes.clone();
+        flipped[HEAD + 40] ^= 1;
+        assert_eq!(decode(&flipped), Err(ObjectError::Damaged));
+        let mut counted = bytes.clone();
+        counted[4] = 6;
+        assert_eq!(
+            decode(&counted),
+            Err(ObjectError::Damaged),
+            "the count is covered"
+        );
+        assert_eq!(decode(b"{}"), Err(ObjectError::NotHandoff));
+        assert_eq!(decode(&Builder::new().finish()), Ok(Vec::new()));
+    }
+}

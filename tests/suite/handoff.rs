@@ -1,0 +1,378 @@
+//! Hand-off across a rolling deploy (issue #32, items 2 to 4; SPEC §7), on
+//! a real S3 (`moto_server` on loopback): courier A gets SIGTERM with
+//! events pending, writes them to the bucket, and couriers with the same
+//! `handoff.url` adopt them and deliver them, attempt numbers going on
+//! from A's. Crashes (SIGKILL) while handing off or adopting lose nothing.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use support::stores::{Gate, Moto, s3_env};
+use support::{Courier, Receiver, Reply, behavior, check, check_eq, courier_bin, fail, post};
+
+const BUCKET: &str = "courier";
+const PROMPT: Duration = Duration::from_secs(60);
+
+/// Per event id: the attempts refused (503 while failing) and delivered.
+#[derive(Default)]
+struct Seen {
+    refused: HashMap<String, Vec<u32>>,
+    delivered: HashMap<String, Vec<u32>>,
+}
+
+/// A receiver that refuses (500) until `accept` is set, then delivers,
+/// noting each attempt's number per event.
+async fn endpoint() -> (Receiver, Arc<AtomicBool>, Arc<Mutex<Seen>>) {
+    let accept = Arc::new(AtomicBool::new(false));
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let (open, book) = (accept.clone(), seen.clone());
+    let rx = Receiver::start(behavior(move |req, _| {
+        let id = req.header("webhook-id").unwrap_or_default().to_string();
+        let attempt = req
+            .header("courier-delivery-attempt")
+            .and_then(|a| a.parse().ok())
+            .unwrap_or(0);
+        let ok = open.load(Ordering::SeqCst);
+        let mut seen = book.lock().expect("seen");
+        let list = if ok {
+            &mut seen.delivered
+        } else {
+            &mut seen.refused
+        };
+        list.entry(id).or_default().push(attempt);
+        Reply::status(if ok { 200 } else { 500 })
+    }))
+    .await;
+    (rx, accept, seen)
+}
+
+fn config(rx: &Receiver, grace: &str, claim_timeout: &str) -> String {
+    format!(
+        "listen: 127.0.0.1:0\n\
+         admin_listen: 127.0.0.1:0\n\
+         log: {{ level: debug }}\n\
+         shutdown_grace: {grace}\n\
+         journal: {{ dir: ./journal }}\n\
+         handoff: {{ url: s3://{BUCKET}/handoff, poll: 200ms, claim_timeout: {claim_timeout} }}\n\
+         destinations:\n  \
+           orders:\n    \
+             url: {}\n    \
+             retry: {{ schedule: [1s] }}\n    \
+             status: {{ min_delay: {{ 500: 1s }} }}\n    \
+             probation: {{ after_failures: 0 }}\n",
+        rx.url()
+    )
+}
+
+async fn start(dir: &std::path::Path, yaml: &str, endpoint: &str) -> Courier {
+    let env = s3_env(endpoint);
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    Courier::start_with_env(courier_bin(), dir, yaml, &env).await
+}
+
+async fn post_events(c: &Courier, n: usize, body: &str) {
+    for i in 0..n {
+        let id = format!("e{i:05}");
+        let r = post(
+            &c.url("orders"),
+            body.to_string(),
+            &[("Idempotency-Key", &id)],
+        )
+        .await;
+        check_eq!(c, r.status, 202, "{id}: {}", r.text());
+    }
+}
+
+/// Waits until every one of `n` events was refused at least once.
+async fn all_refused(c: &Courier, seen: &Mutex<Seen>, n: usize) {
+    let deadline = tokio::time::Instant::now() + PROMPT;
+    // Bounded by the deadline.
+    while seen.lock().expect("seen").refused.len() < n {
+        if tokio::time::Instant::now() >= deadline {
+            fail!(c, "not every event was attempted");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Waits until every one of `n` events was delivered.
+async fn all_delivered(couriers: &[&Courier], seen: &Mutex<Seen>, n: usize) {
+    let deadline = tokio::time::Instant::now() + PROMPT;
+    // Bounded by the deadline.
+    loop {
+        let got = seen.lock().expect("seen").delivered.len();
+        if got >= n {
+            return;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            for c in couriers {
+                eprintln!("---- courier logs ----\n{}", c.logs());
+            }
+            panic!("{got} of {n} events delivered");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Events delivered more than once.
+fn twice(seen: &Mutex<Seen>) -> usize {
+    let seen = seen.lock().expect("seen");
+    seen.delivered.values().filter(|a| a.len() > 1).count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolling_deploy_hands_off_every_pending_event_and_attempts_go_on() {
+    const EVENTS: usize = 1000;
+    let moto = Moto::start(BUCKET).await;
+    let (rx, accept, seen) = endpoint().await;
+    let (dir_a, dir_b) = (
+        tempfile::tempdir().expect("a"),
+        tempfile::tempdir().expect("b"),
+    );
+    let yaml = config(&rx, "1s", "5s");
+    let mut a = start(dir_a.path(), &yaml, &moto.endpoint()).await;
+    post_events(&a, EVENTS, r#"{"order":1}"#).await;
+    all_refused(&a, &seen, EVENTS).await;
+    // The new pod of a rolling deploy starts before the old one stops.
+    let b = start(dir_b.path(), &yaml, &moto.endpoint()).await;
+    a.terminate();
+    let status = a.wait_exit(Duration::from_secs(30)).await;
+    check!(
+        a,
+        status.success(),
+        "A exits 0 after its hand-off: {status:?}"
+    );
+    check!(
+        a,
+        a.logs().contains("handed off every pending event"),
+        "A says it handed off everything"
+    );
+    // What A tried, frozen: A is gone, B has not sent yet (it refuses still).
+    let before: HashMap<String, u32> = seen
+        .lock()
+        .expect("seen")
+        .refused
+        .iter()
+        .map(|(id, a)| (id.clone(), a.iter().copied().max().unwrap_or(0)))
+        .collect();
+    accept.store(true, Ordering::SeqCst);
+    all_delivered(&[&b], &seen, EVENTS).await;
+    let wrong = {
+        let seen_now = seen.lock().expect("seen");
+        let mut wrong = Vec::new();
+        for (id, attempts) in &seen_now.delivered {
+            let last_refused = seen_now
+                .refused
+                .get(id)
+                .and_then(|a| a.iter().max())
+                .copied();
+            // B's own refused attempts (before the flip) count too.
+            let expected = last_refused.unwrap_or(0) + 1;
+            if attempts.first() != Some(&expected) || !before.contains_key(id) {
+                wrong.push((id.clone(), attempts.clone(), last_refused));
+            }
+        }
+        wrong
+    };
+    check!(
+        b,
+        wrong.is_empty(),
+        "attempt numbers that do not go on from A's: {:?}",
+        &wrong[..wrong.len().min(5)]
+    );
+    check_eq!(b, twice(&seen), 0, "events delivered twice");
+    check!(
+        b,
+        b.logs().contains("adopted a hand-off"),
+        "B says what it adopted"
+    );
+    let adopted = support::metric(
+        &b.admin_url(),
+        r#"courier_handoff_events_total{direction="adopted"}"#,
+    )
+    .await;
+    check_eq!(b, adopted, Some(EVENTS as f64));
+    let left = support::stores::objects_at(&moto.endpoint(), BUCKET, "handoff/pending/");
+    check!(
+        b,
+        left.is_empty(),
+        "adopted objects are deleted: {} left",
+        left.len()
+    );
+}
+
+/// Posts `n` events of about `size` bytes, 16 at a time.
+async fn post_many(c: &Courier, n: usize, size: usize) {
+    let url = c.url("orders");
+    let body = format!(r#"{{"pad":"{}"}}"#, "x".repeat(size));
+    let mut tasks = tokio::task::JoinSet::new();
+    for w in 0..16 {
+        let (url, body) = (url.clone(), body.clone());
+        tasks.spawn(async move {
+            let mut i = w;
+            while i < n {
+                let id = format!("e{i:05}");
+                let r = post(&url, body.clone(), &[("Idempotency-Key", &id)]).await;
+                assert_eq!(r.status, 202, "{id}: {}", r.text());
+                i += 16;
+            }
+        });
+    }
+    while let Some(r) = tasks.join_next().await {
+        if let Err(e) = r {
+            fail!(c, "a poster failed: {e}");
+        }
+    }
+}
+
+/// A backlog of several hand-off objects (4 MiB each).
+const MANY: usize = 12_000;
+const PAD: usize = 1000;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_couriers_racing_to_adopt_deliver_each_event_once() {
+    let moto = Moto::start(BUCKET).await;
+    let (rx, accept, seen) = endpoint().await;
+    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().expect("dir")).collect();
+    let yaml = config(&rx, "1s", "30s");
+    let mut a = start(dirs[0].path(), &yaml, &moto.endpoint()).await;
+    post_many(&a, MANY, PAD).await;
+    let b1 = start(dirs[1].path(), &yaml, &moto.endpoint()).await;
+    let b2 = start(dirs[2].path(), &yaml, &moto.endpoint()).await;
+    accept.store(true, Ordering::SeqCst);
+    a.terminate();
+    let status = a.wait_exit(Duration::from_secs(30)).await;
+    check!(a, status.success(), "{status:?}");
+    all_delivered(&[&a, &b1, &b2], &seen, MANY).await;
+    check_eq!(b1, twice(&seen), 0, "events delivered twice");
+    let adopted = |c: &Courier| {
+        let url = c.admin_url();
+        async move {
+            support::metric(&url, r#"courier_handoff_events_total{direction="adopted"}"#)
+                .await
+                .unwrap_or(0.0)
+        }
+    };
+    let (n1, n2) = (adopted(&b1).await, adopted(&b2).await);
+    let delivered_by_a = a.logs().matches("handed off every pending event").count();
+    check_eq!(b1, delivered_by_a, 1, "A handed off its backlog");
+    check!(
+        b1,
+        n1 + n2 <= MANY as f64,
+        "no object was adopted twice: {n1} + {n2}"
+    );
+}
+
+/// Kills `c` once `line` is logged (at most `PROMPT` later).
+async fn kill_at(c: &mut Courier, line: &str) {
+    c.wait_for_log(line, PROMPT).await;
+    c.kill();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_courier_killed_while_handing_off_or_adopting_loses_nothing() {
+    let moto = Moto::start(BUCKET).await;
+    let (rx, accept, seen) = endpoint().await;
+    let (dir_a, dir_b) = (
+        tempfile::tempdir().expect("a"),
+        tempfile::tempdir().expect("b"),
+    );
+    let yaml = config(&rx, "1s", "2s");
+    let mut a = start(dir_a.path(), &yaml, &moto.endpoint()).await;
+    post_many(&a, MANY, PAD).await;
+    // SIGKILL in the middle of the hand-off: some objects stored, the rest
+    // of the events still in A's journal (and maybe in both).
+    a.terminate();
+    kill_at(&mut a, "hand-off object written").await;
+    // B adopts what A stored; SIGKILL in the middle of its adoption.
+    let mut b = start(dir_b.path(), &yaml, &moto.endpoint()).await;
+    kill_at(&mut b, "adopted a hand-off").await;
+    accept.store(true, Ordering::SeqCst);
+    // Both start again on their journals: A delivers what it kept, B what
+    // it adopted, and B's stale claim is taken over after claim_timeout.
+    a.restart().await;
+    b.restart().await;
+    all_delivered(&[&a, &b], &seen, MANY).await;
+    let dup = twice(&seen);
+    eprintln!("events delivered twice after the crashes: {dup} of {MANY}");
+    // The object B held when it died is taken over once its claim is
+    // claim_timeout old, and adopted (its events delivered again).
+    let deadline = tokio::time::Instant::now() + PROMPT;
+    // Bounded by the deadline.
+    loop {
+        let left = support::stores::objects_at(&moto.endpoint(), BUCKET, "handoff/pending/");
+        if left.is_empty() {
+            break;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            fail!(b, "objects never adopted: {}", left.len());
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// SIGTERM while the store cannot take the hand-off: courier exits within
+/// its bound, keeps the events, and delivers them after a restart.
+async fn kept_when_the_store_refuses(
+    endpoint: &str,
+    env_extra: &[(&str, &str)],
+    close: Option<&Gate>,
+) {
+    const EVENTS: usize = 200;
+    let (rx, accept, seen) = self::endpoint().await;
+    let dir = tempfile::tempdir().expect("dir");
+    let yaml = config(&rx, "1s", "5s");
+    let mut env = s3_env(endpoint);
+    env.extend(env_extra.iter().map(|(k, v)| (*k, v.to_string())));
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let mut a = Courier::start_with_env(courier_bin(), dir.path(), &yaml, &env).await;
+    post_events(&a, EVENTS, r#"{"order":2}"#).await;
+    if let Some(g) = close {
+        g.close();
+    }
+    let asked = tokio::time::Instant::now();
+    a.terminate();
+    let status = a.wait_exit(Duration::from_secs(30)).await;
+    let took = asked.elapsed();
+    check!(a, status.success(), "{status:?}");
+    // 1s of grace for attempts in flight, as long again for the hand-off.
+    check!(a, took < Duration::from_secs(6), "exit took {took:?}");
+    check!(
+        a,
+        a.logs().contains("pending events stay in the journal")
+            || a.logs().contains("hand-off incomplete"),
+        "A says the events stay"
+    );
+    if let Some(g) = close {
+        g.open();
+    }
+    accept.store(true, Ordering::SeqCst);
+    a.restart().await;
+    all_delivered(&[&a], &seen, EVENTS).await;
+    check_eq!(a, twice(&seen), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_store_at_shutdown_leaves_the_events_in_the_journal() {
+    let moto = Moto::start(BUCKET).await;
+    let gate = Gate::start(moto.addr()).await;
+    kept_when_the_store_refuses(&gate.endpoint(), &[], Some(&gate)).await;
+    let left = support::stores::objects_at(&moto.endpoint(), BUCKET, "handoff/pending/");
+    assert!(left.is_empty(), "nothing was handed off: {}", left.len());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_without_conditional_creates_gets_no_hand_off() {
+    let moto = Moto::start(BUCKET).await;
+    // object_store's switch for S3 stores without `If-None-Match`: its
+    // conditional create then refuses, as such a store's would.
+    kept_when_the_store_refuses(
+        &moto.endpoint(),
+        &[("AWS_CONDITIONAL_PUT", "disabled")],
+        None,
+    )
+    .await;
+    let left = support::stores::objects_at(&moto.endpoint(), BUCKET, "handoff/pending/");
+    assert!(left.is_empty(), "nothing was handed off: {}", left.len());
+}
