@@ -8,6 +8,7 @@
 //! loopback receivers (`support::Receiver`).
 
 mod admin;
+mod azure_blob;
 mod backlog;
 mod backpressure;
 mod batching;

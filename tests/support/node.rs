@@ -46,6 +46,11 @@ fn scripts() -> PathBuf {
         .clone()
 }
 
+/// A program of the installed packages (`node_modules/.bin/<name>`).
+pub fn bin(name: &str) -> PathBuf {
+    scripts().join("node_modules/.bin").join(name)
+}
+
 /// Runs `node tests/node/<script> args...`, feeding `stdin`.
 pub fn run(script: &str, args: &[&str], stdin: &[u8]) -> Output {
     use std::io::Write;

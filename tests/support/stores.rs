@@ -1,9 +1,10 @@
 //! Real object stores for the tests, each started by the test on a free
 //! loopback port: S3 as `moto_server` (PyPI `moto[server]`, in the test
-//! venv), and a [`Gate`] in front of one, so that a test can stop the store
+//! venv), Azure Blob as Azurite (npm `azurite`, in `tests/node`), and a
+//! [`Gate`] in front of one, so that a test can stop the store
 //! (connections refused, those open cut) and start it again without losing
-//! what it holds. Objects are read back with boto3 (`tests/py/s3_objects.py`),
-//! not with courier's own code.
+//! what it holds. Objects are read back with boto3 (`tests/py/s3_objects.py`)
+//! and Azure's SDK (`tests/py/az_blobs.py`), not with courier's own code.
 
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
@@ -96,6 +97,96 @@ pub fn objects_at(endpoint: &str, bucket: &str, prefix: &str) -> Vec<(String, St
         .unwrap_or_default();
     objects.sort();
     objects
+}
+
+pub struct Azurite {
+    child: Child,
+    port: u16,
+    _data: tempfile::TempDir,
+}
+
+impl Azurite {
+    /// Starts Azurite's Blob service on a free loopback port, waits until
+    /// it answers, and creates `container`.
+    pub async fn start(container: &str) -> Azurite {
+        let bin = super::node::bin("azurite-blob");
+        let port = free_port();
+        let data = tempfile::tempdir().expect("azurite data");
+        let child = Command::new(&bin)
+            .args(["--blobHost", "127.0.0.1", "--blobPort", &port.to_string()])
+            .arg("--location")
+            .arg(data.path())
+            .args(["--silent", "--skipApiVersionCheck"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {}: {e}", bin.display()));
+        let azurite = Azurite {
+            child,
+            port,
+            _data: data,
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        // Bounded by the deadline.
+        while TcpStream::connect(SocketAddr::from(([127, 0, 0, 1], port)))
+            .await
+            .is_err()
+        {
+            assert!(Instant::now() < deadline, "Azurite did not listen in 30s");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        check_with(
+            "az_blobs.py",
+            &["create", &azurite.endpoint(), container],
+            b"",
+        );
+        azurite
+    }
+
+    /// The blob endpoint of Azurite's development account.
+    pub fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}/devstoreaccount1", self.port)
+    }
+
+    /// The environment courier reads the emulator from (SPEC §7).
+    pub fn env(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("AZURE_STORAGE_USE_EMULATOR", "true".to_string()),
+            (
+                "AZURITE_BLOB_STORAGE_URL",
+                format!("http://127.0.0.1:{}", self.port),
+            ),
+        ]
+    }
+
+    /// Every blob under `container/prefix`, by name, as Azure's SDK reads them.
+    pub fn blobs(&self, container: &str, prefix: &str) -> Vec<(String, String)> {
+        let out = check_with(
+            "az_blobs.py",
+            &["list", &self.endpoint(), container, prefix],
+            b"",
+        );
+        let v: serde_json::Value =
+            serde_json::from_str(&out).unwrap_or_else(|e| panic!("az_blobs.py: {e}: {out}"));
+        let mut blobs: Vec<(String, String)> = v
+            .as_object()
+            .map(|m| {
+                m.iter()
+                    .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_string()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        blobs.sort();
+        blobs
+    }
+}
+
+impl Drop for Azurite {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
 
 /// The environment courier reads an S3 store from (SPEC §7).
