@@ -174,6 +174,22 @@ pub fn intake_decode(data: &[u8]) {
     assert_eq!(again, payload, "decode then encode changed the record");
 }
 
+/// (d) A hand-off object as another courier wrote it to the bucket
+/// (`handoff/object.rs`): `[magic u32][count u32][crc32c u32][events]`. Its
+/// CRC is recomputed first when the magic is there, so that mutations reach
+/// the event decoder; whatever decodes holds as many events as it says.
+pub fn handoff_object(data: &[u8]) {
+    let mut bytes = data.to_vec();
+    if bytes.len() >= 12 && bytes[..4] == 0x4348_4f31u32.to_le_bytes() {
+        let crc = crc32c::crc32c_append(crc32c::crc32c(&bytes[4..8]), &bytes[12..]);
+        bytes[8..12].copy_from_slice(&crc.to_le_bytes());
+    }
+    if let Ok(events) = fuzzing::handoff_decode(&bytes) {
+        let count = u32::from_le_bytes([bytes[4], bytes[5], bytes[6], bytes[7]]);
+        assert_eq!(events.len(), count as usize);
+    }
+}
+
 /// (d) The journal's forwarded-header block: decode, then encode must give
 /// the input back.
 pub fn headers(data: &[u8]) {

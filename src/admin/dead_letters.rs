@@ -1,5 +1,5 @@
 //! The dead-letters API (SPEC §5): list, show, replay and purge the records
-//! in the directory sinks of configured destinations.
+//! in the sinks (directories or buckets) of configured destinations.
 //!
 //! A replay puts each record's request back in the journal as the app sent
 //! it (method, path and query, forwarded headers, body), under its id, with

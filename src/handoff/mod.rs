@@ -18,7 +18,7 @@
 //! deleted only once its events are durable in the adopter's journal.
 
 mod adopt;
-mod object;
+pub(crate) mod object;
 mod write;
 
 pub use adopt::adopt_loop;

@@ -44,7 +44,8 @@ async fn a_failing_sink_is_one_error_line_per_streak_and_a_count_of_every_failed
         check_eq!(c, r.status, 202, "{}", r.text());
     }
     rx.wait_for(EVENTS, Duration::from_secs(10)).await;
-    // Each write is retried 5 s after it failed: wait for a second round.
+    // Each write is retried 1 s after it failed (then 2 s, 4 s...): wait
+    // for a second round.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
     while failures(&c).await < (2 * EVENTS) as f64 && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -59,7 +60,7 @@ async fn a_failing_sink_is_one_error_line_per_streak_and_a_count_of_every_failed
     );
     check_eq!(c, rx.count(), EVENTS, "an event was sent again");
 
-    // Fixed between two rounds (they come 5 s apart and each takes as
+    // Fixed between two rounds (the third comes 2 s after the second, and each takes as
     // long as the posts did), so that no write that began before the fix
     // fails after it and starts a streak of its own.
     std::fs::remove_file(&sink).expect("unblock the sink");

@@ -54,6 +54,11 @@ fn retry_after_seeds() {
 }
 
 #[test]
+fn handoff_object_seeds() {
+    replay("handoff_object", harness::handoff_object);
+}
+
+#[test]
 fn intake_decode_seeds() {
     replay("intake_decode", harness::intake_decode);
 }
@@ -119,6 +124,26 @@ fn segment(groups: &[&[NewEvent]]) -> Vec<u8> {
     bytes
 }
 
+/// A hand-off object holding `events`, each with a delivery state.
+fn handoff_object(events: &[NewEvent]) -> Vec<u8> {
+    let mut b = courier::fuzzing::HandoffBuilder::new();
+    for (i, e) in events.iter().enumerate() {
+        b.push(e, &carried(i as u32));
+    }
+    b.finish()
+}
+
+fn carried(i: u32) -> courier::journal::Carried {
+    courier::journal::Carried {
+        attempts: i + 1,
+        next_due_ms: 1_764_000_100_000,
+        last_outcome: Some("Busy".into()),
+        last_status: Some(503),
+        last_attempt_ms: Some(1_764_000_050_000),
+        batch: (i == 1).then(|| "batch-1".to_string()),
+    }
+}
+
 /// Writes the journal seeds from the real encoders. Run it after a change
 /// to the record formats: `cargo test --test fuzz_corpus -- --ignored`.
 #[test]
@@ -143,6 +168,7 @@ fn write_journal_seeds() {
         }
         put("intake_decode", name, &data);
     }
+    put("handoff_object", "three", &handoff_object(&events));
     put("intake_log", "one-record", &segment(&[&events[..1]]));
     put(
         "intake_log",
@@ -175,4 +201,15 @@ fn journal_seeds_are_real_records() {
     // magic "CRR1"): kept as seeds of the older format, which still reads.
     assert_eq!(log("two-records-padded"), sample_events());
     assert_eq!(log("one-record-padded"), sample_events()[..1]);
+    let object = std::fs::read(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/seeds/handoff_object/three"),
+    )
+    .expect("read the hand-off seed");
+    let decoded = courier::fuzzing::handoff_decode(&object).expect("a real hand-off object");
+    let expected: Vec<_> = sample_events()
+        .into_iter()
+        .enumerate()
+        .map(|(i, e)| (e, carried(i as u32)))
+        .collect();
+    assert_eq!(decoded, expected);
 }
