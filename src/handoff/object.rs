@@ -27,21 +27,24 @@ pub struct Builder {
     count: u32,
 }
 
-impl Builder {
-    pub fn new() -> Builder {
+impl Default for Builder {
+    fn default() -> Builder {
         Builder {
             bytes: vec![0; HEAD],
             count: 0,
         }
     }
+}
 
+impl Builder {
     pub fn push(&mut self, event: &NewEvent, carried: &Carried) {
         intake::encode(&mut self.bytes, 0, event);
         intake::encode_carried(&mut self.bytes, carried);
         self.count += 1;
     }
 
-    pub fn len(&self) -> usize {
+    /// The object's size so far.
+    pub fn size(&self) -> usize {
         self.bytes.len()
     }
 
@@ -117,7 +120,7 @@ mod tests {
     #[test]
     fn events_cross_an_object_whole_and_a_damaged_one_is_refused() {
         let events: Vec<_> = (0..5).map(event).collect();
-        let mut b = Builder::new();
+        let mut b = Builder::default();
         for (e, c) in &events {
             b.push(e, c);
         }
@@ -136,6 +139,6 @@ mod tests {
             "the count is covered"
         );
         assert_eq!(decode(b"{}"), Err(ObjectError::NotHandoff));
-        assert_eq!(decode(&Builder::new().finish()), Ok(Vec::new()));
+        assert_eq!(decode(&Builder::default().finish()), Ok(Vec::new()));
     }
 }

@@ -64,7 +64,7 @@ pub async fn hand_off(h: &Arc<Handoff>, journal: &Journal, deadline: Instant) ->
     let mut tasks: JoinSet<Stored> = JoinSet::new();
     let mut failed = false;
     let mut after = 0;
-    let mut object = Builder::new();
+    let mut object = Builder::default();
     let mut seqs = Vec::new();
     // Bounded: each round reads past at least one seq, or stops.
     while !failed && Instant::now() < deadline {
@@ -81,11 +81,11 @@ pub async fn hand_off(h: &Arc<Handoff>, journal: &Journal, deadline: Instant) ->
             seqs.push(ev.seq);
         }
         let end = last.is_none();
-        if object.len() >= OBJECT_BYTES || (end && object.count() > 0) {
+        if object.size() >= OBJECT_BYTES || (end && object.count() > 0) {
             while tasks.len() >= IN_FLIGHT {
                 failed |= !settled(tasks.join_next().await, &mut done);
             }
-            let full = std::mem::replace(&mut object, Builder::new());
+            let full = std::mem::replace(&mut object, Builder::default());
             let store = Store {
                 bucket_path: h.object(&object_name(full.count())),
                 seqs: std::mem::take(&mut seqs),

@@ -126,7 +126,7 @@ fn segment(groups: &[&[NewEvent]]) -> Vec<u8> {
 
 /// A hand-off object holding `events`, each with a delivery state.
 fn handoff_object(events: &[NewEvent]) -> Vec<u8> {
-    let mut b = courier::fuzzing::HandoffBuilder::new();
+    let mut b = courier::fuzzing::HandoffBuilder::default();
     for (i, e) in events.iter().enumerate() {
         b.push(e, &carried(i as u32));
     }
