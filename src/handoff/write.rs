@@ -85,7 +85,7 @@ pub async fn hand_off(h: &Arc<Handoff>, journal: &Journal, deadline: Instant) ->
             while tasks.len() >= IN_FLIGHT {
                 failed |= !settled(tasks.join_next().await, &mut done);
             }
-            let full = std::mem::replace(&mut object, Builder::default());
+            let full = std::mem::take(&mut object);
             let store = Store {
                 bucket_path: h.object(&object_name(full.count())),
                 seqs: std::mem::take(&mut seqs),
