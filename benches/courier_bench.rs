@@ -1,7 +1,7 @@
 //! courier against nginx under the same wrk load, in one invocation:
 //!
 //! `cargo bench --bench courier_bench [-- --seconds 10 --connections 50
-//!  --steps nhabcdekpqx --scale 1 --compare PATH --rounds 1 --write-results]`
+//!  --steps nhabcdekpqxot --scale 1 --compare PATH --rounds 1 --write-results]`
 //!
 //! n. baselines, run as their users run them: wrk against an nginx answering
 //!    200 to every POST (`direct`: the receiver, which courier delivers to
@@ -57,7 +57,30 @@
 //!    (`event_ttl: 1h`), start again, and time until every event is
 //!    dead-lettered, with courier's peak RSS meanwhile; then `replay all`
 //!    of those records, timed to its answer (still paused), and the
-//!    resume's drain of the replayed events to nginx.
+//!    resume's drain of the replayed events to nginx;
+//! o. mass expiry to a bucket (issue #32): step x's expiry with
+//!    `dead_letter: { url: s3://… }` on `moto_server` (below), timed from
+//!    the restart until every event is dead-lettered (the records counted
+//!    by the bucket's object names), with courier's peak RSS. Budget:
+//!    ≥ 20,000 events/s;
+//! t. hand-off (issue #32): courier A, its destination paused, holds
+//!    100,000 1 KiB events (`--scale` multiplies them) with `handoff: { url:
+//!    s3://…, poll: 200ms }` and `shutdown_grace: 20s` (nothing is in
+//!    flight, so it is not waited out; the hand-off gets as long again);
+//!    SIGTERM, and the hand-off is timed by A's summary log line (`took_ms`)
+//!    and from SIGTERM to exit, with A's peak RSS (VmHWM sampled while it
+//!    runs, and reset at the SIGTERM for the hand-off's own). Then courier
+//!    B (an empty journal, its destination paused) starts on the same url
+//!    and is timed from its spawn until `courier_handoff_events_total
+//!    {direction="adopted"}` counts every event, with its peak RSS.
+//!    Budgets: written ≤ 10 s and adopted ≤ 10 s, each side's peak RSS
+//!    ≤ 64 MiB.
+//!
+//! Steps o and t start their own `moto_server` (PyPI `moto[server]`, in
+//! `tests/py/requirements.txt`) on a free loopback port and kill it at
+//! their end: the one beside `COURIER_PYTHON` when set, else
+//! `.venv/bin/moto_server` at this checkout's root (or the main checkout's,
+//! from a `git worktree`), else installed into `./.venv` as the tests do.
 //!
 //! Each courier step runs for the courier built by `cargo bench` (or
 //! `COURIER_BIN`) and, with `--compare PATH`, for a second binary, so
@@ -78,6 +101,8 @@
 
 #[path = "courier_bench/floor.rs"]
 mod floor;
+#[path = "courier_bench/objects.rs"]
+mod objects;
 /// As courier's own binary, so the floor (step h) pays what courier pays.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -99,13 +124,13 @@ const PENDING: &str = r#"courier_events_pending{destination="bench"}"#;
 const ACCEPTED: &str = r#"courier_events_accepted_total{destination="bench"}"#;
 const DELIVERED: &str = r#"courier_events_delivered_total{destination="bench"}"#;
 /// Every step, run by default; `--steps` picks some.
-const STEPS: &str = "nhabcdekpqx";
+const STEPS: &str = "nhabcdekpqxot";
 /// Step c's backlog and step d's, before `--scale`.
 const DRAIN_BACKLOG: f64 = 100_000.0;
 /// Step h's client: as many connections as courier's `concurrency: 64`.
 const FLOOR_CONNECTIONS: usize = 64;
 const BIG_BACKLOG: f64 = 1_000_000.0;
-/// Step x's backlog, before `--scale`.
+/// Step x's backlog (and step o's), before `--scale`.
 const EXPIRY_BACKLOG: f64 = 100_000.0;
 const DEAD_LETTERED: &str =
     r#"courier_events_dead_lettered_total{destination="bench",reason="TimeToLiveExceeded"}"#;
@@ -116,7 +141,7 @@ const POLL: Duration = Duration::from_millis(20);
 /// Step e waits this long after the start before reading RSS.
 const IDLE: Duration = Duration::from_secs(2);
 const MIB: f64 = 1024.0 * 1024.0;
-const USAGE: &str = "usage: cargo bench --bench courier_bench [-- --seconds N --connections N --steps nhabcdekpqx --scale F --compare PATH --rounds N --write-results]";
+const USAGE: &str = "usage: cargo bench --bench courier_bench [-- --seconds N --connections N --steps nhabcdekpqxot --scale F --compare PATH --rounds N --write-results]";
 
 struct Args {
     seconds: u64,
@@ -785,13 +810,19 @@ struct Run {
 /// The config is checked first (`courier check`): a `--compare` build
 /// that lacks a step's feature fails that step, not the whole run.
 async fn start(bin: &Path, url: &str, extra: &str) -> Result<Run, String> {
+    start_yaml(bin, &config(url, extra), &[]).await
+}
+
+/// `start` with a whole config and extra environment (the S3 store's, for
+/// steps o and t), given to `courier check` too.
+async fn start_yaml(bin: &Path, yaml: &str, env: &[(&str, &str)]) -> Result<Run, String> {
     let dir = tempfile::tempdir().map_err(|e| format!("tempdir for courier: {e}"))?;
-    let yaml = config(url, extra);
     let path = dir.path().join("check.yaml");
-    std::fs::write(&path, &yaml).map_err(|e| format!("write {}: {e}", path.display()))?;
+    std::fs::write(&path, yaml).map_err(|e| format!("write {}: {e}", path.display()))?;
     let checked = std::process::Command::new(bin)
         .args(["check", "-c"])
         .arg(&path)
+        .envs(env.iter().copied())
         .output()
         .map_err(|e| format!("run {} check: {e}", bin.display()))?;
     if !checked.status.success() {
@@ -808,7 +839,7 @@ async fn start(bin: &Path, url: &str, extra: &str) -> Result<Run, String> {
             said.replace('\n', "; ")
         ));
     }
-    let courier = Courier::start_with(bin, dir.path(), &yaml).await;
+    let courier = Courier::start_with_env(bin, dir.path(), yaml, env).await;
     Ok(Run { courier, dir })
 }
 
@@ -1109,36 +1140,9 @@ async fn mass_expiry(
     // An hour: a 1M fill takes longer than the smallest TTL, a minute.
     let extra = "    retry: { event_ttl: 1h }\n    dead_letter: { dir: ./dl }\n";
     let mut run = start(bin, rx, extra).await?;
-    let c = &mut run.courier;
-    let filled = fill(c, events, args).await?;
-    c.terminate();
-    c.wait_exit(DEADLINE).await;
-    let db = run.dir.path().join("journal").join("journal.db");
-    let aged = rusqlite::Connection::open(&db)
-        .and_then(|conn| conn.execute("UPDATE events SET accepted_ms = accepted_ms - 3601000", []))
-        .map_err(|e| format!("age the events in {}: {e}", db.display()))?;
-    if aged as u64 != events {
-        return Err(format!(
-            "{aged} rows aged in {}, {events} expected",
-            db.display()
-        ));
-    }
-    let started = Instant::now();
-    c.restart().await;
-    let pid = c.pid();
-    // Bounded by the deadline.
-    let took = loop {
-        let dead = metric(c, DEAD_LETTERED).await.unwrap_or(0.0);
-        if dead >= events as f64 && metric(c, PENDING).await == Some(0.0) {
-            break started.elapsed();
-        }
-        if started.elapsed() >= DEADLINE {
-            return Err(format!(
-                "{dead} of {events} dead-lettered within {DEADLINE:?}"
-            ));
-        }
-        tokio::time::sleep(POLL).await;
-    };
+    let filled = fill(&run.courier, events, args).await?;
+    let (took, pid) = expire(&mut run, events).await?;
+    let c = &run.courier;
     let hwm = proc_status(pid, "VmHWM").unwrap_or(0);
     let parts: Vec<String> = ["RssAnon", "RssFile", "RssShmem"]
         .iter()
@@ -1168,6 +1172,42 @@ async fn mass_expiry(
     };
     let replay = replay_all(label, c, events, cpu).await?;
     Ok((expiry, replay, rate, hwm))
+}
+
+/// Steps x and o: SIGTERM, every event of the backlog made an hour older
+/// in `journal.db` (`event_ttl: 1h`), start again, and wait until every
+/// one is dead-lettered and nothing is pending; the time from the restart,
+/// and the new process's pid.
+async fn expire(run: &mut Run, events: u64) -> Result<(Duration, u32), String> {
+    let c = &mut run.courier;
+    c.terminate();
+    c.wait_exit(DEADLINE).await;
+    let db = run.dir.path().join("journal").join("journal.db");
+    let aged = rusqlite::Connection::open(&db)
+        .and_then(|conn| conn.execute("UPDATE events SET accepted_ms = accepted_ms - 3601000", []))
+        .map_err(|e| format!("age the events in {}: {e}", db.display()))?;
+    if aged as u64 != events {
+        return Err(format!(
+            "{aged} rows aged in {}, {events} expected",
+            db.display()
+        ));
+    }
+    let started = Instant::now();
+    c.restart().await;
+    let pid = c.pid();
+    // Bounded by the deadline.
+    loop {
+        let dead = metric(c, DEAD_LETTERED).await.unwrap_or(0.0);
+        if dead >= events as f64 && metric(c, PENDING).await == Some(0.0) {
+            return Ok((started.elapsed(), pid));
+        }
+        if started.elapsed() >= DEADLINE {
+            return Err(format!(
+                "{dead} of {events} dead-lettered within {DEADLINE:?}"
+            ));
+        }
+        tokio::time::sleep(POLL).await;
+    }
 }
 
 /// Step x, continued: `replay all` of the records just written, timed to
@@ -1658,6 +1698,62 @@ async fn courier_steps(
                     failed("x. mass expiry", e, rows, budgets, &[name])
                 }
             },
+            'o' => match objects::bucket_expiry(label, bin, rx, args).await {
+                Ok((row, rate, hwm)) => {
+                    let events = backlog(EXPIRY_BACKLOG, args);
+                    let hwm = hwm as f64 / MIB;
+                    let min = objects::BUCKET_EXPIRY_RATE;
+                    budgets.push(budget(
+                        format!("{label} mass expiry {events} to a bucket"),
+                        vec![Check::at_least(rate, min, " events/s")],
+                        format!("{rate:.0} events/s (≥ {min:.0}), peak RSS {hwm:.1} MiB"),
+                    ));
+                    rows.push(row);
+                }
+                Err(e) => {
+                    let name = format!("mass expiry {} to a bucket", backlog(EXPIRY_BACKLOG, args));
+                    failed("o. mass expiry to a bucket", e, rows, budgets, &[name])
+                }
+            },
+            't' => match objects::hand_off(label, bin, rx, args).await {
+                Ok(h) => {
+                    let events = backlog(objects::HANDOFF_BACKLOG, args);
+                    let (secs, mib) = (objects::HANDOFF_SECONDS, objects::HANDOFF_RSS_MIB);
+                    let (hwm_a, hwm_b) = (h.hwm_a as f64 / MIB, h.hwm_b as f64 / MIB);
+                    let handing = h.hwm_handing.map_or(String::new(), |b| {
+                        format!(" ({:.1} from the SIGTERM)", b as f64 / MIB)
+                    });
+                    budgets.push(budget(
+                        format!("{label} hand-off {events} written"),
+                        vec![
+                            Check::at_most(h.written.as_secs_f64(), secs, " s"),
+                            Check::at_most(hwm_a, mib, " MiB"),
+                        ],
+                        format!(
+                            "{:.2} s by A's log (≤ {secs}; SIGTERM to exit {:.2} s), A's peak RSS {hwm_a:.1} MiB{handing} (≤ {mib})",
+                            h.written.as_secs_f64(),
+                            h.wall.as_secs_f64()
+                        ),
+                    ));
+                    budgets.push(budget(
+                        format!("{label} hand-off {events} adopted"),
+                        vec![
+                            Check::at_most(h.adopted.as_secs_f64(), secs, " s"),
+                            Check::at_most(hwm_b, mib, " MiB"),
+                        ],
+                        format!(
+                            "{:.2} s from B's spawn (≤ {secs}), B's peak RSS {hwm_b:.1} MiB (≤ {mib})",
+                            h.adopted.as_secs_f64()
+                        ),
+                    ));
+                    rows.extend(h.rows);
+                }
+                Err(e) => {
+                    let events = backlog(objects::HANDOFF_BACKLOG, args);
+                    let names = ["written", "adopted"].map(|w| format!("hand-off {events} {w}"));
+                    failed("t. hand-off", e, rows, budgets, &names)
+                }
+            },
             'p' => match passthrough(label, bin, rx, args).await {
                 Ok(p) => rows.extend(p),
                 Err(e) => failed("p. passthrough", e, rows, budgets, &[]),
@@ -1940,9 +2036,11 @@ fn write_results(
          end-to-end) over nginx's, as measured just before the row (named in its notes) \
          for courier's loads and drains. CPU: utime + stime of the process named in the notes \
          (courier's for courier's rows) during the load (a, b, p, q, and nginx's: the nginx \
-         master and its workers), the drain (c), the fill (d) or since start (e); CPU \
+         master and its workers), the drain (c), the fill (d), since start (e; x and o: since the restart; t: B's) \
+         or from the SIGTERM (t: A's); CPU \
          µs/event: that over the events (requests for nginx) answered 2xx (a, p, q, nginx, \
-         h's loads), accepted (b, h's end to end), drained (c) or filled (d). Peak RSS: VmHWM (e: VmRSS). With \
+         h's loads), accepted (b, h's end to end), drained (c), filled (d), dead-lettered (o) \
+         or handed off (t). Peak RSS: VmHWM (e: VmRSS). With \
          `--rounds`, the medians of the rounds follow the budgets.\n",
         shell("date", &["-u", "+%Y-%m-%d %H:%M UTC"]),
         shell("git", &["rev-parse", "--short", "HEAD"]),
