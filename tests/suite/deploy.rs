@@ -1,7 +1,8 @@
 //! The Kubernetes manifests of deploy/ against what courier needs (README
 //! "Run in Kubernetes"): for every courier container, its config (from the
 //! ConfigMap it mounts) passes the real `courier check`; probes reach the
-//! admin port on the right paths; the grace period covers `shutdown_grace`;
+//! admin port on the right paths; the grace period covers `shutdown_grace`
+//! (twice with a hand-off);
 //! the journal and dead letters land on a writable volume big enough for
 //! `journal.max_bytes` while the config is a read-only directory mount; it
 //! runs as a native sidecar under Pod Security "restricted"; the token
@@ -19,8 +20,10 @@ use serde_norway::Value;
 use std::path::Path;
 use std::time::Duration;
 
-/// Time to commit and close the journal after `shutdown_grace` (the grace
-/// period must cover both, or the kubelet's SIGKILL cuts the final sync).
+/// Time to commit and close the journal after `shutdown_grace` (and, with
+/// `handoff`, after the hand-off, which gets as long again): the grace
+/// period must cover them all, or the kubelet's SIGKILL cuts the hand-off
+/// or the final sync.
 const JOURNAL_CLOSE: Duration = Duration::from_secs(5);
 
 /// The name of courier's admin port, which PodMonitors, scrape jobs and
@@ -166,11 +169,16 @@ async fn the_grace_period_covers_shutdown_grace_and_the_journal_close() {
             let tgps = tgps
                 .as_u64()
                 .ok_or("terminationGracePeriodSeconds is not set")?;
-            let need = e.shutdown_grace + JOURNAL_CLOSE;
+            // Attempts in flight, then with a hand-off as long again to
+            // write the pending events to the bucket (README "What happens
+            // on a rolling deploy").
+            let graces = if e.handoff { 2 } else { 1 };
+            let need = e.shutdown_grace * graces + JOURNAL_CLOSE;
             if Duration::from_secs(tgps) <= need {
                 return Err(format!(
-                    "terminationGracePeriodSeconds {tgps} must exceed shutdown_grace {:?} + {JOURNAL_CLOSE:?}",
-                    e.shutdown_grace
+                    "terminationGracePeriodSeconds {tgps} must exceed {graces} x shutdown_grace {:?}{} + {JOURNAL_CLOSE:?}",
+                    e.shutdown_grace,
+                    if e.handoff { " (handoff)" } else { "" }
                 ));
             }
             Ok(())

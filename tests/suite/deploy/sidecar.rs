@@ -101,8 +101,11 @@ pub struct Effective {
     pub shutdown_grace: Duration,
     pub journal_max_bytes: u64,
     /// Journal and dead-letter folders as paths in the container, each with
-    /// the key it comes from.
+    /// the key it comes from (a `dead_letter.url` sink has none).
     pub data_dirs: Vec<(String, PathBuf)>,
+    /// `handoff.url` is set: on SIGTERM, after `shutdown_grace`, pending
+    /// events get as long again to reach the bucket.
+    pub handoff: bool,
 }
 
 /// `courier check` on the container's config, with the container's
@@ -165,6 +168,7 @@ pub async fn check(pod: &CourierPod, image: &Image) -> Result<Effective, String>
         shutdown_grace: grace.0,
         journal_max_bytes: max.0,
         data_dirs,
+        handoff: str_at(&v, &["handoff", "url"]).is_some(),
     })
 }
 
