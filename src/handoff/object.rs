@@ -10,6 +10,9 @@ use crate::journal::{Carried, NewEvent};
 
 const MAGIC: u32 = 0x4348_4f31; // "CHO1"
 const HEAD: usize = 12;
+/// What a new object's buffer holds before it grows: a hand-off object
+/// (1 MiB) and the event that passes it.
+const ROOM: usize = 9 << 17;
 
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum ObjectError {
@@ -21,7 +24,8 @@ pub enum ObjectError {
     Malformed(#[from] intake::Malformed),
 }
 
-/// Builds one object, event by event.
+/// Builds one object, event by event, in one buffer sized for an object of
+/// the hand-off's size (growing only past it, for a larger event).
 pub struct Builder {
     bytes: Vec<u8>,
     count: u32,
@@ -29,10 +33,9 @@ pub struct Builder {
 
 impl Default for Builder {
     fn default() -> Builder {
-        Builder {
-            bytes: vec![0; HEAD],
-            count: 0,
-        }
+        let mut bytes = Vec::with_capacity(ROOM);
+        bytes.resize(HEAD, 0);
+        Builder { bytes, count: 0 }
     }
 }
 

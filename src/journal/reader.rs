@@ -206,15 +206,17 @@ impl Reader {
     }
 
     /// Up to `limit` pending events of any destination after seq `after`,
-    /// in seq order, and the last seq looked at (`None`: none is left).
+    /// in seq order, and no more once they hold `max_bytes` (but always
+    /// one), and the last seq looked at (`None`: none is left).
     pub async fn pending_after(
         &self,
         after: i64,
         limit: usize,
+        max_bytes: u64,
     ) -> Result<(Vec<StoredEvent>, Option<i64>), LoadError> {
         let (rows, last) = self
             .with(move |c, log| {
-                let seqs = store::pending_after(c, after, limit)?;
+                let seqs = store::pending_after(c, after, limit, max_bytes)?;
                 let last = seqs.last().copied();
                 let mut rows = store::load(c, log, &seqs)?;
                 read_again_what_moved(c, log, &mut rows)?;

@@ -575,17 +575,28 @@ pub fn load(
 }
 
 /// Seqs of every destination's pending events after `after`, in order,
-/// quarantined rows aside: what a hand-off takes (SPEC §7).
+/// quarantined rows aside, up to `limit` of them and no more once they
+/// hold `max_bytes` (but always one): what a hand-off takes (SPEC §7).
 pub fn pending_after(
     conn: &Connection,
     after: i64,
     limit: usize,
+    max_bytes: u64,
 ) -> Result<Vec<i64>, rusqlite::Error> {
-    let mut stmt = conn.prepare_cached(
-        "SELECT seq FROM events WHERE seq > ?1 AND next_due_ms < ?2 ORDER BY seq LIMIT ?3",
-    )?;
-    let rows = stmt.query_map(params![after, QUARANTINED, limit as i64], |r| r.get(0))?;
-    rows.collect()
+    let mut stmt = conn.prepare_cached(&format!(
+        "SELECT seq, {ROW_BYTES} FROM events WHERE seq > ?1 AND next_due_ms < ?2 ORDER BY seq LIMIT ?3"
+    ))?;
+    let mut rows = stmt.query(params![after, QUARANTINED, limit as i64])?;
+    let (mut seqs, mut bytes) = (Vec::new(), 0u64);
+    while let Some(r) = rows.next()? {
+        let size = r.get::<_, i64>(1)?.max(0) as u64;
+        if !seqs.is_empty() && bytes + size > max_bytes {
+            break;
+        }
+        bytes += size;
+        seqs.push(r.get(0)?);
+    }
+    Ok(seqs)
 }
 
 /// Seqs of `destination`'s events accepted at or before `cutoff_ms`
