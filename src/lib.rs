@@ -190,8 +190,12 @@ pub async fn run(settings: Settings, source: ConfigSource) -> Result<(), RunErro
             "shutdown grace ran out; passthrough requests still waiting for their endpoint are cut off as courier exits"
         );
     }
-    if let Some(a) = adoption {
-        let _ = a.await;
+    // A look at the store in progress ends within the grace; every step
+    // of an adoption is safe to cut (the claim is taken over later).
+    if let Some(mut a) = adoption
+        && tokio::time::timeout(grace, &mut a).await.is_err()
+    {
+        a.abort();
     }
     // After the grace, what is still pending goes to the hand-off store,
     // within as long again.

@@ -1583,3 +1583,44 @@ destinations:
     );
     assert!(e.contains("names no bucket"), "{e}");
 }
+
+#[test]
+fn handoff_takes_a_store_url_and_its_times_are_checked() {
+    let text = "handoff: { url: s3://bucket/handoff }\ndestinations:\n  a: { url: http://127.0.0.1:9/a }\n";
+    let loaded = parse("c.yaml", text, ".".into(), Purpose::Run, &env()).expect("valid");
+    let h = loaded.settings.handoff.expect("handoff");
+    assert_eq!(h.url, StoreUrl::parse("s3://bucket/handoff").expect("url"));
+    assert_eq!(h.poll, Duration::from_secs(30), "SPEC's default poll");
+    assert_eq!(
+        h.claim_timeout,
+        Duration::from_secs(300),
+        "SPEC's default claim_timeout"
+    );
+    assert!(
+        loaded.effective.contains("handoff:"),
+        "the effective config shows it: {}",
+        loaded.effective
+    );
+    let e = errors(
+        "handoff: { url: ftp://x/y, poll: 10ms, claim_timeout: 2d }\ndestinations:\n  a: { url: http://127.0.0.1:9/a }\n",
+    );
+    assert!(
+        e.iter()
+            .any(|l| l.contains("handoff.url") && l.contains("`ftp`")),
+        "{e:#?}"
+    );
+    assert!(
+        e.iter()
+            .any(|l| l.contains("handoff.poll") && l.contains("out of range")),
+        "{e:#?}"
+    );
+    assert!(
+        e.iter()
+            .any(|l| l.contains("handoff.claim_timeout") && l.contains("out of range")),
+        "{e:#?}"
+    );
+    let e = one_error(
+        "handoff: { url: s3://b/h, every: 1s }\ndestinations:\n  a: { url: http://127.0.0.1:9/a }\n",
+    );
+    assert!(e.contains("every"), "an unknown key is named: {e}");
+}

@@ -230,9 +230,10 @@ impl Shelf for BucketSink {
                 continue;
             }
             let objects = wait(self.bucket.list(&self.bucket.path([destination, &day])))?;
+            let marks_folder = self.bucket.path([destination, &day, MARKS]);
             let (marks, parts): (Vec<_>, Vec<_>) = objects
                 .into_iter()
-                .partition(|m| m.location.parts().any(|p| p.as_ref() == MARKS));
+                .partition(|m| m.location.prefix_matches(&marks_folder));
             for meta in parts.iter().chain(&marks) {
                 wait(self.bucket.delete(&meta.location))?;
                 if let Some(p) = meta.location.filename().and_then(PartName::parse) {

@@ -495,9 +495,9 @@ async fn dead_letter(ctx: &Ctx, items: &[(&StoredEvent, Fate)], batch: Option<&s
             let mut check = items.iter().any(|(ev, _)| ev.fate.is_some());
             let first = items.first().map_or("", |(ev, _)| ev.event.id.as_str());
             let mut wait = SINK_RETRY;
-            // Until written, or the dispatcher is stopped: the events stay
-            // in the journal and are not sent again; only the dead letters
-            // are retried.
+            // Until written (a stopped dispatcher's task is aborted): the
+            // events stay in the journal and are not sent again; only the
+            // dead letters are retried.
             loop {
                 let (sink, name, lines) = (sink.clone(), dest.clone(), lines.clone());
                 let error = match tokio::task::spawn_blocking(move || {

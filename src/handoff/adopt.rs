@@ -143,14 +143,14 @@ async fn adopt(
         }
     };
     let size = got.len();
-    // The object's bytes go once decoded: the events are copies.
-    let decoded = object::decode(&got);
-    drop(got);
-    let events = match decoded {
-        Ok(events) => events,
+    let events = match object::decode(&got) {
+        // The object's bytes go once decoded: the events are copies.
+        Ok(events) => {
+            drop(got);
+            events
+        }
         Err(e) => {
-            tracing::error!(object = %h.bucket.url_of(&path), error = %e,
-                "cannot adopt a hand-off: it is left in the store, untouched, for an operator (its events are not delivered)");
+            set_aside(h, name, &path, got, &e.to_string()).await;
             return;
         }
     };
@@ -161,6 +161,12 @@ async fn adopt(
     while !events.is_empty() {
         let rest = events.split_off(events.len().min(ADOPT_EVENTS));
         let chunk = std::mem::replace(&mut events, rest);
+        if stop.is_cancelled() && adopted == 0 {
+            // Nothing taken yet: the claim goes, so another courier need
+            // not wait claim_timeout for it.
+            let _ = h.bucket.delete(&h.claim(name, generation)).await;
+            return;
+        }
         if stop.is_cancelled() {
             tracing::warn!(object = %name, adopted, events = count, "shutting down in the middle of an adoption: the object stays claimed, and is taken over after claim_timeout (the events adopted so far are handed off with this courier's, and may be delivered twice)");
             return;
@@ -188,6 +194,27 @@ async fn adopt(
     forget_claims(h, name).await;
     tracing::info!(object = %h.bucket.url_of(&path), events = count, bytes = size, generation,
         took_ms = started.elapsed().as_millis() as u64, "adopted a hand-off");
+}
+
+/// Moves a damaged object to `damaged/`, where no courier claims it again
+/// and an operator finds it; its events are not delivered.
+async fn set_aside(
+    h: &Handoff,
+    name: &str,
+    path: &object_store::path::Path,
+    bytes: Bytes,
+    error: &str,
+) {
+    let aside = h.bucket.path([super::DAMAGED, name]);
+    let moved = h.bucket.put(&aside, bytes).await.is_ok() && h.bucket.delete(path).await.is_ok();
+    if moved {
+        forget_claims(h, name).await;
+        tracing::error!(object = %h.bucket.url_of(path), moved_to = %h.bucket.url_of(&aside), error,
+            "cannot adopt a damaged hand-off: moved aside for an operator; its events are not delivered");
+    } else {
+        tracing::error!(object = %h.bucket.url_of(path), error,
+            "cannot adopt a damaged hand-off, nor move it aside: it stays, claimed, and is looked at again after claim_timeout");
+    }
 }
 
 /// Deletes every claim of `name` (its object is gone). A claim left

@@ -8,6 +8,8 @@
 //!
 //! Layout under the prefix:
 //! - `pending/<uuidv7>-<events>.cho`: a hand-off object (`object`);
+//! - `damaged/<object>`: an object that fails its checksum, set aside for
+//!   an operator, never adopted in part;
 //! - `claims/<object>/<generation>`: who adopts it. A claim older than
 //!   `handoff.claim_timeout` belongs to a courier that died while adopting:
 //!   the next generation takes over (its events may then be delivered twice,
@@ -30,6 +32,7 @@ use object_store::path::Path;
 
 const PENDING: &str = "pending";
 const CLAIMS: &str = "claims";
+const DAMAGED: &str = "damaged";
 
 /// The store, opened, and the settings it was opened with.
 pub struct Handoff {

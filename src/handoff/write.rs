@@ -29,108 +29,173 @@ const IN_FLIGHT: usize = 4;
 const RETRY: Duration = Duration::from_millis(250);
 const RETRY_MAX: Duration = Duration::from_secs(4);
 
-/// What a hand-off did.
-#[derive(Debug, Default, PartialEq)]
-pub struct Written {
-    pub events: u64,
-    pub objects: u64,
-    pub bytes: u64,
-    /// Whether events are left in the journal (the deadline came first, or
-    /// the store or the journal refused).
-    pub left: bool,
+/// What a hand-off did, for its log line.
+#[derive(Default)]
+struct Written {
+    events: u64,
+    objects: u64,
+    bytes: u64,
 }
 
-/// Hands off every pending event before `deadline`.
-pub async fn hand_off(h: &Arc<Handoff>, journal: &Journal, deadline: Instant) -> Written {
+/// A hand-off under way: the object being built and those being stored.
+struct Run<'a> {
+    h: &'a Arc<Handoff>,
+    journal: &'a Journal,
+    deadline: Instant,
+    object: Builder,
+    seqs: Vec<i64>,
+    tasks: JoinSet<Stored>,
+    done: Written,
+    failed: bool,
+}
+
+/// Hands off every pending event before `deadline`. The journal is sealed
+/// first: nothing comes in after the read (an app's request gets 503).
+pub async fn hand_off(h: &Arc<Handoff>, journal: &Journal, deadline: Instant) {
     let started = Instant::now();
-    let mut done = Written::default();
+    journal.seal();
     let reader = match journal.reader() {
         Ok(r) => r,
         Err(e) => {
             tracing::error!(error = %e, "hand-off: cannot read the journal; pending events stay in it for the next start");
-            done.left = true;
-            return done;
+            return;
         }
     };
-    if let Err(e) = probe(h).await {
+    let probed = tokio::time::timeout_at(deadline, probe(h))
+        .await
+        .unwrap_or_else(|_| Err("no answer before the shutdown deadline".into()));
+    if let Err(e) = probed {
         tracing::error!(url = %h.bucket.label(), error = %e,
             "hand-off: the store cannot take a conditional create, so no courier could claim a hand-off there; pending events stay in the journal for the next start");
-        done.left = true;
-        return done;
+        return;
     }
-    if let Err(e) = journal.index_all().await {
-        tracing::error!(error = %e, "hand-off: the journal cannot index its log; pending events stay in it for the next start");
-        done.left = true;
-        return done;
-    }
-    let mut tasks: JoinSet<Stored> = JoinSet::new();
-    let mut failed = false;
+    let mut run = Run {
+        h,
+        journal,
+        deadline,
+        object: Builder::default(),
+        seqs: Vec::new(),
+        tasks: JoinSet::new(),
+        done: Written::default(),
+        failed: false,
+    };
     let mut after = 0;
-    let mut object = Builder::default();
-    let mut seqs = Vec::new();
-    // Bounded: each round reads past at least one seq, or stops.
-    while !failed && Instant::now() < deadline {
-        let (events, last) = match reader.pending_after(after, READ_EVENTS, READ_BYTES).await {
-            Ok(page) => page,
-            Err(e) => {
-                tracing::error!(error = %e, "hand-off: cannot read pending events");
-                failed = true;
-                break;
-            }
-        };
-        for ev in events {
-            object.push(&ev.event, &Carried::of(&ev));
-            seqs.push(ev.seq);
-            if object.size() >= OBJECT_BYTES {
-                failed |= !flush(
-                    h,
-                    journal,
-                    deadline,
-                    &mut object,
-                    &mut seqs,
-                    &mut tasks,
-                    &mut done,
-                )
-                .await;
-            }
+    // A pass reads what is pending after `after`; another follows while one
+    // finds more (an append queued before the seal, written after the
+    // read). Bounded by the deadline.
+    loop {
+        if let Err(e) = journal.index_all().await {
+            tracing::error!(error = %e, "hand-off: the journal cannot index its log");
+            break;
         }
-        if last.is_none() && object.count() > 0 {
-            failed |= !flush(
-                h,
-                journal,
-                deadline,
-                &mut object,
-                &mut seqs,
-                &mut tasks,
-                &mut done,
-            )
-            .await;
-        }
-        match last {
-            Some(seq) => after = seq,
-            None => break,
+        let before = after;
+        after = run.pass(&reader, after).await;
+        run.settle_all().await;
+        if run.failed || after == before || Instant::now() >= deadline {
+            break;
         }
     }
-    // Bounded by the deadline each task keeps.
-    while let Some(r) = tasks.join_next().await {
-        failed |= !settled(Some(r), &mut done);
-    }
-    done.left =
-        failed || !seqs.is_empty() || (Instant::now() >= deadline && pending(&reader, after).await);
+    // Whatever is left (the deadline, a failed store, a row that could not
+    // be read) stays in the journal: said, never silent.
+    let left = reader
+        .pending_after(0, 1, 1)
+        .await
+        .map_or(true, |(events, _)| !events.is_empty());
+    let Written {
+        events,
+        objects,
+        bytes,
+    } = run.done;
     let took_ms = started.elapsed().as_millis() as u64;
-    if done.left {
+    if left {
         tracing::error!(
-            events = done.events,
-            objects = done.objects,
-            bytes = done.bytes,
+            events,
+            objects,
+            bytes,
             took_ms,
             "hand-off incomplete: the events not handed off stay in the journal, and are delivered after the next start on this volume"
         );
     } else {
-        tracing::info!(events = done.events, objects = done.objects, bytes = done.bytes, took_ms, url = %h.bucket.label(),
+        tracing::info!(events, objects, bytes, took_ms, url = %h.bucket.label(),
             "handed off every pending event");
     }
-    done
+}
+
+impl Run<'_> {
+    /// Reads every pending event after `after` into objects, handed to
+    /// store tasks; returns the last seq read.
+    async fn pass(&mut self, reader: &Reader, mut after: i64) -> i64 {
+        // Bounded: each round reads past at least one seq, or stops.
+        while !self.failed && Instant::now() < self.deadline {
+            let (events, last) = match reader.pending_after(after, READ_EVENTS, READ_BYTES).await {
+                Ok(page) => page,
+                Err(e) => {
+                    tracing::error!(error = %e, "hand-off: cannot read pending events");
+                    self.failed = true;
+                    break;
+                }
+            };
+            for ev in events {
+                self.object.push(&ev.event, &Carried::of(&ev));
+                self.seqs.push(ev.seq);
+                if self.object.size() >= OBJECT_BYTES {
+                    self.flush().await;
+                }
+            }
+            match last {
+                Some(seq) => after = seq,
+                None => break,
+            }
+        }
+        if self.object.count() > 0 && !self.failed {
+            self.flush().await;
+        }
+        after
+    }
+
+    /// Hands the object built so far to a task that stores it, once fewer
+    /// than `IN_FLIGHT` are.
+    async fn flush(&mut self) {
+        while self.tasks.len() >= IN_FLIGHT {
+            let r = self.tasks.join_next().await;
+            self.settled(r);
+        }
+        let full = std::mem::take(&mut self.object);
+        let store = Store {
+            bucket_path: self.h.object(&object_name(full.count())),
+            seqs: std::mem::take(&mut self.seqs),
+            bytes: Bytes::from(full.finish()),
+        };
+        let (journal, h, deadline) = (self.journal.clone(), self.h.clone(), self.deadline);
+        self.tasks
+            .spawn(async move { store.run(&h, &journal, deadline).await });
+    }
+
+    /// Waits for every store task (each keeps the deadline).
+    async fn settle_all(&mut self) {
+        while let Some(r) = self.tasks.join_next().await {
+            self.settled(Some(r));
+        }
+    }
+
+    fn settled(&mut self, r: Option<Result<Stored, tokio::task::JoinError>>) {
+        match r {
+            Some(Ok(Ok((events, bytes)))) => {
+                self.done.events += events;
+                self.done.bytes += bytes;
+                self.done.objects += 1;
+            }
+            Some(Ok(Err(e))) => {
+                tracing::error!(error = %e, "hand-off: an object could not be stored; its events stay in the journal");
+                self.failed = true;
+            }
+            Some(Err(e)) => {
+                tracing::error!(error = %e, "hand-off: a store task failed; its events stay in the journal");
+                self.failed = true;
+            }
+            None => {}
+        }
+    }
 }
 
 /// Creates and removes an object with a conditional create, as adoption
@@ -146,61 +211,6 @@ async fn probe(h: &Handoff) -> Result<(), String> {
         }
         Ok(crate::bucket::Created::Exists) => Err("a new object's conditional create lost".into()),
         Err(e) => Err(e.to_string()),
-    }
-}
-
-/// Hands the object built so far to a task that stores it, once fewer than
-/// `IN_FLIGHT` are; false when one that ended meanwhile had failed.
-async fn flush(
-    h: &Arc<Handoff>,
-    journal: &Journal,
-    deadline: Instant,
-    object: &mut Builder,
-    seqs: &mut Vec<i64>,
-    tasks: &mut JoinSet<Stored>,
-    done: &mut Written,
-) -> bool {
-    let mut ok = true;
-    while tasks.len() >= IN_FLIGHT {
-        ok &= settled(tasks.join_next().await, done);
-    }
-    let full = std::mem::take(object);
-    let store = Store {
-        bucket_path: h.object(&object_name(full.count())),
-        seqs: std::mem::take(seqs),
-        bytes: Bytes::from(full.finish()),
-    };
-    let (journal, h) = (journal.clone(), h.clone());
-    tasks.spawn(async move { store.run(&h, &journal, deadline).await });
-    ok
-}
-
-/// Whether any event is left after `after` (the deadline stopped the read).
-async fn pending(reader: &Reader, after: i64) -> bool {
-    reader
-        .pending_after(after, 1, 1)
-        .await
-        .map_or(true, |(events, _)| !events.is_empty())
-}
-
-/// Adds a stored object to `done`; false when it failed.
-fn settled(r: Option<Result<Stored, tokio::task::JoinError>>, done: &mut Written) -> bool {
-    match r {
-        Some(Ok(Ok((events, bytes)))) => {
-            done.events += events;
-            done.bytes += bytes;
-            done.objects += 1;
-            true
-        }
-        Some(Ok(Err(e))) => {
-            tracing::error!(error = %e, "hand-off: an object could not be stored; its events stay in the journal");
-            false
-        }
-        Some(Err(e)) => {
-            tracing::error!(error = %e, "hand-off: a store task failed; its events stay in the journal");
-            false
-        }
-        None => true,
     }
 }
 

@@ -337,6 +337,10 @@ pub(crate) struct Shared {
     /// and size each event in memory was handed out with.
     skip: Mutex<Skip<Handed>>,
     closed: AtomicBool,
+    /// Set before a hand-off reads what is pending: no event comes in
+    /// after it (appends, replays and adoptions answer `Closed`), while
+    /// deletes and the index go on.
+    sealed: AtomicBool,
     /// Copied on write: a reload adds a destination rarely, every group
     /// commit reads the map.
     destinations: ArcSwap<HashMap<String, Arc<DestinationState>>>,
@@ -396,6 +400,15 @@ impl Shared {
             return Err(JournalError::Failed(reason.clone()));
         }
         if self.closed.load(Ordering::Acquire) {
+            return Err(JournalError::Closed);
+        }
+        Ok(())
+    }
+
+    /// Whether new events may come in: writable and not sealed.
+    fn admits(&self) -> Result<(), JournalError> {
+        self.writable()?;
+        if self.sealed.load(Ordering::Acquire) {
             return Err(JournalError::Closed);
         }
         Ok(())
@@ -580,7 +593,7 @@ impl Journal {
     /// With a dedupe window, events whose id this destination already
     /// stored within it are left out, and reported.
     pub async fn append(&self, events: Vec<NewEvent>) -> Result<Appended, JournalError> {
-        self.shared.writable()?;
+        self.shared.admits()?;
         backpressure::keep_pace(&self.shared, &events).await;
         let Some(dedupe) = &self.shared.dedupe else {
             self.store(events, Vec::new(), None).await?;
@@ -636,7 +649,7 @@ impl Journal {
     /// Stores dead letters put back by an operator, durably, past the
     /// dedupe window: a replay is meant to be delivered again.
     pub async fn replay(&self, events: Vec<NewEvent>) -> Result<(), JournalError> {
-        self.shared.writable()?;
+        self.shared.admits()?;
         backpressure::keep_pace(&self.shared, &events).await;
         self.store(events, Vec::new(), None).await
     }
@@ -646,7 +659,7 @@ impl Journal {
     /// event was accepted once already). A destination this courier does
     /// not know gets counters, and its events wait as orphaned ones do.
     pub async fn adopt(&self, events: Vec<(NewEvent, Carried)>) -> Result<(), JournalError> {
-        self.shared.writable()?;
+        self.shared.admits()?;
         for (e, _) in &events {
             if self.shared.destination(&e.destination).is_none() {
                 self.add_destination(&e.destination);
@@ -690,6 +703,13 @@ impl Journal {
     pub async fn apply(&self, changes: &[Change]) -> Result<(), JournalError> {
         self.shared.writable()?;
         to_indexer(&self.indexer, changes.to_vec(), true).await
+    }
+
+    /// Takes no new event from now on (appends, replays and adoptions
+    /// answer `Closed`): what is pending can then be read whole, and
+    /// handed off, while deliveries' deletes still go on.
+    pub fn seal(&self) {
+        self.shared.sealed.store(true, Ordering::Release);
     }
 
     /// Has the indexer make rows of every event the log holds, synced:

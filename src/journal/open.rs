@@ -77,6 +77,7 @@ impl Journal {
             reserve,
             skip: Mutex::new(Skip::new(next_seq - 1)),
             closed: AtomicBool::new(false),
+            sealed: AtomicBool::new(false),
             destinations: ArcSwap::from_pointee(states),
             pauses,
         });

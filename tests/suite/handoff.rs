@@ -226,7 +226,7 @@ async fn post_many(c: &Courier, n: usize, size: usize) {
     }
 }
 
-/// A backlog of several hand-off objects (4 MiB each).
+/// A backlog of several hand-off objects (about 1 MiB each).
 const MANY: usize = 12_000;
 const PAD: usize = 1000;
 
@@ -375,4 +375,51 @@ async fn a_store_without_conditional_creates_gets_no_hand_off() {
     .await;
     let left = support::stores::objects_at(&moto.endpoint(), BUCKET, "handoff/pending/");
     assert!(left.is_empty(), "nothing was handed off: {}", left.len());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_hand_off_is_set_aside_and_the_good_ones_adopted() {
+    let moto = Moto::start(BUCKET).await;
+    let (rx, accept, seen) = endpoint().await;
+    accept.store(true, Ordering::SeqCst);
+    // A good hand-off from A, and a damaged object beside it.
+    let (dir_a, dir_b) = (
+        tempfile::tempdir().expect("a"),
+        tempfile::tempdir().expect("b"),
+    );
+    let (_socket, port) = support::refusing_port();
+    let down = format!("http://127.0.0.1:{port}/x");
+    let yaml_a = config(&rx, "1s", "5s").replace(&rx.url(), &down);
+    let mut a = start(dir_a.path(), &yaml_a, &moto.endpoint()).await;
+    post_events(&a, 20, r#"{"order":3}"#).await;
+    a.terminate();
+    check!(
+        a,
+        a.wait_exit(Duration::from_secs(30)).await.success(),
+        "A exits 0"
+    );
+    support::stores::put_object(
+        &moto.endpoint(),
+        BUCKET,
+        "handoff/pending/0000-bad-3.cho",
+        b"CHO1 not a hand-off at all",
+    );
+    let b = start(dir_b.path(), &config(&rx, "1s", "5s"), &moto.endpoint()).await;
+    all_delivered(&[&b], &seen, 20).await;
+    b.wait_for_log("cannot adopt a damaged hand-off: moved aside", PROMPT)
+        .await;
+    let pending = support::stores::objects_at(&moto.endpoint(), BUCKET, "handoff/pending/");
+    check!(
+        b,
+        pending.is_empty(),
+        "{} objects left in pending/",
+        pending.len()
+    );
+    let damaged = support::stores::objects_at(&moto.endpoint(), BUCKET, "handoff/damaged/");
+    check_eq!(
+        b,
+        damaged.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>(),
+        ["handoff/damaged/0000-bad-3.cho"],
+        "set aside whole, for an operator"
+    );
 }

@@ -189,6 +189,11 @@ impl Drop for Azurite {
     }
 }
 
+/// Stores `bytes` at `bucket/key` of the S3 at `endpoint`, with boto3.
+pub fn put_object(endpoint: &str, bucket: &str, key: &str, bytes: &[u8]) {
+    check_with("s3_objects.py", &["--put", endpoint, bucket, key], bytes);
+}
+
 /// The environment courier reads an S3 store from (SPEC §7).
 pub fn s3_env(endpoint: &str) -> Vec<(&'static str, String)> {
     vec![
