@@ -273,21 +273,37 @@ async fn kill_at(c: &mut Courier, line: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_courier_killed_while_handing_off_or_adopting_loses_nothing() {
     let moto = Moto::start(BUCKET).await;
+    // A slow store (2 MiB/s a connection: half a second an object), so that
+    // each SIGKILL lands in the middle of the work.
+    let slow = Gate::slow(moto.addr(), 2 << 20).await;
     let (rx, accept, seen) = endpoint().await;
     let (dir_a, dir_b) = (
         tempfile::tempdir().expect("a"),
         tempfile::tempdir().expect("b"),
     );
-    let yaml = config(&rx, "1s", "2s");
-    let mut a = start(dir_a.path(), &yaml, &moto.endpoint()).await;
+    let yaml = config(&rx, "5s", "2s");
+    let mut a = start(dir_a.path(), &yaml, &slow.endpoint()).await;
     post_many(&a, MANY, PAD).await;
     // SIGKILL in the middle of the hand-off: some objects stored, the rest
     // of the events still in A's journal (and maybe in both).
     a.terminate();
     kill_at(&mut a, "hand-off object written").await;
-    // B adopts what A stored; SIGKILL in the middle of its adoption.
-    let mut b = start(dir_b.path(), &yaml, &moto.endpoint()).await;
+    check!(
+        a,
+        !a.logs().contains("handed off every pending event"),
+        "the kill came after the hand-off ended: the test tested nothing"
+    );
+    // B adopts what A stored; SIGKILL in the middle of its adoption, while
+    // it holds its next object's claim.
+    let mut b = start(dir_b.path(), &yaml, &slow.endpoint()).await;
     kill_at(&mut b, "adopted a hand-off").await;
+    // Whether B died holding a claim (it claims the next object before it
+    // reads it, slowly), which then has to be taken over.
+    let held = support::stores::objects_at(&moto.endpoint(), BUCKET, "handoff/claims/")
+        .into_iter()
+        .filter(|(k, _)| !k.ends_with(".probe"))
+        .count();
+    eprintln!("claims held by B when it was killed: {held}");
     accept.store(true, Ordering::SeqCst);
     // Both start again on their journals: A delivers what it kept, B what
     // it adopted, and B's stale claim is taken over after claim_timeout.
@@ -309,6 +325,10 @@ async fn a_courier_killed_while_handing_off_or_adopting_loses_nothing() {
             fail!(b, "objects never adopted: {}", left.len());
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    if held > 0 {
+        let took_over = a.logs().contains("taking it over") || b.logs().contains("taking it over");
+        check!(b, took_over, "the claim B died holding was taken over");
     }
 }
 

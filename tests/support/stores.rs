@@ -242,10 +242,21 @@ pub struct Gate {
 
 impl Gate {
     pub async fn start(upstream: SocketAddr) -> Gate {
+        Gate::start_with(upstream, None).await
+    }
+
+    /// A gate that passes each connection's bytes at `bytes_per_s` each
+    /// way: a slow store, so that a test can stop courier in the middle of
+    /// what it does with it.
+    pub async fn slow(upstream: SocketAddr, bytes_per_s: u64) -> Gate {
+        Gate::start_with(upstream, Some(bytes_per_s)).await
+    }
+
+    async fn start_with(upstream: SocketAddr, rate: Option<u64>) -> Gate {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind gate");
         let port = listener.local_addr().expect("addr").port();
         let (open, rx) = watch::channel(true);
-        let task = tokio::spawn(serve(listener, port, upstream, Arc::new(rx)));
+        let task = tokio::spawn(serve(listener, port, upstream, Arc::new(rx), rate));
         Gate { port, open, task }
     }
 
@@ -273,6 +284,7 @@ async fn serve(
     port: u16,
     upstream: SocketAddr,
     open: Arc<watch::Receiver<bool>>,
+    rate: Option<u64>,
 ) {
     let mut state = (*open).clone();
     // Ends when the gate is dropped (the task is aborted).
@@ -280,7 +292,7 @@ async fn serve(
         let closing = tokio::select! {
             accepted = listener.accept() => {
                 if let Ok((down, _)) = accepted {
-                    tokio::spawn(pass(down, upstream, (*open).clone()));
+                    tokio::spawn(pass(down, upstream, (*open).clone(), rate));
                 }
                 false
             }
@@ -309,12 +321,48 @@ async fn serve(
 
 /// One connection through the gate, until either side ends or the gate
 /// closes.
-async fn pass(mut down: TcpStream, upstream: SocketAddr, mut open: watch::Receiver<bool>) {
+async fn pass(
+    mut down: TcpStream,
+    upstream: SocketAddr,
+    mut open: watch::Receiver<bool>,
+    rate: Option<u64>,
+) {
     let Ok(mut up) = TcpStream::connect(upstream).await else {
         return;
     };
+    let Some(rate) = rate else {
+        tokio::select! {
+            _ = tokio::io::copy_bidirectional(&mut down, &mut up) => {}
+            _ = open.wait_for(|o| !*o) => {}
+        }
+        return;
+    };
+    let (down_r, down_w) = down.split();
+    let (up_r, up_w) = up.split();
     tokio::select! {
-        _ = tokio::io::copy_bidirectional(&mut down, &mut up) => {}
+        _ = throttled(down_r, up_w, rate) => {}
+        _ = throttled(up_r, down_w, rate) => {}
         _ = open.wait_for(|o| !*o) => {}
+    }
+}
+
+/// Copies `from` to `to` at about `rate` bytes a second, until either ends.
+async fn throttled(
+    mut from: impl tokio::io::AsyncRead + Unpin,
+    mut to: impl tokio::io::AsyncWrite + Unpin,
+    rate: u64,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buf = vec![0u8; 16 << 10];
+    // Ends with the connection.
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        if to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_secs_f64(n as f64 / rate as f64)).await;
     }
 }
