@@ -8,16 +8,15 @@
 //! t. the hand-off of a paused destination's backlog at SIGTERM (courier
 //!    A), and its adoption by a courier with an empty journal (B).
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
-use support::client::{sum_metric, try_get, try_request};
-use support::stores::s3_env;
+use support::client::{sum_metric, try_get};
+use support::stores::{Moto, s3_env};
 
 use super::{
     Args, DEADLINE, DESTINATION, MIB, PENDING, POLL, Row, admin_action, backlog, config,
-    cpu_seconds, expire, fill, free_port, metric, proc_status, shell, start_yaml,
+    cpu_seconds, expire, fill, metric, proc_status, start_yaml,
 };
 
 const BUCKET: &str = "courier-bench";
@@ -44,88 +43,37 @@ pub const BUCKET_EXPIRY_RATE: f64 = 20_000.0;
 pub const HANDOFF_SECONDS: f64 = 10.0;
 pub const HANDOFF_RSS_MIB: f64 = 64.0;
 
-/// `moto_server` on a free loopback port, with the bucket created; killed
-/// when dropped.
-struct Moto {
-    child: Child,
-    port: u16,
-}
-
-impl Moto {
-    async fn start() -> Result<Moto, String> {
-        let bin = moto_bin()?;
-        let port = free_port();
-        let child = Command::new(&bin)
-            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .map_err(|e| format!("spawn {}: {e}", bin.display()))?;
-        let mut moto = Moto { child, port };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        // Bounded by the deadline.
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            if let Ok(Some(status)) = moto.child.try_wait() {
-                return Err(format!("{} exited with {status}", bin.display()));
-            }
-            if Instant::now() >= deadline {
-                return Err(format!("{} not listening on {port} in 30 s", bin.display()));
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
+/// Every key under `prefix` in the bucket of `moto` (unsigned
+/// ListObjectsV2 pages, which moto answers): the names alone, where the
+/// tests' boto3 reader fetches every object too.
+async fn keys(moto: &Moto, prefix: &str) -> Result<Vec<String>, String> {
+    use percent_encoding::{NON_ALPHANUMERIC, utf8_percent_encode};
+    let mut keys = Vec::new();
+    let mut token: Option<String> = None;
+    // Bounded: up to 1,000 keys a page; no step stores 10M objects.
+    for _ in 0..10_000 {
+        let mut url = format!(
+            "{}/{BUCKET}?list-type=2&prefix={}",
+            moto.endpoint(),
+            utf8_percent_encode(prefix, NON_ALPHANUMERIC)
+        );
+        if let Some(t) = &token {
+            url.push_str("&continuation-token=");
+            url.extend(utf8_percent_encode(t, NON_ALPHANUMERIC));
         }
-        // moto takes an unsigned bucket creation.
-        let url = format!("{}/{BUCKET}", moto.endpoint());
-        let resp = try_request(http::Method::PUT, &url, "", &[]).await?;
+        let resp = try_get(&url).await?;
+        let xml = resp.text();
         if resp.status != 200 {
-            return Err(format!("PUT {url}: {}: {}", resp.status, resp.text()));
+            return Err(format!("GET {url}: {}: {xml}", resp.status));
         }
-        Ok(moto)
-    }
-
-    fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
-    }
-
-    /// Every key under `prefix` in the bucket (unsigned ListObjectsV2
-    /// pages, which moto answers).
-    async fn keys(&self, prefix: &str) -> Result<Vec<String>, String> {
-        use percent_encoding::{NON_ALPHANUMERIC, utf8_percent_encode};
-        let mut keys = Vec::new();
-        let mut token: Option<String> = None;
-        // Bounded: up to 1,000 keys a page; no step stores 10M objects.
-        for _ in 0..10_000 {
-            let mut url = format!(
-                "{}/{BUCKET}?list-type=2&prefix={}",
-                self.endpoint(),
-                utf8_percent_encode(prefix, NON_ALPHANUMERIC)
-            );
-            if let Some(t) = &token {
-                url.push_str("&continuation-token=");
-                url.extend(utf8_percent_encode(t, NON_ALPHANUMERIC));
-            }
-            let resp = try_get(&url).await?;
-            let xml = resp.text();
-            if resp.status != 200 {
-                return Err(format!("GET {url}: {}: {xml}", resp.status));
-            }
-            keys.extend(elements(&xml, "Key"));
-            let truncated =
-                elements(&xml, "IsTruncated").first().map(String::as_str) == Some("true");
-            match elements(&xml, "NextContinuationToken").pop() {
-                Some(next) if truncated => token = Some(next),
-                _ => return Ok(keys),
-            }
+        keys.extend(elements(&xml, "Key"));
+        let truncated = elements(&xml, "IsTruncated").first().map(String::as_str) == Some("true");
+        match elements(&xml, "NextContinuationToken").pop() {
+            Some(next) if truncated => token = Some(next),
+            _ => return Ok(keys),
         }
-        Err(format!("more than 10,000 pages of keys under {prefix}"))
     }
-}
-
-impl Drop for Moto {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+    Err(format!("more than 10,000 pages of keys under {prefix}"))
 }
 
 /// The text of every `<name>…</name>` in `xml`, XML escapes undone.
@@ -150,46 +98,6 @@ fn elements(xml: &str, name: &str) -> Vec<String> {
         rest = &inner[end + close.len()..];
     }
     out
-}
-
-/// `moto_server`: beside `COURIER_PYTHON` when set (as the tests take it);
-/// else in `.venv` at this checkout's root, or at the root of the main
-/// checkout when this is a `git worktree`; else installed into `./.venv`
-/// from `tests/py/requirements.txt` as the tests do (pip, from PyPI).
-fn moto_bin() -> Result<PathBuf, String> {
-    let beside = |python: &Path| python.with_file_name("moto_server");
-    if let Some(python) = std::env::var_os("COURIER_PYTHON") {
-        let bin = beside(Path::new(&python));
-        return if bin.is_file() {
-            Ok(bin)
-        } else {
-            Err(format!(
-                "COURIER_PYTHON is set, but {} is missing",
-                bin.display()
-            ))
-        };
-    }
-    let here = Path::new(env!("CARGO_MANIFEST_DIR")).to_path_buf();
-    let common = shell(
-        "git",
-        &["rev-parse", "--path-format=absolute", "--git-common-dir"],
-    );
-    let main = Path::new(&common).parent().map(Path::to_path_buf);
-    for root in [Some(here), main].into_iter().flatten() {
-        let bin = root.join(".venv/bin/moto_server");
-        if bin.is_file() {
-            return Ok(bin);
-        }
-    }
-    let python = std::panic::catch_unwind(support::python::python).map_err(|_| {
-        "cannot install tests/py/requirements.txt into ./.venv (see above); COURIER_PYTHON may name a Python that has moto[server]".to_string()
-    })?;
-    let bin = beside(&python);
-    if bin.is_file() {
-        Ok(bin)
-    } else {
-        Err(format!("{} is missing after the install", bin.display()))
-    }
 }
 
 /// `s3_env` for `Courier::start_with_env`.
@@ -264,7 +172,7 @@ pub async fn bucket_expiry(
     args: &Args,
 ) -> Result<(Row, f64, u64), String> {
     let events = backlog(super::EXPIRY_BACKLOG, args);
-    let moto = Moto::start().await?;
+    let moto = Moto::try_start(BUCKET).await?;
     let vars = s3_env(&moto.endpoint());
     let extra = format!(
         "    retry: {{ event_ttl: 1h }}\n    dead_letter: {{ url: s3://{BUCKET}/{DL_PREFIX} }}\n"
@@ -294,7 +202,7 @@ pub async fn bucket_expiry(
         }
         Err(e) => format!("no metrics: {e}"),
     };
-    let keys = moto.keys(&format!("{DL_PREFIX}/{DESTINATION}/")).await?;
+    let keys = keys(&moto, &format!("{DL_PREFIX}/{DESTINATION}/")).await?;
     let parts: Vec<u64> = keys
         .iter()
         .filter(|k| !k.contains("/replayed/"))
@@ -348,7 +256,7 @@ pub struct HandOff {
 /// delivering) starts on the same `handoff.url`, and adopts it.
 pub async fn hand_off(label: &str, bin: &Path, rx: &str, args: &Args) -> Result<HandOff, String> {
     let events = backlog(HANDOFF_BACKLOG, args);
-    let moto = Moto::start().await?;
+    let moto = Moto::try_start(BUCKET).await?;
     let vars = s3_env(&moto.endpoint());
     let env = env_of(&vars);
     let plain = config(rx, "");
@@ -409,8 +317,7 @@ pub async fn hand_off(label: &str, bin: &Path, rx: &str, args: &Args) -> Result<
     }
     let (objects, sum_ms, max_ms) = took(&logs, "hand-off object written");
     let pending_keys = format!("{HANDOFF_PREFIX}/pending/");
-    let stored: u64 = moto
-        .keys(&pending_keys)
+    let stored: u64 = keys(&moto, &pending_keys)
         .await?
         .iter()
         .filter_map(|k| count_in_name(k, ".cho"))
@@ -475,7 +382,7 @@ pub async fn hand_off(label: &str, bin: &Path, rx: &str, args: &Args) -> Result<
         tokio::time::sleep(POLL).await;
     }
     let (adoptions, adopt_ms, adopt_max) = took(&b.courier.logs(), ADOPTION);
-    let left = moto.keys(&pending_keys).await.map_or(0, |k| k.len());
+    let left = keys(&moto, &pending_keys).await.map_or(0, |k| k.len());
     let hwm_b = seen_b.hwm.unwrap_or(0);
     let row_b = Row {
         target: format!("{label} t. hand-off {events}: B, spawn to adopted"),

@@ -16,7 +16,7 @@
 //! directory sink); each method waits for its requests on the runtime that
 //! called `spawn_blocking`.
 
-use super::shelf::{Place, Purged, Shelf, is_day};
+use super::shelf::{Place, Purged, Shelf, days_of, is_day};
 use super::{DeadLetterSink, Key, Line, keys_by_day};
 use crate::bucket::Bucket;
 use bytes::Bytes;
@@ -207,10 +207,7 @@ impl Shelf for BucketSink {
     }
 
     fn mark_replayed(&self, destination: &str, places: &[Place]) -> std::io::Result<()> {
-        let mut days: Vec<&str> = places.iter().map(|p| p.day.as_str()).collect();
-        days.sort_unstable();
-        days.dedup();
-        for day in days {
+        for day in days_of(places) {
             let text: String = places
                 .iter()
                 .filter(|p| p.day == day)

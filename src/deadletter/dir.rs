@@ -8,7 +8,7 @@
 //! beside their file, so the records themselves never change, and tools
 //! that read `*.jsonl` see nothing new.
 
-use super::shelf::{Place, Purged, Shelf, is_day};
+use super::shelf::{Place, Purged, Shelf, days_of, is_day};
 use super::{DeadLetterSink, Key, Line, keys_by_day};
 use std::collections::HashSet;
 use std::fs::{File, OpenOptions};
@@ -138,10 +138,7 @@ impl Shelf for DirSink {
 
     fn mark_replayed(&self, destination: &str, places: &[Place]) -> std::io::Result<()> {
         let _guard = self.lock()?;
-        let mut days: Vec<&str> = places.iter().map(|p| p.day.as_str()).collect();
-        days.sort_unstable();
-        days.dedup();
-        for day in days {
+        for day in days_of(places) {
             let text: String = places
                 .iter()
                 .filter(|p| p.day == day)

@@ -60,6 +60,15 @@ pub trait Shelf: DeadLetterSink {
     fn purge(&self, destination: &str, before: Option<&str>) -> std::io::Result<Purged>;
 }
 
+/// The days `places` are in, each once, in order: a sink marks a day's
+/// replays together.
+pub(super) fn days_of(places: &[Place]) -> Vec<&str> {
+    let mut days: Vec<&str> = places.iter().map(|p| p.day.as_str()).collect();
+    days.sort_unstable();
+    days.dedup();
+    days
+}
+
 /// `yyyy-mm-dd`, as the sinks name their days (a stray name is ignored).
 pub fn is_day(s: &str) -> bool {
     let b = s.as_bytes();

@@ -7,33 +7,16 @@
 
 use serde_json::{Value, json};
 use std::collections::HashMap;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 use support::deadletters::today;
 use support::stores::{Gate, Moto, objects_at, s3_env};
 use support::{
-    Courier, Receiver, Reply, behavior, check, check_eq, courier_bin, fail, get, metric_sum, post,
-    requests, run_cli,
+    Courier, Receiver, check, check_eq, courier_bin, fail, get, metric_sum, post, requests, run_cli,
 };
 
 const BUCKET: &str = "courier";
 const PROMPT: Duration = Duration::from_secs(20);
-
-/// A receiver that answers 400 (dead-letter now) until `accept` is set.
-async fn refusing() -> (Receiver, Arc<AtomicBool>) {
-    let accept = Arc::new(AtomicBool::new(false));
-    let open = accept.clone();
-    let rx = Receiver::start(behavior(move |_, _| {
-        Reply::status(if open.load(Ordering::SeqCst) {
-            200
-        } else {
-            400
-        })
-    }))
-    .await;
-    (rx, accept)
-}
 
 fn config(rx: &Receiver) -> String {
     format!(
@@ -108,7 +91,7 @@ async fn cli(c: &Courier, args: &[&str]) -> support::CliOutput {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dead_letters_reach_the_bucket_in_their_shapes_and_the_api_works_on_them() {
     let moto = Moto::start(BUCKET).await;
-    let (rx, accept) = refusing().await;
+    let (rx, accept) = support::receiver::refusing_until_set().await;
     let dir = tempfile::tempdir().expect("tempdir");
     let c = start(dir.path(), &rx, &moto.endpoint()).await;
 
@@ -266,7 +249,7 @@ async fn a_store_down_for_ten_seconds_keeps_the_events_and_each_record_arrives_o
     const EVENTS: usize = 200;
     let moto = Moto::start(BUCKET).await;
     let gate = Gate::start(moto.addr()).await;
-    let (rx, _) = refusing().await;
+    let (rx, _) = support::receiver::refusing_until_set().await;
     let dir = tempfile::tempdir().expect("tempdir");
     let c = start(dir.path(), &rx, &gate.endpoint()).await;
 

@@ -6,8 +6,7 @@
 use http::Method;
 use serde_json::{Value, json};
 use std::collections::HashSet;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 use support::client::request;
 use support::{
@@ -17,21 +16,6 @@ use support::{
 
 const PROMPT: Duration = Duration::from_secs(10);
 const TOKEN: &str = "dead-letter-admin-token-0123456789";
-
-/// A receiver that answers 400 until `accept` is set, then 200.
-async fn gate() -> (Receiver, Arc<AtomicBool>) {
-    let accept = Arc::new(AtomicBool::new(false));
-    let open = accept.clone();
-    let rx = Receiver::start(behavior(move |_, _| {
-        Reply::status(if open.load(Ordering::SeqCst) {
-            200
-        } else {
-            400
-        })
-    }))
-    .await;
-    (rx, accept)
-}
 
 /// The destination of the replay tests: its name needs no escaping in a
 /// path, but a careless client escapes its `-`.
@@ -178,7 +162,7 @@ fn orders_config(url: &str) -> String {
 
 #[tokio::test]
 async fn a_replay_through_the_api_and_the_cli_sends_the_request_as_the_app_did() {
-    let (rx, accept) = gate().await;
+    let (rx, accept) = support::receiver::refusing_until_set().await;
     let dir = tempfile::tempdir().expect("tempdir");
     let c = Courier::start(dir.path(), &orders_config(&rx.url())).await;
     for id in ["evt-a", "evt-b", "evt-c"] {
@@ -526,7 +510,7 @@ async fn a_purge_removes_what_it_says_and_the_token_guards_purge_and_replay() {
 
 #[tokio::test]
 async fn a_replayed_event_survives_sigkill_before_its_delivery() {
-    let (rx, accept) = gate().await;
+    let (rx, accept) = support::receiver::refusing_until_set().await;
     let dir = tempfile::tempdir().expect("tempdir");
     let mut c = Courier::start(dir.path(), &orders_config(&rx.url())).await;
     send(&c, "evt-k").await;

@@ -170,6 +170,23 @@ impl Reply {
 /// requests this receiver got.
 pub type Behavior = Arc<dyn Fn(&Received, usize) -> Reply + Send + Sync>;
 
+/// A receiver that answers 400 (a dead letter at once) until the flag it
+/// returns is set, then 200: dead letters made on demand, then replays
+/// that go through.
+pub async fn refusing_until_set() -> (Receiver, Arc<AtomicBool>) {
+    let accept = Arc::new(AtomicBool::new(false));
+    let open = accept.clone();
+    let rx = Receiver::start(behavior(move |_, _| {
+        Reply::status(if open.load(Ordering::SeqCst) {
+            200
+        } else {
+            400
+        })
+    }))
+    .await;
+    (rx, accept)
+}
+
 /// Wraps a closure as a [`Behavior`] (helps closure type inference):
 /// `Receiver::start(behavior(|req, n| Reply::status(if n < 2 { 503 } else { 200 })))`.
 pub fn behavior(f: impl Fn(&Received, usize) -> Reply + Send + Sync + 'static) -> Behavior {

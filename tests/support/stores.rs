@@ -29,7 +29,18 @@ impl Moto {
     /// Starts `moto_server` on a free loopback port, waits until it
     /// answers, and creates `bucket`.
     pub async fn start(bucket: &str) -> Moto {
-        let py = python();
+        Moto::try_start(bucket)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// [`start`](Self::start) for callers that go on without it (the
+    /// bench): why it could not, instead of a panic. The test venv is
+    /// installed first if need be (`python`).
+    pub async fn try_start(bucket: &str) -> Result<Moto, String> {
+        let py = std::panic::catch_unwind(python).map_err(|_| {
+            "cannot install tests/py/requirements.txt into ./.venv (see above); COURIER_PYTHON may name a Python that has moto[server]".to_string()
+        })?;
         let bin = py.with_file_name("moto_server");
         let port = free_port();
         let child = Command::new(&bin)
@@ -38,19 +49,24 @@ impl Moto {
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {}: {e}", bin.display()));
-        let moto = Moto { child, port };
+            .map_err(|e| format!("cannot start {}: {e}", bin.display()))?;
+        let mut moto = Moto { child, port };
         let deadline = Instant::now() + Duration::from_secs(30);
         // Bounded by the deadline.
         while TcpStream::connect(moto.addr()).await.is_err() {
-            assert!(
-                Instant::now() < deadline,
-                "moto_server did not listen in 30s"
-            );
+            if let Ok(Some(status)) = moto.child.try_wait() {
+                return Err(format!("{} exited with {status}", bin.display()));
+            }
+            if Instant::now() >= deadline {
+                return Err(format!("{} did not listen on {port} in 30s", bin.display()));
+            }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        moto.create_bucket(bucket).await;
-        moto
+        let answer = raw::put(moto.addr(), &format!("/{bucket}")).await;
+        if !answer.starts_with("HTTP/1.1 200") {
+            return Err(format!("create bucket {bucket}: {answer}"));
+        }
+        Ok(moto)
     }
 
     pub fn addr(&self) -> SocketAddr {
@@ -59,14 +75,6 @@ impl Moto {
 
     pub fn endpoint(&self) -> String {
         format!("http://{}", self.addr())
-    }
-
-    async fn create_bucket(&self, bucket: &str) {
-        let client = raw::put(self.addr(), &format!("/{bucket}")).await;
-        assert!(
-            client.starts_with("HTTP/1.1 200"),
-            "create bucket {bucket}: {client}"
-        );
     }
 
     /// Every object under `bucket/prefix`, by key, as boto3 reads them.
@@ -85,9 +93,14 @@ impl Drop for Moto {
 /// Every object under `bucket/prefix` of the S3 at `endpoint`, by key.
 pub fn objects_at(endpoint: &str, bucket: &str, prefix: &str) -> Vec<(String, String)> {
     let out = check_with("s3_objects.py", &[endpoint, bucket, prefix], b"");
+    by_name("s3_objects.py", &out)
+}
+
+/// A checker's `{name: text}` answer, sorted by name.
+fn by_name(script: &str, out: &str) -> Vec<(String, String)> {
     let v: serde_json::Value =
-        serde_json::from_str(&out).unwrap_or_else(|e| panic!("s3_objects.py: {e}: {out}"));
-    let mut objects: Vec<(String, String)> = v
+        serde_json::from_str(out).unwrap_or_else(|e| panic!("{script}: {e}: {out}"));
+    let mut named: Vec<(String, String)> = v
         .as_object()
         .map(|m| {
             m.iter()
@@ -95,8 +108,8 @@ pub fn objects_at(endpoint: &str, bucket: &str, prefix: &str) -> Vec<(String, St
                 .collect()
         })
         .unwrap_or_default();
-    objects.sort();
-    objects
+    named.sort();
+    named
 }
 
 pub struct Azurite {
@@ -167,18 +180,7 @@ impl Azurite {
             &["list", &self.endpoint(), container, prefix],
             b"",
         );
-        let v: serde_json::Value =
-            serde_json::from_str(&out).unwrap_or_else(|e| panic!("az_blobs.py: {e}: {out}"));
-        let mut blobs: Vec<(String, String)> = v
-            .as_object()
-            .map(|m| {
-                m.iter()
-                    .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_string()))
-                    .collect()
-            })
-            .unwrap_or_default();
-        blobs.sort();
-        blobs
+        by_name("az_blobs.py", &out)
     }
 }
 
