@@ -13,6 +13,7 @@ mod file_modes;
 #[doc(hidden)]
 pub mod fuzzing;
 mod handoff;
+pub mod history;
 mod ids;
 mod ingress;
 pub mod journal;
@@ -93,6 +94,7 @@ pub async fn run(settings: Settings, source: ConfigSource) -> Result<(), RunErro
         j.max_bytes,
         settings.ingress.dedupe_window,
         &names,
+        settings.history,
     )?;
     for s in &recovered {
         let configured = names.contains(&s.destination);
@@ -140,6 +142,7 @@ pub async fn run(settings: Settings, source: ConfigSource) -> Result<(), RunErro
         fleet: fleet.clone(),
         reader: journal.reader().map_err(RunError::Reader)?,
         dead_letter_ops: Arc::default(),
+        history: journal.history().map(|h| Arc::new(h.reader())),
     });
     let (listen, admin_listen) = (live.load().listen, live.load().admin_listen);
     let ingress_addr = ingress_listener

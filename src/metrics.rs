@@ -38,6 +38,8 @@ pub const OBJECT_STORE_REQUESTS: &str = "courier_object_store_requests_total";
 pub const HANDOFF_EVENTS: &str = "courier_handoff_events_total";
 pub const HANDOFF_PENDING_OBJECTS: &str = "courier_handoff_pending_objects";
 pub const HANDOFF_OLDEST_AGE: &str = "courier_handoff_oldest_age_seconds";
+pub const HISTORY_RECORDS: &str = "courier_history_records";
+pub const HISTORY_BYTES: &str = "courier_history_bytes";
 
 const BUCKETS: [f64; 14] = [
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
@@ -145,6 +147,11 @@ pub fn install(listeners: &[&'static str]) -> Result<PrometheusHandle, BuildErro
         HANDOFF_OLDEST_AGE,
         "Age of the oldest hand-off object waiting in the store at the last look, 0 when none."
     );
+    metrics::describe_gauge!(
+        HISTORY_RECORDS,
+        "Event history records retained (one per event and destination)."
+    );
+    metrics::describe_gauge!(HISTORY_BYTES, "Bytes on disk of the event history's files.");
     metrics::describe_gauge!(
         BUILD_INFO,
         "Always 1; its version label is courier's version."
@@ -298,6 +305,12 @@ pub fn handoff_events(direction: &'static str, n: u64) {
 pub fn handoff_waiting(objects: usize, oldest: Duration) {
     gauge!(HANDOFF_PENDING_OBJECTS).set(objects as f64);
     gauge!(HANDOFF_OLDEST_AGE).set(oldest.as_secs_f64());
+}
+
+/// Event history's size (SPEC §8): records retained, bytes on disk.
+pub fn history(records: u64, bytes: u64) {
+    gauge!(HISTORY_RECORDS).set(records as f64);
+    gauge!(HISTORY_BYTES).set(bytes as f64);
 }
 
 pub fn http_panic(listener: &'static str) {

@@ -171,6 +171,11 @@ pub fn keep_fixed(
         fixed.push("handoff");
         new.handoff = old.handoff.clone();
     }
+    // Its partitions are sized by `retain` and `max_bytes` when opened.
+    if new.history != old.history {
+        fixed.push("history");
+        new.history = old.history;
+    }
     if new.ingress.dedupe_window != old.ingress.dedupe_window {
         fixed.push("ingress.dedupe_window");
         new.ingress.dedupe_window = old.ingress.dedupe_window;

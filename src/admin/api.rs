@@ -83,6 +83,71 @@ pub struct PurgeAnswer {
     pub files: Vec<String>,
 }
 
+/// `GET /v1/events/{id}` (SPEC §8): the event at each destination.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EventAnswer {
+    pub id: String,
+    pub deliveries: Vec<Delivery>,
+}
+
+/// One event at one destination.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Delivery {
+    pub destination: String,
+    /// `pending`, `in_flight`, `delivered`, `dead_lettered`, `dropped`,
+    /// or `handed_off` (to another courier at shutdown).
+    pub state: String,
+    pub accepted_at: String,
+    pub attempts: Vec<AttemptView>,
+    /// Attempts made by the courier that handed the event off, whose
+    /// details stayed there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempts_before: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_attempt_at: Option<String>,
+    /// What keeps a pending event from going now: `schedule`, `probation`,
+    /// `pause` or `rate_limit`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held_by: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<String>,
+    /// Why it was dead-lettered or dropped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AttemptView {
+    pub attempt: u32,
+    pub at: String,
+    pub duration_ms: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<u16>,
+    pub outcome: String,
+    pub late: bool,
+}
+
+/// One event at one destination in `GET /v1/events`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EventItem {
+    pub id: String,
+    pub destination: String,
+    pub state: String,
+    pub attempts: u32,
+    pub last_status: Option<u16>,
+    pub last_outcome: Option<String>,
+    pub accepted_at: String,
+    pub finished_at: Option<String>,
+}
+
+/// `GET /v1/events`: newest first.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EventPage {
+    pub events: Vec<EventItem>,
+    /// The cursor of the next page (`after=`); `None` on the last.
+    pub next: Option<String>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -84,12 +84,12 @@ impl From<tokio::task::JoinError> for ApiError {
 
 pub(super) type Answer = Result<Value, ApiError>;
 
-fn bad(message: impl Into<String>) -> ApiError {
+pub(super) fn bad(message: impl Into<String>) -> ApiError {
     ApiError::Bad(message.into())
 }
 
 /// `yyyy-mm-dd` (midnight UTC) or an RFC 3339 time in UTC.
-fn time_ms(key: &str, value: &str) -> Result<u64, ApiError> {
+pub(super) fn time_ms(key: &str, value: &str) -> Result<u64, ApiError> {
     let ms = if is_day(value) {
         day_start_ms(value)
     } else {
@@ -115,7 +115,7 @@ fn reason(value: &str) -> Result<String, ApiError> {
 
 /// The query's pairs, refusing keys not in `allowed` (a typo would
 /// otherwise widen a listing or a purge silently).
-fn query(uri: &Uri, allowed: &[&str]) -> Result<Vec<(String, String)>, ApiError> {
+pub(super) fn query(uri: &Uri, allowed: &[&str]) -> Result<Vec<(String, String)>, ApiError> {
     let pairs: Vec<(String, String)> = form_urlencoded::parse(uri.query().unwrap_or("").as_bytes())
         .map(|(k, v)| (k.into_owned(), v.into_owned()))
         .collect();
@@ -137,7 +137,7 @@ fn item(destination: &str, summary: Summary, replayed: bool) -> DeadLetterItem {
 }
 
 /// An answer's body as JSON.
-fn to_json(body: &impl serde::Serialize) -> Answer {
+pub(super) fn to_json(body: &impl serde::Serialize) -> Answer {
     serde_json::to_value(body).map_err(|e| ApiError::Read(e.to_string()))
 }
 

@@ -4,11 +4,13 @@
 pub mod api;
 pub mod client;
 mod dead_letters;
+mod events;
 
 use crate::clock;
 use crate::config::{Live, SinkAt};
 use crate::deliver::Fleet;
 use crate::deliver::health::PauseReason;
+use crate::history::State;
 use crate::journal::{Journal, Pause, Reader};
 use crate::lifecycle::Lifecycle;
 use crate::metrics;
@@ -32,6 +34,8 @@ pub struct Admin {
     /// One replay or purge at a time: a purge never removes a file a
     /// replay is marking.
     pub dead_letter_ops: Arc<tokio::sync::Mutex<()>>,
+    /// Reads event history (SPEC §8); `None` when it is off.
+    pub history: Option<Arc<crate::history::Reader>>,
 }
 
 fn answer(a: dead_letters::Answer) -> Response<Body> {
@@ -39,7 +43,7 @@ fn answer(a: dead_letters::Answer) -> Response<Body> {
 }
 
 impl Admin {
-    pub async fn handle(&self, req: Request<Incoming>) -> Response<Body> {
+    pub async fn handle(self: &Arc<Self>, req: Request<Incoming>) -> Response<Body> {
         let path = req.uri().path().to_string();
         if let Some(refused) = self.refuse_browsers(&req) {
             return refused;
@@ -71,6 +75,8 @@ impl Admin {
             (&Method::POST, ["v1", "destinations", name, action @ ("pause" | "resume")]) => {
                 self.pause_or_resume(name, action).await
             }
+            (&Method::GET, ["v1", "events"]) => answer(self.list_events(req.uri()).await),
+            (&Method::GET, ["v1", "events", id]) => answer(self.show_event(id, req.uri()).await),
             (&Method::GET, ["v1", "dead-letters"]) => {
                 answer(self.list_dead_letters(req.uri()).await)
             }
@@ -132,7 +138,10 @@ impl Admin {
     fn deny(&self, req: &Request<Incoming>) -> Option<Response<Body>> {
         let settings = self.settings.load();
         let token = settings.admin_token.as_ref()?;
-        let open = matches!(req.uri().path(), "/healthz" | "/readyz" | "/metrics");
+        // History holds no body and no header (SPEC §8): its reads are open.
+        let history = req.method() == Method::GET
+            && (req.uri().path() == "/v1/events" || req.uri().path().starts_with("/v1/events/"));
+        let open = history || matches!(req.uri().path(), "/healthz" | "/readyz" | "/metrics");
         if open || token.authorizes(req.headers()) {
             return None;
         }
@@ -198,6 +207,17 @@ impl Admin {
                 "failed_writes": failing.map(|t| t.failures),
                 "failing_for_s": failing.map(|t| t.lasted.as_secs_f64()),
             });
+            // Counts by state (SPEC §8): what waits and what is in an
+            // attempt now, and how events ended within history's retention.
+            let in_flight_events = health.attempting_events() as u64;
+            let ended = self.journal.history().map(|h| h.counts(&d.name));
+            let events = json!({
+                "pending": state.pending().saturating_sub(in_flight_events),
+                "in_flight": in_flight_events,
+                "delivered": ended.map(|c| c[State::Delivered as usize]),
+                "dead_lettered": ended.map(|c| c[State::DeadLettered as usize]),
+                "dropped": ended.map(|c| c[State::Dropped as usize]),
+            });
             out.push(json!({
                 "name": d.name,
                 "mode": d.mode.as_str(),
@@ -212,6 +232,7 @@ impl Admin {
                 "last_outcome": v.last_outcome.map(|o| o.as_str()),
                 "last_attempt": v.last_attempt_ms.map(clock::rfc3339),
                 "dead_letter": dead_letter,
+                "events": events,
             }));
         }
         let mut orphaned = self.journal.destination_names();

@@ -17,7 +17,8 @@ mod validate;
 
 pub use schema::{LogFormat, Mode, Schema, SyncMode};
 pub use settings::{
-    DestinationSettings, HandoffSettings, Settings, SinkAt, Subscription, Target, TopicSettings,
+    DestinationSettings, HandoffSettings, HistorySettings, Settings, SinkAt, Subscription, Target,
+    TopicSettings,
 };
 pub use state_dir::STATE_DIR_ENV;
 pub use validate::{Env, ProcessEnv, Purpose};

@@ -40,6 +40,8 @@ pub struct RawConfig {
     pub dead_letter: Option<DeadLetterSpec>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub handoff: Option<Handoff>,
+    #[serde(default)]
+    pub history: History,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub topics: BTreeMap<String, Topic>,
     #[serde(default)]
@@ -74,6 +76,34 @@ fn default_handoff_poll() -> Dur {
 
 fn default_claim_timeout() -> Dur {
     secs(300)
+}
+
+/// `history` (SPEC §8): how long, and how much, of every event's
+/// delivery is kept for "where is my webhook?".
+#[derive(Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct History {
+    #[serde(default = "default_history_retain")]
+    pub retain: Dur,
+    #[serde(default = "default_history_max_bytes")]
+    pub max_bytes: Size,
+}
+
+impl Default for History {
+    fn default() -> Self {
+        History {
+            retain: default_history_retain(),
+            max_bytes: default_history_max_bytes(),
+        }
+    }
+}
+
+fn default_history_retain() -> Dur {
+    secs(86_400)
+}
+
+fn default_history_max_bytes() -> Size {
+    Size(256 * 1024 * 1024)
 }
 
 #[derive(Debug, Deserialize, Serialize)]

@@ -31,6 +31,15 @@ pub struct Settings {
     pub destinations: Vec<Arc<DestinationSettings>>,
     pub topics: Vec<Arc<TopicSettings>>,
     pub handoff: Option<HandoffSettings>,
+    /// `None`: `history.retain: 0s`, no history kept.
+    pub history: Option<HistorySettings>,
+}
+
+/// `history`, checked (SPEC §8).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct HistorySettings {
+    pub retain: Duration,
+    pub max_bytes: u64,
 }
 
 /// `handoff`, checked (SPEC §7).

@@ -275,6 +275,7 @@ pub fn check(
     }
     let allowed_hosts = allowed_hosts(&mut c, &raw.allowed_hosts);
     let handoff = raw.handoff.as_ref().and_then(|h| handoff(&mut c, h));
+    let history = history(&mut c, &raw.history);
     if !c.problems.is_empty() {
         return Err(c.problems);
     }
@@ -304,12 +305,34 @@ pub fn check(
         destinations,
         topics,
         handoff,
+        history,
     };
     Ok(Checked {
         settings,
         warnings: c.warnings,
         state_dir: c.state_dir,
     })
+}
+
+/// `retain: 0s` turns history off; otherwise at least a second (the
+/// partitions it is dropped by are an eighth of it) and at most 90 days.
+fn history(c: &mut Checker, h: &super::schema::History) -> Option<HistorySettings> {
+    if h.retain.0.is_zero() {
+        return None;
+    }
+    let retain = c.range_dur(
+        "history.retain",
+        h.retain,
+        Duration::from_secs(1),
+        Duration::from_secs(90 * 86_400),
+    );
+    let max_bytes = c.range_u64(
+        "history.max_bytes",
+        h.max_bytes.0,
+        1024 * 1024,
+        1024 * 1024 * 1024 * 1024,
+    );
+    Some(HistorySettings { retain, max_bytes })
 }
 
 fn handoff(c: &mut Checker, h: &super::schema::Handoff) -> Option<HandoffSettings> {

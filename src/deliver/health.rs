@@ -7,6 +7,7 @@ use crate::clock;
 use crate::policy::Outcome;
 use crate::policy::probation::{Admit, Probation, ProbationPolicy};
 use crate::policy::rate::RateLimit;
+use std::collections::HashSet;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -72,6 +73,9 @@ pub struct Health {
     /// Woken on resume and when a probe settles.
     pub wake: Notify,
     pub in_flight: AtomicUsize,
+    /// The journal seqs of the events in attempts now, for history's
+    /// `in_flight` (SPEC §8).
+    attempting: Mutex<HashSet<i64>>,
 }
 
 impl Health {
@@ -87,6 +91,7 @@ impl Health {
             }),
             wake: Notify::new(),
             in_flight: AtomicUsize::new(0),
+            attempting: Mutex::new(HashSet::new()),
         }
     }
 
@@ -183,6 +188,49 @@ impl Health {
         let was = self.lock().paused.take().is_some();
         self.wake.notify_one();
         was
+    }
+
+    /// An attempt of the events `seqs` starts (`true`) or ends.
+    pub fn attempting(&self, seqs: impl IntoIterator<Item = i64>, starts: bool) {
+        let mut set = self.attempting.lock().unwrap_or_else(|p| p.into_inner());
+        for seq in seqs {
+            if starts {
+                set.insert(seq);
+            } else {
+                set.remove(&seq);
+            }
+        }
+    }
+
+    /// Events in attempts now (a batch counts each).
+    pub fn attempting_events(&self) -> usize {
+        self.attempting
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .len()
+    }
+
+    pub fn is_attempting(&self, seq: i64) -> bool {
+        self.attempting
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(&seq)
+    }
+
+    /// What holds every attempt back now, as history names it: `pause` (an
+    /// operator, a 410, a Retry-After), `probation`, `rate_limit`.
+    pub fn held_by(&self) -> Option<&'static str> {
+        let now = clock::now_ms();
+        let s = self.lock();
+        if s.paused.is_some() || s.hold_until_ms.is_some_and(|u| u > now) {
+            Some("pause")
+        } else if s.probation.on_probation(now) {
+            Some("probation")
+        } else if s.rate.as_ref().is_some_and(|r| !r.free(clock::mono_us())) {
+            Some("rate_limit")
+        } else {
+            None
+        }
     }
 
     pub fn on_probation(&self) -> bool {

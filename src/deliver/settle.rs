@@ -31,6 +31,7 @@ use super::stack::{AttemptService, Attempted, LateAnswer, PassthroughService};
 use crate::clock;
 use crate::config::DestinationSettings;
 use crate::deadletter::{self, DeadLetterSink, Facts, Key, Line, Written, record};
+use crate::history::{Attempt, Step};
 use crate::journal::{Change, Fate, Journal, JournalError, Pause, StoredEvent};
 use crate::metrics;
 use crate::policy::{Next, Outcome, Reason, Verdict};
@@ -154,8 +155,11 @@ pub async fn run(ctx: &Arc<Ctx>, unit: Unit, probe: bool, slot: Slot) -> Settled
             return Settled::done(apply(ctx, changes.collect(), Durable::Now).await && kept);
         }
     };
+    let seqs = || live.iter().map(|ev| ev.seq);
     ctx.health.in_flight.fetch_add(1, Ordering::Relaxed);
+    ctx.health.attempting(seqs(), true);
     let Ok(attempted) = ctx.stack.clone().oneshot(request).await;
+    ctx.health.attempting(seqs(), false);
     ctx.health.in_flight.fetch_sub(1, Ordering::Relaxed);
     let settled = settle(ctx, live, batch, attempted, probe, slot).await;
     Settled {
@@ -195,7 +199,7 @@ pub async fn expire(ctx: &Ctx, mut evs: Vec<StoredEvent>) -> bool {
             (ev, fate)
         })
         .collect();
-    dead_letter(ctx, &items, None).await
+    dead_letter(ctx, &items, None, None).await
 }
 
 /// Dead-letters an event with no attempt left, as its last attempt ended.
@@ -211,7 +215,7 @@ async fn exhausted(ctx: &Ctx, ev: StoredEvent) -> bool {
         last_attempt_ms: ev.last_attempt_ms,
         at_ms: clock::now_ms(),
     };
-    dead_letter(ctx, &[(&ev, fate)], ev.batch.as_deref()).await
+    dead_letter(ctx, &[(&ev, fate)], None, ev.batch.as_deref()).await
 }
 
 async fn settle(
@@ -253,6 +257,19 @@ async fn settle(
             .retry_wait(number, min_delay, dest.jitter, &mut rand::rng());
         now + wait.as_millis() as u64
     };
+    // What history keeps of it, numbered per event.
+    let tried = Attempt {
+        number,
+        at_ms: now.saturating_sub(a.took.as_millis() as u64),
+        took_ms: u32::try_from(a.took.as_millis()).unwrap_or(u32::MAX),
+        status: a.status,
+        outcome: a.classified.outcome,
+        late: false,
+    };
+    let tried_by = |ev: &StoredEvent| Attempt {
+        number: ev.attempts + 1,
+        ..tried.clone()
+    };
     let next: Box<dyn Fn(&StoredEvent) -> Next + Send + Sync> = match a.classified.verdict {
         Verdict::Delivered => {
             ctx.metrics.delivered(n);
@@ -260,7 +277,13 @@ async fn settle(
                 let (attempts, batch) = (ev.attempts + 1, batch.as_deref());
                 outcome_log::delivered(ev, attempts, a.status, batch, Confirmed::InTime);
             }
-            let changes = evs.iter().map(delete).collect();
+            let changes = evs
+                .iter()
+                .map(|ev| {
+                    let attempt = tried_by(ev);
+                    delete(ev, Some(Step::Delivered { attempt }))
+                })
+                .collect();
             drop(slot);
             return Settled::done(apply(ctx, changes, Durable::Lazily).await);
         }
@@ -319,9 +342,10 @@ async fn settle(
             seq: ev.seq,
             attempts,
             next_due_ms: due,
-            outcome,
+            outcome: a.classified.outcome,
             status: a.status,
             attempt_ms: now,
+            took_ms: tried.took_ms,
             batch,
         });
         waiting.push((ev, attempts));
@@ -349,7 +373,7 @@ async fn settle(
                 (ev, fate)
             })
             .collect();
-        kept &= dead_letter(ctx, &fates, batch.as_deref()).await;
+        kept &= dead_letter(ctx, &fates, Some(&tried), batch.as_deref()).await;
     }
     Settled {
         release: kept,
@@ -369,14 +393,11 @@ async fn record_gone(ctx: &Ctx, since_ms: u64) {
     }
 }
 
-fn delete(ev: &StoredEvent) -> Change {
-    delete_if(ev, None)
-}
-
-fn delete_if(ev: &StoredEvent, only_if_attempts: Option<u32>) -> Change {
+fn delete(ev: &StoredEvent, step: Option<Step>) -> Change {
     Change::Delete {
         seq: ev.seq,
-        only_if_attempts,
+        only_if_attempts: None,
+        step,
     }
 }
 
@@ -397,9 +418,18 @@ fn watch_late_answer(
             return;
         }
         ctx.late.mark(evs.iter().map(|(ev, _)| ev.seq));
+        let at_ms = clock::now_ms();
         let changes: Vec<Change> = evs
             .iter()
-            .map(|(ev, attempts)| delete_if(ev, Some(*attempts)))
+            .map(|(ev, attempts)| Change::Delete {
+                seq: ev.seq,
+                only_if_attempts: Some(*attempts),
+                step: Some(Step::DeliveredLate {
+                    number: *attempts,
+                    status,
+                    at_ms,
+                }),
+            })
             .collect();
         if ctx.journal.settle(&changes).await.is_ok() {
             for (ev, attempts) in &evs {
@@ -476,18 +506,30 @@ async fn apply(ctx: &Ctx, changes: Vec<Change>, durable: Durable) -> bool {
 
 /// Writes the dead letters durably (one sink write for all of them), then
 /// deletes the events. Without a sink the events are dropped and counted.
+/// `tried`: the attempt that ended them, if one did, for history.
 /// `batch`: the batch of this attempt, for the log (else each event's own).
-async fn dead_letter(ctx: &Ctx, items: &[(&StoredEvent, Fate)], batch: Option<&str>) -> bool {
+async fn dead_letter(
+    ctx: &Ctx,
+    items: &[(&StoredEvent, Fate)],
+    tried: Option<&Attempt>,
+    batch: Option<&str>,
+) -> bool {
     let dest = &ctx.dest.name;
+    let mut ends: Vec<Option<Step>> = vec![None; items.len()];
     match &ctx.sink {
         None => {
-            for (ev, fate) in items {
+            for ((ev, fate), end) in items.iter().zip(&mut ends) {
                 outcome_log::dropped(ev, &fate.into(), batch.or(ev.batch.as_deref()));
                 metrics::dropped(dest, fate.reason.as_str());
+                *end = Some(Step::Dropped {
+                    reason: fate.reason,
+                    at_ms: fate.at_ms,
+                    attempt: attempt_of(tried, fate),
+                });
             }
         }
         Some(sink) => {
-            if !record_fates(ctx, items).await {
+            if !record_fates(ctx, items, tried).await {
                 return false;
             }
             let lines: Arc<[Line]> = items.iter().map(|(ev, fate)| line(ctx, ev, fate)).collect();
@@ -539,22 +581,36 @@ async fn dead_letter(ctx: &Ctx, items: &[(&StoredEvent, Fate)], batch: Option<&s
             }
         }
     }
-    let changes = items.iter().map(|(ev, _)| delete(ev)).collect();
+    let changes = items
+        .iter()
+        .zip(ends)
+        .map(|((ev, _), end)| delete(ev, end))
+        .collect();
     apply(ctx, changes, Durable::Now).await
 }
 
 /// Records the fates not recorded before a restart, before the sink sees
 /// their records. `false`: the journal refused, and nothing is written.
-async fn record_fates(ctx: &Ctx, items: &[(&StoredEvent, Fate)]) -> bool {
+async fn record_fates(ctx: &Ctx, items: &[(&StoredEvent, Fate)], tried: Option<&Attempt>) -> bool {
     let changes: Vec<Change> = items
         .iter()
         .filter(|(ev, _)| ev.fate.is_none())
         .map(|(ev, fate)| Change::DeadLetter {
             seq: ev.seq,
             fate: fate.clone(),
+            attempt: attempt_of(tried, fate),
         })
         .collect();
     changes.is_empty() || apply(ctx, changes, Durable::Now).await
+}
+
+/// The attempt that ended an event, as the event counts it (its fate's
+/// count: a batch's events may have different counts).
+fn attempt_of(tried: Option<&Attempt>, fate: &Fate) -> Option<Attempt> {
+    tried.map(|a| Attempt {
+        number: fate.attempts,
+        ..a.clone()
+    })
 }
 
 /// An event's record, under its key.

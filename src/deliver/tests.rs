@@ -92,7 +92,7 @@ fn start(settings: &str, paused: bool) -> Harness {
     let dest = destination(settings);
     let dir = tempfile::tempdir().expect("tempdir");
     let (journal, _) =
-        Journal::open(dir.path(), true, 1 << 30, None, &[DEST.into()]).expect("journal");
+        Journal::open(dir.path(), true, 1 << 30, None, &[DEST.into()], None).expect("journal");
     let (leaf, endpoint) = mock::pair::<AttemptRequest, Answer>();
     let health = Arc::new(Health::new(
         dest.probation.clone(),

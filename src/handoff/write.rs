@@ -8,6 +8,7 @@
 
 use super::Handoff;
 use super::object::Builder;
+use crate::history::Step;
 use crate::journal::{Carried, Change, Journal, Reader};
 use crate::metrics;
 use bytes::Bytes;
@@ -257,12 +258,14 @@ impl Store {
                 Err(_) => return Err("the shutdown deadline came first".into()),
             }
         }
+        let at_ms = crate::clock::now_ms();
         let deletes: Vec<Change> = self
             .seqs
             .iter()
             .map(|&seq| Change::Delete {
                 seq,
                 only_if_attempts: None,
+                step: Some(Step::HandedOff { at_ms }),
             })
             .collect();
         // Stored: a failed delete leaves the events in both places, which

@@ -17,7 +17,16 @@ fn open_on(disk: &Faulty, dir: &Path) -> Result<Journal, OpenError> {
 /// With `full_sync` false: `journal.sync: os`.
 fn open_synced(disk: &Faulty, dir: &Path, full_sync: bool) -> Result<Journal, OpenError> {
     let destinations = ["orders".to_string()];
-    Journal::open_with(disk.disk(), dir, full_sync, 1 << 30, None, &destinations).map(|(j, _)| j)
+    Journal::open_with(
+        disk.disk(),
+        dir,
+        full_sync,
+        1 << 30,
+        None,
+        &destinations,
+        None,
+    )
+    .map(|(j, _)| j)
 }
 
 /// A body of 4 MiB less a little: four such events fill a segment, and
@@ -460,6 +469,7 @@ async fn a_segment_that_failed_to_go_is_removed_at_the_next_try() {
         .map(|seq| Change::Delete {
             seq,
             only_if_attempts: None,
+            step: None,
         })
         .collect();
     journal.settle(&deliveries).await.expect("settle");

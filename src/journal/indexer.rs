@@ -19,6 +19,7 @@ use super::fetch::{Fetch, Log};
 use super::intake::{LogReader, Logged, Read, ReadError, SyncError};
 use super::store::{self, Pin, QUARANTINED};
 use super::{Change, DiskError, JournalError, Shared};
+use crate::history::{Accepted, Recorder, Step};
 use rusqlite::{Connection, OptionalExtension, params};
 use std::cell::Cell;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
@@ -263,6 +264,11 @@ pub(super) struct Indexer {
     last_commit: Instant,
     /// When a transient error was last logged: retries come every 100 ms.
     last_strain: Option<Instant>,
+    /// Event history, recorded in each commit before the journal's own
+    /// transaction (`crate::history`).
+    history: Option<Recorder>,
+    /// When a history error was last logged.
+    history_strain: Option<Instant>,
 }
 
 /// Why indexing stopped.
@@ -312,6 +318,7 @@ impl Indexer {
         full_sync: bool,
         pace: Pace,
         dedupe_ms: Option<u64>,
+        history: Option<Recorder>,
     ) -> Result<Indexer, rusqlite::Error> {
         let indexed = store::intake_pos(&conn)?;
         let pins = store::load_pins(&conn)?;
@@ -338,6 +345,8 @@ impl Indexer {
             last_expiry: Instant::now(),
             last_commit: Instant::now(),
             last_strain: None,
+            history,
+            history_strain: None,
         })
     }
 
@@ -380,7 +389,7 @@ impl Indexer {
         loop {
             let (events, end, done) = self.read_chunk(None, CHUNK_BYTES)?;
             if !events.is_empty() || end != self.indexed {
-                self.commit(&events, &vec![true; events.len()], &[], false, end)?;
+                self.commit(&events, &vec![true; events.len()], &[], &[], false, end)?;
             }
             if done {
                 break;
@@ -437,11 +446,13 @@ impl Indexer {
 
     /// One transaction: the rows of `events` marked in `insert`, the
     /// `changes`, the new log position; synced if `sync`. Returns what its
-    /// deletes freed.
+    /// deletes freed. History records them first (`delivered`: the
+    /// deliveries of the events not inserted, as `Skip` kept them).
     fn commit(
         &mut self,
         events: &[Logged],
         insert: &[bool],
+        delivered: &[Option<Step>],
         changes: &[Change],
         sync: bool,
         end: u64,
@@ -450,6 +461,7 @@ impl Indexer {
             self.sync_log(end)?;
         }
         let full = self.full_sync && sync;
+        self.record_history(events, delivered, changes, full);
         if full {
             store::set_full_sync(&self.conn, true)?;
         }
@@ -614,7 +626,10 @@ impl Indexer {
     }
 
     /// A synced commit: everything indexed so far survives a power loss.
+    /// History first, so that it is never behind what the journal made
+    /// durable.
     fn sync(&mut self) -> Result<(), IndexError> {
+        self.sync_history();
         store::set_full_sync(&self.conn, true)?;
         let result = (|| {
             self.conn.execute_batch("BEGIN IMMEDIATE")?;
@@ -704,6 +719,7 @@ impl Indexer {
             }
             self.checkpoint(retry, &shared);
             self.expire_seen();
+            self.maintain_history();
             if let Some(reply) = inbox.close {
                 self.finish(target, &shared);
                 let _ = reply.send(());
@@ -807,6 +823,77 @@ impl Indexer {
         }
     }
 
+    /// Records in history what a commit makes durable. A failure is said
+    /// (at most every 10 s) and never stops the journal: history serves
+    /// operators, the journal the events.
+    fn record_history(
+        &mut self,
+        events: &[Logged],
+        delivered: &[Option<Step>],
+        changes: &[Change],
+        full: bool,
+    ) {
+        let Some(h) = self.history.as_mut() else {
+            return;
+        };
+        let accepted: Vec<Accepted<'_>> = events
+            .iter()
+            .enumerate()
+            .map(|(i, l)| Accepted {
+                seq: l.seq,
+                id: &l.event.id,
+                destination: &l.event.destination,
+                accepted_ms: l.event.accepted_ms,
+                prior: l.carried.as_ref().map_or(0, |c| c.attempts),
+                next_due_ms: l.carried.as_ref().map(|c| c.next_due_ms),
+                delivered: delivered.get(i).and_then(Option::as_ref),
+            })
+            .collect();
+        let steps: Vec<(i64, Step)> = changes
+            .iter()
+            .filter_map(|c| c.step().map(|s| (c.seq(), s)))
+            .collect();
+        let steps: Vec<(i64, &Step)> = steps.iter().map(|(seq, s)| (*seq, s)).collect();
+        let result = h.record(&accepted, &steps);
+        if let Err(e) = result {
+            self.history_failed(&e.to_string());
+        } else if full {
+            self.sync_history();
+        }
+    }
+
+    fn sync_history(&mut self) {
+        if let Some(h) = self.history.as_mut()
+            && let Err(e) = h.sync()
+        {
+            self.history_failed(&e.to_string());
+        }
+    }
+
+    /// Rolls history's partitions and drops old ones; an event still in
+    /// the journal keeps its record.
+    fn maintain_history(&mut self) {
+        let Some(h) = self.history.as_mut() else {
+            return;
+        };
+        let conn = &self.conn;
+        let in_journal = |seq: i64| store::holds(conn, seq).unwrap_or(true);
+        if let Err(e) = h.maintain(&in_journal) {
+            let e = e.to_string();
+            self.history_failed(&e);
+        }
+    }
+
+    fn history_failed(&mut self, error: &str) {
+        if self
+            .history_strain
+            .is_none_or(|at| at.elapsed() >= Duration::from_secs(10))
+        {
+            tracing::warn!(error, "cannot record event history; deliveries go on");
+            self.history_strain = Some(Instant::now());
+        }
+    }
+
     /// Dedupe keys older than the window go.
     fn expire_seen(&mut self) {
         let Some(window) = self.dedupe_ms else {
@@ -894,11 +981,22 @@ impl Indexer {
                 reply_all(applies, &Ok(()));
                 return true;
             }
-            let insert = match shared.skip.lock() {
-                Ok(mut skip) => skip.claim(events.iter().map(|l| l.seq)),
-                Err(_) => vec![true; events.len()],
+            let (insert, delivered) = match shared.skip.lock() {
+                Ok(mut skip) => {
+                    let insert = skip.claim(events.iter().map(|l| l.seq));
+                    let delivered = if self.history.is_some() {
+                        let steps = events.iter().zip(&insert);
+                        steps
+                            .map(|(l, i)| (!i).then(|| skip.step(l.seq).cloned()).flatten())
+                            .collect()
+                    } else {
+                        Vec::new()
+                    };
+                    (insert, delivered)
+                }
+                Err(_) => (vec![true; events.len()], Vec::new()),
             };
-            match self.commit(&events, &insert, &changes, sync, end) {
+            match self.commit(&events, &insert, &delivered, &changes, sync, end) {
                 Ok(freed) => {
                     if let Some(last) = events.last() {
                         self.rows_through = self.rows_through.max(last.seq);
@@ -928,7 +1026,7 @@ impl Indexer {
     /// it failed (the callers have heard why).
     fn commit_alone(&mut self, applies: Vec<Apply>, shared: &Shared) -> bool {
         let (changes, sync) = self.changes_of(&applies);
-        match self.commit(&[], &[], &changes, sync, self.indexed) {
+        match self.commit(&[], &[], &[], &changes, sync, self.indexed) {
             Ok(freed) => {
                 account(&[], &[], freed, shared);
                 reply_all(applies, &Ok(()));
@@ -1122,10 +1220,12 @@ fn write(
                 Change::Delete {
                     seq,
                     only_if_attempts: None,
+                    ..
                 } => unconditional.push(*seq),
                 Change::Delete {
                     seq,
                     only_if_attempts: Some(attempts),
+                    ..
                 } => {
                     // The row's own destination and bytes: what its insert added.
                     let gone = doomed
@@ -1151,12 +1251,13 @@ fn write(
                     status,
                     attempt_ms,
                     batch,
+                    ..
                 } => {
                     reschedule.execute(params![
                         seq,
                         attempts,
                         *next_due_ms as i64,
-                        outcome,
+                        outcome.as_str(),
                         status,
                         *attempt_ms as i64,
                         batch
@@ -1165,7 +1266,7 @@ fn write(
                 Change::Quarantine { seq } => {
                     quarantine.execute(params![seq, QUARANTINED])?;
                 }
-                Change::DeadLetter { seq, fate } => {
+                Change::DeadLetter { seq, fate, .. } => {
                     fated.execute(params![
                         seq,
                         fate.reason.as_str(),

@@ -41,7 +41,10 @@ pub use record::{Carried, Fate, Header, NewEvent, StoredEvent};
 pub use store::{DestinationSummary, FILE, LoadError};
 
 use crate::clock;
+use crate::config::HistorySettings;
+use crate::history::{Attempt, History, HistoryError, Step};
 use crate::metrics;
+use crate::policy::Outcome;
 use arc_swap::ArcSwap;
 use dedupe::{Check, Claim, Dedupe};
 use indexer::ToIndexer;
@@ -147,6 +150,8 @@ pub enum OpenError {
     DbMissing(PathBuf),
     #[error(transparent)]
     Pauses(#[from] PausesError),
+    #[error(transparent)]
+    History(#[from] HistoryError),
 }
 
 /// Errors that may mean the disk is full rather than damaged.
@@ -176,14 +181,19 @@ pub enum Change {
     Delete {
         seq: i64,
         only_if_attempts: Option<u32>,
+        /// For history: how it ended (`None`: recorded already, as a
+        /// dead letter's fate is).
+        step: Option<Step>,
     },
     Reschedule {
         seq: i64,
         attempts: u32,
         next_due_ms: u64,
-        outcome: &'static str,
+        outcome: Outcome,
         status: Option<u16>,
         attempt_ms: u64,
+        /// How long the attempt took, for history.
+        took_ms: u32,
         /// The batch the event stays in for its retry (`None`: none).
         batch: Option<String>,
     },
@@ -192,10 +202,47 @@ pub enum Change {
     /// The event will be dead-lettered: its fate, recorded (and synced)
     /// before the sink is written, so that a crash between the record and
     /// the delete neither sends the event again nor writes a second record.
-    DeadLetter { seq: i64, fate: Fate },
+    DeadLetter {
+        seq: i64,
+        fate: Fate,
+        /// The attempt that ended it, for history (none at a TTL).
+        attempt: Option<Attempt>,
+    },
 }
 
 impl Change {
+    /// What history records of this change.
+    pub(crate) fn step(&self) -> Option<Step> {
+        match self {
+            Change::Delete { step, .. } => step.clone(),
+            Change::Reschedule {
+                attempts,
+                next_due_ms,
+                outcome,
+                status,
+                attempt_ms,
+                took_ms,
+                ..
+            } => Some(Step::Attempted {
+                attempt: Attempt {
+                    number: *attempts,
+                    at_ms: *attempt_ms,
+                    took_ms: *took_ms,
+                    status: *status,
+                    outcome: *outcome,
+                    late: false,
+                },
+                next_due_ms: *next_due_ms,
+            }),
+            Change::Quarantine { .. } => None,
+            Change::DeadLetter { fate, attempt, .. } => Some(Step::DeadLettered {
+                reason: fate.reason,
+                at_ms: fate.at_ms,
+                attempt: attempt.clone(),
+            }),
+        }
+    }
+
     pub fn seq(&self) -> i64 {
         match self {
             Change::Delete { seq, .. }
@@ -345,6 +392,8 @@ pub(crate) struct Shared {
     /// commit reads the map.
     destinations: ArcSwap<HashMap<String, Arc<DestinationState>>>,
     pauses: Pauses,
+    /// Recorded by the indexer (SPEC §8); `None` when off.
+    history: Option<History>,
 }
 
 impl Shared {
@@ -578,6 +627,7 @@ impl Journal {
         max_bytes: u64,
         dedupe_window: Option<Duration>,
         destinations: &[String],
+        history: Option<HistorySettings>,
     ) -> Result<(Journal, Vec<DestinationSummary>), OpenError> {
         Journal::open_with(
             disk::real(),
@@ -586,7 +636,13 @@ impl Journal {
             max_bytes,
             dedupe_window,
             destinations,
+            history,
         )
+    }
+
+    /// The event history this journal records, when on.
+    pub fn history(&self) -> Option<&History> {
+        self.shared.history.as_ref()
     }
 
     /// Stores `events` durably (per `journal.sync`); returns once committed.
@@ -737,7 +793,8 @@ impl Journal {
                     Change::Delete {
                         seq,
                         only_if_attempts: None,
-                    } if !skip.claimed(*seq) => match skip.delivered(*seq) {
+                        step,
+                    } if !skip.claimed(*seq) => match skip.delivered(*seq, step.clone()) {
                         Delivered::Now((state, size)) => self.shared.forget(Some(&state), 1, size),
                         // A retried `settle` may bring it twice: counted once.
                         Delivered::Again => {}

@@ -14,6 +14,8 @@ use super::store::{self, DestinationSummary, FILE};
 use super::writer::{self, Writer};
 use super::{DestinationState, DiskError, Journal, OpenError, QUEUE, Shared, spawn_checkpointer};
 use crate::clock;
+use crate::config::HistorySettings;
+use crate::history::{History, Recorder};
 use arc_swap::ArcSwap;
 use rusqlite::Connection;
 use std::collections::{BTreeSet, HashMap};
@@ -35,6 +37,7 @@ impl Journal {
         max_bytes: u64,
         dedupe_window: Option<Duration>,
         destinations: &[String],
+        history: Option<HistorySettings>,
     ) -> Result<(Journal, Vec<DestinationSummary>), OpenError> {
         let dedupe_ms = dedupe_window.map(|w| w.as_millis() as u64);
         let o = Opening {
@@ -50,7 +53,14 @@ impl Journal {
         let mark = o.mark()?;
         o.refuse_without_db(mark.as_ref())?;
         let reserve = o.release_reserve()?;
-        let (mut indexer, indexed) = o.recover(dedupe_ms)?;
+        let (history, recorder) = match history {
+            Some(settings) => {
+                let (h, r) = History::open(dir, settings)?;
+                (Some(h), Some(r))
+            }
+            None => (None, None),
+        };
+        let (mut indexer, indexed) = o.recover(dedupe_ms, recorder)?;
         let next_seq = o.refuse_lost_tail(&indexer, mark.as_ref(), indexed)?;
         let next_seq = next_seq.max(mark.map_or(0, |m| m.next_seq));
         let (log, resume, pinned) = o.resume_log(&mut indexer, indexed, next_seq)?;
@@ -78,6 +88,7 @@ impl Journal {
             skip: Mutex::new(Skip::new(next_seq - 1)),
             closed: AtomicBool::new(false),
             sealed: AtomicBool::new(false),
+            history,
             destinations: ArcSwap::from_pointee(states),
             pauses,
         });
@@ -152,7 +163,11 @@ impl Opening<'_> {
     /// Opens journal.db and replays the intake log beyond its last synced
     /// commit, beside SQLite's structural check; returns the indexer and
     /// the log position indexed.
-    fn recover(&self, dedupe_ms: Option<u64>) -> Result<(Indexer, u64), OpenError> {
+    fn recover(
+        &self,
+        dedupe_ms: Option<u64>,
+        history: Option<Recorder>,
+    ) -> Result<(Indexer, u64), OpenError> {
         let started = std::time::Instant::now();
         let conn = store::open_writer(&self.path)
             .map_err(|e| self.full(&e).unwrap_or_else(|| self.open_error(e)))?;
@@ -165,6 +180,7 @@ impl Opening<'_> {
             self.full_sync,
             pace,
             dedupe_ms,
+            history,
         )
         .map_err(|e| self.open_error(e))
         .and_then(|mut indexer| {

@@ -14,7 +14,8 @@
 //! alone, and the journal frees the counters from what it recorded
 //! itself, never from what the caller says the event was.
 
-use std::collections::{BTreeMap, BTreeSet};
+use crate::history::Step;
+use std::collections::BTreeMap;
 
 /// What `Skip::delivered` made of a delivery.
 #[derive(Debug, PartialEq)]
@@ -30,8 +31,9 @@ pub enum Delivered<T> {
 pub struct Skip<T> {
     /// The highest seq the indexer has claimed (inserted or skipped).
     claimed: i64,
-    /// Delivered seqs above `claimed`, to leave out when it gets there.
-    delivered: BTreeSet<i64>,
+    /// Delivered seqs above `claimed`, to leave out when it gets there,
+    /// with what history records of their delivery.
+    delivered: BTreeMap<i64, Option<Step>>,
     /// Events handed out from memory and not claimed yet.
     handed: BTreeMap<i64, T>,
 }
@@ -40,7 +42,7 @@ impl<T> Skip<T> {
     pub fn new(claimed: i64) -> Self {
         Skip {
             claimed,
-            delivered: BTreeSet::new(),
+            delivered: BTreeMap::new(),
             handed: BTreeMap::new(),
         }
     }
@@ -56,14 +58,14 @@ impl<T> Skip<T> {
     /// event handed out from memory is settled here, freed by what it was
     /// handed out with; any other is the indexer's, which frees it from
     /// its row.
-    pub fn delivered(&mut self, seq: i64) -> Delivered<T> {
+    pub fn delivered(&mut self, seq: i64, step: Option<Step>) -> Delivered<T> {
         debug_assert!(!self.claimed(seq));
-        if self.delivered.contains(&seq) {
+        if self.delivered.contains_key(&seq) {
             return Delivered::Again;
         }
         match self.handed.remove(&seq) {
             Some(what) => {
-                self.delivered.insert(seq);
+                self.delivered.insert(seq, step);
                 Delivered::Now(what)
             }
             None => Delivered::NotHanded,
@@ -84,9 +86,14 @@ impl<T> Skip<T> {
                 self.claimed = self.claimed.max(seq);
                 // A row now, or skipped: a delivery goes to the indexer.
                 self.handed.remove(&seq);
-                !self.delivered.contains(&seq)
+                !self.delivered.contains_key(&seq)
             })
             .collect()
+    }
+
+    /// What history records of the skipped delivery of `seq`.
+    pub fn step(&self, seq: i64) -> Option<&Step> {
+        self.delivered.get(&seq).and_then(Option::as_ref)
     }
 
     /// After a commit of the records up to `seq`: the deliveries skipped
@@ -115,7 +122,7 @@ mod tests {
     /// Hands `seq` out (with its seq as the payload) and delivers it.
     fn deliver(s: &mut Skip<i64>, seq: i64) -> Option<i64> {
         s.hand(seq, seq * 100);
-        match s.delivered(seq) {
+        match s.delivered(seq, None) {
             Delivered::Now(what) => Some(what),
             _ => None,
         }
@@ -137,7 +144,7 @@ mod tests {
         let mut s = Skip::new(0);
         assert_eq!(deliver(&mut s, 5), Some(500));
         assert_eq!(
-            s.delivered(5),
+            s.delivered(5, None),
             Delivered::Again,
             "a retried settle must not count it again"
         );
@@ -148,7 +155,7 @@ mod tests {
     #[test]
     fn an_event_never_handed_out_is_left_to_the_indexer() {
         let mut s: Skip<i64> = Skip::new(0);
-        assert_eq!(s.delivered(3), Delivered::NotHanded);
+        assert_eq!(s.delivered(3, None), Delivered::NotHanded);
         assert_eq!(s.len(), 0, "not skipped: its row frees it");
         assert_eq!(s.claim([3]), vec![true], "the indexer inserts its row");
     }
@@ -161,7 +168,7 @@ mod tests {
         }
         assert_eq!(s.claim([1, 2]), vec![true, true]);
         assert_eq!(s.handed(), 2, "3 and 4 are not rows yet");
-        assert_eq!(s.delivered(3), Delivered::Now(3));
+        assert_eq!(s.delivered(3, None), Delivered::Now(3));
         s.claim([3, 4]);
         assert_eq!(s.handed(), 0);
     }

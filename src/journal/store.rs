@@ -263,6 +263,14 @@ fn add_batch_column(conn: &Connection) -> Result<(), rusqlite::Error> {
 
 /// With FULL, the next COMMIT fsyncs the WAL, making it and every commit
 /// before it durable.
+/// Whether the event `seq` is still pending (a row).
+pub fn holds(conn: &Connection, seq: i64) -> Result<bool, rusqlite::Error> {
+    conn.prepare_cached("SELECT 1 FROM events WHERE seq = ?1")?
+        .query_row([seq], |_| Ok(()))
+        .optional()
+        .map(|r| r.is_some())
+}
+
 pub fn set_full_sync(conn: &Connection, full: bool) -> Result<(), rusqlite::Error> {
     conn.pragma_update(None, "synchronous", if full { "FULL" } else { "NORMAL" })
 }

@@ -142,8 +142,9 @@ async fn with_sync_os_a_lost_tail_is_reported_and_the_start_goes_on() {
     let tmp = tempfile::tempdir().expect("tempdir");
     log_only(tmp.path(), &[1..3, 3..6]);
     std::fs::remove_file(only_segment(tmp.path())).expect("remove");
-    let (journal, summary) = Journal::open(tmp.path(), false, 1 << 30, None, &["orders".into()])
-        .expect("sync: os starts");
+    let (journal, summary) =
+        Journal::open(tmp.path(), false, 1 << 30, None, &["orders".into()], None)
+            .expect("sync: os starts");
     assert_eq!(summary.len(), 0);
     // Seqs go on after the lost ones: none is handed out twice.
     journal.append(vec![event(9)]).await.expect("append");
@@ -445,6 +446,7 @@ fn delete_big(seq: i64) -> Change {
     Change::Delete {
         seq,
         only_if_attempts: None,
+        step: None,
     }
 }
 
@@ -467,7 +469,7 @@ async fn with_big_rows(n: i64) -> (tempfile::TempDir, Journal, Connection) {
 }
 
 pub(super) fn open(dir: &Path) -> Result<(Journal, Vec<DestinationSummary>), OpenError> {
-    Journal::open(dir, true, 1 << 30, None, &["orders".to_string()])
+    Journal::open(dir, true, 1 << 30, None, &["orders".to_string()], None)
 }
 
 #[tokio::test]
@@ -723,7 +725,8 @@ async fn a_stored_batch_is_read_whole_even_when_the_scan_limit_cuts_it() {
         seq,
         attempts: 1,
         next_due_ms: 2_000,
-        outcome: "Busy",
+        outcome: crate::policy::Outcome::Busy,
+        took_ms: 0,
         status: Some(503),
         attempt_ms: 1_500,
         batch: batch.map(str::to_string),
@@ -835,6 +838,7 @@ async fn totals_match_the_rows_after_inserts_and_deletes() {
     let delete = |seq: i64, only_if_attempts: Option<u32>| Change::Delete {
         seq,
         only_if_attempts,
+        step: None,
     };
     journal
         .apply(&[
@@ -888,7 +892,7 @@ async fn shared_by_two(dir: &Path, total: u64) -> (Journal, u64) {
     let one = to("sick", 0).size();
     let names = ["sick".to_string(), "healthy".to_string()];
     for _ in 0..100 {
-        if let Ok((journal, _)) = Journal::open(dir, true, total * one, None, &names) {
+        if let Ok((journal, _)) = Journal::open(dir, true, total * one, None, &names, None) {
             journal.set_share("sick", 3 * one);
             journal.set_share("healthy", 3 * one);
             return (journal, one);
@@ -972,6 +976,7 @@ async fn a_recorded_fate_comes_back_with_its_event_after_a_restart() {
     let change = Change::DeadLetter {
         seq: 1,
         fate: fate.clone(),
+        attempt: None,
     };
     journal.apply(&[change]).await.expect("apply");
     journal.close().await;
@@ -1030,6 +1035,7 @@ async fn a_delivery_settled_by_seq_frees_what_the_journal_counted() {
     let delete = |seq: i64| Change::Delete {
         seq,
         only_if_attempts: None,
+        step: None,
     };
     let handed = |j: &Journal| j.shared.skip.lock().expect("skip").handed();
     // The indexer stays 100 ms behind: these two are not rows yet.

@@ -25,6 +25,11 @@ impl RateLimit {
         self.interval_us
     }
 
+    /// Whether a slot is free at `now_us`, without taking it.
+    pub fn free(&self, now_us: u64) -> bool {
+        now_us >= self.next_us
+    }
+
     /// Takes a slot at `now_us` if one is free; else how long to wait.
     pub fn try_take(&mut self, now_us: u64) -> Result<(), Duration> {
         if now_us < self.next_us {

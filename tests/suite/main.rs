@@ -33,6 +33,7 @@ mod fuzz_corpus;
 mod handoff;
 mod headers_config;
 mod health;
+mod history;
 mod ingress;
 mod late;
 mod logs;

@@ -1,0 +1,130 @@
+//! Event history (SPEC §8): "where is my webhook?" answered by id, from
+//! the API and the CLI, for every event and destination: accepted, each
+//! attempt, and how it ended.
+//!
+//! Durability comes from the journal, not from syncs of its own: the
+//! journal's indexer records history in each of its commits (`Recorder`,
+//! driven from `journal::indexer`), before the journal's own transaction,
+//! so that an outcome the journal made durable is in history too; and it
+//! syncs history's files just before each of its own syncs. After a crash
+//! the intake log replayed from the journal's position records accepts
+//! again (an insert that finds its row keeps the row). A delivery the
+//! journal never recorded (a crash within its sync interval) is sent
+//! again after the restart, and that attempt is recorded then.
+//!
+//! Retention drops whole time partitions (`partition`): a file per eighth
+//! of `retain`, or per eighth of `max_bytes`, whichever fills first. The
+//! records of events still in the journal are copied forward before their
+//! partition goes, so that a retried event never loses its attempts.
+//!
+//! `in_flight` and what holds a pending event are not stored: the admin
+//! API reads them from the dispatchers when asked.
+
+mod partition;
+mod query;
+mod recorder;
+pub mod step;
+
+pub use partition::Record;
+pub use query::{Filter, Reader};
+pub use recorder::{Accepted, Recorder};
+pub use step::{Attempt, State, Step};
+
+use crate::config::HistorySettings;
+use partition::Name;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// The folder under `journal.dir`: history shares the journal's fate (an
+/// `emptyDir` gone at a deploy takes both), and its seqs.
+pub const DIR: &str = "history";
+
+#[derive(Debug, thiserror::Error)]
+pub enum HistoryError {
+    #[error("cannot open the event history in {0}: {1}")]
+    Open(PathBuf, String),
+}
+
+/// Records per destination, by stored state.
+pub type Counts = [u64; 5];
+
+/// What the recorder publishes and the readers read.
+struct Shared {
+    dir: PathBuf,
+    /// Oldest first; the last is the one written.
+    partitions: Mutex<Vec<Name>>,
+    counts: Mutex<HashMap<String, Counts>>,
+    bytes: AtomicU64,
+}
+
+impl Shared {
+    fn partitions(&self) -> Vec<Name> {
+        self.partitions
+            .lock()
+            .map(|p| p.clone())
+            .unwrap_or_default()
+    }
+
+    fn count(&self, destination: &str, state: State, delta: i64) {
+        let Ok(mut counts) = self.counts.lock() else {
+            return;
+        };
+        let c = &mut counts.entry(destination.to_string()).or_default()[state as usize];
+        *c = c.saturating_add_signed(delta);
+    }
+}
+
+/// The read side, shared by the admin API; cheap to clone.
+#[derive(Clone)]
+pub struct History {
+    shared: Arc<Shared>,
+}
+
+impl History {
+    /// Opens (or starts) the history in `journal_dir`, and its recorder,
+    /// which goes to the journal's indexer.
+    pub fn open(
+        journal_dir: &Path,
+        settings: HistorySettings,
+    ) -> Result<(History, Recorder), HistoryError> {
+        let dir = journal_dir.join(DIR);
+        let err = |e: &dyn std::fmt::Display| HistoryError::Open(dir.clone(), e.to_string());
+        std::fs::create_dir_all(&dir).map_err(|e| err(&e))?;
+        crate::file_modes::tighten(&dir);
+        let shared = Arc::new(Shared {
+            dir: dir.clone(),
+            partitions: Mutex::new(Vec::new()),
+            counts: Mutex::new(HashMap::new()),
+            bytes: AtomicU64::new(0),
+        });
+        let recorder = Recorder::open(shared.clone(), settings).map_err(|e| err(&e))?;
+        Ok((History { shared }, recorder))
+    }
+
+    pub fn reader(&self) -> Reader {
+        Reader::new(self.shared.clone())
+    }
+
+    /// Records per stored state of `destination`, in what is retained.
+    pub fn counts(&self, destination: &str) -> Counts {
+        self.shared
+            .counts
+            .lock()
+            .ok()
+            .and_then(|c| c.get(destination).copied())
+            .unwrap_or_default()
+    }
+
+    /// Every record retained, and the bytes of the files holding them.
+    pub fn size(&self) -> (u64, u64) {
+        let records = self
+            .shared
+            .counts
+            .lock()
+            .map(|c| c.values().flat_map(|v| v.iter()).sum())
+            .unwrap_or(0);
+        (records, self.shared.bytes.load(Ordering::Relaxed))
+    }
+}

@@ -1,0 +1,241 @@
+//! One partition of history: a SQLite file holding the records of the
+//! events first recorded while it was the newest. Retention drops a whole
+//! file (unlink), never rows one by one: deleting rows leaves a file as
+//! large as before and costs a write per row (Svix #1933), where an
+//! unlinked file gives its space back at once.
+//!
+//! A row is one event at one destination (a topic's copies are rows of
+//! their own under one id), keyed by the journal's seq. Its attempts are
+//! one blob (`step::encode`); the id is looked up through a 31-bit hash
+//! of it, so that the index stays a few bytes a row.
+
+use super::step::{self, Attempt, State};
+use crate::policy::Reason;
+use rusqlite::{Connection, OpenFlags, OptionalExtension, Row as SqlRow, params};
+use std::path::{Path, PathBuf};
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS deliveries (
+    seq INTEGER PRIMARY KEY,
+    idh INTEGER NOT NULL,
+    id TEXT NOT NULL,
+    destination TEXT NOT NULL,
+    accepted_ms INTEGER NOT NULL,
+    state INTEGER NOT NULL,
+    prior INTEGER NOT NULL,
+    attempts BLOB NOT NULL,
+    next_due_ms INTEGER,
+    finished_ms INTEGER,
+    reason INTEGER
+);
+CREATE INDEX IF NOT EXISTS by_id ON deliveries(idh);
+CREATE INDEX IF NOT EXISTS unfinished ON deliveries(seq) WHERE state = 0;
+";
+
+/// What a row holds.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Record {
+    pub seq: i64,
+    pub id: String,
+    pub destination: String,
+    pub accepted_ms: u64,
+    pub state: State,
+    /// Attempts made by a courier that handed the event off.
+    pub prior: u32,
+    pub attempts: Vec<Attempt>,
+    pub next_due_ms: Option<u64>,
+    pub finished_ms: Option<u64>,
+    pub reason: Option<Reason>,
+}
+
+pub const COLUMNS: &str =
+    "seq, id, destination, accepted_ms, state, prior, attempts, next_due_ms, finished_ms, reason";
+
+pub fn record(r: &SqlRow<'_>) -> rusqlite::Result<Record> {
+    let accepted_ms = r.get::<_, i64>(3)?.max(0) as u64;
+    let blob: Vec<u8> = r.get(6)?;
+    Ok(Record {
+        seq: r.get(0)?,
+        id: r.get(1)?,
+        destination: r.get(2)?,
+        accepted_ms,
+        state: State::from_code(r.get(4)?),
+        prior: r.get::<_, i64>(5)?.clamp(0, i64::from(u32::MAX)) as u32,
+        attempts: step::decode(&blob, accepted_ms),
+        next_due_ms: r.get::<_, Option<i64>>(7)?.map(|t| t.max(0) as u64),
+        finished_ms: r.get::<_, Option<i64>>(8)?.map(|t| t.max(0) as u64),
+        reason: r.get::<_, Option<i64>>(9)?.and_then(step::reason_of),
+    })
+}
+
+/// The id's lookup key: a hash, not the id, so that the index stays small.
+pub fn id_hash(id: &str) -> i64 {
+    i64::from(crc32c::crc32c(id.as_bytes()) & 0x7fff_ffff)
+}
+
+/// A partition's file name: `<first seq>-<start ms>.db`, so that a listing
+/// sorts and places them without opening any.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Name {
+    pub first_seq: i64,
+    pub start_ms: u64,
+}
+
+impl Name {
+    pub fn file(&self) -> String {
+        format!("{:020}-{}.db", self.first_seq, self.start_ms)
+    }
+
+    pub fn parse(file: &str) -> Option<Name> {
+        let stem = file.strip_suffix(".db")?;
+        let (seq, ms) = stem.split_once('-')?;
+        Some(Name {
+            first_seq: seq.parse().ok()?,
+            start_ms: ms.parse().ok()?,
+        })
+    }
+}
+
+/// The partitions in `dir`, oldest first.
+pub fn list(dir: &Path) -> std::io::Result<Vec<Name>> {
+    let mut names = Vec::new();
+    for entry in std::fs::read_dir(dir)? {
+        if let Some(n) = entry?.file_name().to_str().and_then(Name::parse) {
+            names.push(n);
+        }
+    }
+    names.sort();
+    Ok(names)
+}
+
+/// Its file and SQLite's companions (`-wal`, `-shm`).
+pub fn files(path: &Path) -> [PathBuf; 3] {
+    let with = |suffix: &str| {
+        let mut p = path.as_os_str().to_owned();
+        p.push(suffix);
+        PathBuf::from(p)
+    };
+    [path.to_path_buf(), with("-wal"), with("-shm")]
+}
+
+/// Bytes on disk of the partition at `path`, its WAL included.
+pub fn bytes(path: &Path) -> u64 {
+    files(path)
+        .iter()
+        .filter_map(|p| std::fs::metadata(p).ok())
+        .map(|m| m.len())
+        .sum()
+}
+
+/// The writer's connection. synchronous=NORMAL, as journal.db: history is
+/// synced with the journal's own syncs (`Recorder::sync`), never per event.
+/// The WAL is checkpointed often and kept small, as it counts toward
+/// `max_bytes`.
+pub fn open_writer(path: &Path) -> rusqlite::Result<Connection> {
+    let conn = Connection::open(path)?;
+    conn.pragma_update(None, "journal_mode", "WAL")?;
+    conn.pragma_update(None, "synchronous", "NORMAL")?;
+    conn.pragma_update(None, "wal_autocheckpoint", 256)?;
+    conn.pragma_update(None, "journal_size_limit", 1024 * 1024)?;
+    conn.execute_batch(SCHEMA)?;
+    Ok(conn)
+}
+
+/// A read-only connection for the admin API.
+pub fn open_reader(path: &Path) -> rusqlite::Result<Connection> {
+    let conn = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )?;
+    conn.busy_timeout(std::time::Duration::from_secs(2))?;
+    Ok(conn)
+}
+
+pub fn get(conn: &Connection, seq: i64) -> rusqlite::Result<Option<Record>> {
+    conn.prepare_cached(&format!("SELECT {COLUMNS} FROM deliveries WHERE seq = ?1"))?
+        .query_row([seq], record)
+        .optional()
+}
+
+/// Inserts `r` unless its seq is there: a log replayed after a crash must
+/// not undo what a later commit recorded. Returns whether it was new.
+pub fn insert(conn: &Connection, r: &Record) -> rusqlite::Result<bool> {
+    let n = conn
+        .prepare_cached(
+            "INSERT OR IGNORE INTO deliveries (seq, idh, id, destination, accepted_ms, state, prior, attempts, next_due_ms, finished_ms, reason)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+        )?
+        .execute(params![
+            r.seq,
+            id_hash(&r.id),
+            r.id,
+            r.destination,
+            r.accepted_ms as i64,
+            r.state as i64,
+            r.prior,
+            step::encode_all(r.accepted_ms, &r.attempts),
+            r.next_due_ms.map(|t| t as i64),
+            r.finished_ms.map(|t| t as i64),
+            r.reason.map(step::reason_code),
+        ])?;
+    Ok(n == 1)
+}
+
+/// Writes `r`'s changing parts over its row.
+pub fn update(conn: &Connection, r: &Record) -> rusqlite::Result<()> {
+    conn.prepare_cached(
+        "UPDATE deliveries SET state = ?2, attempts = ?3, next_due_ms = ?4, finished_ms = ?5, reason = ?6 WHERE seq = ?1",
+    )?
+    .execute(params![
+        r.seq,
+        r.state as i64,
+        step::encode_all(r.accepted_ms, &r.attempts),
+        r.next_due_ms.map(|t| t as i64),
+        r.finished_ms.map(|t| t as i64),
+        r.reason.map(step::reason_code),
+    ])?;
+    Ok(())
+}
+
+/// Rows still pending, for a retention that drops their partition.
+pub fn unfinished(conn: &Connection) -> rusqlite::Result<Vec<Record>> {
+    let mut stmt = conn.prepare(&format!(
+        "SELECT {COLUMNS} FROM deliveries WHERE state = 0 ORDER BY seq"
+    ))?;
+    stmt.query_map([], record)?.collect()
+}
+
+/// Rows per destination and state, for the counters.
+pub fn counts(conn: &Connection) -> rusqlite::Result<Vec<(String, State, u64)>> {
+    let mut stmt =
+        conn.prepare("SELECT destination, state, COUNT(*) FROM deliveries GROUP BY 1, 2")?;
+    stmt.query_map([], |r| {
+        Ok((
+            r.get::<_, String>(0)?,
+            State::from_code(r.get(1)?),
+            r.get::<_, i64>(2)?.max(0) as u64,
+        ))
+    })?
+    .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_sort_by_first_seq_and_round_trip() {
+        let a = Name {
+            first_seq: 9,
+            start_ms: 500,
+        };
+        let b = Name {
+            first_seq: 10,
+            start_ms: 400,
+        };
+        assert_eq!(Name::parse(&a.file()), Some(a.clone()));
+        assert!(a.file() < b.file(), "file names sort as their seqs");
+        assert_eq!(Name::parse("journal.db"), None);
+        assert_eq!(Name::parse("x-1.db"), None);
+    }
+}

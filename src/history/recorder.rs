@@ -1,0 +1,402 @@
+//! The writing side of history, owned by the journal's indexer thread: it
+//! records what each indexer commit makes durable, rolls partitions, and
+//! drops old ones. One writer, so that no lock is taken per event.
+
+use super::Shared;
+use super::partition::{self, Name, Record};
+use super::step::{self, State, Step};
+use crate::clock;
+use crate::config::HistorySettings;
+use rusqlite::Connection;
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+/// An event the indexer read from the intake log.
+pub struct Accepted<'a> {
+    pub seq: i64,
+    pub id: &'a str,
+    pub destination: &'a str,
+    pub accepted_ms: u64,
+    /// Attempts made before a hand-off, and the due time it carried.
+    pub prior: u32,
+    pub next_due_ms: Option<u64>,
+    /// Delivered from memory before the indexer got to it: its attempt.
+    pub delivered: Option<&'a Step>,
+}
+
+pub struct Recorder {
+    shared: Arc<Shared>,
+    retain: Duration,
+    max_bytes: u64,
+    /// Oldest first; the last is written to.
+    parts: Vec<(Name, Connection)>,
+    /// The highest seq recorded: the next partition starts after it.
+    max_seq: i64,
+    /// Partitions written since the last sync, by index.
+    unsynced: BTreeSet<usize>,
+    last_look: Instant,
+}
+
+impl Recorder {
+    pub(super) fn open(shared: Arc<Shared>, s: HistorySettings) -> rusqlite::Result<Recorder> {
+        let mut parts = Vec::new();
+        let names = partition::list(&shared.dir)
+            .map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))?;
+        for name in names {
+            let conn = partition::open_writer(&shared.dir.join(name.file()))?;
+            for (destination, state, n) in partition::counts(&conn)? {
+                shared.count(&destination, state, n as i64);
+            }
+            parts.push((name, conn));
+        }
+        let max_seq = match parts.last() {
+            Some((_, conn)) => {
+                conn.query_row("SELECT COALESCE(MAX(seq), -1) FROM deliveries", [], |r| {
+                    r.get(0)
+                })?
+            }
+            None => -1,
+        };
+        let mut r = Recorder {
+            shared,
+            retain: s.retain,
+            max_bytes: s.max_bytes,
+            parts,
+            max_seq,
+            unsynced: BTreeSet::new(),
+            last_look: Instant::now(),
+        };
+        if r.parts.is_empty() {
+            r.roll()?;
+        }
+        r.publish();
+        Ok(r)
+    }
+
+    /// A partition holds an eighth of what is kept, by time or by bytes:
+    /// dropping the oldest frees about that much.
+    fn span(&self) -> Duration {
+        self.retain / 8
+    }
+
+    /// Records the events read from the log and the steps of a commit.
+    /// A step for an event history does not hold (recorded before history
+    /// was on) is passed over.
+    pub fn record(
+        &mut self,
+        accepted: &[Accepted<'_>],
+        steps: &[(i64, &Step)],
+    ) -> rusqlite::Result<()> {
+        if accepted.is_empty() && steps.is_empty() {
+            return Ok(());
+        }
+        let mut open: BTreeSet<usize> = BTreeSet::new();
+        let result = self.record_in(accepted, steps, &mut open);
+        for &i in &open {
+            let conn = &self.parts[i].1;
+            if result.is_ok() {
+                conn.execute_batch("COMMIT")?;
+            } else {
+                let _ = conn.execute_batch("ROLLBACK");
+            }
+        }
+        if result.is_ok() {
+            self.unsynced.extend(open);
+        }
+        result
+    }
+
+    fn record_in(
+        &mut self,
+        accepted: &[Accepted<'_>],
+        steps: &[(i64, &Step)],
+        open: &mut BTreeSet<usize>,
+    ) -> rusqlite::Result<()> {
+        let current = self.parts.len() - 1;
+        for a in accepted {
+            let mut r = Record {
+                seq: a.seq,
+                id: a.id.to_string(),
+                destination: a.destination.to_string(),
+                accepted_ms: a.accepted_ms,
+                state: State::Pending,
+                prior: a.prior,
+                attempts: Vec::new(),
+                next_due_ms: a.next_due_ms,
+                finished_ms: None,
+                reason: None,
+            };
+            if let Some(s) = a.delivered {
+                apply(&mut r, s);
+            }
+            let conn = self.begin(current, open)?;
+            if partition::insert(conn, &r)? {
+                self.shared.count(&r.destination, r.state, 1);
+            }
+            self.max_seq = self.max_seq.max(a.seq);
+        }
+        for &(seq, s) in steps {
+            let Some((i, mut r)) = self.find(seq)? else {
+                continue;
+            };
+            let before = r.state;
+            apply(&mut r, s);
+            partition::update(self.begin(i, open)?, &r)?;
+            if before != r.state {
+                self.shared.count(&r.destination, before, -1);
+                self.shared.count(&r.destination, r.state, 1);
+            }
+        }
+        Ok(())
+    }
+
+    fn begin(&self, i: usize, open: &mut BTreeSet<usize>) -> rusqlite::Result<&Connection> {
+        let conn = &self.parts[i].1;
+        if open.insert(i) {
+            conn.execute_batch("BEGIN IMMEDIATE")?;
+        }
+        Ok(conn)
+    }
+
+    /// The row of `seq`: in the partition its seq falls in, else in a later
+    /// one (a record copied forward by retention).
+    fn find(&self, seq: i64) -> rusqlite::Result<Option<(usize, Record)>> {
+        let home = self
+            .parts
+            .partition_point(|(n, _)| n.first_seq <= seq)
+            .saturating_sub(1);
+        for i in home..self.parts.len() {
+            if let Some(r) = partition::get(&self.parts[i].1, seq)? {
+                return Ok(Some((i, r)));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Makes every recorded change durable: called just before the
+    /// journal's own sync, so that history is never behind what the
+    /// journal made durable. One fdatasync per partition written since.
+    pub fn sync(&mut self) -> std::io::Result<()> {
+        for i in std::mem::take(&mut self.unsynced) {
+            let Some((name, _)) = self.parts.get(i) else {
+                continue;
+            };
+            let [_, wal, _] = partition::files(&self.shared.dir.join(name.file()));
+            match std::fs::File::open(&wal) {
+                Ok(f) => f.sync_data()?,
+                // Checkpointed and truncated away: the main file holds it.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    /// Rolls to a new partition and drops old ones when due; cheap to call
+    /// every turn. `in_journal` tells whether an event is still pending,
+    /// so that its record is copied forward rather than lost.
+    pub fn maintain(&mut self, in_journal: &dyn Fn(i64) -> bool) -> rusqlite::Result<()> {
+        let look_every = self
+            .span()
+            .clamp(Duration::from_millis(50), Duration::from_secs(1));
+        if self.last_look.elapsed() < look_every {
+            return Ok(());
+        }
+        self.last_look = Instant::now();
+        let now = clock::now_ms();
+        let sizes: Vec<u64> = self
+            .parts
+            .iter()
+            .map(|(n, _)| partition::bytes(&self.shared.dir.join(n.file())))
+            .collect();
+        let (current, current_bytes) = match (self.parts.last(), sizes.last()) {
+            (Some((n, _)), Some(b)) => (n.clone(), *b),
+            _ => return Ok(()),
+        };
+        let span_ms = self.span().as_millis() as u64;
+        if now.saturating_sub(current.start_ms) >= span_ms || current_bytes >= self.max_bytes / 8 {
+            self.roll()?;
+        }
+        let retain_ms = self.retain.as_millis() as u64;
+        let mut total: u64 = sizes.iter().sum();
+        while self.parts.len() > 1 {
+            // A partition's records were all first recorded before the
+            // next one started.
+            let ended = self.parts[1].0.start_ms;
+            let old = now.saturating_sub(ended) >= retain_ms;
+            if !old && total <= self.max_bytes {
+                break;
+            }
+            let freed = self.drop_oldest(in_journal)?;
+            total = total.saturating_sub(freed);
+        }
+        self.publish();
+        Ok(())
+    }
+
+    fn roll(&mut self) -> rusqlite::Result<()> {
+        let name = Name {
+            first_seq: self.max_seq + 1,
+            start_ms: clock::now_ms(),
+        };
+        // Nothing recorded since the last roll: its start moves on.
+        if let Some((old, _)) = self.parts.pop_if(|(n, _)| n.first_seq == name.first_seq) {
+            for f in partition::files(&self.shared.dir.join(old.file())) {
+                let _ = std::fs::remove_file(f);
+            }
+        }
+        let conn = partition::open_writer(&self.shared.dir.join(name.file()))?;
+        self.parts.push((name, conn));
+        Ok(())
+    }
+
+    /// Copies the oldest partition's records of events still pending into
+    /// the newest, then unlinks its files. Returns the bytes freed.
+    fn drop_oldest(&mut self, in_journal: &dyn Fn(i64) -> bool) -> rusqlite::Result<u64> {
+        let (name, conn) = self.parts.remove(0);
+        self.unsynced = self
+            .unsynced
+            .iter()
+            .filter_map(|i| i.checked_sub(1))
+            .collect();
+        let path = self.shared.dir.join(name.file());
+        let keep: Vec<Record> = partition::unfinished(&conn)?
+            .into_iter()
+            .filter(|r| in_journal(r.seq))
+            .collect();
+        let counts = partition::counts(&conn)?;
+        if !keep.is_empty()
+            && let Some((_, current)) = self.parts.last()
+        {
+            current.execute_batch("BEGIN IMMEDIATE")?;
+            let copied = keep
+                .iter()
+                .try_for_each(|r| partition::insert(current, r).map(|_| ()));
+            match copied {
+                Ok(()) => current.execute_batch("COMMIT")?,
+                Err(e) => {
+                    let _ = current.execute_batch("ROLLBACK");
+                    self.parts.insert(0, (name, conn));
+                    return Err(e);
+                }
+            }
+            self.unsynced.insert(self.parts.len() - 1);
+            // Synced before the partition holding them goes.
+            self.sync()
+                .map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))?;
+        }
+        for (destination, state, n) in counts {
+            self.shared.count(&destination, state, -(n as i64));
+        }
+        for r in &keep {
+            self.shared.count(&r.destination, r.state, 1);
+        }
+        drop(conn);
+        let freed = partition::bytes(&path);
+        for f in partition::files(&path) {
+            if let Err(e) = std::fs::remove_file(&f)
+                && e.kind() != std::io::ErrorKind::NotFound
+            {
+                tracing::warn!(path = %f.display(), error = %e, "cannot remove an old history partition");
+            }
+        }
+        tracing::debug!(partition = %name.file(), copied = keep.len(), "history partition dropped");
+        Ok(freed)
+    }
+
+    /// Tells the readers which partitions there are, and the metrics.
+    fn publish(&self) {
+        let names: Vec<Name> = self.parts.iter().map(|(n, _)| n.clone()).collect();
+        let bytes: u64 = names
+            .iter()
+            .map(|n| partition::bytes(&self.shared.dir.join(n.file())))
+            .sum();
+        self.shared.bytes.store(bytes, Ordering::Relaxed);
+        if let Ok(mut p) = self.shared.partitions.lock() {
+            *p = names;
+        }
+        let records: u64 = self
+            .shared
+            .counts
+            .lock()
+            .map(|c| c.values().flat_map(|v| v.iter()).sum())
+            .unwrap_or(0);
+        crate::metrics::history(records, bytes);
+    }
+}
+
+/// `s` applied to `r`: the journal is the truth, so a later step wins even
+/// over a finished state (a delivery whose journal commit a crash lost is
+/// attempted again).
+fn apply(r: &mut Record, s: &Step) {
+    let attempts = std::mem::take(&mut r.attempts);
+    match s {
+        Step::Attempted {
+            attempt,
+            next_due_ms,
+        } => {
+            r.attempts = step::with_attempt(attempts, attempt.clone());
+            r.state = State::Pending;
+            r.next_due_ms = Some(*next_due_ms);
+            r.finished_ms = None;
+            r.reason = None;
+        }
+        Step::Delivered { attempt } => {
+            r.attempts = step::with_attempt(attempts, attempt.clone());
+            r.state = State::Delivered;
+            r.next_due_ms = None;
+            r.finished_ms = Some(attempt.at_ms + u64::from(attempt.took_ms));
+        }
+        Step::DeliveredLate {
+            number,
+            status,
+            at_ms,
+        } => {
+            r.attempts = attempts;
+            let last = r.attempts.last().map(|a| a.number);
+            if let Some(a) = r.attempts.iter_mut().find(|a| a.number == *number) {
+                a.late = true;
+                a.status = Some(*status);
+                a.outcome = crate::policy::Outcome::Delivered;
+                a.took_ms = u32::try_from(at_ms.saturating_sub(a.at_ms)).unwrap_or(u32::MAX);
+            }
+            // A retry that went out since keeps the event pending.
+            if last == Some(*number) {
+                r.state = State::Delivered;
+                r.next_due_ms = None;
+                r.finished_ms = Some(*at_ms);
+            }
+        }
+        Step::DeadLettered {
+            reason,
+            at_ms,
+            attempt,
+        }
+        | Step::Dropped {
+            reason,
+            at_ms,
+            attempt,
+        } => {
+            r.attempts = match attempt {
+                Some(a) => step::with_attempt(attempts, a.clone()),
+                None => attempts,
+            };
+            r.state = if matches!(s, Step::Dropped { .. }) {
+                State::Dropped
+            } else {
+                State::DeadLettered
+            };
+            r.reason = Some(*reason);
+            r.next_due_ms = None;
+            r.finished_ms = Some(*at_ms);
+        }
+        Step::HandedOff { at_ms } => {
+            r.attempts = attempts;
+            r.state = State::HandedOff;
+            r.next_due_ms = None;
+            r.finished_ms = Some(*at_ms);
+        }
+    }
+}
