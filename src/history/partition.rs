@@ -135,8 +135,8 @@ pub fn open_writer(path: &Path) -> rusqlite::Result<Connection> {
     let conn = Connection::open(path)?;
     conn.pragma_update(None, "journal_mode", "WAL")?;
     conn.pragma_update(None, "synchronous", "NORMAL")?;
-    conn.pragma_update(None, "wal_autocheckpoint", 256)?;
-    conn.pragma_update(None, "journal_size_limit", 1024 * 1024)?;
+    conn.pragma_update(None, "wal_autocheckpoint", 64)?;
+    conn.pragma_update(None, "journal_size_limit", 256 * 1024)?;
     conn.execute_batch(SCHEMA)?;
     Ok(conn)
 }

@@ -11,7 +11,9 @@ use rusqlite::Connection;
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+// tokio's, so that a test with paused time steps the partitions' clock.
+use tokio::time::Instant;
 
 /// An event the indexer read from the intake log.
 pub struct Accepted<'a> {
@@ -26,6 +28,10 @@ pub struct Accepted<'a> {
     pub delivered: Option<&'a Step>,
 }
 
+/// Records inserted after which the partitions are looked at, whatever
+/// the time: about 100 KiB of records.
+const LOOK_AFTER: usize = 1024;
+
 pub struct Recorder {
     shared: Arc<Shared>,
     retain: Duration,
@@ -37,6 +43,9 @@ pub struct Recorder {
     /// Partitions written since the last sync, by index.
     unsynced: BTreeSet<usize>,
     last_look: Instant,
+    /// Records inserted since the last look: a burst may fill a partition
+    /// well before the next look is due.
+    since_look: usize,
 }
 
 impl Recorder {
@@ -67,6 +76,7 @@ impl Recorder {
             max_seq,
             unsynced: BTreeSet::new(),
             last_look: Instant::now(),
+            since_look: 0,
         };
         if r.parts.is_empty() {
             r.roll()?;
@@ -131,9 +141,16 @@ impl Recorder {
             if let Some(s) = a.delivered {
                 apply(&mut r, s);
             }
+            // Recorded before (the log replayed after a crash, or a commit
+            // retried): the record keeps what came after its accept, in
+            // whichever partition it is.
+            if a.seq <= self.max_seq && self.find(a.seq)?.is_some() {
+                continue;
+            }
             let conn = self.begin(current, open)?;
             if partition::insert(conn, &r)? {
                 self.shared.count(&r.destination, r.state, 1);
+                self.since_look += 1;
             }
             self.max_seq = self.max_seq.max(a.seq);
         }
@@ -201,10 +218,11 @@ impl Recorder {
         let look_every = self
             .span()
             .clamp(Duration::from_millis(50), Duration::from_secs(1));
-        if self.last_look.elapsed() < look_every {
+        if self.last_look.elapsed() < look_every && self.since_look < LOOK_AFTER {
             return Ok(());
         }
         self.last_look = Instant::now();
+        self.since_look = 0;
         let now = clock::now_ms();
         let sizes: Vec<u64> = self
             .parts
@@ -236,17 +254,24 @@ impl Recorder {
         Ok(())
     }
 
+    /// Starts a new partition, unless nothing was recorded in the newest
+    /// since it started: it goes on (its start is when the one before it
+    /// ended, which retention counts from).
     fn roll(&mut self) -> rusqlite::Result<()> {
+        let first_seq = self.max_seq + 1;
+        if self.parts.last().is_some_and(|(n, _)| n.first_seq == first_seq) {
+            return Ok(());
+        }
+        // Written seldom from now on (a retry's step): its WAL folded in.
+        if let Some((_, conn)) = self.parts.last()
+            && let Err(e) = conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)")
+        {
+            tracing::debug!(error = %e, "cannot fold a history partition's WAL in; it is later");
+        }
         let name = Name {
-            first_seq: self.max_seq + 1,
+            first_seq,
             start_ms: clock::now_ms(),
         };
-        // Nothing recorded since the last roll: its start moves on.
-        if let Some((old, _)) = self.parts.pop_if(|(n, _)| n.first_seq == name.first_seq) {
-            for f in partition::files(&self.shared.dir.join(old.file())) {
-                let _ = std::fs::remove_file(f);
-            }
-        }
         let conn = partition::open_writer(&self.shared.dir.join(name.file()))?;
         self.parts.push((name, conn));
         Ok(())
@@ -398,5 +423,147 @@ fn apply(r: &mut Record, s: &Step) {
             r.next_due_ms = None;
             r.finished_ms = Some(*at_ms);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::history::{Attempt, History};
+    use crate::policy::{Outcome, Reason};
+
+    fn attempt(number: u32, outcome: Outcome, status: u16) -> Attempt {
+        Attempt {
+            number,
+            at_ms: clock::now_ms(),
+            took_ms: 7,
+            status: Some(status),
+            outcome,
+            late: false,
+        }
+    }
+
+    fn accepted(seq: i64, id: &str) -> Accepted<'_> {
+        Accepted {
+            seq,
+            id,
+            destination: "a",
+            accepted_ms: clock::now_ms(),
+            prior: 0,
+            next_due_ms: None,
+            delivered: None,
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn old_partitions_go_whole_and_pending_records_are_copied_forward() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let settings = HistorySettings {
+            retain: Duration::from_secs(8),
+            max_bytes: 1 << 30,
+        };
+        let (history, mut rec) = History::open(tmp.path(), settings).expect("open");
+        let reader = history.reader();
+        let failed = Step::Attempted {
+            attempt: attempt(1, Outcome::Failed, 500),
+            next_due_ms: clock::now_ms() + 3_600_000,
+        };
+        let delivered = Step::Delivered {
+            attempt: attempt(1, Outcome::Delivered, 200),
+        };
+        let dead = Step::DeadLettered {
+            reason: Reason::NonRetriableStatus,
+            at_ms: clock::now_ms(),
+            attempt: Some(attempt(1, Outcome::BadRequest, 400)),
+        };
+        let mut first = accepted(1, "one");
+        first.delivered = Some(&delivered);
+        rec.record(
+            &[first, accepted(2, "two"), accepted(3, "three")],
+            &[(2, &failed), (3, &dead)],
+        )
+        .expect("record");
+        let in_journal = |seq: i64| seq == 2;
+        tokio::time::advance(Duration::from_secs(2)).await;
+        rec.maintain(&in_journal).expect("roll");
+        let mut fourth = accepted(4, "four");
+        fourth.delivered = Some(&delivered);
+        rec.record(&[fourth], &[]).expect("record");
+        assert_eq!(history.shared.partitions().len(), 2, "rolled after a span");
+        assert_eq!(history.counts("a")[State::Delivered as usize], 2);
+
+        tokio::time::advance(Duration::from_secs(9)).await;
+        rec.maintain(&in_journal).expect("retain");
+        assert!(
+            reader.find("one", None).expect("find").is_empty(),
+            "past retain"
+        );
+        assert!(reader.find("three", None).expect("find").is_empty());
+        let two = reader.find("two", None).expect("find");
+        assert_eq!(two.len(), 1, "still in the journal: copied forward");
+        assert_eq!(two[0].attempts[0].status, Some(500));
+        assert_eq!(two[0].state, State::Pending);
+        assert_eq!(reader.find("four", Some("a")).expect("find").len(), 1);
+        assert!(reader.find("four", Some("b")).expect("find").is_empty());
+        let c = history.counts("a");
+        assert_eq!(
+            c[State::Delivered as usize],
+            1,
+            "one delivered record left: {c:?}"
+        );
+        assert_eq!(c[State::DeadLettered as usize], 0, "{c:?}");
+        assert_eq!(c[State::Pending as usize], 1, "{c:?}");
+        let files = partition::list(&history.shared.dir).expect("list");
+        assert_eq!(files.len(), 2, "the oldest file is gone: {files:?}");
+
+        // A later step finds the copied record in its new partition.
+        let second = Step::Delivered {
+            attempt: attempt(2, Outcome::Delivered, 200),
+        };
+        rec.record(&[], &[(2, &second)]).expect("record");
+        let two = reader.find("two", None).expect("find");
+        assert_eq!(two[0].state, State::Delivered);
+        assert_eq!(two[0].attempts.len(), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn past_max_bytes_the_oldest_partitions_go_and_a_replayed_accept_keeps_its_record() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let settings = HistorySettings {
+            retain: Duration::from_secs(86_400),
+            max_bytes: 1024 * 1024,
+        };
+        let (history, mut rec) = History::open(tmp.path(), settings).expect("open");
+        let delivered = Step::Delivered {
+            attempt: attempt(1, Outcome::Delivered, 200),
+        };
+        let ids: Vec<String> = (0..40_000).map(|i| format!("evt-{i:08}")).collect();
+        for (chunk, n) in ids.chunks(1000).zip(0..) {
+            let batch: Vec<Accepted<'_>> = chunk
+                .iter()
+                .enumerate()
+                .map(|(i, id)| {
+                    let mut a = accepted(n * 1000 + i as i64, id);
+                    a.delivered = Some(&delivered);
+                    a
+                })
+                .collect();
+            rec.record(&batch, &[]).expect("record");
+            tokio::time::advance(Duration::from_secs(2)).await;
+            rec.maintain(&|_| false).expect("maintain");
+        }
+        let (records, bytes) = history.size();
+        assert!(bytes <= 1024 * 1024 + 1024 * 1024 / 4, "{bytes} bytes kept");
+        assert!(records < 40_000, "the oldest went: {records} left");
+        let reader = history.reader();
+        assert!(reader.find("evt-00000000", None).expect("find").is_empty());
+        assert_eq!(reader.find("evt-00039999", None).expect("find").len(), 1);
+
+        // The log replayed after a crash brings an accept again: the
+        // record keeps what was recorded after it.
+        rec.record(&[accepted(39_999, "evt-00039999")], &[])
+            .expect("record");
+        let r = reader.find("evt-00039999", None).expect("find");
+        assert_eq!(r[0].state, State::Delivered);
     }
 }

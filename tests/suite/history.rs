@@ -182,3 +182,401 @@ fn du(dir: &Path) -> u64 {
         })
         .sum()
 }
+
+/// Every delivery of the events, as `GET /v1/events/{id}` shows them.
+async fn deliveries(c: &Courier, ids: &[String]) -> Vec<Value> {
+    let mut out = Vec::new();
+    for id in ids {
+        let (status, body) = event(c, id).await;
+        check_eq!(c, status, 200, "{id}: {body}");
+        out.push(body);
+    }
+    out
+}
+
+/// After SIGKILL and a restart, every event whose outcome was durable
+/// keeps it, with the same attempts; a pending one keeps its attempts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn history_survives_sigkill_with_the_same_attempts() {
+    let rx = Receiver::start(behavior(|r, _| {
+        let id = id_of(r);
+        let status = if id.starts_with("ok-") {
+            200
+        } else if id.starts_with("bad-") {
+            400
+        } else if id.starts_with("retry-") && attempt_of(r) == 1 {
+            503
+        } else if id.starts_with("retry-") {
+            200
+        } else {
+            500
+        };
+        Reply::status(status)
+    }))
+    .await;
+    let yaml = config(
+        "orders",
+        &format!("{}/hooks", rx.url()),
+        "retry: { schedule: [100ms, 1h], jitter: 0 }\nstatus: { min_delay: { 503: 100ms } }\nprobation: { after_failures: 1000 }",
+    );
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let mut c = Courier::start(tmp.path(), &yaml).await;
+    let mut ids = Vec::new();
+    for kind in ["ok", "bad", "retry", "wait"] {
+        for i in 0..5 {
+            let id = format!("{kind}-{i}");
+            accept(&c, "orders", &id, &[]).await;
+            ids.push(id);
+        }
+    }
+    // Settled: the ok, bad and retry ones finished, the wait ones tried twice.
+    for id in &ids {
+        event_until(&c, id, "settled", |b| {
+            let d = first(b);
+            d["state"] != "pending" && d["state"] != "in_flight"
+                || d["attempts"].as_array().is_some_and(|a| a.len() == 2)
+        })
+        .await;
+    }
+    // Past the journal's sync interval: these outcomes are durable.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let before = deliveries(&c, &ids).await;
+    c.kill();
+    c.restart().await;
+    let after = deliveries(&c, &ids).await;
+    for (b, a) in before.iter().zip(&after) {
+        check_eq!(
+            c,
+            first(a)["state"],
+            first(b)["state"],
+            "state kept: {b} then {a}"
+        );
+        check_eq!(
+            c,
+            first(a)["attempts"],
+            first(b)["attempts"],
+            "attempts kept: {b} then {a}"
+        );
+        check_eq!(c, first(a)["accepted_at"], first(b)["accepted_at"], "{a}");
+    }
+    let states: Vec<&Value> = after.iter().map(|b| &first(b)["state"]).collect();
+    for (kind, want) in [
+        ("ok", "delivered"),
+        ("bad", "dead_lettered"),
+        ("retry", "delivered"),
+        ("wait", "pending"),
+    ] {
+        for (id, s) in ids.iter().zip(&states) {
+            if id.starts_with(kind) {
+                check_eq!(c, *s, want, "{id}");
+            }
+        }
+    }
+}
+
+/// 5,000 events at each of two destinations: pages of the list see each
+/// once, newest first, and the filters hold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_list_pages_over_5000_events_without_repeats_or_gaps() {
+    let a = Receiver::ok().await;
+    let b = Receiver::start(behavior(|_, _| Reply::status(404))).await;
+    let yaml = format!(
+        "listen: 127.0.0.1:0\nadmin_listen: 127.0.0.1:0\njournal: {{ dir: ./journal }}\n\
+         topics:\n  shop:\n    schema: eventgrid\n    subscribers:\n      alpha: {{}}\n      beta: {{}}\n\
+         destinations:\n  alpha: {{ url: {}, schema: eventgrid }}\n  beta: {{ url: {}, schema: eventgrid }}\n",
+        a.url(),
+        b.url()
+    );
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let c = Courier::start(tmp.path(), &yaml).await;
+    const N: usize = 5_000;
+    for from in (0..N).step_by(500) {
+        let body = support::eventgrid_events("evt", from, 500);
+        let resp = post(&c.url("shop"), body, &[]).await;
+        check_eq!(c, resp.status, 200, "{}", resp.text());
+    }
+    let list = |query: String| {
+        let url = format!("{}/v1/events?{query}", c.admin_url());
+        async move { get(&url).await }
+    };
+    // Wait until every event has ended at both.
+    for _ in 0..400 {
+        let done = list("state=delivered&limit=1".into()).await.json();
+        let gone = list("state=dropped&limit=1".into()).await.json();
+        let counts = get(&format!("{}/v1/destinations", c.admin_url()))
+            .await
+            .json();
+        let ended = |name: &str, key: &str| {
+            counts["destinations"]
+                .as_array()
+                .and_then(|l| l.iter().find(|d| d["name"] == name))
+                .and_then(|d| d["events"][key].as_u64())
+                .unwrap_or(0)
+        };
+        if ended("alpha", "delivered") == N as u64
+            && ended("beta", "dropped") + ended("beta", "dead_lettered") == N as u64
+            && done["events"].is_array()
+            && gone["events"].is_array()
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut seen = std::collections::HashSet::new();
+    let mut order = Vec::new();
+    let mut after: Option<String> = None;
+    for _ in 0..100 {
+        let q = match &after {
+            Some(cur) => format!("limit=700&after={cur}"),
+            None => "limit=700".to_string(),
+        };
+        let resp = list(q).await;
+        check_eq!(c, resp.status, 200, "{}", resp.text());
+        let page = resp.json();
+        for e in page["events"].as_array().cloned().unwrap_or_default() {
+            let key = (
+                e["id"].as_str().unwrap_or("").to_string(),
+                e["destination"].as_str().unwrap_or("").to_string(),
+            );
+            check!(c, seen.insert(key.clone()), "{key:?} listed twice");
+            order.push(e["accepted_at"].as_str().unwrap_or("").to_string());
+        }
+        match page["next"].as_str() {
+            Some(cur) => after = Some(cur.to_string()),
+            None => break,
+        }
+    }
+    check_eq!(c, seen.len(), 2 * N, "every delivery listed once");
+    check!(c, order.windows(2).all(|w| w[0] >= w[1]), "newest first");
+    let alpha = list("destination=alpha&state=delivered&limit=1000".into())
+        .await
+        .json();
+    let rows = alpha["events"].as_array().cloned().unwrap_or_default();
+    check_eq!(c, rows.len(), 1000, "{}", alpha["next"]);
+    check!(
+        c,
+        rows.iter()
+            .all(|e| e["destination"] == "alpha" && e["state"] == "delivered"),
+        "filtered by destination and state"
+    );
+    let beta = list("destination=beta&state=delivered".into()).await.json();
+    check_eq!(
+        c,
+        beta["events"],
+        json!([]),
+        "beta's endpoint answered 404: none delivered"
+    );
+    let bad = list("state=lost".into()).await;
+    check_eq!(c, bad.status, 400, "{}", bad.text());
+    check!(c, bad.json()["error"].is_string(), "{}", bad.text());
+}
+
+/// A topic's event at three subscribers: one id, three deliveries.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_topic_event_shows_one_delivery_per_subscriber() {
+    let rx = Receiver::ok().await;
+    let yaml = format!(
+        "listen: 127.0.0.1:0\nadmin_listen: 127.0.0.1:0\njournal: {{ dir: ./journal }}\n\
+         topics:\n  shop:\n    schema: eventgrid\n    subscribers:\n      one: {{}}\n      two: {{}}\n      three: {{}}\n\
+         destinations:\n  one: {{ url: {u}/1, schema: eventgrid }}\n  two: {{ url: {u}/2, schema: eventgrid }}\n  three: {{ url: {u}/3, schema: eventgrid }}\n",
+        u = rx.url()
+    );
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let c = Courier::start(tmp.path(), &yaml).await;
+    let resp = post(&c.url("shop"), support::eventgrid_events("fan-", 0, 1), &[]).await;
+    check_eq!(c, resp.status, 200, "{}", resp.text());
+    let id = "fan-0";
+    let body = event_until(&c, id, "delivered three times", |b| {
+        b["deliveries"]
+            .as_array()
+            .is_some_and(|d| d.len() == 3 && d.iter().all(|x| x["state"] == "delivered"))
+    })
+    .await;
+    let mut names: Vec<&str> = body["deliveries"]
+        .as_array()
+        .map(|d| d.iter().filter_map(|x| x["destination"].as_str()).collect())
+        .unwrap_or_default();
+    names.sort_unstable();
+    check_eq!(c, names, vec!["one", "three", "two"], "{body}");
+    let url = format!("{}/v1/events/{id}?destination=two", c.admin_url());
+    let two = get(&url).await.json();
+    check_eq!(
+        c,
+        two["deliveries"].as_array().map(Vec::len),
+        Some(1),
+        "{two}"
+    );
+}
+
+/// Past `retain` the records go, and so does their disk.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_past_retain_disappear_and_free_their_disk() {
+    let rx = Receiver::ok().await;
+    let yaml = format!(
+        "history: {{ retain: 2s }}\n{}",
+        config("orders", &format!("{}/hooks", rx.url()), "")
+    );
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let c = Courier::start(tmp.path(), &yaml).await;
+    for i in 0..200 {
+        accept(&c, "orders", &format!("old-{i}"), &[]).await;
+    }
+    event_until(&c, "old-199", "delivered", state_is("delivered")).await;
+    let dir = tmp.path().join("journal").join("history");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let full = du(&dir);
+    // Bounded: 10 s in 100 ms steps.
+    let mut gone = false;
+    for _ in 0..100 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        if event(&c, "old-0").await.0 == 404 && event(&c, "old-199").await.0 == 404 {
+            gone = true;
+            break;
+        }
+    }
+    check!(c, gone, "records older than retain are still there");
+    let now = du(&dir);
+    check!(
+        c,
+        now < full,
+        "history's disk went down: {full} then {now} bytes"
+    );
+    accept(&c, "orders", "new-0", &[]).await;
+    event_until(&c, "new-0", "delivered", state_is("delivered")).await;
+}
+
+/// Past `max_bytes` the oldest records go; the disk stays near the limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_past_max_bytes_disappear_oldest_first() {
+    let rx = Receiver::ok().await;
+    let yaml = format!(
+        "history: {{ retain: 1h, max_bytes: 1MiB }}\n{}",
+        config(
+            "orders",
+            &format!("{}/hooks", rx.url()),
+            "schema: eventgrid"
+        )
+    );
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let c = Courier::start(tmp.path(), &yaml).await;
+    const N: usize = 30_000;
+    for from in (0..N).step_by(1000) {
+        let resp = post(
+            &c.url("orders"),
+            support::eventgrid_events("big-", from, 1000),
+            &[],
+        )
+        .await;
+        check_eq!(c, resp.status, 200, "{}", resp.text());
+    }
+    let last = format!("big-{}", N - 1);
+    event_until(&c, &last, "delivered", state_is("delivered")).await;
+    let dir = tmp.path().join("journal").join("history");
+    let mut gone = false;
+    for _ in 0..100 {
+        if event(&c, "big-0").await.0 == 404 {
+            gone = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    check!(c, gone, "the oldest record is still there past max_bytes");
+    check_eq!(c, event(&c, &last).await.0, 200, "the newest stays");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let used = du(&dir);
+    check!(
+        c,
+        used <= 1024 * 1024 + 512 * 1024,
+        "history holds {used} bytes, over max_bytes"
+    );
+    let records = support::metric(&c.admin_url(), "courier_history_records")
+        .await
+        .unwrap_or(0.0);
+    check!(
+        c,
+        records > 0.0 && records < N as f64,
+        "courier_history_records {records}"
+    );
+    let bytes = support::metric(&c.admin_url(), "courier_history_bytes")
+        .await
+        .unwrap_or(0.0);
+    check!(
+        c,
+        bytes > 0.0 && bytes <= (1024 * 1024 + 512 * 1024) as f64,
+        "courier_history_bytes {bytes}"
+    );
+}
+
+/// No secret header value and no body in history's files.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn history_files_hold_no_secret_and_no_body() {
+    let rx = Receiver::sequence(vec![Reply::status(500), Reply::status(200)]).await;
+    let yaml = config(
+        "orders",
+        &format!("{}/hooks", rx.url()),
+        "retry: { schedule: [50ms], jitter: 0 }\nheaders: { X-Api-Key: { from_env: HISTORY_TEST_KEY, secret: true } }",
+    );
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let c = Courier::start_with_env(
+        support::courier_bin(),
+        tmp.path(),
+        &yaml,
+        &[("HISTORY_TEST_KEY", "KEY-SECRET-91c2")],
+    )
+    .await;
+    accept(
+        &c,
+        "orders",
+        "evt-secret",
+        &[
+            ("Authorization", "Bearer APP-SECRET-44d1"),
+            ("X-App-Token", "APP-TOKEN-5e6f"),
+        ],
+    )
+    .await;
+    let done = event_until(&c, "evt-secret", "delivered", state_is("delivered")).await;
+    check_eq!(
+        c,
+        first(&done)["attempts"].as_array().map(Vec::len),
+        Some(2),
+        "{done}"
+    );
+    let got = rx.received();
+    check!(
+        c,
+        got.iter()
+            .any(|r| r.header("x-api-key") == Some("KEY-SECRET-91c2")),
+        "the endpoint got the secret header, so it was there to leak"
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let dir = tmp.path().join("journal").join("history");
+    let mut files = 0;
+    for entry in std::fs::read_dir(&dir).expect("history dir").flatten() {
+        let bytes = std::fs::read(entry.path()).unwrap_or_default();
+        files += 1;
+        let text = String::from_utf8_lossy(&bytes);
+        for needle in [
+            "KEY-SECRET-91c2",
+            "APP-SECRET-44d1",
+            "APP-TOKEN-5e6f",
+            "BODY-7f3a",
+        ] {
+            check!(
+                c,
+                !text.contains(needle),
+                "{} holds {needle}",
+                entry.path().display()
+            );
+        }
+    }
+    let all: Vec<u8> = std::fs::read_dir(&dir)
+        .expect("history dir")
+        .flatten()
+        .flat_map(|e| std::fs::read(e.path()).unwrap_or_default())
+        .collect();
+    check!(
+        c,
+        files > 0 && String::from_utf8_lossy(&all).contains("evt-secret"),
+        "history's files hold the record (so the grep looked at it)"
+    );
+}
