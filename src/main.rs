@@ -11,7 +11,7 @@
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
 use courier::admin::client::{self, AdminClient, CliError};
 use courier::config::{self, ProcessEnv, Purpose};
 use courier::policy::Plan;
@@ -55,22 +55,68 @@ enum Command {
     },
     /// Work on dead-lettered events through the admin API.
     DeadLetters {
-        /// The admin listener (admin_listen).
-        #[arg(long, global = true, default_value = "http://127.0.0.1:9090")]
-        admin: String,
-        /// The variable holding the admin token (admin_token_env).
-        #[arg(long, global = true, default_value = "COURIER_ADMIN_TOKEN")]
-        token_env: String,
-        /// Print the API's JSON instead of a table.
-        #[arg(long, global = true)]
-        json: bool,
+        #[command(flatten)]
+        admin: AdminArgs,
         #[command(subcommand)]
         command: DeadLetterCommand,
+    },
+    /// Where is my webhook: event history through the admin API.
+    Events {
+        #[command(flatten)]
+        admin: AdminArgs,
+        #[command(subcommand)]
+        command: EventCommand,
     },
     /// Work on a stopped courier's journal.
     Journal {
         #[command(subcommand)]
         command: JournalCommand,
+    },
+}
+
+/// How the commands that call the admin API reach it; one definition, so
+/// that `dead-letters` and `events` take the same options.
+#[derive(Args)]
+struct AdminArgs {
+    /// The admin listener (admin_listen).
+    #[arg(long, global = true, default_value = "http://127.0.0.1:9090")]
+    admin: String,
+    /// The variable holding the admin token (admin_token_env).
+    #[arg(long, global = true, default_value = "COURIER_ADMIN_TOKEN")]
+    token_env: String,
+    /// Print the API's JSON instead of a table or timeline.
+    #[arg(long, global = true)]
+    json: bool,
+}
+
+#[derive(Subcommand)]
+enum EventCommand {
+    /// An event's state and attempts at each destination.
+    Show {
+        id: String,
+        /// Only this destination's delivery.
+        #[arg(long)]
+        destination: Option<String>,
+    },
+    /// A page of events, newest first.
+    List {
+        #[arg(long)]
+        destination: Option<String>,
+        /// pending, in_flight, delivered, dead_lettered, dropped or handed_off.
+        #[arg(long)]
+        state: Option<String>,
+        /// Accepted at or after (2026-11-22 or 2026-11-22T10:00:00Z).
+        #[arg(long)]
+        since: Option<String>,
+        /// Accepted before.
+        #[arg(long)]
+        until: Option<String>,
+        /// Events on the page, 1 to 1000 (default 100).
+        #[arg(long)]
+        limit: Option<usize>,
+        /// The cursor a previous page printed, for the page after it.
+        #[arg(long)]
+        after: Option<String>,
     },
 }
 
@@ -158,19 +204,19 @@ fn main() -> ExitCode {
             destination,
             json,
         } => schedule(&config, &destination, json),
-        Command::DeadLetters {
-            admin,
-            token_env,
-            json,
-            command,
-        } => dead_letters(&admin, &token_env, json, command),
+        Command::DeadLetters { admin, command } => {
+            admin_command(dead_letters_call(&admin, command))
+        }
+        Command::Events { admin, command } => admin_command(events_call(&admin, command)),
         Command::Journal {
             command: JournalCommand::Inspect { dir },
         } => inspect(&dir),
     }
 }
 
-fn dead_letters(admin: &str, token_env: &str, json: bool, command: DeadLetterCommand) -> ExitCode {
+/// Runs one command that calls the admin API: its text on stdout, or its
+/// error as one sentence on stderr with the exit code of SPEC §1.
+fn admin_command(call: impl std::future::Future<Output = Result<String, CliError>>) -> ExitCode {
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -181,7 +227,7 @@ fn dead_letters(admin: &str, token_env: &str, json: bool, command: DeadLetterCom
             return ExitCode::from(2);
         }
     };
-    match runtime.block_on(dead_letters_call(admin, token_env, json, command)) {
+    match runtime.block_on(call) {
         Ok(text) => {
             emit(&text);
             ExitCode::SUCCESS
@@ -193,17 +239,95 @@ fn dead_letters(admin: &str, token_env: &str, json: bool, command: DeadLetterCom
     }
 }
 
+/// The admin API's JSON as the commands print it with `--json`.
+fn pretty(v: &serde_json::Value) -> String {
+    format!("{v:#}\n")
+}
+
+async fn events_call(admin: &AdminArgs, command: EventCommand) -> Result<String, CliError> {
+    use courier::admin::api::{EventAnswer, EventPage};
+    use http::Method;
+    let client = AdminClient::new(&admin.admin, &admin.token_env)?;
+    match command {
+        EventCommand::Show { id, destination } => {
+            let path = format!(
+                "/v1/events/{}{}",
+                client::segment(&id),
+                client::query(&[("destination", destination)])
+            );
+            if admin.json {
+                return Ok(pretty(&client.call(Method::GET, &path, None).await?));
+            }
+            let answer: EventAnswer = client.call_as(Method::GET, &path, None).await?;
+            Ok(client::timeline(&answer))
+        }
+        EventCommand::List {
+            destination,
+            state,
+            since,
+            until,
+            limit,
+            after,
+        } => {
+            let path = format!(
+                "/v1/events{}",
+                client::query(&[
+                    ("destination", destination),
+                    ("state", state),
+                    ("since", since),
+                    ("until", until),
+                    ("limit", limit.map(|n| n.to_string())),
+                    ("after", after),
+                ])
+            );
+            if admin.json {
+                return Ok(pretty(&client.call(Method::GET, &path, None).await?));
+            }
+            let page: EventPage = client.call_as(Method::GET, &path, None).await?;
+            let mut o = client::events_table(&page.events);
+            if let Some(next) = page.next {
+                let _ = writeln!(
+                    o,
+                    "more events: add --after {next} (with the same filters) for the next page"
+                );
+            }
+            Ok(o)
+        }
+    }
+}
+
+/// What event history knows of a dead letter's attempts, after its record.
+/// An extra only: nothing when history has no such event (turned off, past
+/// its retention, an older courier), and a failed read is a note on
+/// stderr, never the failure of `show`.
+async fn dead_letter_timeline(client: &AdminClient, destination: &str, id: &str) -> String {
+    let path = format!(
+        "/v1/events/{}{}",
+        client::segment(id),
+        client::query(&[("destination", Some(destination.to_string()))])
+    );
+    match client
+        .find_as::<courier::admin::api::EventAnswer>(&path)
+        .await
+    {
+        Ok(Some(answer)) => format!("\n{}", client::timeline(&answer)),
+        Ok(None) => String::new(),
+        Err(e) => {
+            eprintln!("courier: no attempt timeline from event history: {e}");
+            String::new()
+        }
+    }
+}
+
 async fn dead_letters_call(
-    admin: &str,
-    token_env: &str,
-    json: bool,
+    admin: &AdminArgs,
     command: DeadLetterCommand,
 ) -> Result<String, CliError> {
     use courier::admin::api::{PurgeAnswer, ReplayAnswer, ReplayRequest};
     use http::Method;
     use serde_json::json;
-    let client = AdminClient::new(admin, token_env)?;
-    let pretty = |v: &serde_json::Value| format!("{v:#}\n");
+    let client = AdminClient::new(&admin.admin, &admin.token_env)?;
+    let json = admin.json;
     let mut o = String::new();
     match command {
         DeadLetterCommand::List {
@@ -234,7 +358,12 @@ async fn dead_letters_call(
                 client::segment(&destination),
                 client::segment(&id)
             );
-            return Ok(pretty(&client.call(Method::GET, &path, None).await?));
+            let record = pretty(&client.call(Method::GET, &path, None).await?);
+            if json {
+                return Ok(record);
+            }
+            let timeline = dead_letter_timeline(&client, &destination, &id).await;
+            return Ok(record + &timeline);
         }
         DeadLetterCommand::Replay {
             destination,

@@ -1,8 +1,9 @@
-//! `courier dead-letters` (SPEC §1): the admin API's dead-letters calls
-//! from the command line, as a readable table or, with `--json`, the API's
-//! own answers. Plain HTTP: the admin listener is the pod's, on loopback.
+//! `courier dead-letters` and `courier events` (SPEC §1, §8): the admin
+//! API's calls from the command line, as a readable table or timeline or,
+//! with `--json`, the API's own answers. Plain HTTP: the admin listener is
+//! the pod's, on loopback.
 
-use super::api::DeadLetterItem;
+use super::api::{DeadLetterItem, EventAnswer, EventItem};
 use bytes::Bytes;
 use http::{Method, Request, StatusCode};
 use http_body_util::{BodyExt, Full};
@@ -11,6 +12,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
+use std::fmt::Write as _;
 use std::time::Duration;
 
 /// How long one call may take: a replay of `all` works while it answers.
@@ -70,6 +72,34 @@ impl AdminClient {
         path_and_query: &str,
         body: Option<Value>,
     ) -> Result<Value, CliError> {
+        let (status, value) = self.send(method, path_and_query, body).await?;
+        if status.is_success() {
+            return Ok(value);
+        }
+        Err(self.refusal(status, &value))
+    }
+
+    /// A read whose 404 is an answer, not a failure: `None` when the API
+    /// has no such thing (or, on an older courier, no such endpoint).
+    pub async fn find_as<T: DeserializeOwned>(&self, path: &str) -> Result<Option<T>, CliError> {
+        let (status, value) = self.send(Method::GET, path, None).await?;
+        if status == StatusCode::NOT_FOUND {
+            return Ok(None);
+        }
+        if !status.is_success() {
+            return Err(self.refusal(status, &value));
+        }
+        read_as(path, value).map(Some)
+    }
+
+    /// Sends one request: the answer's status and JSON (a body that is not
+    /// JSON becomes `{"error": text}`); `Err` only when no answer came.
+    async fn send(
+        &self,
+        method: Method,
+        path_and_query: &str,
+        body: Option<Value>,
+    ) -> Result<(StatusCode, Value), CliError> {
         let url = format!("{}{path_and_query}", self.base);
         let post = method == Method::POST;
         let mut req = Request::builder().method(method).uri(&url);
@@ -110,9 +140,12 @@ impl AdminClient {
         let value: Value = serde_json::from_slice(&body).unwrap_or_else(
             |_| json!({ "error": String::from_utf8_lossy(&body).trim().to_string() }),
         );
-        if status.is_success() {
-            return Ok(value);
-        }
+        Ok((status, value))
+    }
+
+    /// A refused call as one sentence: exit 1 for a 4xx (the arguments can
+    /// fix it), 2 for the rest.
+    fn refusal(&self, status: StatusCode, value: &Value) -> CliError {
         let error = value["error"]
             .as_str()
             .unwrap_or("no reason given")
@@ -124,12 +157,21 @@ impl AdminClient {
             ),
             s => format!("the admin API answered {}: {error}", s.as_u16()),
         };
-        Err(if status.is_client_error() {
+        if status.is_client_error() {
             CliError::Arguments(message)
         } else {
             CliError::Runtime(message)
-        })
+        }
     }
+}
+
+/// An answer read as `T`; a mismatch most likely means another version.
+fn read_as<T: DeserializeOwned>(path: &str, answer: Value) -> Result<T, CliError> {
+    serde_json::from_value(answer).map_err(|e| {
+        CliError::Runtime(format!(
+            "the admin API's answer to {path} is not what this courier expects ({e}): is it the same version?"
+        ))
+    })
 }
 
 impl AdminClient {
@@ -141,11 +183,7 @@ impl AdminClient {
         body: Option<Value>,
     ) -> Result<T, CliError> {
         let answer = self.call(method, path, body).await?;
-        serde_json::from_value(answer).map_err(|e| {
-            CliError::Runtime(format!(
-                "the admin API's answer to {path} is not what this courier expects ({e}): is it the same version?"
-            ))
-        })
+        read_as(path, answer)
     }
 }
 
@@ -238,6 +276,109 @@ pub fn table(items: &[DeadLetterItem]) -> String {
     crate::table::render(&head, rows, &[])
 }
 
+/// Events of a history page as a table, newest first as the API gives them.
+pub fn events_table(items: &[EventItem]) -> String {
+    let head = [
+        "ID",
+        "DESTINATION",
+        "STATE",
+        "ATTEMPTS",
+        "LAST OUTCOME",
+        "ACCEPTED AT",
+        "FINISHED AT",
+    ];
+    let rows: Vec<Vec<String>> = items
+        .iter()
+        .map(|i| {
+            let outcome = match (&i.last_outcome, i.last_status) {
+                (Some(o), Some(n)) => format!("{o} ({n})"),
+                (Some(o), None) => o.clone(),
+                (None, _) => "-".into(),
+            };
+            vec![
+                i.id.clone(),
+                i.destination.clone(),
+                i.state.clone(),
+                i.attempts.to_string(),
+                outcome,
+                i.accepted_at.clone(),
+                i.finished_at.clone().unwrap_or_else(|| "-".into()),
+            ]
+        })
+        .collect();
+    crate::table::render(&head, rows, &[3])
+}
+
+/// "Where is my webhook?" read top to bottom: per destination, its state,
+/// then a line per step in time order (accepted, each attempt, how it
+/// ended or what it waits for). Lines without a time of their own leave
+/// the time column blank, so that the steps stay in one column.
+pub fn timeline(answer: &EventAnswer) -> String {
+    let mut o = String::new();
+    for (i, d) in answer.deliveries.iter().enumerate() {
+        if i > 0 {
+            o.push('\n');
+        }
+        let _ = writeln!(o, "{}  {}", d.destination, d.state);
+        let blank = " ".repeat(d.accepted_at.len());
+        let mut line = |at: Option<&str>, what: &str| {
+            let _ = writeln!(o, "  {}  {what}", at.unwrap_or(&blank));
+        };
+        line(Some(&d.accepted_at), "accepted");
+        if let Some(n) = d.attempts_before.filter(|n| *n > 0) {
+            let s = if n == 1 { "" } else { "s" };
+            line(
+                None,
+                &format!("{n} earlier attempt{s} by the courier that handed it off"),
+            );
+        }
+        for a in &d.attempts {
+            let answer = match a.status {
+                Some(s) => format!("{s} {}", a.outcome),
+                None => a.outcome.clone(),
+            };
+            let late = if a.late { "  (late)" } else { "" };
+            line(
+                Some(&a.at),
+                &format!(
+                    "attempt {}  {answer}  {} ms{late}",
+                    a.attempt, a.duration_ms
+                ),
+            );
+        }
+        let finished = d.finished_at.as_deref();
+        let why = |what: &str| match &d.reason {
+            Some(r) => format!("{what}: {r}"),
+            None => what.to_string(),
+        };
+        match d.state.as_str() {
+            "delivered" => line(finished, "delivered"),
+            "dead_lettered" => line(finished, &why("dead-lettered")),
+            "dropped" => line(finished, &why("dropped")),
+            "handed_off" => line(finished, "handed off to another courier"),
+            "pending" => {
+                let held = d
+                    .held_by
+                    .as_ref()
+                    .map_or(String::new(), |h| format!(" (held by {h})"));
+                match &d.next_attempt_at {
+                    Some(at) => line(None, &format!("next attempt at {at}{held}")),
+                    None => line(None, &format!("waiting for its next attempt{held}")),
+                }
+            }
+            "in_flight" => {
+                let next = d
+                    .attempts
+                    .last()
+                    .map_or_else(|| d.attempts_before.unwrap_or(0) + 1, |a| a.attempt + 1);
+                line(None, &format!("attempt {next} in progress"));
+            }
+            other => line(finished, &why(other)),
+        }
+    }
+    o
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -265,6 +406,95 @@ mod tests {
         // Columns start at the same place on every line.
         let col = lines[0].find("REASON").expect("header");
         assert_eq!(&lines[1][col..col + 18], "NonRetriableStatus");
+    }
+
+    fn answer(v: Value) -> EventAnswer {
+        serde_json::from_value(v).expect("an event answer")
+    }
+
+    #[test]
+    fn a_timeline_shows_each_attempt_and_how_the_delivery_ended_or_waits() {
+        let delivered = answer(json!({"id": "evt-1", "deliveries": [
+            {"destination": "orders", "state": "delivered",
+             "accepted_at": "2026-11-27T10:00:00.000Z",
+             "attempts": [
+                {"attempt": 1, "at": "2026-11-27T10:00:00.120Z", "duration_ms": 23, "status": 500, "outcome": "Failed", "late": false},
+                {"attempt": 2, "at": "2026-11-27T10:00:10.200Z", "duration_ms": 18, "status": 200, "outcome": "Delivered", "late": false}],
+             "finished_at": "2026-11-27T10:00:10.218Z"},
+            {"destination": "audit", "state": "pending",
+             "accepted_at": "2026-11-27T10:00:00.000Z",
+             "attempts": [
+                {"attempt": 1, "at": "2026-11-27T10:00:00.130Z", "duration_ms": 30000, "outcome": "TimedOut", "late": true}],
+             "next_attempt_at": "2026-11-27T10:01:00.130Z", "held_by": "schedule"}]}));
+        let want = "\
+orders  delivered
+  2026-11-27T10:00:00.000Z  accepted
+  2026-11-27T10:00:00.120Z  attempt 1  500 Failed  23 ms
+  2026-11-27T10:00:10.200Z  attempt 2  200 Delivered  18 ms
+  2026-11-27T10:00:10.218Z  delivered
+
+audit  pending
+  2026-11-27T10:00:00.000Z  accepted
+  2026-11-27T10:00:00.130Z  attempt 1  TimedOut  30000 ms  (late)
+                            next attempt at 2026-11-27T10:01:00.130Z (held by schedule)
+";
+        assert_eq!(timeline(&delivered), want);
+    }
+
+    #[test]
+    fn a_timeline_ends_in_the_reason_and_counts_a_previous_courier_s_attempts() {
+        let dead = answer(json!({"id": "evt-2", "deliveries": [
+            {"destination": "orders", "state": "dead_lettered",
+             "accepted_at": "2026-11-27T10:00:00.000Z",
+             "attempts": [
+                {"attempt": 4, "at": "2026-11-27T10:05:00.000Z", "duration_ms": 7, "status": 400, "outcome": "BadRequest", "late": false}],
+             "attempts_before": 3,
+             "finished_at": "2026-11-27T10:05:00.007Z", "reason": "NonRetriableStatus"},
+            {"destination": "audit", "state": "in_flight",
+             "accepted_at": "2026-11-27T10:00:00.000Z", "attempts": [], "attempts_before": 1}]}));
+        let t = timeline(&dead);
+        let lines: Vec<&str> = t.lines().collect();
+        assert_eq!(
+            lines[2],
+            "                            3 earlier attempts by the courier that handed it off",
+            "{t}"
+        );
+        assert_eq!(
+            lines[3], "  2026-11-27T10:05:00.000Z  attempt 4  400 BadRequest  7 ms",
+            "{t}"
+        );
+        assert_eq!(
+            lines[4], "  2026-11-27T10:05:00.007Z  dead-lettered: NonRetriableStatus",
+            "{t}"
+        );
+        assert_eq!(
+            lines[8],
+            "                            1 earlier attempt by the courier that handed it off",
+            "{t}"
+        );
+        assert_eq!(
+            lines[9], "                            attempt 2 in progress",
+            "{t}"
+        );
+    }
+
+    #[test]
+    fn the_events_table_shows_the_last_answer_and_dashes_for_what_is_missing() {
+        let items: Vec<EventItem> = [
+            json!({"id": "evt-1", "destination": "orders", "state": "delivered", "attempts": 2, "last_status": 200, "last_outcome": "Delivered", "accepted_at": "2026-11-27T10:00:00.000Z", "finished_at": "2026-11-27T10:00:10.218Z"}),
+            json!({"id": "evt-22", "destination": "orders", "state": "pending", "attempts": 0, "last_status": null, "last_outcome": null, "accepted_at": "2026-11-27T10:00:01.000Z", "finished_at": null}),
+        ]
+        .into_iter()
+        .map(|v| serde_json::from_value(v).expect("an item"))
+        .collect();
+        let t = events_table(&items);
+        let lines: Vec<&str> = t.lines().collect();
+        assert_eq!(lines.len(), 3, "{t}");
+        assert!(lines[0].starts_with("ID      DESTINATION  STATE"), "{t}");
+        assert!(lines[1].contains("  Delivered (200)  "), "{t}");
+        assert!(lines[1].ends_with("2026-11-27T10:00:10.218Z"), "{t}");
+        assert!(lines[2].contains("  pending  "), "{t}");
+        assert!(lines[2].ends_with("2026-11-27T10:00:01.000Z  -"), "{t}");
     }
 
     #[test]

@@ -89,6 +89,11 @@ impl Admin {
     }
 
     pub(super) async fn show_event(&self, id: &str, uri: &Uri) -> Answer {
+        // The id as the app sent it: clients percent-encode it in the path
+        // (an id may hold `/`, `?` or a space), as for a dead letter's.
+        let id = &percent_encoding::percent_decode_str(id)
+            .decode_utf8_lossy()
+            .into_owned();
         let pairs = query(uri, &["destination"])?;
         let destination = pairs.into_iter().next().map(|(_, v)| v);
         let reader = self.history_reader()?;

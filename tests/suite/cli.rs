@@ -1,14 +1,19 @@
 //! The `courier` command line, run as the real binary: `check`, `schedule`,
-//! `journal inspect`, argument errors, and the start-up failures of `run`
-//! (damaged journal, port in use, journal locked). Exit codes follow SPEC §1:
-//! 0 ok, 1 bad config or arguments, 2 runtime failure.
+//! `journal inspect`, `events` (and the timeline `dead-letters show` adds),
+//! argument errors, and the start-up failures of `run` (damaged journal,
+//! port in use, journal locked). Exit codes follow SPEC §1: 0 ok, 1 bad
+//! config or arguments, 2 runtime failure.
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use serde_json::Value;
 use support::courier::run_cli_in;
-use support::{CliOutput, Courier, Receiver, Reply, courier_bin, post, run_cli};
+use support::{
+    CliOutput, Courier, Received, Receiver, Reply, behavior, check, check_eq, courier_bin, fail,
+    get, post, run_cli, wait_dead_letters,
+};
 
 /// Upper bound for a `courier run` that is expected to fail at start.
 const FAIL_FAST: Duration = Duration::from_secs(10);
@@ -1033,4 +1038,222 @@ async fn second_courier_on_the_same_journal_exits_2() {
         "logs:\n{}",
         second.logs()
     );
+}
+
+/// Bound of the waits for an outcome in event history.
+const PROMPT: Duration = Duration::from_secs(10);
+
+/// The dead-lettered event of the `events` test: `:` and `/` must be
+/// percent-encoded in the path by the CLI and decoded by the API.
+const BAD_ID: &str = "evt:bad/1";
+
+/// `courier GROUP --admin <c's admin URL> ARGS`.
+async fn admin_cli(c: &Courier, group: &str, args: &[&str]) -> CliOutput {
+    let admin = c.admin_url();
+    let mut all = vec![group, "--admin", &admin];
+    all.extend_from_slice(args);
+    run_cli(None, &all, &[]).await
+}
+
+/// Polls `GET /v1/events/{id}` until its one delivery is in `state`.
+async fn wait_event(c: &Courier, id: &str, state: &str) -> Value {
+    let url = format!("{}/v1/events/{}", c.admin_url(), path_segment(id));
+    let mut last = String::new();
+    for _ in 0..(PROMPT.as_millis() / 50) {
+        let resp = get(&url).await;
+        if resp.status == 200 && resp.json()["deliveries"][0]["state"] == state {
+            return resp.json();
+        }
+        last = format!("{} {}", resp.status, resp.text());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    fail!(c, "event {id} never {state}; last answer {last}")
+}
+
+/// An id as a path segment (what the CLI sends, written out here).
+fn path_segment(id: &str) -> String {
+    id.replace(':', "%3A").replace('/', "%2F")
+}
+
+fn ids_of(page: &Value) -> Vec<&str> {
+    page["events"]
+        .as_array()
+        .map(|a| a.iter().filter_map(|e| e["id"].as_str()).collect())
+        .unwrap_or_default()
+}
+
+/// "Where is my webhook?" from the command line: one event answered 500
+/// then 200, one answered 400, as `courier events show|list` and
+/// `courier dead-letters show` print them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_show_and_list_tell_where_each_webhook_is() {
+    let rx = Receiver::start(behavior(|r: &Received, _| {
+        let id = r.header("webhook-id").unwrap_or("");
+        let attempt = r.header("courier-delivery-attempt").unwrap_or("");
+        Reply::status(match (id, attempt) {
+            ("evt-retry", "1") => 500,
+            (BAD_ID, _) => 400,
+            _ => 200,
+        })
+    }))
+    .await;
+    let yaml = support::config(
+        "orders",
+        &format!("{}/hooks", rx.url()),
+        "retry: { schedule: [100ms, 1h], jitter: 0 }\nstatus: { min_delay: { 5xx: 100ms } }",
+    );
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let c = Courier::start(tmp.path(), &yaml).await;
+    for id in ["evt-retry", BAD_ID] {
+        let resp = post(&c.url("orders"), "{}", &[("Idempotency-Key", id)]).await;
+        check!(
+            c,
+            resp.status / 100 == 2,
+            "POST {id}: {} {}",
+            resp.status,
+            resp.text()
+        );
+    }
+    wait_event(&c, "evt-retry", "delivered").await;
+    wait_event(&c, BAD_ID, "dead_lettered").await;
+    wait_dead_letters(&c, "orders", 1, PROMPT).await;
+
+    // The timeline: accepted, both attempts with their answers, delivered.
+    let out = admin_cli(&c, "events", &["show", "evt-retry"]).await;
+    check!(c, out.success(), "{}", out.show());
+    let lines: Vec<&str> = out.stdout.lines().collect();
+    check_eq!(c, lines.len(), 5, "{}", out.show());
+    check_eq!(c, lines[0], "orders  delivered", "{}", out.show());
+    check!(c, lines[1].ends_with("Z  accepted"), "{}", out.show());
+    check!(
+        c,
+        lines[2].contains("Z  attempt 1  500 Failed  "),
+        "{}",
+        out.show()
+    );
+    check!(
+        c,
+        lines[3].contains("Z  attempt 2  200 Delivered  "),
+        "{}",
+        out.show()
+    );
+    check!(c, lines[4].ends_with("Z  delivered"), "{}", out.show());
+
+    let out = admin_cli(&c, "events", &["show", "evt-retry", "--json"]).await;
+    check!(c, out.success(), "{}", out.show());
+    let shown = out.json();
+    check_eq!(c, shown["id"], "evt-retry");
+    let attempts = shown["deliveries"][0]["attempts"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    check_eq!(c, attempts.len(), 2, "{shown}");
+    check_eq!(c, attempts[0]["status"], 500, "{shown}");
+    check_eq!(c, attempts[1]["status"], 200, "{shown}");
+
+    // An id that needs escaping, asked for one destination.
+    let out = admin_cli(&c, "events", &["show", BAD_ID, "--destination", "orders"]).await;
+    check!(c, out.success(), "{}", out.show());
+    check!(
+        c,
+        out.stdout.contains("attempt 1  400 BadRequest"),
+        "{}",
+        out.show()
+    );
+    check!(
+        c,
+        out.stdout.contains("dead-lettered: NonRetriableStatus"),
+        "{}",
+        out.show()
+    );
+
+    let out = admin_cli(
+        &c,
+        "events",
+        &["list", "--state", "dead_lettered", "--json"],
+    )
+    .await;
+    check!(c, out.success(), "{}", out.show());
+    let page = out.json();
+    check_eq!(c, ids_of(&page), [BAD_ID], "{page}");
+    check_eq!(c, page["next"], Value::Null, "{page}");
+
+    let out = admin_cli(&c, "events", &["list"]).await;
+    check!(c, out.success(), "{}", out.show());
+    let lines: Vec<&str> = out.stdout.lines().collect();
+    check_eq!(c, lines.len(), 3, "a head and two rows: {}", out.show());
+    check!(c, lines[0].starts_with("ID "), "{}", out.show());
+    check!(
+        c,
+        lines[1].starts_with(BAD_ID) && lines[1].contains("  dead_lettered  "),
+        "newest first: {}",
+        out.show()
+    );
+    check!(c, lines[1].contains("BadRequest (400)"), "{}", out.show());
+    check!(
+        c,
+        lines[2].starts_with("evt-retry ") && lines[2].contains("Delivered (200)"),
+        "{}",
+        out.show()
+    );
+
+    // A page of one says where the next begins; that cursor gives it.
+    let out = admin_cli(&c, "events", &["list", "--limit", "1"]).await;
+    check!(c, out.success(), "{}", out.show());
+    let cursor = out
+        .stdout
+        .split_whitespace()
+        .skip_while(|w| *w != "--after")
+        .nth(1)
+        .unwrap_or_else(|| fail!(c, "no cursor hint: {}", out.show()))
+        .to_string();
+    let out = admin_cli(
+        &c,
+        "events",
+        &["list", "--limit", "1", "--after", &cursor, "--json"],
+    )
+    .await;
+    check!(c, out.success(), "{}", out.show());
+    let page = out.json();
+    check_eq!(c, ids_of(&page), ["evt-retry"], "{page}");
+
+    // Unknown: exit 1 and one sentence naming the id.
+    let out = admin_cli(&c, "events", &["show", "evt-never-sent"]).await;
+    check_eq!(c, out.code, 1, "{}", out.show());
+    assert_no_panic(&out);
+    check_eq!(c, out.stdout, "", "{}", out.show());
+    check_eq!(c, out.stderr.trim().lines().count(), 1, "{}", out.show());
+    check!(c, out.stderr.contains("evt-never-sent"), "{}", out.show());
+
+    // The dead letter's record, then its attempts from history; `--json`
+    // stays the record alone.
+    let out = admin_cli(
+        &c,
+        "dead-letters",
+        &["show", "--destination", "orders", BAD_ID],
+    )
+    .await;
+    check!(c, out.success(), "{}", out.show());
+    check!(
+        c,
+        out.stdout.starts_with('{'),
+        "the record first: {}",
+        out.show()
+    );
+    check!(
+        c,
+        out.stdout
+            .lines()
+            .any(|l| l.contains("attempt 1  400 BadRequest")),
+        "{}",
+        out.show()
+    );
+    let out = admin_cli(
+        &c,
+        "dead-letters",
+        &["show", "--destination", "orders", BAD_ID, "--json"],
+    )
+    .await;
+    check!(c, out.success(), "{}", out.show());
+    check_eq!(c, out.json()["id"], BAD_ID, "{}", out.show());
 }

@@ -167,7 +167,7 @@ async fn dead_letters_reach_the_bucket_in_their_shapes_and_the_api_works_on_them
     listed.sort();
     check_eq!(c, listed, ["o0", "o1", "o2", "o3", "o4"], "paged once each");
 
-    let out = cli(&c, &["show", "--destination", "orders", "o3"]).await;
+    let out = cli(&c, &["show", "--destination", "orders", "o3", "--json"]).await;
     check!(c, out.success(), "CLI show: {}", out.show());
     check_eq!(c, out.json()["record"]["data"], json!({"n": 3}));
 

@@ -180,7 +180,7 @@ async fn a_replay_through_the_api_and_the_cli_sends_the_request_as_the_app_did()
             file.display()
         );
     }
-    let out = cli(&c, &["show", "--destination", DEST, "evt-a"]).await;
+    let out = cli(&c, &["show", "--destination", DEST, "evt-a", "--json"]).await;
     check!(c, out.success(), "CLI show: {}", out.show());
     let shown = out.json();
     check_eq!(c, shown["reason"], "NonRetriableStatus");
