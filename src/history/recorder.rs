@@ -259,7 +259,11 @@ impl Recorder {
     /// ended, which retention counts from).
     fn roll(&mut self) -> rusqlite::Result<()> {
         let first_seq = self.max_seq + 1;
-        if self.parts.last().is_some_and(|(n, _)| n.first_seq == first_seq) {
+        if self
+            .parts
+            .last()
+            .is_some_and(|(n, _)| n.first_seq == first_seq)
+        {
             return Ok(());
         }
         // Written seldom from now on (a retry's step): its WAL folded in.
