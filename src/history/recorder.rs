@@ -28,9 +28,9 @@ pub struct Accepted<'a> {
     pub delivered: Option<&'a Step>,
 }
 
-/// Records inserted after which the partitions are looked at, whatever
-/// the time: about 100 KiB of records.
-const LOOK_AFTER: usize = 1024;
+/// Bytes a record takes on disk, indexes and page slack included, before
+/// a partition has told its own (bench/RESULTS.md has the measured figure).
+const ROW_BYTES: u64 = 150;
 
 pub struct Recorder {
     shared: Arc<Shared>,
@@ -43,9 +43,13 @@ pub struct Recorder {
     /// Partitions written since the last sync, by index.
     unsynced: BTreeSet<usize>,
     last_look: Instant,
-    /// Records inserted since the last look: a burst may fill a partition
-    /// well before the next look is due.
-    since_look: usize,
+    /// Records in the newest partition: it is rolled once it holds its
+    /// eighth of `max_bytes` by this count, within a commit if need be (a
+    /// burst's commit may bring thousands), and never while it is empty.
+    rows_in_current: u64,
+    /// Records a partition holds at most, from the bytes a record took in
+    /// the last one measured.
+    rows_per_partition: u64,
 }
 
 impl Recorder {
@@ -60,13 +64,13 @@ impl Recorder {
             }
             parts.push((name, conn));
         }
-        let max_seq = match parts.last() {
-            Some((_, conn)) => {
-                conn.query_row("SELECT COALESCE(MAX(seq), -1) FROM deliveries", [], |r| {
-                    r.get(0)
-                })?
-            }
-            None => -1,
+        let (max_seq, rows): (i64, i64) = match parts.last() {
+            Some((_, conn)) => conn.query_row(
+                "SELECT COALESCE(MAX(seq), -1), COUNT(*) FROM deliveries",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )?,
+            None => (-1, 0),
         };
         let mut r = Recorder {
             shared,
@@ -76,10 +80,11 @@ impl Recorder {
             max_seq,
             unsynced: BTreeSet::new(),
             last_look: Instant::now(),
-            since_look: 0,
+            rows_in_current: rows.max(0) as u64,
+            rows_per_partition: (s.max_bytes / 8 / ROW_BYTES).max(1),
         };
         if r.parts.is_empty() {
-            r.roll()?;
+            r.start_partition()?;
         }
         r.publish();
         Ok(r)
@@ -124,7 +129,6 @@ impl Recorder {
         steps: &[(i64, &Step)],
         open: &mut BTreeSet<usize>,
     ) -> rusqlite::Result<()> {
-        let current = self.parts.len() - 1;
         for a in accepted {
             let mut r = Record {
                 seq: a.seq,
@@ -147,10 +151,13 @@ impl Recorder {
             if a.seq <= self.max_seq && self.find(a.seq)?.is_some() {
                 continue;
             }
-            let conn = self.begin(current, open)?;
+            if self.rows_in_current >= self.rows_per_partition {
+                self.roll()?;
+            }
+            let conn = self.begin(self.parts.len() - 1, open)?;
             if partition::insert(conn, &r)? {
                 self.shared.count(&r.destination, r.state, 1);
-                self.since_look += 1;
+                self.rows_in_current += 1;
             }
             self.max_seq = self.max_seq.max(a.seq);
         }
@@ -218,11 +225,10 @@ impl Recorder {
         let look_every = self
             .span()
             .clamp(Duration::from_millis(50), Duration::from_secs(1));
-        if self.last_look.elapsed() < look_every && self.since_look < LOOK_AFTER {
+        if self.last_look.elapsed() < look_every {
             return Ok(());
         }
         self.last_look = Instant::now();
-        self.since_look = 0;
         let now = clock::now_ms();
         let sizes: Vec<u64> = self
             .parts
@@ -233,12 +239,19 @@ impl Recorder {
             (Some((n, _)), Some(b)) => (n.clone(), *b),
             _ => return Ok(()),
         };
+        if self.rows_in_current >= 1000 {
+            let per_row = (current_bytes / self.rows_in_current).max(1);
+            self.rows_per_partition = (self.max_bytes / 8 / per_row).max(1);
+        }
         let span_ms = self.span().as_millis() as u64;
         if now.saturating_sub(current.start_ms) >= span_ms || current_bytes >= self.max_bytes / 8 {
             self.roll()?;
         }
         let retain_ms = self.retain.as_millis() as u64;
         let mut total: u64 = sizes.iter().sum();
+        // Sizes as measured above: closing a connection folds its WAL in,
+        // and a size read after that would count less than was counted.
+        let mut sizes = sizes.into_iter();
         while self.parts.len() > 1 {
             // A partition's records were all first recorded before the
             // next one started.
@@ -247,23 +260,27 @@ impl Recorder {
             if !old && total <= self.max_bytes {
                 break;
             }
-            let freed = self.drop_oldest(in_journal)?;
-            total = total.saturating_sub(freed);
+            // Past `retain`, a record of an event still in the journal is
+            // copied forward; past `max_bytes` nothing is: the cap holds
+            // even with every record pending (a paused destination's
+            // backlog), where copies would only move the bytes.
+            let keep: &dyn Fn(i64) -> bool = if total > self.max_bytes {
+                &|_| false
+            } else {
+                in_journal
+            };
+            self.drop_oldest(keep)?;
+            total = total.saturating_sub(sizes.next().unwrap_or(0));
         }
         self.publish();
         Ok(())
     }
 
-    /// Starts a new partition, unless nothing was recorded in the newest
-    /// since it started: it goes on (its start is when the one before it
-    /// ended, which retention counts from).
+    /// Starts a new partition, unless the newest holds nothing yet: it goes
+    /// on (its start is when the one before it ended, which retention
+    /// counts from).
     fn roll(&mut self) -> rusqlite::Result<()> {
-        let first_seq = self.max_seq + 1;
-        if self
-            .parts
-            .last()
-            .is_some_and(|(n, _)| n.first_seq == first_seq)
-        {
+        if self.rows_in_current == 0 {
             return Ok(());
         }
         // Written seldom from now on (a retry's step): its WAL folded in.
@@ -272,18 +289,25 @@ impl Recorder {
         {
             tracing::debug!(error = %e, "cannot fold a history partition's WAL in; it is later");
         }
+        self.start_partition()
+    }
+
+    fn start_partition(&mut self) -> rusqlite::Result<()> {
+        // Unique even when two start within a millisecond.
+        let after = self.parts.last().map_or(0, |(n, _)| n.start_ms + 1);
         let name = Name {
-            first_seq,
-            start_ms: clock::now_ms(),
+            first_seq: self.max_seq + 1,
+            start_ms: clock::now_ms().max(after),
         };
         let conn = partition::open_writer(&self.shared.dir.join(name.file()))?;
         self.parts.push((name, conn));
+        self.rows_in_current = 0;
         Ok(())
     }
 
     /// Copies the oldest partition's records of events still pending into
-    /// the newest, then unlinks its files. Returns the bytes freed.
-    fn drop_oldest(&mut self, in_journal: &dyn Fn(i64) -> bool) -> rusqlite::Result<u64> {
+    /// the newest, then unlinks its files.
+    fn drop_oldest(&mut self, in_journal: &dyn Fn(i64) -> bool) -> rusqlite::Result<()> {
         let (name, conn) = self.parts.remove(0);
         self.unsynced = self
             .unsynced
@@ -303,6 +327,7 @@ impl Recorder {
             let copied = keep
                 .iter()
                 .try_for_each(|r| partition::insert(current, r).map(|_| ()));
+            self.rows_in_current += keep.len() as u64;
             match copied {
                 Ok(()) => current.execute_batch("COMMIT")?,
                 Err(e) => {
@@ -323,7 +348,6 @@ impl Recorder {
             self.shared.count(&r.destination, r.state, 1);
         }
         drop(conn);
-        let freed = partition::bytes(&path);
         for f in partition::files(&path) {
             if let Err(e) = std::fs::remove_file(&f)
                 && e.kind() != std::io::ErrorKind::NotFound
@@ -332,7 +356,7 @@ impl Recorder {
             }
         }
         tracing::debug!(partition = %name.file(), copied = keep.len(), "history partition dropped");
-        Ok(freed)
+        Ok(())
     }
 
     /// Tells the readers which partitions there are, and the metrics.
@@ -569,5 +593,32 @@ mod tests {
             .expect("record");
         let r = reader.find("evt-00039999", None).expect("find");
         assert_eq!(r[0].state, State::Delivered);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn max_bytes_holds_even_when_every_record_is_pending() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let settings = HistorySettings {
+            retain: Duration::from_secs(86_400),
+            max_bytes: 1024 * 1024,
+        };
+        let (history, mut rec) = History::open(tmp.path(), settings).expect("open");
+        let ids: Vec<String> = (0..30_000).map(|i| format!("held-{i:08}")).collect();
+        for (chunk, n) in ids.chunks(5000).zip(0..) {
+            let batch: Vec<Accepted<'_>> = chunk
+                .iter()
+                .enumerate()
+                .map(|(i, id)| accepted(n * 5000 + i as i64, id))
+                .collect();
+            rec.record(&batch, &[]).expect("record");
+            tokio::time::advance(Duration::from_secs(2)).await;
+            // Every event still in the journal: no copy past max_bytes.
+            rec.maintain(&|_| true).expect("maintain");
+        }
+        let (records, bytes) = history.size();
+        assert!(bytes <= 1024 * 1024, "{bytes} bytes kept");
+        assert!(records > 1000 && records < 30_000, "{records} records");
+        let c = history.counts("a");
+        assert_eq!(c[State::Pending as usize], records);
     }
 }

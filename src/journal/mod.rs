@@ -226,7 +226,8 @@ impl Change {
             } => Some(Step::Attempted {
                 attempt: Attempt {
                     number: *attempts,
-                    at_ms: *attempt_ms,
+                    // `attempt_ms` is when it ended, as the journal keeps it.
+                    at_ms: attempt_ms.saturating_sub(u64::from(*took_ms)),
                     took_ms: *took_ms,
                     status: *status,
                     outcome: *outcome,

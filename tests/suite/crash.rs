@@ -464,6 +464,11 @@ fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
         if entry.file_name() == "reserve" {
             continue;
         }
+        // The event history's partitions, as a folder of their own.
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            copy_dir(&entry.path(), &to.join(entry.file_name()));
+            continue;
+        }
         std::fs::copy(entry.path(), to.join(entry.file_name())).expect("copy");
     }
 }

@@ -283,7 +283,7 @@ async fn the_list_pages_over_5000_events_without_repeats_or_gaps() {
     let yaml = format!(
         "listen: 127.0.0.1:0\nadmin_listen: 127.0.0.1:0\njournal: {{ dir: ./journal }}\n\
          topics:\n  shop:\n    schema: eventgrid\n    subscribers:\n      alpha: {{}}\n      beta: {{}}\n\
-         destinations:\n  alpha: {{ url: {}, schema: eventgrid }}\n  beta: {{ url: {}, schema: eventgrid }}\n",
+         destinations:\n  alpha: {{ url: {}, schema: eventgrid }}\n  beta: {{ url: {}, schema: eventgrid, probation: {{ after_failures: 0 }} }}\n",
         a.url(),
         b.url()
     );
@@ -322,6 +322,20 @@ async fn the_list_pages_over_5000_events_without_repeats_or_gaps() {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    let counts = get(&format!("{}/v1/destinations", c.admin_url()))
+        .await
+        .json();
+    let of = |name: &str| {
+        counts["destinations"]
+            .as_array()
+            .and_then(|l| l.iter().find(|d| d["name"] == name))
+            .map(|d| d["events"].clone())
+            .unwrap_or_default()
+    };
+    check_eq!(c, of("alpha")["delivered"], N, "{counts}");
+    check_eq!(c, of("alpha")["pending"], 0, "{counts}");
+    check_eq!(c, of("beta")["dropped"], N, "404 without a sink: {counts}");
+    check_eq!(c, of("beta")["delivered"], 0, "{counts}");
     let mut seen = std::collections::HashSet::new();
     let mut order = Vec::new();
     let mut after: Option<String> = None;
@@ -484,10 +498,20 @@ async fn records_past_max_bytes_disappear_oldest_first() {
     check_eq!(c, event(&c, &last).await.0, 200, "the newest stays");
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let used = du(&dir);
+    let files: Vec<(String, u64)> = std::fs::read_dir(&dir)
+        .map(|d| {
+            d.flatten()
+                .map(|e| {
+                    let size = e.metadata().map_or(0, |m| m.len());
+                    (e.file_name().to_string_lossy().into_owned(), size)
+                })
+                .collect()
+        })
+        .unwrap_or_default();
     check!(
         c,
         used <= 1024 * 1024 + 512 * 1024,
-        "history holds {used} bytes, over max_bytes"
+        "history holds {used} bytes, over max_bytes: {files:?}"
     );
     let records = support::metric(&c.admin_url(), "courier_history_records")
         .await
@@ -578,5 +602,37 @@ async fn history_files_hold_no_secret_and_no_body() {
         c,
         files > 0 && String::from_utf8_lossy(&all).contains("evt-secret"),
         "history's files hold the record (so the grep looked at it)"
+    );
+}
+
+/// An attempt that timed out and was answered 200 within the late-answer
+/// window: history says so (`late`), and the event is delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_answer_is_marked_late_and_delivers() {
+    let rx = Receiver::start(behavior(|_, _| {
+        Reply::status(200).delay(Duration::from_millis(500))
+    }))
+    .await;
+    let yaml = config(
+        "orders",
+        &format!("{}/hooks", rx.url()),
+        "timeout: 200ms\nlate_answer_window: 1m\nretry: { schedule: [1h], jitter: 0 }",
+    );
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let c = Courier::start(tmp.path(), &yaml).await;
+    accept(&c, "orders", "evt-late", &[]).await;
+    let body = event_until(&c, "evt-late", "delivered late", state_is("delivered")).await;
+    let attempts = first(&body)["attempts"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    check_eq!(c, attempts.len(), 1, "one attempt, answered late: {body}");
+    check_eq!(c, attempts[0]["late"], true, "{body}");
+    check_eq!(c, attempts[0]["status"], 200, "{body}");
+    let took = attempts[0]["duration_ms"].as_u64().unwrap_or(0);
+    check!(
+        c,
+        (400..5_000).contains(&took),
+        "the answer came after ~500 ms: {body}"
     );
 }
