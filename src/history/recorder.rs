@@ -57,8 +57,12 @@ impl Recorder {
         let mut parts = Vec::new();
         let names = partition::list(&shared.dir)
             .map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))?;
+        let newest = names.last().cloned();
         for name in names {
             let conn = partition::open_writer(&shared.dir.join(name.file()))?;
+            if Some(&name) != newest.as_ref() {
+                partition::idle(&conn)?;
+            }
             for (destination, state, n) in partition::counts(&conn)? {
                 shared.count(&destination, state, n as i64);
             }
@@ -283,9 +287,12 @@ impl Recorder {
         if self.rows_in_current == 0 {
             return Ok(());
         }
-        // Written seldom from now on (a retry's step): its WAL folded in.
+        // Written seldom from now on (a retry's step): its WAL folded in,
+        // its cache given back.
         if let Some((_, conn)) = self.parts.last()
-            && let Err(e) = conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)")
+            && let Err(e) = conn
+                .execute_batch("PRAGMA wal_checkpoint(TRUNCATE)")
+                .and_then(|()| partition::idle(conn))
         {
             tracing::debug!(error = %e, "cannot fold a history partition's WAL in; it is later");
         }
