@@ -363,6 +363,7 @@ admin_listen: 127.0.0.1:9091
 journal: { dir: /elsewhere, max_bytes: 1MiB }
 ingress: { dedupe_window: 2m, max_body_bytes: 2KiB, max_inflight_bytes: 1GiB }
 log: { level: debug, format: json }
+history: { retain: 0s }
 destinations:
   b: { url: http://127.0.0.1:9/b }
 ";
@@ -373,11 +374,13 @@ destinations:
                 "listen",
                 "admin_listen",
                 "journal",
+                "history",
                 "ingress.dedupe_window",
                 "log.format",
                 "ingress.max_inflight_bytes"
             ]
         );
+        assert!(kept.history.is_some(), "history stays on until a restart");
         assert_eq!(kept.listen.port(), 8080);
         assert_eq!(kept.admin_listen.port(), 9090);
         assert_eq!(kept.journal.dir, Path::new("/var/lib/courier/journal"));

@@ -1624,3 +1624,39 @@ fn handoff_takes_a_store_url_and_its_times_are_checked() {
     );
     assert!(e.contains("every"), "an unknown key is named: {e}");
 }
+
+#[test]
+fn history_is_on_by_default_off_at_zero_and_its_ranges_are_checked() {
+    let dest = "destinations:\n  a: { url: http://127.0.0.1:9/a }\n";
+    let loaded = parse("c.yaml", dest, ".".into(), Purpose::Run, &env()).expect("valid");
+    let h = loaded.settings.history.expect("on by default");
+    assert_eq!(
+        h.retain,
+        Duration::from_secs(86_400),
+        "SPEC's default retain"
+    );
+    assert_eq!(h.max_bytes, 256 << 20, "SPEC's default max_bytes");
+    assert!(
+        loaded.effective.contains("history:"),
+        "{}",
+        loaded.effective
+    );
+    let off = format!("history: {{ retain: 0s }}\n{dest}");
+    let loaded = parse("c.yaml", &off, ".".into(), Purpose::Run, &env()).expect("valid");
+    assert_eq!(loaded.settings.history, None, "retain: 0s turns it off");
+    let e = errors(&format!(
+        "history: {{ retain: 500ms, max_bytes: 1KiB }}\n{dest}"
+    ));
+    assert!(
+        e.iter()
+            .any(|l| l.contains("history.retain") && l.contains("out of range")),
+        "{e:#?}"
+    );
+    assert!(
+        e.iter()
+            .any(|l| l.contains("history.max_bytes") && l.contains("out of range")),
+        "{e:#?}"
+    );
+    let e = one_error(&format!("history: {{ keep: 1h }}\n{dest}"));
+    assert!(e.contains("keep"), "an unknown key is named: {e}");
+}
