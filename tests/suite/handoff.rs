@@ -187,6 +187,33 @@ async fn a_rolling_deploy_hands_off_every_pending_event_and_attempts_go_on() {
         b.logs().contains("adopted a hand-off"),
         "B says what it adopted"
     );
+    // B's history has the adopted event from its first accept, with A's
+    // attempts counted (SPEC §8).
+    let (id, prior) = before
+        .iter()
+        .min_by_key(|(id, _)| id.as_str())
+        .map(|(id, n)| (id.clone(), *n))
+        .unwrap_or_default();
+    let url = format!("{}/v1/events/{id}", b.admin_url());
+    let mut shown = serde_json::Value::Null;
+    // Bounded: 5 s in 50 ms polls, for the last outcome's record.
+    for _ in 0..100 {
+        shown = support::get(&url).await.json();
+        if shown["deliveries"][0]["state"] == "delivered" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let d = &shown["deliveries"][0];
+    check_eq!(b, d["state"], "delivered", "{shown}");
+    check_eq!(b, d["attempts_before"], prior, "A's attempts: {shown}");
+    let last = d["attempts"].as_array().and_then(|a| a.last()).cloned();
+    check_eq!(
+        b,
+        last.map(|a| a["status"].clone()),
+        Some(serde_json::json!(200)),
+        "{shown}"
+    );
     let adopted = support::metric(
         &b.admin_url(),
         r#"courier_handoff_events_total{direction="adopted"}"#,
