@@ -1,7 +1,7 @@
 //! courier against nginx under the same wrk load, in one invocation:
 //!
 //! `cargo bench --bench courier_bench [-- --seconds 10 --connections 50
-//!  --steps nhabcdekpqxot --scale 1 --compare PATH --rounds 1 --write-results]`
+//!  --steps nhabcdekpqxoty --scale 1 --compare PATH --rounds 1 --write-results]`
 //!
 //! n. baselines, run as their users run them: wrk against an nginx answering
 //!    200 to every POST (`direct`: the receiver, which courier delivers to
@@ -74,7 +74,16 @@
 //!    and is timed from its spawn until `courier_handoff_events_total
 //!    {direction="adopted"}` counts every event, with its peak RSS.
 //!    Budgets: written ≤ 10 s and adopted ≤ 10 s, each side's peak RSS
-//!    ≤ 64 MiB.
+//!    ≤ 64 MiB;
+//! y. event history (issue #33, `courier_bench/history.rs`): step b with
+//!    history on (the default) and off (`history: { retain: 0s }`), in the
+//!    order off, on, on, off, with CPU per event; then 1,000,000 events
+//!    (`--scale` multiplies them), each with its own `Idempotency-Key`,
+//!    delivered to nginx during the load, history on and then off: the
+//!    size of `<journal.dir>/history/`, 2,000 lookups of random ids among
+//!    them (`GET /v1/events/{id}`, one after another), and courier's RSS
+//!    beside history off's. Budgets: end to end on ≥ 0.9× off, ≤ 200
+//!    bytes per event on disk, lookup p99 ≤ 5 ms, RSS ≤ 10 MiB over off.
 //!
 //! Steps o and t start their own `moto_server` (PyPI `moto[server]`, in
 //! `tests/py/requirements.txt`) on a free loopback port and kill it at
@@ -87,8 +96,9 @@
 //! before/after lands in one table. `--rounds N` runs them N times, the
 //! binaries taking turns, and adds the medians of the rounds, with each
 //! budget judged on its medians. `--scale F` multiplies the backlog sizes
-//! of c and d. The table is printed with PASS/MISS for the budgets of issue
-//! #10; `--write-results` also writes it to bench/RESULTS.md, keeping that
+//! of c, d, x, o and t, and step y's million. The table is printed with
+//! PASS/MISS for the budgets of issue #10 and those named above;
+//! `--write-results` also writes it to bench/RESULTS.md, keeping that
 //! file's hand-kept `## Measurements behind the code` section at its end.
 //!
 //! wrk, the two nginx, courier and this process share the machine's CPUs,
@@ -101,6 +111,8 @@
 
 #[path = "courier_bench/floor.rs"]
 mod floor;
+#[path = "courier_bench/history.rs"]
+mod history;
 #[path = "courier_bench/objects.rs"]
 mod objects;
 /// As courier's own binary, so the floor (step h) pays what courier pays.
@@ -124,7 +136,7 @@ const PENDING: &str = r#"courier_events_pending{destination="bench"}"#;
 const ACCEPTED: &str = r#"courier_events_accepted_total{destination="bench"}"#;
 const DELIVERED: &str = r#"courier_events_delivered_total{destination="bench"}"#;
 /// Every step, run by default; `--steps` picks some.
-const STEPS: &str = "nhabcdekpqxot";
+const STEPS: &str = "nhabcdekpqxoty";
 /// Step c's backlog and step d's, before `--scale`.
 const DRAIN_BACKLOG: f64 = 100_000.0;
 /// Step h's client: as many connections as courier's `concurrency: 64`.
@@ -141,7 +153,7 @@ const POLL: Duration = Duration::from_millis(20);
 /// Step e waits this long after the start before reading RSS.
 const IDLE: Duration = Duration::from_secs(2);
 const MIB: f64 = 1024.0 * 1024.0;
-const USAGE: &str = "usage: cargo bench --bench courier_bench [-- --seconds N --connections N --steps nhabcdekpqxot --scale F --compare PATH --rounds N --write-results]";
+const USAGE: &str = "usage: cargo bench --bench courier_bench [-- --seconds N --connections N --steps nhabcdekpqxoty --scale F --compare PATH --rounds N --write-results]";
 
 struct Args {
     seconds: u64,
@@ -889,7 +901,18 @@ async fn accept_only(label: &str, bin: &Path, rx: &str, args: &Args) -> Result<R
 
 /// Step b: the rate is accepted / (load + drain).
 async fn end_to_end(label: &str, bin: &Path, rx: &str, args: &Args) -> Result<Row, String> {
-    let run = start(bin, rx, "").await?;
+    end_to_end_with(format!("{label} b. end-to-end"), bin, &config(rx, ""), args).await
+}
+
+/// Step b's measure of a courier run on `yaml` (step y's too), as the row
+/// `target`.
+async fn end_to_end_with(
+    target: String,
+    bin: &Path,
+    yaml: &str,
+    args: &Args,
+) -> Result<Row, String> {
+    let run = start_yaml(bin, yaml, &[]).await?;
     let c = &run.courier;
     let cpu = cpu_seconds(c.pid());
     let w = wrk(&c.url(DESTINATION), args).await?;
@@ -897,7 +920,7 @@ async fn end_to_end(label: &str, bin: &Path, rx: &str, args: &Args) -> Result<Ro
     let drain = drained(c).await?.as_secs_f64();
     let accepted = metric(c, ACCEPTED).await.unwrap_or(0.0);
     let delivered = metric(c, DELIVERED).await.unwrap_or(0.0);
-    let mut row = Row::load(format!("{label} b. end-to-end"), &w);
+    let mut row = Row::load(target, &w);
     row.rate = Some(accepted / (w.seconds + drain));
     row.events = Some(accepted);
     row.cpu = Some(cpu_seconds(c.pid()).unwrap_or(0.0) - cpu.unwrap_or(0.0));
@@ -1754,6 +1777,19 @@ async fn courier_steps(
                     failed("t. hand-off", e, rows, budgets, &names)
                 }
             },
+            'y' => match history::history(label, bin, rx, args).await {
+                Ok(m) => {
+                    budgets.extend(history::budgets(label, &m, args));
+                    rows.extend(m.rows);
+                }
+                Err(e) => failed(
+                    "y. event history",
+                    e,
+                    rows,
+                    budgets,
+                    &history::budget_names(args),
+                ),
+            },
             'p' => match passthrough(label, bin, rx, args).await {
                 Ok(p) => rows.extend(p),
                 Err(e) => failed("p. passthrough", e, rows, budgets, &[]),
@@ -2036,10 +2072,10 @@ fn write_results(
          end-to-end) over nginx's, as measured just before the row (named in its notes) \
          for courier's loads and drains. CPU: utime + stime of the process named in the notes \
          (courier's for courier's rows) during the load (a, b, p, q, and nginx's: the nginx \
-         master and its workers), the drain (c), the fill (d), since start (e; x and o: since the restart; t: B's) \
-         or from the SIGTERM (t: A's); CPU \
+         master and its workers), the drain (c), the fill (d), since start (e; x and o: since the restart; t: B's), \
+         from the SIGTERM (t: A's) or over the load and its delivery (y); CPU \
          µs/event: that over the events (requests for nginx) answered 2xx (a, p, q, nginx, \
-         h's loads), accepted (b, h's end to end), drained (c), filled (d), dead-lettered (o) \
+         h's loads), accepted (b, h's end to end, y), drained (c), filled (d), dead-lettered (o) \
          or handed off (t). Peak RSS: VmHWM (e: VmRSS). With \
          `--rounds`, the medians of the rounds follow the budgets.\n",
         shell("date", &["-u", "+%Y-%m-%d %H:%M UTC"]),
