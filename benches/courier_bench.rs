@@ -718,13 +718,73 @@ impl Baselines {
 
 /// utime + stime of `pid` in seconds, from /proc/PID/stat.
 fn cpu_seconds(pid: u32) -> Option<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat_cpu_seconds(Path::new(&format!("/proc/{pid}/stat")))
+}
+
+/// utime + stime in seconds from a /proc `stat` file (a process's or a
+/// thread's).
+fn stat_cpu_seconds(path: &Path) -> Option<f64> {
+    let stat = std::fs::read_to_string(path).ok()?;
     // Fields after the command name `(...)`: state is field 3, utime 14.
     let fields: Vec<&str> = stat[stat.rfind(')')? + 1..].split_whitespace().collect();
     let ticks = fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?;
     // SAFETY: sysconf has no preconditions.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
     Some(ticks / hz.max(1) as f64)
+}
+
+/// utime + stime of each of `pid`'s threads, in seconds, summed by thread
+/// name (tokio's workers share one), in name order.
+fn thread_cpu(pid: u32) -> Vec<(String, f64)> {
+    let mut by: std::collections::BTreeMap<String, f64> = std::collections::BTreeMap::new();
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .into_iter()
+        .flatten();
+    // Bounded: the process's threads.
+    for task in tasks.flatten() {
+        let name = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        let cpu = stat_cpu_seconds(&task.path().join("stat")).unwrap_or(0.0);
+        *by.entry(name.trim().to_owned()).or_default() += cpu;
+    }
+    by.into_iter().collect()
+}
+
+/// The CPU each thread name spent from `before` to `after`, in µs per
+/// event, most first: "CPU µs/event by thread: tokio-rt-worker 40.1, …".
+fn per_thread(before: &[(String, f64)], after: &[(String, f64)], events: f64) -> String {
+    let mut spent: Vec<(&str, f64)> = after
+        .iter()
+        .map(|(name, now)| {
+            let was = before
+                .iter()
+                .find(|(n, _)| n == name)
+                .map_or(0.0, |(_, c)| *c);
+            (name.as_str(), (now - was) * 1e6 / events.max(1.0))
+        })
+        .filter(|(_, us)| *us >= 0.05)
+        .collect();
+    spent.sort_by(|a, b| b.1.total_cmp(&a.1));
+    let list: Vec<String> = spent.iter().map(|(n, us)| format!("{n} {us:.1}")).collect();
+    format!("CPU µs/event by thread: {}.", list.join(", "))
+}
+
+/// The bytes `pid` had written to storage (`write_bytes` of /proc/PID/io).
+fn written_bytes(pid: u32) -> Option<u64> {
+    let io = std::fs::read_to_string(format!("/proc/{pid}/io")).ok()?;
+    io.lines()
+        .find_map(|l| l.strip_prefix("write_bytes:"))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// "Written to storage: N bytes/event." from two `written_bytes`.
+fn written_per_event(before: Option<u64>, after: Option<u64>, events: f64) -> String {
+    match before.zip(after) {
+        Some((b, a)) => format!(
+            "Written to storage: {:.0} bytes/event.",
+            a.saturating_sub(b) as f64 / events.max(1.0)
+        ),
+        None => String::new(),
+    }
 }
 
 /// A `VmRSS`/`VmHWM`-style line of /proc/PID/status, in bytes.
@@ -901,20 +961,30 @@ async fn accept_only(label: &str, bin: &Path, rx: &str, args: &Args) -> Result<R
 
 /// Step b: the rate is accepted / (load + drain).
 async fn end_to_end(label: &str, bin: &Path, rx: &str, args: &Args) -> Result<Row, String> {
-    end_to_end_with(format!("{label} b. end-to-end"), bin, &config(rx, ""), args).await
+    end_to_end_with(
+        format!("{label} b. end-to-end"),
+        bin,
+        &config(rx, ""),
+        false,
+        args,
+    )
+    .await
 }
 
 /// Step b's measure of a courier run on `yaml` (step y's too), as the row
-/// `target`.
+/// `target`; `by_thread` adds courier's CPU per event by thread to its note.
 async fn end_to_end_with(
     target: String,
     bin: &Path,
     yaml: &str,
+    by_thread: bool,
     args: &Args,
 ) -> Result<Row, String> {
     let run = start_yaml(bin, yaml, &[]).await?;
     let c = &run.courier;
     let cpu = cpu_seconds(c.pid());
+    let threads = thread_cpu(c.pid());
+    let written = written_bytes(c.pid());
     let w = wrk(&c.url(DESTINATION), args).await?;
     let during = metric(c, DELIVERED).await.unwrap_or(0.0);
     let drain = drained(c).await?.as_secs_f64();
@@ -929,6 +999,11 @@ async fn end_to_end_with(
         "accepted {accepted:.0} ({:.0}/s), delivered {during:.0} during the load, drain {drain:.1} s, delivered {delivered:.0}. {}",
         w.rate, row.note
     );
+    if by_thread {
+        let by = per_thread(&threads, &thread_cpu(c.pid()), accepted);
+        let wrote = written_per_event(written, written_bytes(c.pid()), accepted);
+        row.note = format!("{} {by} {wrote}", row.note.trim());
+    }
     Ok(row)
 }
 

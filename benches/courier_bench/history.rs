@@ -14,7 +14,10 @@
 //!    included), 2,000 lookups of random ids among them by `GET
 //!    /v1/events/{id}` on the admin listener, one after another, each
 //!    timed from the request to the whole answer; and courier's RSS beside
-//!    the same million with history off.
+//!    the same million with history off. The end-to-end rows and the
+//!    million's give courier's CPU per event by thread (history is
+//!    recorded by `journal-indexer`) and its bytes written to storage per
+//!    event (`write_bytes` of /proc/PID/io).
 //!
 //! Budgets (issue #33): end to end with history ≥ 0.9× without; ≤ 200
 //! bytes per event on disk; lookup p99 ≤ 5 ms; VmRSS after the million
@@ -30,8 +33,8 @@ use support::load;
 
 use super::{
     Args, Budget, Check, DEADLINE, DELIVERED, DESTINATION, MIB, PENDING, POLL, Row, Run, backlog,
-    budget, config, cpu_seconds, disk_bytes, end_to_end_with, events_to, metric, proc_status,
-    start_yaml,
+    budget, config, cpu_seconds, disk_bytes, end_to_end_with, events_to, metric, per_thread,
+    proc_status, start_yaml, thread_cpu, written_bytes, written_per_event,
 };
 
 /// The history's events, before `--scale`.
@@ -149,7 +152,7 @@ pub async fn history(label: &str, bin: &Path, rx: &str, args: &Args) -> Result<M
             side(history),
             rates[i].len() + 1
         );
-        let row = end_to_end_with(target, bin, yaml(history), args).await?;
+        let row = end_to_end_with(target, bin, yaml(history), true, args).await?;
         rates[i].push(row.rate.unwrap_or(0.0));
         cpu[i] += row.cpu.unwrap_or(0.0);
         accepted[i] += row.events.unwrap_or(0.0);
@@ -224,6 +227,8 @@ async fn deliver(
     let c = &run.courier;
     let pid = c.pid();
     let cpu = cpu_seconds(pid);
+    let threads = thread_cpu(pid);
+    let written = written_bytes(pid);
     let started = Instant::now();
     let spec = events_to(c.url(DESTINATION), args.connections);
     let report = load::run_n_numbered(spec, events, KEY, ID_PREFIX).await;
@@ -265,6 +270,8 @@ async fn deliver(
     };
     let done = done.unwrap_or(recorded);
     let used = cpu_seconds(pid).zip(cpu).map(|(now, before)| now - before);
+    let by = per_thread(&threads, &thread_cpu(pid), events as f64);
+    let wrote = written_per_event(written, written_bytes(pid), events as f64);
     tokio::time::sleep(SETTLE).await;
     let rss = proc_status(pid, "VmRSS").unwrap_or(0);
     let mut note = format!(
@@ -282,7 +289,7 @@ async fn deliver(
     }
     let _ = write!(
         note,
-        ". VmRSS {:.1} MiB {SETTLE:?} later ({}).",
+        ". {by} {wrote} VmRSS {:.1} MiB {SETTLE:?} later ({}).",
         rss as f64 / MIB,
         rss_parts(pid)
     );
