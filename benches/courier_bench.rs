@@ -1,7 +1,7 @@
 //! courier against nginx under the same wrk load, in one invocation:
 //!
 //! `cargo bench --bench courier_bench [-- --seconds 10 --connections 50
-//!  --steps nhabcdekpqxot --scale 1 --compare PATH --rounds 1 --write-results]`
+//!  --steps nhabcdekpqxoty --scale 1 --compare PATH --rounds 1 --write-results]`
 //!
 //! n. baselines, run as their users run them: wrk against an nginx answering
 //!    200 to every POST (`direct`: the receiver, which courier delivers to
@@ -74,7 +74,16 @@
 //!    and is timed from its spawn until `courier_handoff_events_total
 //!    {direction="adopted"}` counts every event, with its peak RSS.
 //!    Budgets: written ≤ 10 s and adopted ≤ 10 s, each side's peak RSS
-//!    ≤ 64 MiB.
+//!    ≤ 64 MiB;
+//! y. event history (issue #33, `courier_bench/history.rs`): step b with
+//!    history on (the default) and off (`history: { retain: 0s }`), in the
+//!    order off, on, on, off, with CPU per event; then 1,000,000 events
+//!    (`--scale` multiplies them), each with its own `Idempotency-Key`,
+//!    delivered to nginx during the load, history on and then off: the
+//!    size of `<journal.dir>/history/`, 2,000 lookups of random ids among
+//!    them (`GET /v1/events/{id}`, one after another), and courier's RSS
+//!    beside history off's. Budgets: end to end on ≥ 0.9× off, ≤ 200
+//!    bytes per event on disk, lookup p99 ≤ 5 ms, RSS ≤ 10 MiB over off.
 //!
 //! Steps o and t start their own `moto_server` (PyPI `moto[server]`, in
 //! `tests/py/requirements.txt`) on a free loopback port and kill it at
@@ -87,8 +96,9 @@
 //! before/after lands in one table. `--rounds N` runs them N times, the
 //! binaries taking turns, and adds the medians of the rounds, with each
 //! budget judged on its medians. `--scale F` multiplies the backlog sizes
-//! of c and d. The table is printed with PASS/MISS for the budgets of issue
-//! #10; `--write-results` also writes it to bench/RESULTS.md, keeping that
+//! of c, d, x, o and t, and step y's million. The table is printed with
+//! PASS/MISS for the budgets of issue #10 and those named above;
+//! `--write-results` also writes it to bench/RESULTS.md, keeping that
 //! file's hand-kept `## Measurements behind the code` section at its end.
 //!
 //! wrk, the two nginx, courier and this process share the machine's CPUs,
@@ -101,6 +111,8 @@
 
 #[path = "courier_bench/floor.rs"]
 mod floor;
+#[path = "courier_bench/history.rs"]
+mod history;
 #[path = "courier_bench/objects.rs"]
 mod objects;
 /// As courier's own binary, so the floor (step h) pays what courier pays.
@@ -124,7 +136,7 @@ const PENDING: &str = r#"courier_events_pending{destination="bench"}"#;
 const ACCEPTED: &str = r#"courier_events_accepted_total{destination="bench"}"#;
 const DELIVERED: &str = r#"courier_events_delivered_total{destination="bench"}"#;
 /// Every step, run by default; `--steps` picks some.
-const STEPS: &str = "nhabcdekpqxot";
+const STEPS: &str = "nhabcdekpqxoty";
 /// Step c's backlog and step d's, before `--scale`.
 const DRAIN_BACKLOG: f64 = 100_000.0;
 /// Step h's client: as many connections as courier's `concurrency: 64`.
@@ -141,7 +153,7 @@ const POLL: Duration = Duration::from_millis(20);
 /// Step e waits this long after the start before reading RSS.
 const IDLE: Duration = Duration::from_secs(2);
 const MIB: f64 = 1024.0 * 1024.0;
-const USAGE: &str = "usage: cargo bench --bench courier_bench [-- --seconds N --connections N --steps nhabcdekpqxot --scale F --compare PATH --rounds N --write-results]";
+const USAGE: &str = "usage: cargo bench --bench courier_bench [-- --seconds N --connections N --steps nhabcdekpqxoty --scale F --compare PATH --rounds N --write-results]";
 
 struct Args {
     seconds: u64,
@@ -706,13 +718,73 @@ impl Baselines {
 
 /// utime + stime of `pid` in seconds, from /proc/PID/stat.
 fn cpu_seconds(pid: u32) -> Option<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat_cpu_seconds(Path::new(&format!("/proc/{pid}/stat")))
+}
+
+/// utime + stime in seconds from a /proc `stat` file (a process's or a
+/// thread's).
+fn stat_cpu_seconds(path: &Path) -> Option<f64> {
+    let stat = std::fs::read_to_string(path).ok()?;
     // Fields after the command name `(...)`: state is field 3, utime 14.
     let fields: Vec<&str> = stat[stat.rfind(')')? + 1..].split_whitespace().collect();
     let ticks = fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?;
     // SAFETY: sysconf has no preconditions.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
     Some(ticks / hz.max(1) as f64)
+}
+
+/// utime + stime of each of `pid`'s threads, in seconds, summed by thread
+/// name (tokio's workers share one), in name order.
+fn thread_cpu(pid: u32) -> Vec<(String, f64)> {
+    let mut by: std::collections::BTreeMap<String, f64> = std::collections::BTreeMap::new();
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .into_iter()
+        .flatten();
+    // Bounded: the process's threads.
+    for task in tasks.flatten() {
+        let name = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        let cpu = stat_cpu_seconds(&task.path().join("stat")).unwrap_or(0.0);
+        *by.entry(name.trim().to_owned()).or_default() += cpu;
+    }
+    by.into_iter().collect()
+}
+
+/// The CPU each thread name spent from `before` to `after`, in µs per
+/// event, most first: "CPU µs/event by thread: tokio-rt-worker 40.1, …".
+fn per_thread(before: &[(String, f64)], after: &[(String, f64)], events: f64) -> String {
+    let mut spent: Vec<(&str, f64)> = after
+        .iter()
+        .map(|(name, now)| {
+            let was = before
+                .iter()
+                .find(|(n, _)| n == name)
+                .map_or(0.0, |(_, c)| *c);
+            (name.as_str(), (now - was) * 1e6 / events.max(1.0))
+        })
+        .filter(|(_, us)| *us >= 0.05)
+        .collect();
+    spent.sort_by(|a, b| b.1.total_cmp(&a.1));
+    let list: Vec<String> = spent.iter().map(|(n, us)| format!("{n} {us:.1}")).collect();
+    format!("CPU µs/event by thread: {}.", list.join(", "))
+}
+
+/// The bytes `pid` had written to storage (`write_bytes` of /proc/PID/io).
+fn written_bytes(pid: u32) -> Option<u64> {
+    let io = std::fs::read_to_string(format!("/proc/{pid}/io")).ok()?;
+    io.lines()
+        .find_map(|l| l.strip_prefix("write_bytes:"))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// "Written to storage: N bytes/event." from two `written_bytes`.
+fn written_per_event(before: Option<u64>, after: Option<u64>, events: f64) -> String {
+    match before.zip(after) {
+        Some((b, a)) => format!(
+            "Written to storage: {:.0} bytes/event.",
+            a.saturating_sub(b) as f64 / events.max(1.0)
+        ),
+        None => String::new(),
+    }
 }
 
 /// A `VmRSS`/`VmHWM`-style line of /proc/PID/status, in bytes.
@@ -889,15 +961,36 @@ async fn accept_only(label: &str, bin: &Path, rx: &str, args: &Args) -> Result<R
 
 /// Step b: the rate is accepted / (load + drain).
 async fn end_to_end(label: &str, bin: &Path, rx: &str, args: &Args) -> Result<Row, String> {
-    let run = start(bin, rx, "").await?;
+    end_to_end_with(
+        format!("{label} b. end-to-end"),
+        bin,
+        &config(rx, ""),
+        false,
+        args,
+    )
+    .await
+}
+
+/// Step b's measure of a courier run on `yaml` (step y's too), as the row
+/// `target`; `by_thread` adds courier's CPU per event by thread to its note.
+async fn end_to_end_with(
+    target: String,
+    bin: &Path,
+    yaml: &str,
+    by_thread: bool,
+    args: &Args,
+) -> Result<Row, String> {
+    let run = start_yaml(bin, yaml, &[]).await?;
     let c = &run.courier;
     let cpu = cpu_seconds(c.pid());
+    let threads = thread_cpu(c.pid());
+    let written = written_bytes(c.pid());
     let w = wrk(&c.url(DESTINATION), args).await?;
     let during = metric(c, DELIVERED).await.unwrap_or(0.0);
     let drain = drained(c).await?.as_secs_f64();
     let accepted = metric(c, ACCEPTED).await.unwrap_or(0.0);
     let delivered = metric(c, DELIVERED).await.unwrap_or(0.0);
-    let mut row = Row::load(format!("{label} b. end-to-end"), &w);
+    let mut row = Row::load(target, &w);
     row.rate = Some(accepted / (w.seconds + drain));
     row.events = Some(accepted);
     row.cpu = Some(cpu_seconds(c.pid()).unwrap_or(0.0) - cpu.unwrap_or(0.0));
@@ -906,6 +999,11 @@ async fn end_to_end(label: &str, bin: &Path, rx: &str, args: &Args) -> Result<Ro
         "accepted {accepted:.0} ({:.0}/s), delivered {during:.0} during the load, drain {drain:.1} s, delivered {delivered:.0}. {}",
         w.rate, row.note
     );
+    if by_thread {
+        let by = per_thread(&threads, &thread_cpu(c.pid()), accepted);
+        let wrote = written_per_event(written, written_bytes(c.pid()), accepted);
+        row.note = format!("{} {by} {wrote}", row.note.trim());
+    }
     Ok(row)
 }
 
@@ -1754,6 +1852,19 @@ async fn courier_steps(
                     failed("t. hand-off", e, rows, budgets, &names)
                 }
             },
+            'y' => match history::history(label, bin, rx, args).await {
+                Ok(m) => {
+                    budgets.extend(history::budgets(label, &m, args));
+                    rows.extend(m.rows);
+                }
+                Err(e) => failed(
+                    "y. event history",
+                    e,
+                    rows,
+                    budgets,
+                    &history::budget_names(args),
+                ),
+            },
             'p' => match passthrough(label, bin, rx, args).await {
                 Ok(p) => rows.extend(p),
                 Err(e) => failed("p. passthrough", e, rows, budgets, &[]),
@@ -2036,10 +2147,10 @@ fn write_results(
          end-to-end) over nginx's, as measured just before the row (named in its notes) \
          for courier's loads and drains. CPU: utime + stime of the process named in the notes \
          (courier's for courier's rows) during the load (a, b, p, q, and nginx's: the nginx \
-         master and its workers), the drain (c), the fill (d), since start (e; x and o: since the restart; t: B's) \
-         or from the SIGTERM (t: A's); CPU \
+         master and its workers), the drain (c), the fill (d), since start (e; x and o: since the restart; t: B's), \
+         from the SIGTERM (t: A's) or over the load and its delivery (y); CPU \
          µs/event: that over the events (requests for nginx) answered 2xx (a, p, q, nginx, \
-         h's loads), accepted (b, h's end to end), drained (c), filled (d), dead-lettered (o) \
+         h's loads), accepted (b, h's end to end, y), drained (c), filled (d), dead-lettered (o) \
          or handed off (t). Peak RSS: VmHWM (e: VmRSS). With \
          `--rounds`, the medians of the rounds follow the budgets.\n",
         shell("date", &["-u", "+%Y-%m-%d %H:%M UTC"]),

@@ -75,7 +75,7 @@ fn per_second(count: u64, elapsed: Duration) -> f64 {
 /// Loads `spec.url` for `spec.duration`. Requests still in flight at the end
 /// are abandoned and not counted.
 pub async fn run(spec: LoadSpec) -> LoadReport {
-    run_inner(spec, None, None, false).await
+    run_inner(spec, None, None, false, None).await
 }
 
 /// Sends `per_second` requests a second in all, spread evenly over the
@@ -89,19 +89,34 @@ pub async fn run_paced(spec: LoadSpec, per_second: f64) -> LoadReport {
         per_second.is_finite() && per_second > 0.0,
         "run_paced: per_second must be > 0"
     );
-    run_inner(spec, None, Some(per_second), false).await
+    run_inner(spec, None, Some(per_second), false, None).await
 }
 
 /// As [`run`], and keeps each 2xx answer's body (courier's 202 lists the
 /// ids it acknowledged): what a crash test needs to know was promised.
 pub async fn run_keeping_answers(spec: LoadSpec) -> LoadReport {
-    run_inner(spec, None, None, true).await
+    run_inner(spec, None, None, true, None).await
 }
 
 /// Sends exactly `total` requests (as fast as `spec.connections` allow),
 /// with `spec.duration` as a deadline.
 pub async fn run_n(spec: LoadSpec, total: u64) -> LoadReport {
-    run_inner(spec, Some(total), None, false).await
+    run_inner(spec, Some(total), None, false, None).await
+}
+
+/// As [`run_n`], each request with the header `name` set to
+/// [`numbered`]`(prefix, n)`, n counting the requests from 0: e.g. an
+/// `Idempotency-Key` per request, so that each event's id is known.
+pub async fn run_n_numbered(spec: LoadSpec, total: u64, name: &str, prefix: &str) -> LoadReport {
+    let name = HeaderName::from_bytes(name.as_bytes())
+        .unwrap_or_else(|_| panic!("run_n_numbered: bad header name {name:?}"));
+    run_inner(spec, Some(total), None, false, Some((name, prefix.into()))).await
+}
+
+/// The value of [`run_n_numbered`]'s header on request `n`: `prefix` and
+/// `n` in 12 digits (a 24-character prefix makes it as long as a UUID).
+pub fn numbered(prefix: &str, n: u64) -> String {
+    format!("{prefix}{n:012}")
 }
 
 struct Target {
@@ -110,6 +125,8 @@ struct Target {
     path_and_query: String,
     headers: Vec<(HeaderName, HeaderValue)>,
     body: Bytes,
+    /// A header numbered per request: its name and the value's prefix.
+    numbered: Option<(HeaderName, String)>,
 }
 
 async fn run_inner(
@@ -117,6 +134,7 @@ async fn run_inner(
     total: Option<u64>,
     per_second: Option<f64>,
     keep: bool,
+    numbered: Option<(HeaderName, String)>,
 ) -> LoadReport {
     assert!(spec.connections > 0, "LoadSpec.connections must be > 0");
     let uri: Uri = spec
@@ -156,6 +174,7 @@ async fn run_inner(
             .unwrap_or_else(|| "/".to_owned()),
         headers,
         body: spec.body.clone(),
+        numbered,
     });
 
     let issued = Arc::new(AtomicU64::new(0));
@@ -209,7 +228,8 @@ async fn connect(target: &Target) -> Result<SendRequest<Full<Bytes>>, String> {
     Ok(sender)
 }
 
-fn build_request(target: &Target) -> Request<Full<Bytes>> {
+/// The request; `n` is its number (from 0) when `target.numbered` is set.
+fn build_request(target: &Target, n: u64) -> Request<Full<Bytes>> {
     let mut req = Request::new(Full::new(target.body.clone()));
     *req.method_mut() = Method::POST;
     *req.uri_mut() = target
@@ -223,6 +243,11 @@ fn build_request(target: &Target) -> Request<Full<Bytes>> {
     );
     for (name, value) in &target.headers {
         headers.append(name.clone(), value.clone());
+    }
+    if let Some((name, prefix)) = &target.numbered {
+        let value = HeaderValue::from_str(&numbered(prefix, n))
+            .unwrap_or_else(|_| panic!("run_n_numbered: bad header value prefix {prefix:?}"));
+        headers.insert(name.clone(), value);
     }
     req
 }
@@ -263,9 +288,13 @@ async fn connection(
             Ok(Err(_)) => continue,
             Ok(Ok(())) => {}
         }
-        if let Some(total) = total
-            && issued.fetch_add(1, Ordering::SeqCst) >= total
-        {
+        // Counted only where a total or a numbered header needs it.
+        let n = if total.is_some() || target.numbered.is_some() {
+            issued.fetch_add(1, Ordering::SeqCst)
+        } else {
+            0
+        };
+        if total.is_some_and(|total| n >= total) {
             break;
         }
         let sent = match &mut pace {
@@ -280,7 +309,7 @@ async fn connection(
             }
             None => Instant::now(),
         };
-        let req = build_request(&target);
+        let req = build_request(&target, n);
         let exchange = async {
             let resp = conn.send_request(req).await?;
             let status = resp.status().as_u16();
