@@ -13,7 +13,8 @@
 //! again after the restart, and that attempt is recorded then.
 //!
 //! Retention drops whole time partitions (`partition`): a file per eighth
-//! of `retain`, or per eighth of `max_bytes`, whichever fills first. The
+//! of `retain`, or per eighth of `max_bytes` (at most 100,000 records),
+//! whichever fills first. The
 //! records of events still in the journal are copied forward before their
 //! partition goes, so that a retried event never loses its attempts.
 //!

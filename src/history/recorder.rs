@@ -31,6 +31,12 @@ pub struct Accepted<'a> {
 /// Bytes a record takes on disk, indexes and page slack included, before
 /// a partition has told its own (bench/RESULTS.md has the measured figure).
 const ROW_BYTES: u64 = 150;
+/// Records a partition holds at most, whatever `max_bytes` allows: each
+/// insert lands on a random page of the id index, so a commit writes
+/// about one page per record once the index outgrows the records of a
+/// commit; a partition this small keeps the index to a few hundred pages
+/// that a commit's records share (bench/RESULTS.md, step y).
+const MAX_ROWS: u64 = 100_000;
 
 pub struct Recorder {
     shared: Arc<Shared>,
@@ -85,7 +91,7 @@ impl Recorder {
             unsynced: BTreeSet::new(),
             last_look: Instant::now(),
             rows_in_current: rows.max(0) as u64,
-            rows_per_partition: (s.max_bytes / 8 / ROW_BYTES).max(1),
+            rows_per_partition: (s.max_bytes / 8 / ROW_BYTES).clamp(1, MAX_ROWS),
         };
         if r.parts.is_empty() {
             r.start_partition()?;
@@ -245,7 +251,7 @@ impl Recorder {
         };
         if self.rows_in_current >= 1000 {
             let per_row = (current_bytes / self.rows_in_current).max(1);
-            self.rows_per_partition = (self.max_bytes / 8 / per_row).max(1);
+            self.rows_per_partition = (self.max_bytes / 8 / per_row).clamp(1, MAX_ROWS);
         }
         let span_ms = self.span().as_millis() as u64;
         if now.saturating_sub(current.start_ms) >= span_ms || current_bytes >= self.max_bytes / 8 {
