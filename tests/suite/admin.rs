@@ -1,8 +1,8 @@
 //! The admin surface fit for a pod (SPEC §5): with `admin_token_env`, every
 //! `/v1/*` call needs `Authorization: Bearer <token>`, reads included (401,
-//! nothing revealed and no change otherwise), while the probes and the
-//! scrape never do; a non-loopback `admin_listen` without a token refuses
-//! to start.
+//! nothing revealed and no change otherwise), while the probes, the scrape
+//! and reads of event history (SPEC §8: no body, no header) never do; a
+//! non-loopback `admin_listen` without a token refuses to start.
 
 use std::time::Duration;
 
@@ -71,6 +71,21 @@ async fn every_v1_call_needs_the_bearer_token_and_the_probes_do_not() {
             resp.text()
         );
     }
+
+    // Event history holds no body and no header (SPEC §8): read openly.
+    let page = get(&format!("{admin}/v1/events?limit=1")).await;
+    check_eq!(c, page.status, 200, "GET /v1/events: {}", page.text());
+    let one = get(&format!("{admin}/v1/events/some-id")).await;
+    check_eq!(c, one.status, 404, "unknown, not refused: {}", one.text());
+    check!(c, one.json()["error"].is_string(), "{}", one.text());
+    let resp = request(Method::DELETE, &format!("{admin}/v1/events"), "", &[]).await;
+    check_eq!(
+        c,
+        resp.status,
+        401,
+        "only its reads are open: {}",
+        resp.text()
+    );
 
     let wrong = format!("Bearer {TOKEN}x");
     let refused: [&[(&str, &str)]; 4] = [
