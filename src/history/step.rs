@@ -3,6 +3,10 @@
 //! about 8 bytes an attempt, so that a million delivered events fit the
 //! 200-bytes-an-event budget without a row per attempt).
 
+// An outcome's code in the encoding is its place in `classify::ALL`
+// (declaration order): new outcomes go at the end of the enum, so that
+// stored codes keep their meaning (a test pins them).
+use crate::policy::classify::ALL as OUTCOMES;
 use crate::policy::{Outcome, Reason};
 
 /// One attempt as history shows it (SPEC §8).
@@ -90,25 +94,6 @@ impl State {
             .unwrap_or(State::Pending)
     }
 }
-
-/// Every outcome, in the order of their codes in the encoding: new ones
-/// go at the end, so that stored codes keep their meaning.
-const OUTCOMES: [Outcome; 14] = [
-    Outcome::Delivered,
-    Outcome::BadRequest,
-    Outcome::Unauthorized,
-    Outcome::Forbidden,
-    Outcome::NotFound,
-    Outcome::Gone,
-    Outcome::PayloadTooLarge,
-    Outcome::TimedOut,
-    Outcome::Busy,
-    Outcome::Failed,
-    Outcome::SocketError,
-    Outcome::ResolutionError,
-    Outcome::TlsError,
-    Outcome::Probation,
-];
 
 const LATE: u8 = 0x80;
 
@@ -238,6 +223,14 @@ mod tests {
         });
         let buf = encode_all(accepted, &all);
         assert_eq!(decode(&buf, accepted), all);
+    }
+
+    #[test]
+    fn stored_outcome_codes_keep_their_meaning() {
+        let code = |o: Outcome| OUTCOMES.iter().position(|x| *x == o);
+        assert_eq!(code(Outcome::Delivered), Some(0));
+        assert_eq!(code(Outcome::TimedOut), Some(7));
+        assert_eq!(code(Outcome::Probation), Some(13));
     }
 
     #[test]
