@@ -19,7 +19,8 @@
 //! cut (slow start, so that a fast endpoint is found in a few round trips),
 //! then by one per window (additive: couriers of several pods that share
 //! an endpoint converge to fair shares, which multiplicative growth would
-//! not).
+//! not). Just below the value the endpoint last refused, it waits
+//! `PLATEAU` windows before trying that value again.
 //!
 //! **Cuts.** A 429 or 503 (`Busy`), a timeout (`TimedOut`, also a 408) or a
 //! refused or reset connection (`SocketError`) cuts the limit at once to
@@ -67,6 +68,12 @@ pub const CUT_ABOVE: f64 = 2.0;
 /// this and `CUT_ABOVE` the limit holds, so that it settles instead of
 /// swinging between a cut and a raise every window.
 pub const GROW_BELOW: f64 = 1.5;
+/// Where the endpoint last refused, the limit stays this many windows
+/// before it tries that value again (TCP CUBIC's plateau around its last
+/// maximum): an endpoint of fixed capacity N is then refused about once in
+/// seven round trips at N, N − 1 most of the time, where one step a window
+/// would try N + 1 every third.
+pub const PLATEAU: u32 = 4;
 /// A window within this of the baseline confirms it (no probe needed).
 pub const CONFIRM: f64 = 1.1;
 /// Attempts in flight while the baseline is measured: so few that an
@@ -168,6 +175,10 @@ pub struct Limiter {
     /// Doubling per window until the first cut.
     slow_start: bool,
     last_cut: Option<Duration>,
+    /// The limit the endpoint last refused (cut on an overload signal),
+    /// until a window passes above it; and windows waited just below it.
+    ceiling: Option<usize>,
+    plateau: u32,
     baseline: Option<Baseline>,
     /// Measuring the baseline: the limit is held at `probe_limit`.
     probing: bool,
@@ -182,6 +193,8 @@ impl Limiter {
             limit: bounds.initial.clamp(bounds.min, bounds.max),
             slow_start: true,
             last_cut: None,
+            ceiling: None,
+            plateau: 0,
             baseline: None,
             probing: true,
             window: Window::open(now),
@@ -226,6 +239,8 @@ impl Limiter {
                     (Some(_), None) => false,
                 };
                 if since_cut {
+                    self.ceiling = Some(self.limit);
+                    self.plateau = 0;
                     self.cut(BACKOFF, now);
                 }
                 return;
@@ -290,16 +305,31 @@ impl Limiter {
         let fast = median.as_secs_f64() <= GROW_BELOW * b.latency.as_secs_f64();
         let used = window.max_in_flight * 2 >= self.limit;
         if fast && used && !window.overloaded {
-            self.limit = if self.slow_start {
-                self.limit.saturating_mul(2)
-            } else {
-                self.limit + 1
-            }
-            .clamp(self.bounds.min, self.bounds.max);
+            self.grow();
         }
         if now.saturating_sub(b.at) >= PROBE_EVERY && self.limit > self.probe_limit() {
             self.probing = true;
         }
+    }
+
+    /// One window's raise: doubled in slow start, else one more, waiting
+    /// `PLATEAU` windows before the value last refused.
+    fn grow(&mut self) {
+        let next = if self.slow_start {
+            self.limit.saturating_mul(2)
+        } else {
+            self.limit + 1
+        };
+        match self.ceiling {
+            Some(ceiling) if next > ceiling => self.ceiling = None,
+            Some(ceiling) if next == ceiling && self.plateau + 1 < PLATEAU => {
+                self.plateau += 1;
+                return;
+            }
+            _ => {}
+        }
+        self.plateau = 0;
+        self.limit = next.clamp(self.bounds.min, self.bounds.max);
     }
 
     /// Multiplies the limit by `factor` (< 1), and starts a new window.

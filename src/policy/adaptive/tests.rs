@@ -234,6 +234,29 @@ fn fast_successes_grow_the_limit_doubling_until_the_first_cut_then_by_one() {
 }
 
 #[test]
+fn the_limit_waits_before_the_value_last_refused() {
+    let (mut l, mut now) = measured(9);
+    l.record(overloaded(MS), now);
+    assert_eq!(l.limit(), 6, "9 refused");
+    // Every attempt the limit allows, sent together, answered together.
+    let mut window = |l: &mut Limiter| {
+        now += ms(20);
+        let n = l.limit();
+        for _ in 0..n {
+            now += Duration::from_micros(1);
+            l.record(success(ms(20), n), now);
+        }
+        l.limit()
+    };
+    let limits: Vec<usize> = (0..9).map(|_| window(&mut l)).collect();
+    assert_eq!(
+        limits,
+        [7, 8, 8, 8, 8, 9, 10, 11, 12],
+        "up to 8 a step a window, {PLATEAU} windows to 9, then past it freely"
+    );
+}
+
+#[test]
 fn an_unused_limit_does_not_grow() {
     let mut sim = Sim::new(Bounds::DEFAULT);
     sim.supply = 7;
@@ -434,8 +457,8 @@ fn an_endpoint_of_fixed_capacity_is_kept_busy_with_few_refusals() {
     sim.run(Duration::from_secs(40), &mut endpoint);
     let busy = sim.busy_time / 40.0 / 8.0;
     let refused = sim.refused as f64 / (sim.served + sim.refused) as f64;
-    assert!(busy >= 0.85, "{busy:.2} of the capacity used");
-    assert!(refused <= 0.05, "{refused:.3} of the attempts refused");
+    assert!(busy >= 0.9, "{busy:.2} of the capacity used");
+    assert!(refused <= 0.03, "{refused:.3} of the attempts refused");
     // Its latency never left the baseline: confirmed, never probed again.
     let (lo, hi) = sim.range_over_last(Duration::from_secs(40));
     assert!(lo > PROBE_CONCURRENCY && hi <= 9, "{lo}..={hi}");
