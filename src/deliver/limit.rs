@@ -31,7 +31,8 @@ impl Limit {
     /// `concurrency`: the configured number (the cap, with `adaptive`).
     pub fn new(destination: &str, concurrency: usize, adaptive: Option<Bounds>) -> Limit {
         let limit = Limit {
-            current: AtomicUsize::new(concurrency),
+            // Not a limit: `reconfigure` sets the first, and the gauge.
+            current: AtomicUsize::new(0),
             adaptive: Mutex::new(None),
             gauge: metrics::concurrency_limit(destination),
         };

@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use support::load::{self, LoadSpec};
-use support::{Capacity, Courier, Receiver, check, check_eq, config, get, metric};
+use support::{Capacity, Courier, Receiver, check, check_eq, config, get, metric, post};
 
 /// Retries 50 ms apart (a 503's own minimum is 30 s by default) and no
 /// probation: what a new user tries, as in the issue, so that the limit
@@ -204,4 +204,81 @@ async fn the_limit_follows_an_endpoint_whose_capacity_comes_back() {
     check!(c, back >= 24, "the limit climbed back only to {back}");
     eprintln!("limit up to {small} for 4 slots, back up to {back} for 32");
     load.abort();
+}
+
+/// Polls (bounded) until `/v1/destinations` shows `want` as the
+/// destination's `concurrency`.
+async fn wait_concurrency(c: &Courier, want: serde_json::Value) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let mut seen;
+    // Bounded by the deadline.
+    loop {
+        let r = get(&format!("{}/v1/destinations", c.admin_url())).await;
+        seen = r.json()["destinations"][0]["concurrency"].clone();
+        if seen == want || tokio::time::Instant::now() >= deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    check_eq!(c, seen, want, "concurrency on /v1/destinations");
+}
+
+#[tokio::test]
+async fn a_reload_keeps_a_learnt_limit_and_applies_a_changed_block() {
+    use serde_json::json;
+    // Four deliveries, then a 503, then deliveries again.
+    let mut replies = vec![support::Reply::status(200); 4];
+    replies.extend([support::Reply::status(503), support::Reply::status(200)]);
+    let rx = Receiver::sequence(replies).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let yaml = |concurrency: &str, timeout: &str| {
+        let extra = format!(
+            "concurrency: {concurrency}\ntimeout: {timeout}\nretry: {{ schedule: [1h], jitter: 0 }}"
+        );
+        config("orders", &rx.url(), &extra)
+    };
+    let c = Courier::start(dir.path(), &yaml("16", "30s")).await;
+    wait_concurrency(&c, json!({"limit": 16, "adaptive": false})).await;
+    let gauge = metric(&c.admin_url(), LIMIT).await;
+    check_eq!(c, gauge, Some(16.0), "{LIMIT} of a fixed concurrency");
+
+    let block = "{ adaptive: { min: 2, max: 8, initial: 8 } }";
+    let rewrite = |text: String| {
+        let path = c.config_path().to_path_buf();
+        let tmp = path.with_extension("tmp");
+        std::fs::write(&tmp, text).expect("write the config");
+        std::fs::rename(&tmp, &path).expect("replace the config");
+    };
+    rewrite(yaml(block, "30s"));
+    // The baseline is measured at 4 in flight first.
+    wait_concurrency(&c, json!({"limit": 4, "adaptive": true})).await;
+    for n in 0..4 {
+        let r = post(&c.url("orders"), format!("{{\"n\":{n}}}"), &[]).await;
+        check_eq!(c, r.status, 202, "{}", r.text());
+    }
+    wait_concurrency(&c, json!({"limit": 8, "adaptive": true})).await;
+    let r = post(&c.url("orders"), "{\"n\":4}", &[]).await;
+    check_eq!(c, r.status, 202, "{}", r.text());
+    wait_concurrency(&c, json!({"limit": 6, "adaptive": true})).await;
+
+    // Another key changed, the block not: what was learnt stays.
+    rewrite(yaml(block, "20s"));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    // Bounded by the deadline.
+    while c.logs().matches("config reloaded").count() < 2 {
+        check!(
+            c,
+            tokio::time::Instant::now() < deadline,
+            "no second reload"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    wait_concurrency(&c, json!({"limit": 6, "adaptive": true})).await;
+    // A changed block starts again, from measuring the baseline.
+    rewrite(yaml("{ adaptive: { min: 2, max: 8, initial: 7 } }", "20s"));
+    wait_concurrency(&c, json!({"limit": 4, "adaptive": true})).await;
+    rewrite(yaml("3", "20s"));
+    wait_concurrency(&c, json!({"limit": 3, "adaptive": false})).await;
+    let gauge = metric(&c.admin_url(), LIMIT).await;
+    check_eq!(c, gauge, Some(3.0), "{LIMIT} after the reloads");
 }
