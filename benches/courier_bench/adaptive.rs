@@ -1,0 +1,114 @@
+//! Step l (issue #34): adaptive concurrency on a fast endpoint. Step b's
+//! end to end (wrk against courier, which delivers to nginx during the
+//! load; accepted / (load + drain)) with `concurrency: { adaptive: {} }`
+//! (min 1, max 256, initial 16) and with fixed concurrencies 4, 16, 64
+//! and 256, in the order adaptive, 4, 16, 64, 256, adaptive, so that a
+//! drift of the machine's speed weighs on the adaptive runs at both ends;
+//! adaptive's rate is the mean of its two. CPU per event beside each,
+//! and in each row's note the limit in force at the end of the load
+//! (`courier_destination_concurrency_limit`).
+//!
+//! Budget (issue #34): adaptive ≥ 0.95× the best of the fixed ones.
+
+use std::path::Path;
+
+use super::{
+    Args, Budget, Check, DESTINATION, Row, budget, config, cpu_seconds, drained, metric,
+    proc_status, start_yaml, wrk,
+};
+
+/// The fixed concurrencies adaptive is measured against.
+const FIXED: [usize; 4] = [4, 16, 64, 256];
+/// The budget: adaptive's rate over the best fixed one's.
+const RATIO: f64 = 0.95;
+const ACCEPTED: &str = r#"courier_events_accepted_total{destination="bench"}"#;
+const DELIVERED: &str = r#"courier_events_delivered_total{destination="bench"}"#;
+const LIMIT: &str = r#"courier_destination_concurrency_limit{destination="bench"}"#;
+
+/// What step l measured, for its budget.
+pub struct Measured {
+    pub rows: Vec<Row>,
+    /// Adaptive's mean rate (events/s) and CPU per event (µs).
+    adaptive: (f64, f64),
+    /// The best fixed concurrency, its rate and CPU per event.
+    best: (usize, f64, f64),
+}
+
+pub fn budget_name() -> String {
+    "adaptive concurrency end-to-end".to_owned()
+}
+
+pub fn budgets(label: &str, m: &Measured) -> Vec<Budget> {
+    let (rate, us) = m.adaptive;
+    let (n, best, best_us) = m.best;
+    let ratio = rate / best.max(1e-9);
+    vec![budget(
+        format!("{label} {}", budget_name()),
+        vec![Check::at_least(ratio, RATIO, "x best fixed")],
+        format!(
+            "adaptive {rate:.0}/s at {us:.1} µs/event (mean of two), best fixed concurrency {n} {best:.0}/s at {best_us:.1} µs/event: {ratio:.3}x (≥ {RATIO})"
+        ),
+    )]
+}
+
+/// Step l.
+pub async fn adaptive(label: &str, bin: &Path, rx: &str, args: &Args) -> Result<Measured, String> {
+    let mut rows = Vec::new();
+    let mut adaptive = Vec::new();
+    let mut fixed = Vec::new();
+    let runs = [None].into_iter().chain(FIXED.map(Some)).chain([None]);
+    for n in runs {
+        let (value, name) = match n {
+            Some(n) => (n.to_string(), format!("concurrency {n}")),
+            None => (
+                "{ adaptive: {} }".to_owned(),
+                format!("adaptive ({})", adaptive.len() + 1),
+            ),
+        };
+        let yaml = config(rx, &format!("    concurrency: {value}\n"));
+        let row = end_to_end(format!("{label} l. end-to-end, {name}"), bin, &yaml, args).await?;
+        let measured = (
+            row.rate.unwrap_or(0.0),
+            row.cpu_per_event_us().unwrap_or(0.0),
+        );
+        match n {
+            Some(n) => fixed.push((n, measured.0, measured.1)),
+            None => adaptive.push(measured),
+        }
+        rows.push(row);
+    }
+    let count = adaptive.len().max(1) as f64;
+    let mean = |f: fn(&(f64, f64)) -> f64| adaptive.iter().map(f).sum::<f64>() / count;
+    let best = fixed
+        .into_iter()
+        .max_by(|a, b| a.1.total_cmp(&b.1))
+        .ok_or("no fixed concurrency was measured")?;
+    Ok(Measured {
+        rows,
+        adaptive: (mean(|a| a.0), mean(|a| a.1)),
+        best,
+    })
+}
+
+/// Step b's measure, noting the limit in force at the end of the load.
+async fn end_to_end(target: String, bin: &Path, yaml: &str, args: &Args) -> Result<Row, String> {
+    let run = start_yaml(bin, yaml, &[]).await?;
+    let c = &run.courier;
+    let cpu = cpu_seconds(c.pid());
+    let w = wrk(&c.url(DESTINATION), args).await?;
+    let limit = metric(c, LIMIT).await;
+    let during = metric(c, DELIVERED).await.unwrap_or(0.0);
+    let drain = drained(c).await?.as_secs_f64();
+    let accepted = metric(c, ACCEPTED).await.unwrap_or(0.0);
+    let mut row = Row::load(target, &w);
+    row.rate = Some(accepted / (w.seconds + drain));
+    row.events = Some(accepted);
+    row.cpu = Some(cpu_seconds(c.pid()).unwrap_or(0.0) - cpu.unwrap_or(0.0));
+    row.rss = proc_status(c.pid(), "VmHWM");
+    let limit = limit.map_or("-".to_owned(), |l| format!("{l:.0}"));
+    row.note = format!(
+        "accepted {accepted:.0} ({:.0}/s), delivered {during:.0} during the load, drain {drain:.1} s; limit at the end of the load {limit}. {}",
+        w.rate, row.note
+    );
+    Ok(row)
+}
