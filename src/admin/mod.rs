@@ -197,11 +197,15 @@ impl Admin {
             };
             let v = health.view();
             // Attempts it may have in flight now: `concurrency`, or the
-            // limit adaptive concurrency has learnt.
-            let concurrency = self
-                .fleet
-                .limit(&d.name)
-                .map(|l| json!({ "limit": l.current(), "adaptive": l.adaptive() }));
+            // limit adaptive concurrency has learnt, beside the baseline
+            // latency it judges answers by.
+            let concurrency = self.fleet.limit(&d.name).map(|l| {
+                let mut c = json!({ "limit": l.current(), "adaptive": l.adaptive() });
+                if let Some(b) = l.baseline() {
+                    c["baseline_ms"] = json!(b.as_secs_f64() * 1000.0);
+                }
+                c
+            });
             let oldest = self.reader.oldest_pending(&d.name).await.ok().flatten();
             let failing = self.fleet.sink_failing(&d.name);
             let dead_letter = json!({

@@ -67,6 +67,12 @@ impl Limit {
         self.lock().is_some()
     }
 
+    /// The endpoint's latency without courier's queue, as adaptive
+    /// concurrency measured it (once it has).
+    pub fn baseline(&self) -> Option<Duration> {
+        self.lock().as_ref().and_then(Limiter::baseline)
+    }
+
     /// One attempt's end: `in_flight` counts it. Nothing changes for a
     /// fixed limit.
     pub fn record(&self, outcome: Outcome, took: Duration, in_flight: usize) {
@@ -121,11 +127,12 @@ mod tests {
         assert!(l.adaptive());
         // The baseline is probed first, then the initial limit holds
         // until a refusal cuts it.
-        assert_eq!(l.current(), 4);
+        assert_eq!((l.current(), l.baseline()), (4, None));
+        // Answered at once: no time passes on this clock.
         for _ in 0..4 {
             l.record(Outcome::Delivered, Duration::ZERO, 4);
         }
-        assert_eq!(l.current(), 16);
+        assert_eq!((l.current(), l.baseline()), (16, Some(Duration::ZERO)));
         l.record(Outcome::Busy, Duration::ZERO, 16);
         assert_eq!(l.current(), 12);
         l.reconfigure(64, bounds(1, 64, 16));

@@ -207,20 +207,22 @@ async fn the_limit_follows_an_endpoint_whose_capacity_comes_back() {
 }
 
 /// Polls (bounded) until `/v1/destinations` shows `want` as the
-/// destination's `concurrency`.
-async fn wait_concurrency(c: &Courier, want: serde_json::Value) {
+/// destination's `concurrency` limit and kind; returns the whole object.
+async fn wait_concurrency(c: &Courier, want: serde_json::Value) -> serde_json::Value {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    let mut seen;
+    let (mut seen, mut whole);
     // Bounded by the deadline.
     loop {
         let r = get(&format!("{}/v1/destinations", c.admin_url())).await;
-        seen = r.json()["destinations"][0]["concurrency"].clone();
+        whole = r.json()["destinations"][0]["concurrency"].clone();
+        seen = serde_json::json!({"limit": whole["limit"], "adaptive": whole["adaptive"]});
         if seen == want || tokio::time::Instant::now() >= deadline {
             break;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    check_eq!(c, seen, want, "concurrency on /v1/destinations");
+    check_eq!(c, seen, want, "concurrency on /v1/destinations: {whole}");
+    whole
 }
 
 #[tokio::test]
@@ -238,7 +240,8 @@ async fn a_reload_keeps_a_learnt_limit_and_applies_a_changed_block() {
         config("orders", &rx.url(), &extra)
     };
     let c = Courier::start(dir.path(), &yaml("16", "30s")).await;
-    wait_concurrency(&c, json!({"limit": 16, "adaptive": false})).await;
+    let fixed = wait_concurrency(&c, json!({"limit": 16, "adaptive": false})).await;
+    check!(c, fixed.get("baseline_ms").is_none(), "{fixed}");
     let gauge = metric(&c.admin_url(), LIMIT).await;
     check_eq!(c, gauge, Some(16.0), "{LIMIT} of a fixed concurrency");
 
@@ -256,7 +259,9 @@ async fn a_reload_keeps_a_learnt_limit_and_applies_a_changed_block() {
         let r = post(&c.url("orders"), format!("{{\"n\":{n}}}"), &[]).await;
         check_eq!(c, r.status, 202, "{}", r.text());
     }
-    wait_concurrency(&c, json!({"limit": 8, "adaptive": true})).await;
+    let learnt = wait_concurrency(&c, json!({"limit": 8, "adaptive": true})).await;
+    let baseline = learnt["baseline_ms"].as_f64();
+    check!(c, baseline.is_some_and(|b| b > 0.0), "{learnt}");
     let r = post(&c.url("orders"), "{\"n\":4}", &[]).await;
     check_eq!(c, r.status, 202, "{}", r.text());
     wait_concurrency(&c, json!({"limit": 6, "adaptive": true})).await;
