@@ -12,6 +12,8 @@
 
 use std::path::Path;
 
+use support::client::try_get;
+
 use super::{
     Args, Budget, Check, DESTINATION, Row, budget, config, cpu_seconds, drained, metric,
     proc_status, start_yaml, wrk,
@@ -24,6 +26,8 @@ const RATIO: f64 = 0.95;
 const ACCEPTED: &str = r#"courier_events_accepted_total{destination="bench"}"#;
 const DELIVERED: &str = r#"courier_events_delivered_total{destination="bench"}"#;
 const LIMIT: &str = r#"courier_destination_concurrency_limit{destination="bench"}"#;
+const TOOK_SUM: &str = r#"courier_delivery_duration_seconds_sum{destination="bench"}"#;
+const TOOK_COUNT: &str = r#"courier_delivery_duration_seconds_count{destination="bench"}"#;
 
 /// What step l measured, for its budget.
 pub struct Measured {
@@ -97,6 +101,11 @@ async fn end_to_end(target: String, bin: &Path, yaml: &str, args: &Args) -> Resu
     let cpu = cpu_seconds(c.pid());
     let w = wrk(&c.url(DESTINATION), args).await?;
     let limit = metric(c, LIMIT).await;
+    let took = metric(c, TOOK_SUM)
+        .await
+        .zip(metric(c, TOOK_COUNT).await)
+        .map(|(sum, n)| sum * 1000.0 / n.max(1.0));
+    let baseline = baseline_ms(c).await;
     let during = metric(c, DELIVERED).await.unwrap_or(0.0);
     let drain = drained(c).await?.as_secs_f64();
     let accepted = metric(c, ACCEPTED).await.unwrap_or(0.0);
@@ -106,9 +115,19 @@ async fn end_to_end(target: String, bin: &Path, yaml: &str, args: &Args) -> Resu
     row.cpu = Some(cpu_seconds(c.pid()).unwrap_or(0.0) - cpu.unwrap_or(0.0));
     row.rss = proc_status(c.pid(), "VmHWM");
     let limit = limit.map_or("-".to_owned(), |l| format!("{l:.0}"));
+    let took = took.map_or("-".to_owned(), |t| format!("{t:.2}"));
+    let baseline = baseline.map_or(String::new(), |b| format!(" (baseline {b:.2} ms)"));
     row.note = format!(
-        "accepted {accepted:.0} ({:.0}/s), delivered {during:.0} during the load, drain {drain:.1} s; limit at the end of the load {limit}. {}",
+        "accepted {accepted:.0} ({:.0}/s), delivered {during:.0} during the load, drain {drain:.1} s; at the end of the load limit {limit}{baseline}, attempts took {took} ms on average. {}",
         w.rate, row.note
     );
     Ok(row)
+}
+
+/// The baseline latency adaptive concurrency measured, from `/v1/destinations`.
+async fn baseline_ms(c: &support::Courier) -> Option<f64> {
+    let answer = try_get(&format!("{}/v1/destinations", c.admin_url()))
+        .await
+        .ok()?;
+    answer.json()["destinations"][0]["concurrency"]["baseline_ms"].as_f64()
 }

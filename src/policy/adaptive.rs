@@ -12,7 +12,8 @@
 //! among many (a GC pause, a cold cache) does not move it.
 //!
 //! **Growth.** When a window's median is at most `GROW_BELOW` × the
-//! baseline, nothing in it said "overloaded", and the limit was used (at
+//! baseline (or `QUEUE_FLOOR / 2` above it, if more), nothing in it said
+//! "overloaded", and the limit was used (at
 //! least half of it in flight at some point: an idle limit proves
 //! nothing, and would otherwise climb to `max` and let the next burst
 //! through at once), the limit grows: doubled per window until the first
@@ -25,7 +26,8 @@
 //! **Cuts.** A 429 or 503 (`Busy`), a timeout (`TimedOut`, also a 408) or a
 //! refused or reset connection (`SocketError`) cuts the limit at once to
 //! `BACKOFF` × it. A window whose median is above `CUT_ABOVE` × the
-//! baseline cuts it by the gradient `CUT_ABOVE × baseline / median`, kept
+//! baseline (and `QUEUE_FLOOR` above it) cuts it by the gradient of that
+//! threshold over the median, kept
 //! within `GRADIENT_FLOOR..=BACKOFF`: twice too slow halves it, barely too
 //! slow takes a quarter. At most one cut per round trip: a failure of an
 //! attempt that started before the last cut says nothing about the limit
@@ -68,6 +70,15 @@ pub const CUT_ABOVE: f64 = 2.0;
 /// this and `CUT_ABOVE` the limit holds, so that it settles instead of
 /// swinging between a cut and a raise every window.
 pub const GROW_BELOW: f64 = 1.5;
+/// Added latency below this is never a queue worth cutting for (and half
+/// of it never stops growth), however small the baseline. At a baseline of
+/// a fraction of a millisecond (loopback, a fast LAN), both ends'
+/// schedulers add as much as any queue: against nginx on the same machine
+/// the baseline was 0.1 ms and attempts took 1.3 ms on average with 64 in
+/// flight, yet 64 delivered a quarter more than 16 (bench/RESULTS.md, step
+/// l). A few milliseconds are nothing to a webhook endpoint, whose answers
+/// take tens to hundreds; its 503s and timeouts still cut.
+pub const QUEUE_FLOOR: Duration = Duration::from_millis(5);
 /// Where the endpoint last refused, the limit stays this many windows
 /// before it tries that value again (TCP CUBIC's plateau around its last
 /// maximum): an endpoint of fixed capacity N is then refused about once in
@@ -285,8 +296,9 @@ impl Limiter {
                     at: now,
                 });
             }
-            Some(b) if median.as_secs_f64() > CUT_ABOVE * b.latency.as_secs_f64() => {
-                let gradient = CUT_ABOVE * b.latency.as_secs_f64() / median.as_secs_f64();
+            Some(b) if median > slower(b.latency, CUT_ABOVE, QUEUE_FLOOR) => {
+                let allowed = slower(b.latency, CUT_ABOVE, QUEUE_FLOOR);
+                let gradient = allowed.as_secs_f64() / median.as_secs_f64();
                 self.cut(gradient.clamp(GRADIENT_FLOOR, BACKOFF), now);
                 return;
             }
@@ -302,7 +314,7 @@ impl Limiter {
             _ => {}
         }
         let Some(b) = self.baseline else { return };
-        let fast = median.as_secs_f64() <= GROW_BELOW * b.latency.as_secs_f64();
+        let fast = median <= slower(b.latency, GROW_BELOW, QUEUE_FLOOR / 2);
         let used = window.max_in_flight * 2 >= self.limit;
         if fast && used && !window.overloaded {
             self.grow();
@@ -340,6 +352,11 @@ impl Limiter {
         self.last_cut = Some(now);
         self.window = Window::open(now);
     }
+}
+
+/// `baseline` × `ratio`, or `baseline` + `floor` if that is more.
+fn slower(baseline: Duration, ratio: f64, floor: Duration) -> Duration {
+    baseline.mul_f64(ratio).max(baseline + floor)
 }
 
 #[cfg(test)]

@@ -524,3 +524,34 @@ fn the_limit_never_leaves_its_bounds() {
     // Out of range initial values are clamped (config refuses them).
     assert_eq!(Limiter::new(bounds(2, 4, 9), Duration::ZERO).limit(), 4);
 }
+
+#[test]
+fn a_few_milliseconds_over_a_tiny_baseline_are_no_queue() {
+    let mut now = Duration::from_secs(100);
+    let mut l = Limiter::new(bounds(1, 256, 16), now);
+    for _ in 0..MIN_SAMPLES {
+        now += Duration::from_micros(200);
+        l.record(success(Duration::from_micros(200), 4), now);
+    }
+    assert_eq!(l.baseline(), Some(Duration::from_micros(200)));
+    // Eight answers sent together after the last judgement.
+    let mut window = |l: &mut Limiter, took: Duration| {
+        now += took;
+        for _ in 0..8 {
+            now += Duration::from_micros(1);
+            l.record(success(took, 16), now);
+        }
+        l.limit()
+    };
+    assert_eq!(
+        window(&mut l, ms(2)),
+        32,
+        "10 × the baseline, 1.8 ms more: grows"
+    );
+    assert_eq!(window(&mut l, ms(4)), 32, "3.8 ms more: holds");
+    assert_eq!(
+        window(&mut l, ms(8)),
+        20,
+        "7.8 ms more: cut by 5.2 / 8, 32 × 0.65 = 20.8"
+    );
+}
