@@ -71,13 +71,12 @@ pub const CUT_ABOVE: f64 = 2.0;
 /// swinging between a cut and a raise every window.
 pub const GROW_BELOW: f64 = 1.5;
 /// Added latency below this is never a queue worth cutting for (and half
-/// of it never stops growth), however small the baseline. At a baseline of
-/// a fraction of a millisecond (loopback, a fast LAN), both ends'
-/// schedulers add as much as any queue: against nginx on the same machine
-/// the baseline was 0.1 ms and attempts took 1.3 ms on average with 64 in
-/// flight, yet 64 delivered a quarter more than 16 (bench/RESULTS.md, step
-/// l). A few milliseconds are nothing to a webhook endpoint, whose answers
-/// take tens to hundreds; its 503s and timeouts still cut.
+/// of it never stops growth), however small the baseline: at a baseline
+/// of a fraction of a millisecond (loopback, a fast LAN) the schedulers at
+/// both ends add as much as any queue, while more in flight still
+/// delivers more (bench/RESULTS.md, step l). A few milliseconds are
+/// nothing to a webhook endpoint, whose answers take tens to hundreds; its
+/// 503s and timeouts still cut.
 pub const QUEUE_FLOOR: Duration = Duration::from_millis(5);
 /// Where the endpoint last refused, the limit stays this many windows
 /// before it tries that value again (TCP CUBIC's plateau around its last
