@@ -13,10 +13,12 @@
 //!
 //! **Growth.** When a window's median is at most `GROW_BELOW` × the
 //! baseline (or `QUEUE_FLOOR / 2` above it, if more), nothing in it said
-//! "overloaded", and the limit was used (at
-//! least half of it in flight at some point: an idle limit proves
-//! nothing, and would otherwise climb to `max` and let the next burst
-//! through at once), the limit grows: doubled per window until the first
+//! "overloaded", and the limit was used (at least half of it in flight on
+//! average over the window's answers: an idle limit proves nothing, and
+//! would otherwise climb to `max` and let the next burst through at once;
+//! and where the endpoint answers faster than the app sends, more in
+//! flight than twice what is needed only costs connections), the limit
+//! grows: doubled per window until the first
 //! cut (slow start, so that a fast endpoint is found in a few round trips),
 //! then by one per window (additive: couriers of several pods that share
 //! an endpoint converge to fair shares, which multiplicative growth would
@@ -162,6 +164,10 @@ struct Window {
     latencies: Vec<Duration>,
     /// The most attempts in flight reported during the window.
     max_in_flight: usize,
+    /// The attempts in flight each answer reported, summed, and the
+    /// answers: their mean is how much of the limit was used.
+    in_flight_sum: usize,
+    answers: usize,
     /// An overload signal came in the window (cut or not).
     overloaded: bool,
 }
@@ -172,6 +178,8 @@ impl Window {
             opened: at,
             latencies: Vec::new(),
             max_in_flight: 0,
+            in_flight_sum: 0,
+            answers: 0,
             overloaded: false,
         }
     }
@@ -238,6 +246,8 @@ impl Limiter {
         let started = now.checked_sub(sample.took);
         let w = &mut self.window;
         w.max_in_flight = w.max_in_flight.max(sample.in_flight);
+        w.in_flight_sum += sample.in_flight;
+        w.answers += 1;
         match sample.signal {
             Signal::Overloaded => {
                 w.overloaded = true;
@@ -314,7 +324,9 @@ impl Limiter {
         }
         let Some(b) = self.baseline else { return };
         let fast = median <= slower(b.latency, GROW_BELOW, QUEUE_FLOOR / 2);
-        let used = window.max_in_flight * 2 >= self.limit;
+        // On average, not at a peak: a burst that filled the limit for a
+        // moment says little about the attempts it keeps busy.
+        let used = window.in_flight_sum * 2 >= self.limit * window.answers.max(1);
         if fast && used && !window.overloaded {
             self.grow();
         }
