@@ -86,8 +86,9 @@
 //!    bytes per event on disk, lookup p99 ≤ 5 ms, RSS ≤ 10 MiB over off;
 //! l. adaptive concurrency (issue #34, `courier_bench/adaptive.rs`): step
 //!    b with `concurrency: { adaptive: {} }` and with 4, 16, 64 and 256,
-//!    each fixed run between two adaptive ones, with CPU per event and the
-//!    limit in force at the end of each load. Budget: adaptive (the runs
+//!    each fixed run between two adaptive ones (after a load that warms
+//!    the machine), with CPU per event and the limit in force at the end
+//!    of each load. Budget: adaptive (the runs
 //!    beside the best fixed one) ≥ 0.95× the best fixed.
 //!
 //! Steps o and t start their own `moto_server` (PyPI `moto[server]`, in
