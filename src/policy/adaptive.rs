@@ -18,20 +18,19 @@
 //! would otherwise climb to `max` and let the next burst through at once;
 //! and where the endpoint answers faster than the app sends, more in
 //! flight than twice what is needed only costs connections), the limit
-//! grows: doubled per window until the first
-//! cut (slow start, so that a fast endpoint is found in a few round trips),
-//! then by one per window (additive: couriers of several pods that share
-//! an endpoint converge to fair shares, which multiplicative growth would
-//! not). Just below the value the endpoint last refused, it waits
-//! `PLATEAU` windows before trying that value again.
+//! grows: doubled per window until the first cut (slow start, so that a
+//! fast endpoint is found in a few round trips), then by one per window
+//! (additive: couriers of several pods that share an endpoint converge to
+//! fair shares, which multiplicative growth would not). Just below the
+//! value the endpoint last refused, it waits `PLATEAU` windows before
+//! trying that value again.
 //!
 //! **Cuts.** A 429 or 503 (`Busy`), a timeout (`TimedOut`, also a 408) or a
 //! refused or reset connection (`SocketError`) cuts the limit at once to
 //! `BACKOFF` × it. A window whose median is above `CUT_ABOVE` × the
 //! baseline (and `QUEUE_FLOOR` above it) cuts it by the gradient of that
-//! threshold over the median, kept
-//! within `GRADIENT_FLOOR..=BACKOFF`: twice too slow halves it, barely too
-//! slow takes a quarter. At most one cut per round trip: a failure of an
+//! threshold over the median, kept within `GRADIENT_FLOOR..=BACKOFF`:
+//! twice too slow halves it, barely too slow takes a quarter. At most one cut per round trip: a failure of an
 //! attempt that started before the last cut says nothing about the limit
 //! set since, so a burst of failures of attempts started under the old
 //! limit cuts once, not down to `min`. DNS and TLS failures, 4xx, other
@@ -58,9 +57,11 @@ use std::time::Duration;
 
 /// The limit's share kept on an overload signal. Above TCP Reno's half:
 /// the limit comes back by one per round trip, and at 0.5 an endpoint of
-/// capacity N would spend half of each cycle well below it; at 0.9 the
-/// cycle is two round trips long and one attempt in it is refused. 0.75
-/// keeps an endpoint near 90% busy with about one refusal in 30 attempts.
+/// capacity N would spend half of each cycle well below it; at 0.9 the cut
+/// lands on the value just below the one refused, which is tried again
+/// after a plateau, so refusals come twice as often. 0.75 leaves a few
+/// steps to climb back (bench/RESULTS.md: the simulated endpoint's busy
+/// share and refusals).
 pub const BACKOFF: f64 = 0.75;
 /// The most one latency cut takes off: half, however slow the window.
 pub const GRADIENT_FLOOR: f64 = 0.5;
