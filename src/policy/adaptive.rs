@@ -55,13 +55,13 @@
 use super::classify::Outcome;
 use std::time::Duration;
 
-/// The limit's share kept on an overload signal. Above TCP Reno's half:
-/// the limit comes back by one per round trip, and at 0.5 an endpoint of
-/// capacity N would spend half of each cycle well below it; at 0.9 the cut
-/// lands on the value just below the one refused, which is tried again
-/// after a plateau, so refusals come twice as often. 0.75 leaves a few
-/// steps to climb back (bench/RESULTS.md: the simulated endpoint's busy
-/// share and refusals).
+/// The limit's share kept on an overload signal. Above TCP Reno's half,
+/// which leaves an endpoint of fixed capacity well below it for much of
+/// each cycle (the limit comes back by one per round trip); below Netflix
+/// AIMD's 0.9, which keeps such an endpoint busier still but needs three
+/// times the round trips, each with its refusals, to come down when the
+/// endpoint's capacity falls (64 to 8: 20 cuts against 7). Figures of the
+/// simulated endpoint: bench/RESULTS.md.
 pub const BACKOFF: f64 = 0.75;
 /// The most one latency cut takes off: half, however slow the window.
 pub const GRADIENT_FLOOR: f64 = 0.5;
