@@ -176,6 +176,20 @@ pub fn keep_fixed(
         fixed.push("history");
         new.history = old.history;
     }
+    // Lanes are built from the journal under one key; a new key would
+    // reorder events already waiting under the old one.
+    let mut reordered = false;
+    for dest in &mut new.destinations {
+        if let Some(was) = old.destination(&dest.name)
+            && was.ordering != dest.ordering
+        {
+            Arc::make_mut(dest).ordering = was.ordering.clone();
+            reordered = true;
+        }
+    }
+    if reordered {
+        fixed.push("destinations.*.ordering");
+    }
     if new.ingress.dedupe_window != old.ingress.dedupe_window {
         fixed.push("ingress.dedupe_window");
         new.ingress.dedupe_window = old.ingress.dedupe_window;

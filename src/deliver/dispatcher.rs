@@ -22,7 +22,7 @@
 use super::batch;
 use super::settle::{self, Ctx, Settled, Unit};
 use crate::clock;
-use crate::journal::{DestinationState, LoadError, Reader, StoredEvent};
+use crate::journal::{Change, DestinationState, LoadError, Reader, StoredEvent};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
@@ -165,6 +165,9 @@ struct Held {
     expiring: HashSet<tokio::task::Id>,
     /// Taken from `ready` past their TTL, waiting for a group.
     expired: VecDeque<StoredEvent>,
+    /// Read while behind their ordering lane's head: their rows are to
+    /// wait for its turn (`park`), not held ready.
+    behind: Vec<i64>,
 }
 
 impl Running {
@@ -307,6 +310,7 @@ impl Dispatcher {
                 (self.index_due, self.look) = self.read_due(room).await;
             }
             self.take_fresh(room);
+            self.park();
         }
         // Events held with no deadline known set it: the first at an empty
         // destination, or those not in the index yet when `expire_overdue`
@@ -517,7 +521,8 @@ impl Dispatcher {
         {
             Ok((rows, more)) => {
                 let taken = self.claim(rows);
-                self.held.ready.extend(taken);
+                let turn = self.in_turn(taken);
+                self.held.ready.extend(turn);
                 if more {
                     return (None, true);
                 }
@@ -538,12 +543,49 @@ impl Dispatcher {
         if bytes == 0 {
             return;
         }
-        for ev in self.state.take_ready(want, bytes) {
+        let taken = self.state.take_ready(want, bytes);
+        let fresh = taken
+            .into_iter()
             // Already read from the index: this copy is the same event.
-            if self.held.seqs.insert(ev.seq) {
-                self.held.ready.push_back(ev);
+            .filter(|ev| self.held.seqs.insert(ev.seq))
+            .collect();
+        let turn = self.in_turn(fresh);
+        self.held.ready.extend(turn);
+    }
+
+    /// The events whose turn it is: those behind their ordering lane's
+    /// head are set aside for `park`. The journal keeps such events out of
+    /// memory and out of the due rows, so few ever get here: one read in
+    /// the instant before its row was set to wait.
+    fn in_turn(&mut self, events: Vec<StoredEvent>) -> Vec<StoredEvent> {
+        let mut turn = Vec::with_capacity(events.len());
+        for ev in events {
+            if self.state.hold(ev.seq) {
+                self.held.behind.push(ev.seq);
+            } else {
+                turn.push(ev);
             }
         }
+        turn
+    }
+
+    /// Has the rows of events set aside by `in_turn` wait for their turn;
+    /// they stay held until that is committed, so no read takes them again.
+    fn park(&mut self) {
+        if self.held.behind.is_empty() {
+            return;
+        }
+        let seqs = std::mem::take(&mut self.held.behind);
+        let changes: Vec<Change> = seqs.iter().map(|&seq| Change::Wait { seq }).collect();
+        let journal = self.ctx.journal.clone();
+        let name = self.ctx.dest.name.clone();
+        let handle = self.tasks.spawn(async move {
+            if let Err(e) = journal.settle(&changes).await {
+                tracing::warn!(destination = %name, error = %e, "cannot set events to wait for their ordering lane's turn");
+            }
+            Settled::done(true)
+        });
+        self.held.hand(handle.id(), Running { seqs, bytes: 0 });
     }
 
     /// The rows not held yet, now held; the ready queue forgets them, so
