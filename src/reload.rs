@@ -408,6 +408,20 @@ destinations:
     }
 
     #[test]
+    fn a_running_destinations_ordering_key_waits_for_a_restart_a_new_ones_does_not() {
+        let new = OLD.replace(
+            "  a: { url: http://127.0.0.1:9/a }",
+            "  a: { url: http://127.0.0.1:9/a, ordering: { key: destination } }\n  \
+             b: { url: http://127.0.0.1:9/b, ordering: { key: destination } }",
+        );
+        let (kept, fixed) = keep_fixed(&settings(OLD), settings(&new)).expect("kept");
+        assert_eq!(fixed, ["destinations.*.ordering"]);
+        let key = |name: &str| kept.destination(name).and_then(|d| d.ordering.clone());
+        assert_eq!(key("a"), None, "a keeps running unordered until a restart");
+        assert_eq!(key("b"), Some(crate::ordering::Key::Destination));
+    }
+
+    #[test]
     fn a_reload_cannot_raise_the_body_limit_past_the_budget_in_force() {
         let small = OLD.replace(
             "max_body_bytes: 1KiB }",

@@ -317,3 +317,93 @@ async fn a_dead_lettered_head_releases_its_key() {
     .await;
     check_eq!(c, dead, Some(1.0));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_never_puts_an_event_before_an_earlier_one_of_its_key() {
+    // Every batch fails once: its events hold their keys while retried.
+    let rx = Receiver::start(behavior(|r, _| {
+        Reply::status(if attempt_of(r) <= 1 { 500 } else { 200 })
+    }))
+    .await;
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let c = Courier::start(tmp.path(), &ordered(&rx.url(), "batch: { max_events: 10 }")).await;
+    // A backlog first, so that batches have several keys to take from.
+    let pause = format!("{}/v1/destinations/orders/pause", c.admin_url());
+    check_eq!(c, support::admin_post(&pause, "", &[]).await.status, 200);
+    let mut keys: HashMap<String, Vec<u64>> = HashMap::new();
+    for n in 0..24u64 {
+        let key = format!("k{}", n % 3);
+        let body = json!({ "key": key, "n": n }).to_string();
+        let resp = post(&c.url("orders"), body, &[("Ordering-Key", key.as_str())]).await;
+        check_eq!(c, resp.status, 202, "{}", resp.text());
+        keys.entry(key).or_default().push(n);
+    }
+    let resume = format!("{}/v1/destinations/orders/resume", c.admin_url());
+    check_eq!(c, support::admin_post(&resume, "", &[]).await.status, 200);
+    let numbers = |r: &Received| -> Vec<(String, u64)> {
+        match r.json() {
+            Value::Array(events) => events
+                .iter()
+                .map(|e| {
+                    (
+                        e["key"].as_str().unwrap_or("").to_string(),
+                        e["n"].as_u64().unwrap_or(u64::MAX),
+                    )
+                })
+                .collect(),
+            _ => Vec::new(),
+        }
+    };
+    let mut done = false;
+    for _ in 0..(PROMPT.as_millis() / 50) {
+        let ok: usize = rx
+            .received()
+            .iter()
+            .filter(|r| attempt_of(r) > 1)
+            .map(|r| numbers(r).len())
+            .sum();
+        if ok >= 24 {
+            done = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    check!(
+        c,
+        done,
+        "every event delivered: {:?}",
+        rx.received().iter().map(numbers).collect::<Vec<_>>()
+    );
+    let got = rx.received();
+    for r in &got {
+        let events = numbers(r);
+        let mut seen: Vec<&String> = events.iter().map(|(k, _)| k).collect();
+        seen.sort();
+        seen.dedup();
+        check_eq!(
+            c,
+            seen.len(),
+            events.len(),
+            "one event of a key per batch: {events:?}"
+        );
+    }
+    // Per key: n's first request came after n-1's successful one was answered.
+    for (key, ns) in &keys {
+        for pair in ns.windows(2) {
+            let has = |r: &Received, n: u64| numbers(r).iter().any(|(k, m)| k == key && *m == n);
+            let done = got
+                .iter()
+                .filter(|r| attempt_of(r) > 1 && has(r, pair[0]))
+                .filter_map(|r| r.answered)
+                .min();
+            let started = got.iter().filter(|r| has(r, pair[1])).map(|r| r.at).min();
+            check!(
+                c,
+                done.is_some() && started >= done,
+                "key {key}: {} went before {} was delivered",
+                pair[1],
+                pair[0]
+            );
+        }
+    }
+}
