@@ -1,7 +1,7 @@
 //! courier against nginx under the same wrk load, in one invocation:
 //!
 //! `cargo bench --bench courier_bench [-- --seconds 10 --connections 50
-//!  --steps nhabcdekpqxoty --scale 1 --compare PATH --rounds 1 --write-results]`
+//!  --steps nhabcdekpqxotyl --scale 1 --compare PATH --rounds 1 --write-results]`
 //!
 //! n. baselines, run as their users run them: wrk against an nginx answering
 //!    200 to every POST (`direct`: the receiver, which courier delivers to
@@ -83,7 +83,11 @@
 //!    size of `<journal.dir>/history/`, 2,000 lookups of random ids among
 //!    them (`GET /v1/events/{id}`, one after another), and courier's RSS
 //!    beside history off's. Budgets: end to end on ≥ 0.9× off, ≤ 200
-//!    bytes per event on disk, lookup p99 ≤ 5 ms, RSS ≤ 10 MiB over off.
+//!    bytes per event on disk, lookup p99 ≤ 5 ms, RSS ≤ 10 MiB over off;
+//! l. ordering lanes (issue #34, `courier_bench/ordering.rs`): step b with
+//!    1,000 ordering keys in turn, unordered and ordered by that key, in
+//!    the order unordered, ordered, ordered, unordered. Budget: ordered
+//!    ≥ 0.8× unordered.
 //!
 //! Steps o and t start their own `moto_server` (PyPI `moto[server]`, in
 //! `tests/py/requirements.txt`) on a free loopback port and kill it at
@@ -115,6 +119,8 @@ mod floor;
 mod history;
 #[path = "courier_bench/objects.rs"]
 mod objects;
+#[path = "courier_bench/ordering.rs"]
+mod ordering;
 /// As courier's own binary, so the floor (step h) pays what courier pays.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -136,7 +142,7 @@ const PENDING: &str = r#"courier_events_pending{destination="bench"}"#;
 const ACCEPTED: &str = r#"courier_events_accepted_total{destination="bench"}"#;
 const DELIVERED: &str = r#"courier_events_delivered_total{destination="bench"}"#;
 /// Every step, run by default; `--steps` picks some.
-const STEPS: &str = "nhabcdekpqxoty";
+const STEPS: &str = "nhabcdekpqxotyl";
 /// Step c's backlog and step d's, before `--scale`.
 const DRAIN_BACKLOG: f64 = 100_000.0;
 /// Step h's client: as many connections as courier's `concurrency: 64`.
@@ -153,8 +159,9 @@ const POLL: Duration = Duration::from_millis(20);
 /// Step e waits this long after the start before reading RSS.
 const IDLE: Duration = Duration::from_secs(2);
 const MIB: f64 = 1024.0 * 1024.0;
-const USAGE: &str = "usage: cargo bench --bench courier_bench [-- --seconds N --connections N --steps nhabcdekpqxoty --scale F --compare PATH --rounds N --write-results]";
+const USAGE: &str = "usage: cargo bench --bench courier_bench [-- --seconds N --connections N --steps nhabcdekpqxotyl --scale F --compare PATH --rounds N --write-results]";
 
+#[derive(Clone)]
 struct Args {
     seconds: u64,
     connections: usize,
@@ -490,8 +497,18 @@ async fn wrk_nginx(url: &str, pids: NginxPids, args: &Args) -> Result<Wrk, Strin
 }
 
 async fn wrk(url: &str, args: &Args) -> Result<Wrk, String> {
+    wrk_keyed(url, args, None).await
+}
+
+/// wrk as `wrk`, each request with an `Ordering-Key` of `keys` (in turn)
+/// when given.
+async fn wrk_keyed(url: &str, args: &Args, keys: Option<usize>) -> Result<Wrk, String> {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/post.lua");
-    let out = tokio::process::Command::new(WRK)
+    let mut wrk = tokio::process::Command::new(WRK);
+    if let Some(keys) = keys {
+        wrk.env("COURIER_BENCH_KEYS", keys.to_string());
+    }
+    let out = wrk
         .arg("-t2")
         .arg(format!("-c{}", args.connections))
         .arg(format!("-d{}s", args.seconds))
@@ -980,12 +997,25 @@ async fn end_to_end_with(
     by_thread: bool,
     args: &Args,
 ) -> Result<Row, String> {
+    end_to_end_keyed(target, bin, yaml, by_thread, None, args).await
+}
+
+/// `end_to_end_with`, each event with one of `keys` ordering keys when
+/// given (step l).
+async fn end_to_end_keyed(
+    target: String,
+    bin: &Path,
+    yaml: &str,
+    by_thread: bool,
+    keys: Option<usize>,
+    args: &Args,
+) -> Result<Row, String> {
     let run = start_yaml(bin, yaml, &[]).await?;
     let c = &run.courier;
     let cpu = cpu_seconds(c.pid());
     let threads = thread_cpu(c.pid());
     let written = written_bytes(c.pid());
-    let w = wrk(&c.url(DESTINATION), args).await?;
+    let w = wrk_keyed(&c.url(DESTINATION), args, keys).await?;
     let during = metric(c, DELIVERED).await.unwrap_or(0.0);
     let drain = drained(c).await?.as_secs_f64();
     let accepted = metric(c, ACCEPTED).await.unwrap_or(0.0);
@@ -1851,6 +1881,19 @@ async fn courier_steps(
                     let names = ["written", "adopted"].map(|w| format!("hand-off {events} {w}"));
                     failed("t. hand-off", e, rows, budgets, &names)
                 }
+            },
+            'l' => match ordering::ordering(label, bin, rx, args).await {
+                Ok(m) => {
+                    budgets.extend(ordering::budgets(label, &m));
+                    rows.extend(m.rows);
+                }
+                Err(e) => failed(
+                    "l. ordering lanes",
+                    e,
+                    rows,
+                    budgets,
+                    &[ordering::budget_name()],
+                ),
             },
             'y' => match history::history(label, bin, rx, args).await {
                 Ok(m) => {

@@ -22,8 +22,8 @@
 use super::batch;
 use super::settle::{self, Ctx, Settled, Unit};
 use crate::clock;
-use crate::journal::{Change, DestinationState, LoadError, Reader, StoredEvent};
-use std::collections::{HashMap, HashSet, VecDeque};
+use crate::journal::{Change, DestinationState, LoadError, Reader, StoredEvent, Turns};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
@@ -55,6 +55,9 @@ const MAX_BATCH_WINDOW: usize = 16_384;
 const IN_HAND: usize = 16;
 /// As much as a destination's ready queue holds (`journal::ReadyQueue`).
 const IN_HAND_BYTES: u64 = 4 * 1024 * 1024;
+/// Bytes of events held in memory behind their ordering lane's head: a
+/// burst of one key waits here for its turn, the rest in the index.
+const PARKED_BYTES: u64 = IN_HAND_BYTES;
 /// Bytes of events held ready (read, not yet in hand) without batching:
 /// as much again. Counted in events alone, the window held four per slot
 /// whatever their size, so large events at a high `concurrency` went past
@@ -165,9 +168,14 @@ struct Held {
     expiring: HashSet<tokio::task::Id>,
     /// Taken from `ready` past their TTL, waiting for a group.
     expired: VecDeque<StoredEvent>,
-    /// Read while behind their ordering lane's head: their rows are to
-    /// wait for its turn (`park`), not held ready.
+    /// Read from the index while behind their ordering lane's head: their
+    /// rows are to wait for its turn (`park`), not held ready.
     behind: Vec<i64>,
+    /// Taken from memory while behind their ordering lane's head: held
+    /// here, out of `ready`, until their turn (`promote`), or given back
+    /// to the index (`spill`).
+    parked: BTreeMap<i64, StoredEvent>,
+    parked_bytes: u64,
 }
 
 impl Running {
@@ -304,6 +312,7 @@ impl Dispatcher {
             self.look = true;
             self.index_due = None;
         }
+        self.promote();
         let room = self.room();
         if self.wants_more(room) && !self.stop.is_cancelled() {
             if self.look {
@@ -483,6 +492,9 @@ impl Dispatcher {
                 Ok((id, settled)) => {
                     self.look |= settled.rescheduled;
                     self.answering = !settled.rescheduled;
+                    if settled.rescheduled && !self.held.parked.is_empty() {
+                        self.spill(true);
+                    }
                     (id, settled.release)
                 }
                 Err(e) => {
@@ -521,7 +533,7 @@ impl Dispatcher {
         {
             Ok((rows, more)) => {
                 let taken = self.claim(rows);
-                let turn = self.in_turn(taken);
+                let turn = self.in_turn(taken, true);
                 self.held.ready.extend(turn);
                 if more {
                     return (None, true);
@@ -549,24 +561,85 @@ impl Dispatcher {
             // Already read from the index: this copy is the same event.
             .filter(|ev| self.held.seqs.insert(ev.seq))
             .collect();
-        let turn = self.in_turn(fresh);
+        let turn = self.in_turn(fresh, false);
         self.held.ready.extend(turn);
     }
 
-    /// The events whose turn it is: those behind their ordering lane's
-    /// head are set aside for `park`. The journal keeps such events out of
-    /// memory and out of the due rows, so few ever get here: one read in
-    /// the instant before its row was set to wait.
-    fn in_turn(&mut self, events: Vec<StoredEvent>) -> Vec<StoredEvent> {
+    /// The events whose turn it is. Those behind their ordering lane's
+    /// head wait: from memory, parked here for their turn; from the index
+    /// (seldom: their rows wait already, this is one read in the instant
+    /// before), set aside for `park`.
+    fn in_turn(&mut self, events: Vec<StoredEvent>, from_index: bool) -> Vec<StoredEvent> {
         let mut turn = Vec::with_capacity(events.len());
         for ev in events {
-            if self.state.hold(ev.seq) {
+            // One fated before a restart goes to the sink, whatever its lane.
+            if ev.fate.is_some() || self.state.may_start(ev.seq) {
+                turn.push(ev);
+            } else if from_index {
+                self.state.hold(ev.seq);
                 self.held.behind.push(ev.seq);
             } else {
-                turn.push(ev);
+                self.held.parked_bytes += ev.event.size();
+                self.held.parked.insert(ev.seq, ev);
             }
         }
+        if self.held.parked_bytes > PARKED_BYTES {
+            self.spill(false);
+        }
         turn
+    }
+
+    /// Parked events whose turn came go first.
+    fn promote(&mut self) {
+        if self.held.parked.is_empty() {
+            // Turns still taken, so that they do not pile up.
+            self.state.take_turns();
+            return;
+        }
+        let seqs = match self.state.take_turns() {
+            Turns::Some(seqs) => seqs,
+            Turns::All => self.held.parked.keys().copied().collect(),
+        };
+        for seq in seqs {
+            if !self.state.may_start(seq) {
+                continue;
+            }
+            if let Some(ev) = self.held.parked.remove(&seq) {
+                self.held.parked_bytes = self.held.parked_bytes.saturating_sub(ev.event.size());
+                self.held.ready.push_front(ev);
+            }
+        }
+    }
+
+    /// Gives parked events back to the journal, whose index holds them
+    /// until their turn: the newest while they hold more than
+    /// `PARKED_BYTES`, and (`stalled`) those behind a head being retried,
+    /// whose turn is far (they must also expire on time).
+    fn spill(&mut self, stalled: bool) {
+        let mut gone: Vec<i64> = Vec::new();
+        if stalled {
+            gone.extend(
+                self.held
+                    .parked
+                    .keys()
+                    .copied()
+                    .filter(|&seq| self.state.stalled(seq)),
+            );
+        }
+        let mut bytes = self.held.parked_bytes;
+        for (seq, ev) in self.held.parked.iter().rev() {
+            if bytes <= PARKED_BYTES {
+                break;
+            }
+            bytes = bytes.saturating_sub(ev.event.size());
+            gone.push(*seq);
+        }
+        for seq in gone {
+            if let Some(ev) = self.held.parked.remove(&seq) {
+                self.held.parked_bytes = self.held.parked_bytes.saturating_sub(ev.event.size());
+                self.held.seqs.remove(&seq);
+            }
+        }
     }
 
     /// Has the rows of events set aside by `in_turn` wait for their turn;

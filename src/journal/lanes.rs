@@ -22,6 +22,25 @@ pub struct Lanes {
     lanes: HashMap<Lane, Queue>,
     /// Every event in a lane, by seq.
     of: HashMap<i64, Member>,
+    /// Events whose turn came since the dispatcher last looked: it may
+    /// hold them in memory, waiting (`Turns`).
+    turned: Vec<i64>,
+    /// More turns came than `turned` keeps: the dispatcher must look at
+    /// every event it holds back.
+    overflowed: bool,
+}
+
+/// Turns kept for the dispatcher: a burst of deliveries between two of its
+/// looks, not a whole backlog (a lane's next event is then in the index).
+const TURNS: usize = 16_384;
+
+/// What `Lanes::take_turns` gives the dispatcher.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Turns {
+    /// These events' turns came.
+    Some(Vec<i64>),
+    /// Too many to keep: look at each event held back.
+    All,
 }
 
 struct Member {
@@ -58,6 +77,8 @@ impl Lanes {
             key,
             lanes: HashMap::new(),
             of: HashMap::new(),
+            turned: Vec::new(),
+            overflowed: false,
         }
     }
 
@@ -119,8 +140,32 @@ impl Lanes {
             self.lanes.remove(&m.lane);
             return None;
         };
+        if self.turned.len() < TURNS {
+            self.turned.push(next);
+        } else {
+            self.overflowed = true;
+        }
         let member = self.of.get_mut(&next)?;
         std::mem::take(&mut member.waiting).then_some(next)
+    }
+
+    /// The events whose turn came since the last call.
+    pub fn take_turns(&mut self) -> Turns {
+        if std::mem::take(&mut self.overflowed) {
+            self.turned.clear();
+            return Turns::All;
+        }
+        Turns::Some(std::mem::take(&mut self.turned))
+    }
+
+    /// Whether `seq` waits behind a head that is being retried: its turn is
+    /// far, so it waits in the index rather than in memory.
+    pub fn stalled(&self, seq: i64) -> bool {
+        self.of.get(&seq).is_some_and(|m| {
+            self.lanes
+                .get(&m.lane)
+                .is_some_and(|q| q.retrying_since.is_some() && q.seqs.front() != Some(&seq))
+        })
     }
 
     /// `seq` failed and will be retried: when it heads its lane, the lane
@@ -153,6 +198,19 @@ impl Lanes {
 mod tests {
     use super::*;
 
+    #[test]
+    fn turns_beyond_what_is_kept_ask_for_a_look_at_everything() {
+        let mut l = Lanes::new(Key::Destination);
+        for seq in 0..(TURNS as i64 + 2) {
+            l.admit(seq, 1);
+        }
+        for seq in 0..=(TURNS as i64) {
+            l.finish(seq);
+        }
+        assert_eq!(l.take_turns(), Turns::All);
+        assert_eq!(l.take_turns(), Turns::Some(vec![]), "then as before");
+    }
+
     fn lanes(members: &[(i64, Lane)]) -> Lanes {
         let mut l = Lanes::new(Key::Destination);
         for &(seq, lane) in members {
@@ -178,6 +236,12 @@ mod tests {
         assert!(l.may_start(3) && !l.may_start(4));
         assert_eq!(l.finish(3), None, "4's row was never marked waiting");
         assert!(l.may_start(4));
+        assert_eq!(
+            l.take_turns(),
+            Turns::Some(vec![3, 4]),
+            "for the dispatcher"
+        );
+        assert_eq!(l.take_turns(), Turns::Some(vec![]));
         assert_eq!(l.finish(4), None);
         assert_eq!(l.view().lanes, 0, "an empty lane is forgotten");
         assert_eq!(l.finish(4), None, "a second finish is a no-op");
@@ -200,8 +264,13 @@ mod tests {
         assert_eq!(l.view().blocked, 0, "2 is not a head: nothing blocked");
         l.retrying(5, 100);
         assert_eq!(l.view().blocked, 0, "5 holds nothing back");
+        assert!(!l.stalled(2), "1 has not failed yet");
         l.retrying(1, 200);
         l.retrying(1, 300);
+        assert!(
+            l.stalled(2) && !l.stalled(1),
+            "2 waits behind a failing head"
+        );
         let view = l.view();
         assert_eq!((view.lanes, view.blocked), (2, 1));
         assert_eq!(view.blocked_since_ms, Some(200), "since the first failure");

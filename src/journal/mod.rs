@@ -35,7 +35,7 @@ mod unindexed;
 mod writer;
 
 pub use inspect::{Inspection, inspect};
-pub use lanes::LanesView;
+pub use lanes::{LanesView, Turns};
 pub use pauses::Pause;
 pub use reader::Reader;
 pub use ready::ReadyQueue;
@@ -373,6 +373,19 @@ impl DestinationState {
     /// be named when its turn comes (its row is to wait: `Change::Wait`).
     pub fn hold(&self, seq: i64) -> bool {
         self.lanes().as_mut().is_some_and(|l| l.hold(seq))
+    }
+
+    /// The events whose turn came since the last call (`Lanes::take_turns`).
+    pub fn take_turns(&self) -> Turns {
+        match self.lanes().as_mut() {
+            Some(l) => l.take_turns(),
+            None => Turns::Some(Vec::new()),
+        }
+    }
+
+    /// Whether `seq` waits behind a head that is being retried.
+    pub fn stalled(&self, seq: i64) -> bool {
+        self.lanes().as_ref().is_some_and(|l| l.stalled(seq))
     }
 
     /// Its lanes, when it has an ordering key.

@@ -354,11 +354,30 @@ fn admit_to_lanes(group: &[Command], first_seq: i64, shared: &Shared) {
         Command::Append { events, .. } => events.as_slice(),
         Command::Close { .. } => &[],
     });
+    // Each destination's key, read once; lanes found outside the lock (a
+    // key in the body is a JSON parse), then admitted in seq order.
+    let mut keys: Vec<(&str, Option<crate::ordering::Key>)> = Vec::new();
+    let mut found: Vec<(&Arc<DestinationState>, i64, crate::ordering::Lane)> = Vec::new();
     for (seq, e) in (first_seq..).zip(events) {
-        if let Some(state) = states.get(&e.destination)
-            && let Some(lanes) = state.lanes().as_mut()
-            && let Some(lane) = crate::ordering::lane_of(lanes.key(), e)
+        let Some(state) = states.get(&e.destination) else {
+            continue;
+        };
+        let at = match keys.iter().position(|(d, _)| *d == e.destination) {
+            Some(at) => at,
+            None => {
+                let key = state.lanes().as_ref().map(|l| l.key().clone());
+                keys.push((e.destination.as_str(), key));
+                keys.len() - 1
+            }
+        };
+        if let Some(key) = &keys[at].1
+            && let Some(lane) = crate::ordering::lane_of(key, e)
         {
+            found.push((state, seq, lane));
+        }
+    }
+    for (state, seq, lane) in found {
+        if let Some(lanes) = state.lanes().as_mut() {
             lanes.admit(seq, lane);
         }
     }
@@ -396,9 +415,9 @@ fn make_ready(events: Vec<NewEvent>, first_seq: i64, shared: &Shared) {
             None => unindexed.push((state, seq, event.accepted_ms)),
         }
         // Looked at before the copy: a paused destination's queue stays
-        // full while its backlog grows. An event behind its lane's head
-        // goes by the index, where it waits for its turn.
-        if !state.ready.lock().is_ok_and(|r| r.fits(event.size())) || !state.may_start(seq) {
+        // full while its backlog grows. An event behind a failing head of
+        // its lane goes by the index, where it waits for its turn.
+        if !state.ready.lock().is_ok_and(|r| r.fits(event.size())) || state.stalled(seq) {
             continue;
         }
         // Its own bytes: the body may be a slice of a large request (an

@@ -407,3 +407,42 @@ async fn a_batch_never_puts_an_event_before_an_earlier_one_of_its_key() {
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_posted_at_once_each_go_in_order_to_a_fast_endpoint() {
+    // Each answer takes a little while: the next event of a key comes in
+    // while its head is on the wire, and waits for its turn in memory.
+    let rx = Receiver::start(behavior(|_, _| {
+        Reply::status(200).delay(Duration::from_millis(2))
+    }))
+    .await;
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let c = Arc::new(Courier::start(tmp.path(), &ordered(&rx.url(), "concurrency: 16")).await);
+    const KEYS: usize = 8;
+    const EACH: usize = 100;
+    let mut posters = tokio::task::JoinSet::new();
+    for k in 0..KEYS {
+        let c = c.clone();
+        // One key's events one after another (each after the last's 202),
+        // the keys side by side.
+        posters.spawn(async move {
+            for n in 0..EACH {
+                accept(&c, &format!("k{k}-{n:03}"), Some(&format!("k{k}"))).await;
+            }
+        });
+    }
+    while let Some(done) = posters.join_next().await {
+        check!(c, done.is_ok(), "a poster failed: {done:?}");
+    }
+    let keys: HashMap<String, Vec<String>> = (0..KEYS)
+        .map(|k| {
+            (
+                format!("k{k}"),
+                (0..EACH).map(|n| format!("k{k}-{n:03}")).collect(),
+            )
+        })
+        .collect();
+    let ids: Vec<String> = keys.values().flatten().cloned().collect();
+    until_delivered(&c, &rx, &ids, |_| true).await;
+    check_in_order(&c, &rx.received(), &keys, |_| true);
+}
