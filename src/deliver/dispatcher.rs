@@ -18,6 +18,13 @@
 //! With batching, each attempt takes a batch from the front of the ready
 //! queue (`batch::take`): what is ready now, never waiting for more. A
 //! batch is one attempt for `concurrency`, the rate limit and probation.
+//!
+//! With an ordering key, only the head of each lane (`journal::lanes`) is
+//! held ready; an event taken from memory behind its head is parked until
+//! the head's end gives it its turn (`promote`). Parked events are bounded
+//! in bytes, and those behind a head being retried go back to the index
+//! (`spill`), whose waiting rows the journal makes due at their turn. So
+//! the ready queue holds at most one event of a key, and a batch too.
 
 use super::batch;
 use super::settle::{self, Ctx, Settled, Unit};
@@ -169,7 +176,7 @@ struct Held {
     /// Taken from `ready` past their TTL, waiting for a group.
     expired: VecDeque<StoredEvent>,
     /// Read from the index while behind their ordering lane's head: their
-    /// rows are to wait for its turn (`park`), not held ready.
+    /// rows are to wait for its turn (`set_waiting`), not held ready.
     behind: Vec<i64>,
     /// Taken from memory while behind their ordering lane's head: held
     /// here, out of `ready`, until their turn (`promote`), or given back
@@ -319,7 +326,7 @@ impl Dispatcher {
                 (self.index_due, self.look) = self.read_due(room).await;
             }
             self.take_fresh(room);
-            self.park();
+            self.set_waiting();
         }
         // Events held with no deadline known set it: the first at an empty
         // destination, or those not in the index yet when `expire_overdue`
@@ -568,7 +575,7 @@ impl Dispatcher {
     /// The events whose turn it is. Those behind their ordering lane's
     /// head wait: from memory, parked here for their turn; from the index
     /// (seldom: their rows wait already, this is one read in the instant
-    /// before), set aside for `park`.
+    /// before), set aside for `set_waiting`.
     fn in_turn(&mut self, events: Vec<StoredEvent>, from_index: bool) -> Vec<StoredEvent> {
         let mut turn = Vec::with_capacity(events.len());
         for ev in events {
@@ -644,7 +651,7 @@ impl Dispatcher {
 
     /// Has the rows of events set aside by `in_turn` wait for their turn;
     /// they stay held until that is committed, so no read takes them again.
-    fn park(&mut self) {
+    fn set_waiting(&mut self) {
         if self.held.behind.is_empty() {
             return;
         }
