@@ -1,7 +1,7 @@
 //! courier against nginx under the same wrk load, in one invocation:
 //!
 //! `cargo bench --bench courier_bench [-- --seconds 10 --connections 50
-//!  --steps nhabcdekpqxotyl --scale 1 --compare PATH --rounds 1 --write-results]`
+//!  --steps nhabcdekpqxotylg --scale 1 --compare PATH --rounds 1 --write-results]`
 //!
 //! n. baselines, run as their users run them: wrk against an nginx answering
 //!    200 to every POST (`direct`: the receiver, which courier delivers to
@@ -88,6 +88,12 @@
 //!    1,000 ordering keys in turn, unordered and ordered by that key, in
 //!    the order unordered, ordered, ordered, unordered. Budget: ordered
 //!    ≥ 0.8× unordered.
+//! g. adaptive concurrency (issue #34, `courier_bench/adaptive.rs`): step
+//!    b with `concurrency: { adaptive: {} }` and with 4, 16, 64 and 256,
+//!    each fixed run between two adaptive ones (after a load that warms
+//!    the machine), with CPU per event and the limit in force at the end
+//!    of each load. Budget: adaptive (the runs
+//!    beside the best fixed one) ≥ 0.95× the best fixed.
 //!
 //! Steps o and t start their own `moto_server` (PyPI `moto[server]`, in
 //! `tests/py/requirements.txt`) on a free loopback port and kill it at
@@ -113,6 +119,8 @@
 //! judged against nginx proxy, and step c against nginx direct, measured
 //! again just before them.
 
+#[path = "courier_bench/adaptive.rs"]
+mod adaptive;
 #[path = "courier_bench/floor.rs"]
 mod floor;
 #[path = "courier_bench/history.rs"]
@@ -142,7 +150,7 @@ const PENDING: &str = r#"courier_events_pending{destination="bench"}"#;
 const ACCEPTED: &str = r#"courier_events_accepted_total{destination="bench"}"#;
 const DELIVERED: &str = r#"courier_events_delivered_total{destination="bench"}"#;
 /// Every step, run by default; `--steps` picks some.
-const STEPS: &str = "nhabcdekpqxotyl";
+const STEPS: &str = "nhabcdekpqxotylg";
 /// Step c's backlog and step d's, before `--scale`.
 const DRAIN_BACKLOG: f64 = 100_000.0;
 /// Step h's client: as many connections as courier's `concurrency: 64`.
@@ -159,7 +167,7 @@ const POLL: Duration = Duration::from_millis(20);
 /// Step e waits this long after the start before reading RSS.
 const IDLE: Duration = Duration::from_secs(2);
 const MIB: f64 = 1024.0 * 1024.0;
-const USAGE: &str = "usage: cargo bench --bench courier_bench [-- --seconds N --connections N --steps nhabcdekpqxotyl --scale F --compare PATH --rounds N --write-results]";
+const USAGE: &str = "usage: cargo bench --bench courier_bench [-- --seconds N --connections N --steps nhabcdekpqxotylg --scale F --compare PATH --rounds N --write-results]";
 
 #[derive(Clone)]
 struct Args {
@@ -1908,6 +1916,19 @@ async fn courier_steps(
                     &history::budget_names(args),
                 ),
             },
+            'g' => match adaptive::adaptive(label, bin, rx, args).await {
+                Ok(m) => {
+                    budgets.extend(adaptive::budgets(label, &m));
+                    rows.extend(m.rows);
+                }
+                Err(e) => failed(
+                    "g. adaptive concurrency",
+                    e,
+                    rows,
+                    budgets,
+                    &[adaptive::budget_name()],
+                ),
+            },
             'p' => match passthrough(label, bin, rx, args).await {
                 Ok(p) => rows.extend(p),
                 Err(e) => failed("p. passthrough", e, rows, budgets, &[]),
@@ -2191,9 +2212,9 @@ fn write_results(
          for courier's loads and drains. CPU: utime + stime of the process named in the notes \
          (courier's for courier's rows) during the load (a, b, p, q, and nginx's: the nginx \
          master and its workers), the drain (c), the fill (d), since start (e; x and o: since the restart; t: B's), \
-         from the SIGTERM (t: A's) or over the load and its delivery (y); CPU \
+         from the SIGTERM (t: A's) or over the load and its delivery (y, l); CPU \
          µs/event: that over the events (requests for nginx) answered 2xx (a, p, q, nginx, \
-         h's loads), accepted (b, h's end to end, y), drained (c), filled (d), dead-lettered (o) \
+         h's loads), accepted (b, h's end to end, y, l), drained (c), filled (d), dead-lettered (o) \
          or handed off (t). Peak RSS: VmHWM (e: VmRSS). With \
          `--rounds`, the medians of the rounds follow the budgets.\n",
         shell("date", &["-u", "+%Y-%m-%d %H:%M UTC"]),

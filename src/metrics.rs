@@ -5,6 +5,7 @@
 //! (labels come in as strings, or as a [`Fixed`] set), so it can never be
 //! part of an import cycle; `admin` only serves what it records.
 
+pub use metrics::Gauge;
 use metrics::{Counter, Histogram, counter, gauge, histogram};
 use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder, PrometheusHandle};
 use std::sync::OnceLock;
@@ -21,6 +22,7 @@ pub const REJECTED: &str = "courier_ingress_rejected_total";
 pub const JOURNAL_BYTES: &str = "courier_journal_bytes";
 pub const SYNC: &str = "courier_journal_sync_duration_seconds";
 pub const PROBATION: &str = "courier_destination_probation";
+pub const CONCURRENCY_LIMIT: &str = "courier_destination_concurrency_limit";
 pub const CORRUPT: &str = "courier_journal_corrupt_records_total";
 pub const DEDUPLICATED: &str = "courier_events_deduplicated_total";
 pub const DEDUPE_EVICTED: &str = "courier_dedupe_evicted_total";
@@ -84,6 +86,10 @@ pub fn install(listeners: &[&'static str]) -> Result<PrometheusHandle, BuildErro
     metrics::describe_gauge!(JOURNAL_BYTES, "Bytes of pending events in the journal.");
     metrics::describe_histogram!(SYNC, "Duration of one group commit, fdatasync included.");
     metrics::describe_gauge!(PROBATION, "1 while the destination is on probation.");
+    metrics::describe_gauge!(
+        CONCURRENCY_LIMIT,
+        "Attempts the destination may have in flight now: its concurrency, or the limit adaptive concurrency has learnt."
+    );
     metrics::describe_counter!(
         CORRUPT,
         "Journal records that failed their checksum and were quarantined."
@@ -361,6 +367,11 @@ pub fn pending(destination: &str, events: u64, bytes: u64, probation: bool) {
 /// Set for destinations with an ordering key only.
 pub fn ordering_lanes_blocked(destination: &str, lanes: usize) {
     gauge!(ORDERING_LANES_BLOCKED, "destination" => destination.to_string()).set(lanes as f64);
+}
+
+/// A destination's concurrency limit, set by its owner when it changes.
+pub fn concurrency_limit(destination: &str) -> Gauge {
+    gauge!(CONCURRENCY_LIMIT, "destination" => destination.to_string())
 }
 
 /// 0 rather than absent when nothing is pending: the series stays, so

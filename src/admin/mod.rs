@@ -199,6 +199,16 @@ impl Admin {
                 continue;
             };
             let v = health.view();
+            // Attempts it may have in flight now: `concurrency`, or the
+            // limit adaptive concurrency has learnt, beside the baseline
+            // latency it judges answers by.
+            let concurrency = self.fleet.limit(&d.name).map(|l| {
+                let mut c = json!({ "limit": l.current(), "adaptive": l.adaptive() });
+                if let Some(b) = l.baseline() {
+                    c["baseline_ms"] = json!(b.as_secs_f64() * 1000.0);
+                }
+                c
+            });
             let oldest = self.reader.oldest_pending(&d.name).await.ok().flatten();
             let failing = self.fleet.sink_failing(&d.name);
             let dead_letter = json!({
@@ -239,6 +249,7 @@ impl Admin {
                 "paused_at": v.paused.map(|(_, at)| clock::rfc3339(at)),
                 "pending": state.pending(),
                 "in_flight": v.in_flight,
+                "concurrency": concurrency,
                 "oldest_pending_age_s": oldest.map(|t| now.saturating_sub(t) as f64 / 1000.0),
                 "consecutive_failures": v.consecutive_failures,
                 "last_outcome": v.last_outcome.map(|o| o.as_str()),

@@ -254,8 +254,14 @@ fn effective_yaml(
     let mut minimums = String::new();
     for (name, d) in raw.destinations.iter_mut() {
         eventgrid(d.schema, name, &mut d.eventgrid_topic);
-        d.concurrency
-            .get_or_insert_with(|| schema::default_concurrency(d.mode));
+        let concurrency =
+            d.concurrency
+                .get_or_insert(schema::Concurrency::Fixed(schema::default_concurrency(
+                    d.mode,
+                )));
+        if let schema::Concurrency::Adaptive { adaptive } = concurrency {
+            *adaptive = adaptive.filled();
+        }
         // Not beside `sns:`, where its numRetries decides (and the key
         // would make the printed config an error).
         if d.retry.schedule.get("sns").is_none() {

@@ -273,7 +273,7 @@ pub struct Destination {
     pub tls: Option<TlsSpec>,
     /// `None`: by mode (`default_concurrency`); the effective config shows it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub concurrency: Option<u32>,
+    pub concurrency: Option<Concurrency>,
     /// This destination's share of `journal.max_bytes`; the default
     /// (`validate::Shares`) depends on the other keys.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -339,10 +339,79 @@ fn default_late_answer_window() -> Dur {
 /// 16 slots, well behind nginx proxy_pass, and 64 came close (issue #30,
 /// bench/RESULTS.md); 256 keeps that headroom for app pools five times
 /// that size.
-pub fn default_concurrency(mode: Mode) -> u32 {
+pub fn default_concurrency(mode: Mode) -> u64 {
     match mode {
         Mode::Durable => 16,
         Mode::Passthrough => 256,
+    }
+}
+
+/// `concurrency`: a whole number, or `{ adaptive: { min, max, initial } }`
+/// (the limit learnt from the endpoint's answers, `policy::adaptive`).
+/// Read by hand, not as an untagged enum, so that a wrong key inside the
+/// block is named as elsewhere rather than "matches no variant".
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(untagged)]
+pub enum Concurrency {
+    Fixed(u64),
+    Adaptive { adaptive: AdaptiveSpec },
+}
+
+/// The block of `concurrency: { adaptive: ... }`; a key left out takes
+/// `policy::adaptive::Bounds::DEFAULT`'s value, filled in for the
+/// effective config (kept `None` here so that a check can say a value
+/// out of range was the default).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdaptiveSpec {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub initial: Option<u64>,
+}
+
+impl AdaptiveSpec {
+    /// Every key, the defaults filled in, as the effective config shows it.
+    pub fn filled(self) -> AdaptiveSpec {
+        let d = crate::policy::adaptive::Bounds::DEFAULT;
+        AdaptiveSpec {
+            min: self.min.or(Some(d.min as u64)),
+            max: self.max.or(Some(d.max as u64)),
+            initial: self.initial.or(Some(d.initial as u64)),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Concurrency {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::{self, MapAccess, Visitor, value::MapAccessDeserializer};
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Block {
+            adaptive: AdaptiveSpec,
+        }
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Concurrency;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a whole number or `{ adaptive: { min, max, initial } }`")
+            }
+            fn visit_u64<E: de::Error>(self, n: u64) -> Result<Concurrency, E> {
+                Ok(Concurrency::Fixed(n))
+            }
+            fn visit_i64<E: de::Error>(self, n: i64) -> Result<Concurrency, E> {
+                Err(E::invalid_value(de::Unexpected::Signed(n), &self))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Concurrency, A::Error> {
+                let block = Block::deserialize(MapAccessDeserializer::new(map))?;
+                Ok(Concurrency::Adaptive {
+                    adaptive: block.adaptive,
+                })
+            }
+        }
+        d.deserialize_any(V)
     }
 }
 

@@ -6,6 +6,7 @@ use super::ingress_keys::IngressKeys;
 use super::schema::{LogFormat, Mode, Schema, SyncMode};
 use crate::bucket::StoreUrl;
 use crate::event_path::EventPath;
+use crate::policy::adaptive::Bounds;
 use crate::policy::probation::ProbationPolicy;
 use crate::policy::{Limits, Schedule, StatusPolicy};
 use crate::signature::Secret;
@@ -132,7 +133,12 @@ pub struct DestinationSettings {
     pub max_pending_bytes: u64,
     pub passthrough_deadline: Duration,
     pub timeout: Duration,
+    /// The most attempts in flight: the configured number, or adaptive's
+    /// `max`. It also sizes the connection pool.
     pub concurrency: usize,
+    /// `concurrency: { adaptive: ... }`: the limit in force is learnt
+    /// (`deliver::limit`), within these bounds.
+    pub adaptive: Option<Bounds>,
     pub schedule: Schedule,
     pub limits: Limits,
     pub jitter: f64,

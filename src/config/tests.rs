@@ -469,6 +469,122 @@ fn passthrough_refuses_what_it_cannot_do_with_positions() {
 }
 
 #[test]
+fn adaptive_concurrency_is_read_into_bounds_capped_at_max_and_printed_whole() {
+    use crate::policy::adaptive::Bounds;
+    let with = |block: &str| {
+        GOOD.replace(
+            "    timeout: 5s",
+            &format!("    timeout: 5s\n    concurrency: {block}"),
+        )
+    };
+    for (block, want) in [
+        ("{ adaptive: {} }", Bounds::DEFAULT),
+        (
+            "{ adaptive: { min: 2, max: 32, initial: 8 } }",
+            Bounds {
+                min: 2,
+                max: 32,
+                initial: 8,
+            },
+        ),
+        (
+            "{ adaptive: { max: 4, initial: 4 } }",
+            Bounds {
+                min: 1,
+                max: 4,
+                initial: 4,
+            },
+        ),
+    ] {
+        let loaded = parse("c.yaml", &with(block), ".".into(), Purpose::Run, &env())
+            .unwrap_or_else(|e| panic!("{block}: {e}"));
+        let d = &loaded.settings.destinations[0];
+        assert_eq!(d.adaptive, Some(want), "{block}");
+        assert_eq!(d.concurrency, want.max, "{block}: the cap is max");
+        // Every key shown, and the printed config reads back the same.
+        let line = format!(
+            "  concurrency:\n      adaptive:\n        min: {}\n        max: {}\n        initial: {}\n",
+            want.min, want.max, want.initial
+        );
+        assert!(loaded.effective.contains(&line), "{}", loaded.effective);
+        let again = parse(
+            "c.yaml",
+            &loaded.effective,
+            ".".into(),
+            Purpose::Run,
+            &env(),
+        )
+        .expect("the effective config is valid");
+        assert_eq!(again.settings.destinations[0].adaptive, Some(want));
+    }
+    let loaded = parse("c.yaml", &with("24"), ".".into(), Purpose::Run, &env()).expect("valid");
+    let d = &loaded.settings.destinations[0];
+    assert_eq!((d.concurrency, d.adaptive), (24, None));
+}
+
+#[test]
+fn adaptive_bounds_are_checked_with_key_paths_and_positions() {
+    let with = |block: &str| {
+        GOOD.replace(
+            "    timeout: 5s",
+            &format!("    timeout: 5s\n    concurrency: {block}"),
+        )
+    };
+    let cases = [
+        (
+            "{ adaptive: { min: 1, maxx: 3 } }",
+            "c.yaml:6:40: destinations.orders.concurrency.adaptive: unknown key `maxx`; expected one of min, max, initial",
+        ),
+        (
+            "{ adaptve: {} }",
+            "c.yaml:6:18: destinations.orders.concurrency: missing key `adaptive`\n\
+             c.yaml:6:20: destinations.orders.concurrency: unknown key `adaptve`; expected adaptive",
+        ),
+        (
+            "{ adaptive: { max: 8 } }",
+            "c.yaml:6:30: destinations.orders.concurrency.adaptive.initial: 16 (the default) is out of range: allowed min..=max, here 1..=8",
+        ),
+        (
+            "{ adaptive: { min: 4, max: 32, initial: 2 } }",
+            "c.yaml:6:58: destinations.orders.concurrency.adaptive.initial: 2 is out of range: allowed min..=max, here 4..=32",
+        ),
+        (
+            "{ adaptive: { min: 10, max: 4, initial: 5 } }",
+            "c.yaml:6:46: destinations.orders.concurrency.adaptive.max: 4 is less than min (10)",
+        ),
+        (
+            "{ adaptive: { min: 300 } }",
+            "c.yaml:6:30: destinations.orders.concurrency.adaptive.max: 256 (the default) is less than min (300)",
+        ),
+        (
+            "{ adaptive: { max: 2000, initial: 0 } }",
+            "c.yaml:6:37: destinations.orders.concurrency.adaptive.max: 2000 is out of range: allowed 1..=1024\n\
+             c.yaml:6:52: destinations.orders.concurrency.adaptive.initial: 0 is out of range: allowed 1..=1024",
+        ),
+        (
+            "{ adaptive: 8 }",
+            "c.yaml:6:30: destinations.orders.concurrency.adaptive: expected a mapping, found `8`",
+        ),
+        (
+            "-1",
+            "c.yaml:6:18: destinations.orders.concurrency: expected a whole number or `{ adaptive: { min, max, initial } }`, found `-1`",
+        ),
+    ];
+    for (block, want) in cases {
+        assert_eq!(errors(&with(block)).join("\n"), want, "{block}");
+    }
+    let passthrough = GOOD.replace(
+        "    timeout: 5s",
+        "    timeout: 5s\n    mode: passthrough\n    concurrency: { adaptive: {} }",
+    );
+    let e = one_error(&passthrough);
+    assert!(
+        e.starts_with("c.yaml:7:30: destinations.orders.concurrency.adaptive: passthrough goes at the app's pace"),
+        "{e}"
+    );
+}
+
+#[test]
 fn batch_defaults_off_and_its_ranges_are_checked_with_positions() {
     let loaded = parse("c.yaml", GOOD, ".".into(), Purpose::Run, &env()).expect("valid");
     let b = loaded.settings.destinations[0].batch;
@@ -1099,7 +1215,7 @@ fn type_errors_are_worded_for_people_not_in_rust_types() {
                 "    timeout: 5s",
                 "    concurrency: [1]\n    mode: { a: 1 }",
             ),
-            "c.yaml:5:18: destinations.orders.concurrency: expected a whole number, found a list\n\
+            "c.yaml:5:18: destinations.orders.concurrency: expected a whole number or `{ adaptive: { min, max, initial } }`, found a list\n\
              c.yaml:6:11: destinations.orders.mode: expected a single word, found a mapping",
         ),
         (

@@ -5,13 +5,14 @@
 use super::admin_token::AdminToken;
 use super::ingress_keys::IngressKeys;
 use super::schema::{
-    DeadLetterChoice, DeadLetterSpec, Destination, HeaderSpec, KeySource, Mode, OrderingKeySpec,
-    RawConfig, Schema, SigningSpec, StatusKey, TlsSpec,
+    Concurrency, DeadLetterChoice, DeadLetterSpec, Destination, HeaderSpec, KeySource, Mode,
+    OrderingKeySpec, RawConfig, Schema, SigningSpec, StatusKey, TlsSpec,
 };
 use super::settings::*;
 use super::units::{Dur, Size};
 use crate::bucket::StoreUrl;
 use crate::event_path::EventPath;
+use crate::policy::adaptive::Bounds;
 use crate::policy::classify::Codes;
 use crate::policy::probation::ProbationPolicy;
 use crate::policy::{Limits, Outcome, StatusPolicy};
@@ -552,14 +553,7 @@ fn destination(
             1024 * 1024,
         ) as usize,
     };
-    let concurrency = c.range_u64(
-        &format!("{p}.concurrency"),
-        d.concurrency
-            .unwrap_or_else(|| super::schema::default_concurrency(d.mode))
-            .into(),
-        1,
-        1024,
-    ) as usize;
+    let (concurrency, adaptive) = concurrency(c, &p, d);
     let super::retry::RetryPlan {
         schedule,
         max_attempts,
@@ -634,6 +628,7 @@ fn destination(
         passthrough_deadline,
         timeout,
         concurrency,
+        adaptive,
         schedule,
         limits: Limits { max_attempts, ttl },
         jitter,
@@ -694,6 +689,57 @@ fn ordering(c: &mut Checker, path: &str, key: &OrderingKeySpec) -> Option<crate:
             None
         }
     }
+}
+
+/// The most attempts in flight a destination may be given, fixed or adaptive.
+const MAX_CONCURRENCY: u64 = 1024;
+
+/// `concurrency`: the cap on attempts in flight (the number, or adaptive's
+/// `max`) and adaptive's bounds, `min <= initial <= max`. A key left out
+/// that breaks that order is named as the default, so that `max: 8` alone
+/// does not read as an error about a key never written.
+fn concurrency(c: &mut Checker, p: &str, d: &Destination) -> (usize, Option<Bounds>) {
+    let key = format!("{p}.concurrency");
+    let given = d
+        .concurrency
+        .unwrap_or(Concurrency::Fixed(super::schema::default_concurrency(
+            d.mode,
+        )));
+    let spec = match given {
+        Concurrency::Fixed(n) => return (c.range_u64(&key, n, 1, MAX_CONCURRENCY) as usize, None),
+        Concurrency::Adaptive { adaptive } => adaptive,
+    };
+    let at = |name: &str| format!("{key}.adaptive.{name}");
+    let how = |v: Option<u64>| if v.is_some() { "" } else { " (the default)" };
+    let filled = spec.filled();
+    let [min, max, initial] = [filled.min, filled.max, filled.initial].map(|v| v.unwrap_or(0));
+    let mut ranged = true;
+    for (name, v) in [("min", min), ("max", max), ("initial", initial)] {
+        c.range_u64(&at(name), v, 1, MAX_CONCURRENCY);
+        ranged &= (1..=MAX_CONCURRENCY).contains(&v);
+    }
+    if ranged {
+        if min > max {
+            c.err(
+                at("max"),
+                format!("{max}{} is less than min ({min})", how(spec.max)),
+            );
+        } else if !(min..=max).contains(&initial) {
+            c.err(
+                at("initial"),
+                format!(
+                    "{initial}{} is out of range: allowed min..=max, here {min}..={max}",
+                    how(spec.initial)
+                ),
+            );
+        }
+    }
+    let bounds = Bounds {
+        min: min as usize,
+        max: max as usize,
+        initial: initial as usize,
+    };
+    (bounds.max, Some(bounds))
 }
 
 /// A route's Event Grid topic when the config names none: stable across
@@ -759,6 +805,12 @@ fn passthrough(
         c.err(
             format!("{p}.ordering"),
             "passthrough sends each request at once, as the app waits for its answer: ordering needs mode durable",
+        );
+    }
+    if let Some(Concurrency::Adaptive { .. }) = d.concurrency {
+        c.err(
+            format!("{p}.concurrency.adaptive"),
+            "passthrough goes at the app's pace, as the app waits for its answer: adaptive concurrency needs mode durable",
         );
     }
     if rate_limited {

@@ -368,7 +368,8 @@ impl Dispatcher {
             let Some(front) = self.held.ready.front() else {
                 break;
             };
-            if self.slots.taken() >= concurrency {
+            // `concurrency`, or the limit adaptive concurrency learnt.
+            if self.slots.taken() >= self.ctx.limit.current() {
                 blocked.slots = true;
                 break;
             }

@@ -13,6 +13,7 @@
 
 use super::dispatcher::Dispatcher;
 use super::health::{Health, PauseReason};
+use super::limit::Limit;
 use super::settle::{Ctx, LateCompleted};
 use super::sink_streak::{SinkStreak, Tally as SinkTally};
 use super::{Connector, HttpsClient, Passthrough, stack};
@@ -56,7 +57,8 @@ struct Inner {
     /// Dispatchers of removed destinations, finishing their attempts.
     retiring: HashMap<String, Task>,
     /// Kept across a removal, so that a destination that comes back keeps
-    /// its pause, probation, late answers and dead-letter failure streak.
+    /// its pause, probation, learnt limit, late answers and dead-letter
+    /// failure streak.
     healths: HashMap<String, Kept>,
     /// One per place, shared by the destinations that name it.
     sinks: HashMap<SinkAt, Arc<dyn Shelf>>,
@@ -69,6 +71,7 @@ struct Inner {
 #[derive(Clone)]
 struct Kept {
     health: Arc<Health>,
+    limit: Arc<Limit>,
     late: Arc<LateCompleted>,
     sink_streak: Arc<Mutex<SinkStreak>>,
 }
@@ -186,6 +189,7 @@ impl Fleet {
             self.journal.set_share(name, dest.max_pending_bytes);
             let Kept {
                 health,
+                limit,
                 late,
                 sink_streak,
             } = inner
@@ -196,12 +200,14 @@ impl Fleet {
                     restore_pause(&self.journal, name, &health);
                     Kept {
                         health: Arc::new(health),
+                        limit: Arc::new(Limit::new(name, dest.concurrency, dest.adaptive)),
                         late: Arc::default(),
                         sink_streak: Arc::default(),
                     }
                 })
                 .clone();
             health.reconfigure(&dest.probation, dest.rate_limit_per_second);
+            limit.reconfigure(dest.concurrency, dest.adaptive);
             let sink = dest
                 .dead_letter
                 .as_ref()
@@ -219,6 +225,7 @@ impl Fleet {
                 passthrough: stack::build_passthrough(dest, client.clone()),
                 stack: stack::build(dest, stack::HttpService::new(client)),
                 health,
+                limit,
                 late,
                 sink_streak,
                 metrics: metrics::Delivery::new(name),
@@ -310,6 +317,15 @@ impl Fleet {
             .running
             .contains_key(name)
             .then(|| inner.healths.get(name).map(|k| k.health.clone()))?
+    }
+
+    /// The concurrency limit of a configured destination.
+    pub fn limit(&self, name: &str) -> Option<Arc<Limit>> {
+        let inner = self.lock();
+        inner
+            .running
+            .contains_key(name)
+            .then(|| inner.healths.get(name).map(|k| k.limit.clone()))?
     }
 
     /// A destination's failing dead-letter writes, while they fail: the

@@ -8,6 +8,7 @@ mod client;
 mod dispatcher;
 mod fleet;
 pub mod health;
+pub mod limit;
 mod outcome_log;
 mod passthrough;
 mod request;

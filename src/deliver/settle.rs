@@ -23,6 +23,7 @@
 //! waiting for its TTL) leaves the batch.
 
 use super::health::{Health, PauseReason};
+use super::limit::Limit;
 use super::outcome_log::{self, Confirmed};
 use super::request;
 use super::sink_streak::{Say, SinkStreak};
@@ -61,6 +62,8 @@ pub struct Ctx {
     /// settings before a reload finds it under those after.
     pub passthrough: PassthroughService,
     pub health: Arc<Health>,
+    /// Attempts that may be in flight, kept like `health` across reloads.
+    pub limit: Arc<Limit>,
     /// Shared by every version of the context a reload makes, so that a
     /// late answer still cancels a retry read under the old one.
     pub late: Arc<LateCompleted>,
@@ -246,6 +249,9 @@ async fn settle(
     if let Some(until) = ctx.health.record(a.classified.outcome, hold, probe) {
         tracing::warn!(destination = %dest.name, outcome, until = %clock::rfc3339(until), "endpoint on probation: no attempts until then, then one probe");
     }
+    // This attempt is no longer counted in flight; it was until its answer.
+    let in_flight = ctx.health.in_flight.load(Ordering::Relaxed) + 1;
+    ctx.limit.record(a.classified.outcome, a.took, in_flight);
     let id = batch.as_deref().unwrap_or(evs[0].event.id.as_str());
     tracing::debug!(destination = %dest.name, id = %id, events = n, attempt = number, outcome = %outcome, status = a.status, error = a.error.as_deref(), "attempt");
     if tls_streak_starts {

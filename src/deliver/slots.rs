@@ -11,7 +11,8 @@
 //! changes `concurrency` while attempts hold slots, and a semaphore shrinks
 //! only by its free permits, so lowering it under load would need a debt
 //! kept beside it, which is this counter again. The dispatcher compares
-//! the count with the `concurrency` in force at each attempt.
+//! the count with the limit in force at each attempt (`concurrency`, or
+//! the one adaptive concurrency learns, which moves with every answer).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -6,6 +6,7 @@
 
 use super::dispatcher::Dispatcher;
 use super::health::{Health, PauseReason};
+use super::limit::Limit;
 use super::settle::Ctx;
 use super::stack::{self, AttemptRequest};
 use crate::clock;
@@ -76,6 +77,7 @@ struct Harness {
     leaf: mock::Mock<AttemptRequest, Answer>,
     reader: Reader,
     health: Arc<Health>,
+    limit: Arc<Limit>,
     endpoint: mock::Handle<AttemptRequest, Answer>,
     sink: Arc<Sink>,
     stop: CancellationToken,
@@ -101,8 +103,9 @@ fn start(settings: &str, paused: bool) -> Harness {
     if paused {
         health.pause(PauseReason::Operator, clock::now_ms());
     }
+    let limit = Arc::new(Limit::new(DEST, dest.concurrency, dest.adaptive));
     let sink = Arc::new(Sink::default());
-    let ctx = context(dest, &journal, &sink, &health, leaf.clone());
+    let ctx = context(dest, &journal, &sink, &health, &limit, leaf.clone());
     let (tx, rx) = watch::channel(ctx);
     let stop = CancellationToken::new();
     let reader = journal.reader().expect("reader");
@@ -114,6 +117,7 @@ fn start(settings: &str, paused: bool) -> Harness {
         leaf,
         reader,
         health,
+        limit,
         endpoint,
         sink,
         stop,
@@ -137,6 +141,7 @@ fn context(
     journal: &Journal,
     sink: &Arc<Sink>,
     health: &Arc<Health>,
+    limit: &Arc<Limit>,
     leaf: mock::Mock<AttemptRequest, Answer>,
 ) -> Arc<Ctx> {
     Arc::new(Ctx {
@@ -149,6 +154,7 @@ fn context(
             std::future::pending()
         })),
         health: health.clone(),
+        limit: limit.clone(),
         late: Arc::default(),
         sink_streak: Arc::default(),
         metrics: metrics::Delivery::new(DEST),
@@ -241,11 +247,14 @@ impl Harness {
 impl Harness {
     /// Hands the dispatcher a reloaded context with `settings`.
     fn reload(&self, settings: &str) {
+        let dest = destination(settings);
+        self.limit.reconfigure(dest.concurrency, dest.adaptive);
         let ctx = context(
-            destination(settings),
+            dest,
             &self.journal,
             &self.sink,
             &self.health,
+            &self.limit,
             self.leaf.clone(),
         );
         self.ctx.send(ctx).expect("the dispatcher listens");
@@ -408,5 +417,27 @@ async fn the_rate_limit_spaces_attempts_evenly() {
     h.no_attempt("still 1 ms early").await;
     // The gate rounds its wait up by a ms.
     advance(Duration::from_millis(2)).await;
+    h.attempt().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn adaptive_concurrency_holds_attempts_to_the_learnt_limit() {
+    let mut h = start(
+        "    concurrency: { adaptive: { min: 1, max: 8, initial: 2 } }\n    retry: { schedule: [1h], jitter: 0 }\n",
+        false,
+    );
+    h.accept(6).await;
+    let (_, a) = h.attempt().await;
+    let (_, b) = h.attempt().await;
+    h.no_attempt("the initial limit, 2, is on the wire").await;
+    // A 503 cuts it to 1: the next attempt waits for both to end.
+    a.send_response(answer(503));
+    h.no_attempt("one is on the wire, and the limit is 1 now")
+        .await;
+    assert_eq!(h.limit.current(), 1);
+    b.send_response(answer(200));
+    let (_, c) = h.attempt().await;
+    h.no_attempt("the limit is 1").await;
+    c.send_response(answer(200));
     h.attempt().await;
 }

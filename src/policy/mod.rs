@@ -2,6 +2,7 @@
 //! stop. No I/O and no clocks here; callers pass times in, so every rule is
 //! unit tested exhaustively.
 
+pub mod adaptive;
 pub mod classify;
 pub mod inline;
 pub mod limits;

@@ -426,7 +426,7 @@ async fn check_reports_duplicates_typos_types_and_ranges_together_in_line_order(
             at("timout")
         ),
         format!(
-            "{}destinations.orders.concurrency: expected a whole number, found \"many\"",
+            "{}destinations.orders.concurrency: expected a whole number or `{{ adaptive: {{ min, max, initial }} }}`, found \"many\"",
             at("many")
         ),
         format!(

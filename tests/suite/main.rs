@@ -7,6 +7,7 @@
 //! Every module drives a real courier process (`support::Courier`) against
 //! loopback receivers (`support::Receiver`).
 
+mod adaptive;
 mod admin;
 mod azure_blob;
 mod backlog;

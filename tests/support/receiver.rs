@@ -3,7 +3,7 @@
 
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -193,6 +193,96 @@ pub fn behavior(f: impl Fn(&Received, usize) -> Reply + Send + Sync + 'static) -
     Arc::new(f)
 }
 
+/// An endpoint of limited capacity ([`Receiver::with_capacity`]): at most
+/// `limit` requests in service at once, each for `service`; one more is
+/// answered 503 at once, without Retry-After (a worker pool that sheds
+/// load). With a `knee`, service slows down with the load beyond it:
+/// `service × in_service / knee`, twice as slow at twice the knee. Every
+/// setting may change while it runs (an endpoint that recovers).
+pub struct Capacity {
+    limit: AtomicUsize,
+    service_us: AtomicU64,
+    /// 0: none.
+    knee: AtomicUsize,
+    in_service: AtomicUsize,
+    served: AtomicU64,
+    refused: AtomicU64,
+    /// Time spent serving, summed over the requests served.
+    busy_us: AtomicU64,
+}
+
+/// One request in service; it leaves when its answer is built or its
+/// connection is cut.
+struct Serving<'a>(&'a Capacity);
+
+impl Drop for Serving<'_> {
+    fn drop(&mut self) {
+        self.0.in_service.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl Capacity {
+    pub fn new(limit: usize, service: Duration) -> Arc<Capacity> {
+        Arc::new(Capacity {
+            limit: AtomicUsize::new(limit),
+            service_us: AtomicU64::new(service.as_micros() as u64),
+            knee: AtomicUsize::new(0),
+            in_service: AtomicUsize::new(0),
+            served: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
+            busy_us: AtomicU64::new(0),
+        })
+    }
+
+    pub fn set_limit(&self, limit: usize) {
+        self.limit.store(limit, Ordering::SeqCst);
+    }
+
+    /// `Some(k)`: latency grows with the load beyond `k` in service.
+    pub fn set_knee(&self, knee: Option<usize>) {
+        self.knee.store(knee.unwrap_or(0), Ordering::SeqCst);
+    }
+
+    /// Requests answered 200 so far.
+    pub fn served(&self) -> u64 {
+        self.served.load(Ordering::SeqCst)
+    }
+
+    /// Requests answered 503 so far.
+    pub fn refused(&self) -> u64 {
+        self.refused.load(Ordering::SeqCst)
+    }
+
+    /// Time spent serving so far, summed over requests.
+    pub fn busy(&self) -> Duration {
+        Duration::from_micros(self.busy_us.load(Ordering::SeqCst))
+    }
+
+    async fn serve(&self) -> Reply {
+        let n = self.in_service.fetch_add(1, Ordering::SeqCst) + 1;
+        let serving = Serving(self);
+        if n > self.limit.load(Ordering::SeqCst) {
+            drop(serving);
+            self.refused.fetch_add(1, Ordering::SeqCst);
+            return Reply::status(503);
+        }
+        let knee = self.knee.load(Ordering::SeqCst);
+        let slowdown = if knee == 0 {
+            1.0
+        } else {
+            (n as f64 / knee as f64).max(1.0)
+        };
+        let service = Duration::from_micros(self.service_us.load(Ordering::SeqCst));
+        let started = Instant::now();
+        tokio::time::sleep(service.mul_f64(slowdown)).await;
+        let took = started.elapsed().as_micros() as u64;
+        drop(serving);
+        self.busy_us.fetch_add(took, Ordering::SeqCst);
+        self.served.fetch_add(1, Ordering::SeqCst);
+        Reply::status(200)
+    }
+}
+
 struct State {
     /// Number of requests seen (also the source of the request index).
     seen: AtomicUsize,
@@ -201,6 +291,8 @@ struct State {
     last_at: Mutex<Option<Instant>>,
     arrived: Notify,
     behavior: Behavior,
+    /// Answers instead of `behavior` when set (`with_capacity`).
+    capacity: Option<Arc<Capacity>>,
 }
 
 impl State {
@@ -229,7 +321,14 @@ impl Receiver {
     /// Starts on `addr` (e.g. the address of a stopped receiver, to come back
     /// on the same port). Only loopback addresses are allowed.
     pub async fn start_on(addr: SocketAddr, behavior: Behavior) -> Receiver {
-        Receiver::start_serving(addr, behavior, None).await
+        Receiver::start_serving(addr, behavior, None, None).await
+    }
+
+    /// Starts on 127.0.0.1, answering as `capacity` says.
+    pub async fn with_capacity(capacity: Arc<Capacity>) -> Receiver {
+        let addr = SocketAddr::from(([127, 0, 0, 1], 0));
+        let ok = behavior(|_, _| Reply::status(200));
+        Receiver::start_serving(addr, ok, None, Some(capacity)).await
     }
 
     /// Starts an HTTPS receiver on 127.0.0.1 with `config` (see
@@ -237,13 +336,14 @@ impl Receiver {
     pub async fn start_tls(behavior: Behavior, config: Arc<rustls::ServerConfig>) -> Receiver {
         let addr = SocketAddr::from(([127, 0, 0, 1], 0));
         let acceptor = tokio_rustls::TlsAcceptor::from(config);
-        Receiver::start_serving(addr, behavior, Some(acceptor)).await
+        Receiver::start_serving(addr, behavior, Some(acceptor), None).await
     }
 
     async fn start_serving(
         addr: SocketAddr,
         behavior: Behavior,
         tls: Option<tokio_rustls::TlsAcceptor>,
+        capacity: Option<Arc<Capacity>>,
     ) -> Receiver {
         assert!(
             addr.ip().is_loopback(),
@@ -258,6 +358,7 @@ impl Receiver {
             last_at: Mutex::new(None),
             arrived: Notify::new(),
             behavior,
+            capacity,
         });
         let (shutdown, shutdown_rx) = watch::channel(false);
         let https = tls.is_some();
@@ -538,6 +639,10 @@ async fn handle(
     }
     state.arrived.notify_waiters();
 
+    if let Some(capacity) = &state.capacity {
+        let reply = capacity.serve().await;
+        return Ok(build_response(reply, slot.map(|slot| (unwritten, slot))));
+    }
     let reply = (state.behavior)(&received, index);
     if reply.hang {
         // Never answer; the connection task is dropped when the client closes
