@@ -1,7 +1,7 @@
 //! courier against nginx under the same wrk load, in one invocation:
 //!
 //! `cargo bench --bench courier_bench [-- --seconds 10 --connections 50
-//!  --steps nhabcdekpqxotyl --scale 1 --compare PATH --rounds 1 --write-results]`
+//!  --steps nhabcdekpqxotylg --scale 1 --compare PATH --rounds 1 --write-results]`
 //!
 //! n. baselines, run as their users run them: wrk against an nginx answering
 //!    200 to every POST (`direct`: the receiver, which courier delivers to
@@ -84,7 +84,11 @@
 //!    them (`GET /v1/events/{id}`, one after another), and courier's RSS
 //!    beside history off's. Budgets: end to end on ≥ 0.9× off, ≤ 200
 //!    bytes per event on disk, lookup p99 ≤ 5 ms, RSS ≤ 10 MiB over off;
-//! l. adaptive concurrency (issue #34, `courier_bench/adaptive.rs`): step
+//! l. ordering lanes (issue #34, `courier_bench/ordering.rs`): step b with
+//!    1,000 ordering keys in turn, unordered and ordered by that key, in
+//!    the order unordered, ordered, ordered, unordered. Budget: ordered
+//!    ≥ 0.8× unordered.
+//! g. adaptive concurrency (issue #34, `courier_bench/adaptive.rs`): step
 //!    b with `concurrency: { adaptive: {} }` and with 4, 16, 64 and 256,
 //!    each fixed run between two adaptive ones (after a load that warms
 //!    the machine), with CPU per event and the limit in force at the end
@@ -123,6 +127,8 @@ mod floor;
 mod history;
 #[path = "courier_bench/objects.rs"]
 mod objects;
+#[path = "courier_bench/ordering.rs"]
+mod ordering;
 /// As courier's own binary, so the floor (step h) pays what courier pays.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -144,7 +150,7 @@ const PENDING: &str = r#"courier_events_pending{destination="bench"}"#;
 const ACCEPTED: &str = r#"courier_events_accepted_total{destination="bench"}"#;
 const DELIVERED: &str = r#"courier_events_delivered_total{destination="bench"}"#;
 /// Every step, run by default; `--steps` picks some.
-const STEPS: &str = "nhabcdekpqxotyl";
+const STEPS: &str = "nhabcdekpqxotylg";
 /// Step c's backlog and step d's, before `--scale`.
 const DRAIN_BACKLOG: f64 = 100_000.0;
 /// Step h's client: as many connections as courier's `concurrency: 64`.
@@ -161,8 +167,9 @@ const POLL: Duration = Duration::from_millis(20);
 /// Step e waits this long after the start before reading RSS.
 const IDLE: Duration = Duration::from_secs(2);
 const MIB: f64 = 1024.0 * 1024.0;
-const USAGE: &str = "usage: cargo bench --bench courier_bench [-- --seconds N --connections N --steps nhabcdekpqxotyl --scale F --compare PATH --rounds N --write-results]";
+const USAGE: &str = "usage: cargo bench --bench courier_bench [-- --seconds N --connections N --steps nhabcdekpqxotylg --scale F --compare PATH --rounds N --write-results]";
 
+#[derive(Clone)]
 struct Args {
     seconds: u64,
     connections: usize,
@@ -498,8 +505,18 @@ async fn wrk_nginx(url: &str, pids: NginxPids, args: &Args) -> Result<Wrk, Strin
 }
 
 async fn wrk(url: &str, args: &Args) -> Result<Wrk, String> {
+    wrk_keyed(url, args, None).await
+}
+
+/// wrk as `wrk`, each request with an `Ordering-Key` of `keys` (in turn)
+/// when given.
+async fn wrk_keyed(url: &str, args: &Args, keys: Option<usize>) -> Result<Wrk, String> {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/post.lua");
-    let out = tokio::process::Command::new(WRK)
+    let mut wrk = tokio::process::Command::new(WRK);
+    if let Some(keys) = keys {
+        wrk.env("COURIER_BENCH_KEYS", keys.to_string());
+    }
+    let out = wrk
         .arg("-t2")
         .arg(format!("-c{}", args.connections))
         .arg(format!("-d{}s", args.seconds))
@@ -988,12 +1005,25 @@ async fn end_to_end_with(
     by_thread: bool,
     args: &Args,
 ) -> Result<Row, String> {
+    end_to_end_keyed(target, bin, yaml, by_thread, None, args).await
+}
+
+/// `end_to_end_with`, each event with one of `keys` ordering keys when
+/// given (step l).
+async fn end_to_end_keyed(
+    target: String,
+    bin: &Path,
+    yaml: &str,
+    by_thread: bool,
+    keys: Option<usize>,
+    args: &Args,
+) -> Result<Row, String> {
     let run = start_yaml(bin, yaml, &[]).await?;
     let c = &run.courier;
     let cpu = cpu_seconds(c.pid());
     let threads = thread_cpu(c.pid());
     let written = written_bytes(c.pid());
-    let w = wrk(&c.url(DESTINATION), args).await?;
+    let w = wrk_keyed(&c.url(DESTINATION), args, keys).await?;
     let during = metric(c, DELIVERED).await.unwrap_or(0.0);
     let drain = drained(c).await?.as_secs_f64();
     let accepted = metric(c, ACCEPTED).await.unwrap_or(0.0);
@@ -1860,6 +1890,19 @@ async fn courier_steps(
                     failed("t. hand-off", e, rows, budgets, &names)
                 }
             },
+            'l' => match ordering::ordering(label, bin, rx, args).await {
+                Ok(m) => {
+                    budgets.extend(ordering::budgets(label, &m));
+                    rows.extend(m.rows);
+                }
+                Err(e) => failed(
+                    "l. ordering lanes",
+                    e,
+                    rows,
+                    budgets,
+                    &[ordering::budget_name()],
+                ),
+            },
             'y' => match history::history(label, bin, rx, args).await {
                 Ok(m) => {
                     budgets.extend(history::budgets(label, &m, args));
@@ -1873,13 +1916,13 @@ async fn courier_steps(
                     &history::budget_names(args),
                 ),
             },
-            'l' => match adaptive::adaptive(label, bin, rx, args).await {
+            'g' => match adaptive::adaptive(label, bin, rx, args).await {
                 Ok(m) => {
                     budgets.extend(adaptive::budgets(label, &m));
                     rows.extend(m.rows);
                 }
                 Err(e) => failed(
-                    "l. adaptive concurrency",
+                    "g. adaptive concurrency",
                     e,
                     rows,
                     budgets,

@@ -11,6 +11,25 @@ wrk.method = "POST"
 wrk.headers["Content-Type"] = "application/json"
 wrk.body = head .. string.rep("x", 1024 - #head - #tail) .. tail
 
+-- Step l: with COURIER_BENCH_KEYS=N, each request carries an Ordering-Key
+-- header, k0 .. k(N-1) in turn. Each wrk thread counts on its own, from
+-- half a round apart (else the two threads would send each key twice
+-- at once, which no app does on purpose).
+local keys = tonumber(os.getenv("COURIER_BENCH_KEYS") or "")
+local threads = 0
+function setup(thread)
+  thread:set("start", threads)
+  threads = threads + 1
+end
+if keys then
+  local n = nil
+  request = function()
+    n = (n or start * math.floor(keys / 2)) + 1
+    wrk.headers["Ordering-Key"] = "k" .. (n % keys)
+    return wrk.format()
+  end
+end
+
 function done(summary, latency, requests)
   local e = summary.errors
   io.write(string.format(

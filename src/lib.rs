@@ -20,6 +20,7 @@ pub mod journal;
 pub mod lifecycle;
 pub mod logging;
 pub mod metrics;
+pub mod ordering;
 pub mod policy;
 pub mod reload;
 pub mod rfc3339;

@@ -34,6 +34,7 @@ pub const RELOAD_OK: &str = "courier_config_last_reload_successful";
 pub const PANICS: &str = "courier_http_panics_total";
 pub const CONNECTIONS_REFUSED: &str = "courier_http_connections_refused_total";
 pub const OLDEST_PENDING_AGE: &str = "courier_oldest_pending_age_seconds";
+pub const ORDERING_LANES_BLOCKED: &str = "courier_ordering_lanes_blocked";
 pub const DEAD_LETTER_WRITE_FAILURES: &str = "courier_dead_letter_write_failures_total";
 pub const BUILD_INFO: &str = "courier_build_info";
 pub const OBJECT_STORE_REQUESTS: &str = "courier_object_store_requests_total";
@@ -132,6 +133,10 @@ pub fn install(listeners: &[&'static str]) -> Result<PrometheusHandle, BuildErro
     metrics::describe_gauge!(
         OLDEST_PENDING_AGE,
         "Age of the destination's oldest pending event (since its 202), 0 when none is pending."
+    );
+    metrics::describe_gauge!(
+        ORDERING_LANES_BLOCKED,
+        "Ordering keys whose oldest event is being retried while later events of the key wait behind it."
     );
     metrics::describe_counter!(
         DEAD_LETTER_WRITE_FAILURES,
@@ -357,6 +362,11 @@ pub fn pending(destination: &str, events: u64, bytes: u64, probation: bool) {
     } else {
         0.0
     });
+}
+
+/// Set for destinations with an ordering key only.
+pub fn ordering_lanes_blocked(destination: &str, lanes: usize) {
+    gauge!(ORDERING_LANES_BLOCKED, "destination" => destination.to_string()).set(lanes as f64);
 }
 
 /// A destination's concurrency limit, set by its owner when it changes.

@@ -176,6 +176,20 @@ pub fn keep_fixed(
         fixed.push("history");
         new.history = old.history;
     }
+    // Lanes are built from the journal under one key; a new key would
+    // reorder events already waiting under the old one.
+    let mut reordered = false;
+    for dest in &mut new.destinations {
+        if let Some(was) = old.destination(&dest.name)
+            && was.ordering != dest.ordering
+        {
+            Arc::make_mut(dest).ordering = was.ordering.clone();
+            reordered = true;
+        }
+    }
+    if reordered {
+        fixed.push("destinations.*.ordering");
+    }
     if new.ingress.dedupe_window != old.ingress.dedupe_window {
         fixed.push("ingress.dedupe_window");
         new.ingress.dedupe_window = old.ingress.dedupe_window;
@@ -391,6 +405,20 @@ destinations:
         assert_eq!(kept.log.level, "debug");
         assert_eq!(kept.ingress.max_body_bytes, 2048);
         assert_eq!(kept.destinations[0].name, "b");
+    }
+
+    #[test]
+    fn a_running_destinations_ordering_key_waits_for_a_restart_a_new_ones_does_not() {
+        let new = OLD.replace(
+            "  a: { url: http://127.0.0.1:9/a }",
+            "  a: { url: http://127.0.0.1:9/a, ordering: { key: destination } }\n  \
+             b: { url: http://127.0.0.1:9/b, ordering: { key: destination } }",
+        );
+        let (kept, fixed) = keep_fixed(&settings(OLD), settings(&new)).expect("kept");
+        assert_eq!(fixed, ["destinations.*.ordering"]);
+        let key = |name: &str| kept.destination(name).and_then(|d| d.ordering.clone());
+        assert_eq!(key("a"), None, "a keeps running unordered until a restart");
+        assert_eq!(key("b"), Some(crate::ordering::Key::Destination));
     }
 
     #[test]

@@ -1,4 +1,4 @@
-//! Step l (issue #34): adaptive concurrency on a fast endpoint. Step b's
+//! Step g (issue #34): adaptive concurrency on a fast endpoint. Step b's
 //! end to end (wrk against courier, which delivers to nginx during the
 //! load; accepted / (load + drain)) with `concurrency: { adaptive: {} }`
 //! (min 1, max 256, initial 16) and with fixed concurrencies 4, 16, 64
@@ -34,7 +34,7 @@ const LIMIT: &str = r#"courier_destination_concurrency_limit{destination="bench"
 const TOOK_SUM: &str = r#"courier_delivery_duration_seconds_sum{destination="bench"}"#;
 const TOOK_COUNT: &str = r#"courier_delivery_duration_seconds_count{destination="bench"}"#;
 
-/// What step l measured, for its budget.
+/// What step g measured, for its budget.
 pub struct Measured {
     pub rows: Vec<Row>,
     /// Adaptive's rate (events/s) and CPU per event (µs): the means of the
@@ -61,12 +61,12 @@ pub fn budgets(label: &str, m: &Measured) -> Vec<Budget> {
     )]
 }
 
-/// Step l.
+/// Step g.
 pub async fn adaptive(label: &str, bin: &Path, rx: &str, args: &Args) -> Result<Measured, String> {
     let mut rows = Vec::new();
     let warm = config(rx, "    concurrency: 64\n");
     let mut warming = end_to_end(
-        format!("{label} l. warm-up, concurrency 64"),
+        format!("{label} g. warm-up, concurrency 64"),
         bin,
         &warm,
         args,
@@ -114,7 +114,7 @@ async fn run(
         None => ("{ adaptive: {} }".to_owned(), format!("adaptive ({round})")),
     };
     let yaml = config(rx, &format!("    concurrency: {value}\n"));
-    let row = end_to_end(format!("{label} l. end-to-end, {name}"), bin, &yaml, args).await?;
+    let row = end_to_end(format!("{label} g. end-to-end, {name}"), bin, &yaml, args).await?;
     let measured = (
         row.rate.unwrap_or(0.0),
         row.cpu_per_event_us().unwrap_or(0.0),

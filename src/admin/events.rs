@@ -77,6 +77,18 @@ impl Admin {
                 ..stored
             };
         }
+        // Behind its ordering lane's head: no attempt is due until it leaves.
+        let behind = self
+            .journal
+            .destination(&r.destination)
+            .is_some_and(|s| !s.may_start(r.seq));
+        if behind {
+            return Live {
+                state: "pending",
+                next_attempt_at: None,
+                held_by: Some("ordering"),
+            };
+        }
         let due = r.next_due_ms.unwrap_or(r.accepted_ms);
         let held_by = health
             .and_then(|h| h.held_by())

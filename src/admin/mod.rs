@@ -164,6 +164,9 @@ impl Admin {
             let probation = self.fleet.health(&name).is_some_and(|h| h.on_probation());
             if let Some(state) = self.journal.destination(&name) {
                 metrics::pending(&name, state.pending(), state.bytes(), probation);
+                if let Some(lanes) = state.lanes_view() {
+                    metrics::ordering_lanes_blocked(&name, lanes.blocked);
+                }
             }
             // A failed read leaves the last age: the journal is failed now,
             // which `/healthz` says.
@@ -228,6 +231,15 @@ impl Admin {
                 "dead_lettered": ended.map(|c| c[State::DeadLettered as usize]),
                 "dropped": ended.map(|c| c[State::Dropped as usize]),
             });
+            // With an ordering key: its keys with pending events, those whose
+            // failing head holds others back, and for how long the first.
+            let ordering = state.lanes_view().map(|l| {
+                json!({
+                    "lanes": l.lanes,
+                    "blocked": l.blocked,
+                    "oldest_blocked_age_s": l.blocked_since_ms.map(|t| now.saturating_sub(t) as f64 / 1000.0),
+                })
+            });
             out.push(json!({
                 "name": d.name,
                 "mode": d.mode.as_str(),
@@ -244,6 +256,7 @@ impl Admin {
                 "last_attempt": v.last_attempt_ms.map(clock::rfc3339),
                 "dead_letter": dead_letter,
                 "events": events,
+                "ordering": ordering,
             }));
         }
         let mut orphaned = self.journal.destination_names();

@@ -294,6 +294,32 @@ pub struct Destination {
     pub probation: ProbationSpec,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dead_letter: Option<DeadLetterChoice>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ordering: Option<OrderingSpec>,
+}
+
+/// `ordering: { key: ... }`: events of one key are delivered in accept order.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct OrderingSpec {
+    pub key: OrderingKeySpec,
+}
+
+/// `destination` (one lane), or `{ header: NAME }`, or `{ from_event: FIELD }`.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(untagged)]
+pub enum OrderingKeySpec {
+    Keyword(String),
+    Source(KeySource),
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct KeySource {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub header: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_event: Option<String>,
 }
 
 fn default_timeout() -> Dur {

@@ -115,7 +115,7 @@ pub struct IngressSettings {
     pub keys: Option<IngressKeys>,
 }
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct DestinationSettings {
     pub name: String,
     pub target: Target,
@@ -160,6 +160,8 @@ pub struct DestinationSettings {
     pub late_answer_window: Duration,
     /// Extra CA and client certificate files (`crate::tls`).
     pub tls: Option<TlsFiles>,
+    /// `ordering.key`: events of one key are delivered in accept order.
+    pub ordering: Option<crate::ordering::Key>,
 }
 
 /// `batch`: how many ready events one attempt may carry (SPEC §4.4).

@@ -1776,3 +1776,53 @@ fn history_is_on_by_default_off_at_zero_and_its_ranges_are_checked() {
     let e = one_error(&format!("history: {{ keep: 1h }}\n{dest}"));
     assert!(e.contains("keep"), "an unknown key is named: {e}");
 }
+
+#[test]
+fn ordering_keys_are_read_and_checked() {
+    use crate::ordering::Key;
+    let key_of = |key: &str| {
+        let text = format!("{GOOD}    ordering: {{ key: {key} }}\n");
+        let loaded = parse("c.yaml", &text, ".".into(), Purpose::Run, &env()).expect("valid");
+        loaded.settings.destinations[0].ordering.clone()
+    };
+    assert_eq!(key_of("destination"), Some(Key::Destination));
+    assert_eq!(
+        key_of("{ header: Ordering-Key }"),
+        Some(Key::Header("ordering-key".into())),
+        "header names are case-insensitive: kept lower-case"
+    );
+    let Some(Key::FromEvent(path)) = key_of("{ from_event: data.orderId }") else {
+        panic!("from_event gives an event path");
+    };
+    assert_eq!(path.as_str(), "data.orderId");
+
+    let error_of = |key: &str| one_error(&format!("{GOOD}    ordering: {{ key: {key} }}\n"));
+    assert!(
+        error_of("subject")
+            .contains("destinations.orders.ordering.key: `subject` is not an ordering key"),
+        "{}",
+        error_of("subject")
+    );
+    assert!(error_of("{ header: \"bad header\" }").contains(
+        "destinations.orders.ordering.key.header: `bad header` is not a valid header name"
+    ));
+    assert!(
+        error_of("{ from_event: \"a..b\" }")
+            .contains("destinations.orders.ordering.key.from_event")
+    );
+    assert!(
+        error_of("{ header: A, from_event: b }").contains("name exactly one source"),
+        "{}",
+        error_of("{ header: A, from_event: b }")
+    );
+    let passthrough =
+        format!("{GOOD}    mode: passthrough\n    ordering: {{ key: destination }}\n");
+    assert!(
+        errors(&passthrough)
+            .iter()
+            .any(|e| e
+                .contains("destinations.orders.ordering: passthrough sends each request at once")),
+        "{:#?}",
+        errors(&passthrough)
+    );
+}

@@ -5,8 +5,8 @@
 use super::admin_token::AdminToken;
 use super::ingress_keys::IngressKeys;
 use super::schema::{
-    Concurrency, DeadLetterChoice, DeadLetterSpec, Destination, HeaderSpec, Mode, RawConfig,
-    Schema, SigningSpec, StatusKey, TlsSpec,
+    Concurrency, DeadLetterChoice, DeadLetterSpec, Destination, HeaderSpec, KeySource, Mode,
+    OrderingKeySpec, RawConfig, Schema, SigningSpec, StatusKey, TlsSpec,
 };
 use super::settings::*;
 use super::units::{Dur, Size};
@@ -614,6 +614,10 @@ fn destination(
     if d.mode == Mode::Passthrough {
         passthrough(c, &p, d, &batch, rate_limit_per_second.is_some());
     }
+    let ordering = d
+        .ordering
+        .as_ref()
+        .and_then(|o| ordering(c, &format!("{p}.ordering.key"), &o.key));
     DestinationSettings {
         name: name.to_string(),
         target,
@@ -643,6 +647,47 @@ fn destination(
             Duration::from_secs(3600),
         ),
         tls,
+        ordering,
+    }
+}
+
+/// `ordering.key` at `path`.
+fn ordering(c: &mut Checker, path: &str, key: &OrderingKeySpec) -> Option<crate::ordering::Key> {
+    use crate::ordering::Key;
+    let kinds = "write `destination`, `{ header: NAME }` or `{ from_event: FIELD }`";
+    match key {
+        OrderingKeySpec::Keyword(k) if k == "destination" => Some(Key::Destination),
+        OrderingKeySpec::Keyword(k) => {
+            c.err(path, format!("`{k}` is not an ordering key: {kinds}"));
+            None
+        }
+        OrderingKeySpec::Source(KeySource {
+            header: Some(name),
+            from_event: None,
+        }) => match HeaderName::from_bytes(name.as_bytes()) {
+            Ok(h) => Some(Key::Header(h.as_str().to_string())),
+            Err(_) => {
+                c.err(
+                    format!("{path}.header"),
+                    format!("`{name}` is not a valid header name"),
+                );
+                None
+            }
+        },
+        OrderingKeySpec::Source(KeySource {
+            header: None,
+            from_event: Some(field),
+        }) => match EventPath::parse(field) {
+            Ok(p) => Some(Key::FromEvent(p)),
+            Err(e) => {
+                c.err(format!("{path}.from_event"), e.to_string());
+                None
+            }
+        },
+        OrderingKeySpec::Source(_) => {
+            c.err(path, format!("name exactly one source: {kinds}"));
+            None
+        }
     }
 }
 
@@ -754,6 +799,12 @@ fn passthrough(
         c.err(
             format!("{p}.batch.max_events"),
             "passthrough sends each request alone, as the app waits for its answer: batching needs mode durable",
+        );
+    }
+    if d.ordering.is_some() {
+        c.err(
+            format!("{p}.ordering"),
+            "passthrough sends each request at once, as the app waits for its answer: ordering needs mode durable",
         );
     }
     if let Some(Concurrency::Adaptive { .. }) = d.concurrency {

@@ -18,12 +18,19 @@
 //! With batching, each attempt takes a batch from the front of the ready
 //! queue (`batch::take`): what is ready now, never waiting for more. A
 //! batch is one attempt for `concurrency`, the rate limit and probation.
+//!
+//! With an ordering key, only the head of each lane (`journal::lanes`) is
+//! held ready; an event taken from memory behind its head is parked until
+//! the head's end gives it its turn (`promote`). Parked events are bounded
+//! in bytes, and those behind a head being retried go back to the index
+//! (`spill`), whose waiting rows the journal makes due at their turn. So
+//! the ready queue holds at most one event of a key, and a batch too.
 
 use super::batch;
 use super::settle::{self, Ctx, Settled, Unit};
 use crate::clock;
-use crate::journal::{DestinationState, LoadError, Reader, StoredEvent};
-use std::collections::{HashMap, HashSet, VecDeque};
+use crate::journal::{Change, DestinationState, LoadError, Reader, StoredEvent, Turns};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
@@ -55,6 +62,9 @@ const MAX_BATCH_WINDOW: usize = 16_384;
 const IN_HAND: usize = 16;
 /// As much as a destination's ready queue holds (`journal::ReadyQueue`).
 const IN_HAND_BYTES: u64 = 4 * 1024 * 1024;
+/// Bytes of events held in memory behind their ordering lane's head: a
+/// burst of one key waits here for its turn, the rest in the index.
+const PARKED_BYTES: u64 = IN_HAND_BYTES;
 /// Bytes of events held ready (read, not yet in hand) without batching:
 /// as much again. Counted in events alone, the window held four per slot
 /// whatever their size, so large events at a high `concurrency` went past
@@ -165,6 +175,14 @@ struct Held {
     expiring: HashSet<tokio::task::Id>,
     /// Taken from `ready` past their TTL, waiting for a group.
     expired: VecDeque<StoredEvent>,
+    /// Read from the index while behind their ordering lane's head: their
+    /// rows are to wait for its turn (`set_waiting`), not held ready.
+    behind: Vec<i64>,
+    /// Taken from memory while behind their ordering lane's head: held
+    /// here, out of `ready`, until their turn (`promote`), or given back
+    /// to the index (`spill`).
+    parked: BTreeMap<i64, StoredEvent>,
+    parked_bytes: u64,
 }
 
 impl Running {
@@ -301,12 +319,14 @@ impl Dispatcher {
             self.look = true;
             self.index_due = None;
         }
+        self.promote();
         let room = self.room();
         if self.wants_more(room) && !self.stop.is_cancelled() {
             if self.look {
                 (self.index_due, self.look) = self.read_due(room).await;
             }
             self.take_fresh(room);
+            self.set_waiting();
         }
         // Events held with no deadline known set it: the first at an empty
         // destination, or those not in the index yet when `expire_overdue`
@@ -480,6 +500,9 @@ impl Dispatcher {
                 Ok((id, settled)) => {
                     self.look |= settled.rescheduled;
                     self.answering = !settled.rescheduled;
+                    if settled.rescheduled && !self.held.parked.is_empty() {
+                        self.spill(true);
+                    }
                     (id, settled.release)
                 }
                 Err(e) => {
@@ -518,7 +541,8 @@ impl Dispatcher {
         {
             Ok((rows, more)) => {
                 let taken = self.claim(rows);
-                self.held.ready.extend(taken);
+                let turn = self.in_turn(taken, true);
+                self.held.ready.extend(turn);
                 if more {
                     return (None, true);
                 }
@@ -539,12 +563,110 @@ impl Dispatcher {
         if bytes == 0 {
             return;
         }
-        for ev in self.state.take_ready(want, bytes) {
+        let taken = self.state.take_ready(want, bytes);
+        let fresh = taken
+            .into_iter()
             // Already read from the index: this copy is the same event.
-            if self.held.seqs.insert(ev.seq) {
-                self.held.ready.push_back(ev);
+            .filter(|ev| self.held.seqs.insert(ev.seq))
+            .collect();
+        let turn = self.in_turn(fresh, false);
+        self.held.ready.extend(turn);
+    }
+
+    /// The events whose turn it is. Those behind their ordering lane's
+    /// head wait: from memory, parked here for their turn; from the index
+    /// (seldom: their rows wait already, this is one read in the instant
+    /// before), set aside for `set_waiting`.
+    fn in_turn(&mut self, events: Vec<StoredEvent>, from_index: bool) -> Vec<StoredEvent> {
+        let mut turn = Vec::with_capacity(events.len());
+        for ev in events {
+            // One fated before a restart goes to the sink, whatever its lane.
+            if ev.fate.is_some() || self.state.may_start(ev.seq) {
+                turn.push(ev);
+            } else if from_index {
+                self.state.hold(ev.seq);
+                self.held.behind.push(ev.seq);
+            } else {
+                self.held.parked_bytes += ev.event.size();
+                self.held.parked.insert(ev.seq, ev);
             }
         }
+        if self.held.parked_bytes > PARKED_BYTES {
+            self.spill(false);
+        }
+        turn
+    }
+
+    /// Parked events whose turn came go first.
+    fn promote(&mut self) {
+        if self.held.parked.is_empty() {
+            // Turns still taken, so that they do not pile up.
+            self.state.take_turns();
+            return;
+        }
+        let seqs = match self.state.take_turns() {
+            Turns::Some(seqs) => seqs,
+            Turns::All => self.held.parked.keys().copied().collect(),
+        };
+        for seq in seqs {
+            if !self.state.may_start(seq) {
+                continue;
+            }
+            if let Some(ev) = self.held.parked.remove(&seq) {
+                self.held.parked_bytes = self.held.parked_bytes.saturating_sub(ev.event.size());
+                self.held.ready.push_front(ev);
+            }
+        }
+    }
+
+    /// Gives parked events back to the journal, whose index holds them
+    /// until their turn: the newest while they hold more than
+    /// `PARKED_BYTES`, and (`stalled`) those behind a head being retried,
+    /// whose turn is far (they must also expire on time).
+    fn spill(&mut self, stalled: bool) {
+        let mut gone: Vec<i64> = Vec::new();
+        if stalled {
+            gone.extend(
+                self.held
+                    .parked
+                    .keys()
+                    .copied()
+                    .filter(|&seq| self.state.stalled(seq)),
+            );
+        }
+        let mut bytes = self.held.parked_bytes;
+        for (seq, ev) in self.held.parked.iter().rev() {
+            if bytes <= PARKED_BYTES {
+                break;
+            }
+            bytes = bytes.saturating_sub(ev.event.size());
+            gone.push(*seq);
+        }
+        for seq in gone {
+            if let Some(ev) = self.held.parked.remove(&seq) {
+                self.held.parked_bytes = self.held.parked_bytes.saturating_sub(ev.event.size());
+                self.held.seqs.remove(&seq);
+            }
+        }
+    }
+
+    /// Has the rows of events set aside by `in_turn` wait for their turn;
+    /// they stay held until that is committed, so no read takes them again.
+    fn set_waiting(&mut self) {
+        if self.held.behind.is_empty() {
+            return;
+        }
+        let seqs = std::mem::take(&mut self.held.behind);
+        let changes: Vec<Change> = seqs.iter().map(|&seq| Change::Wait { seq }).collect();
+        let journal = self.ctx.journal.clone();
+        let name = self.ctx.dest.name.clone();
+        let handle = self.tasks.spawn(async move {
+            if let Err(e) = journal.settle(&changes).await {
+                tracing::warn!(destination = %name, error = %e, "cannot set events to wait for their ordering lane's turn");
+            }
+            Settled::done(true)
+        });
+        self.held.hand(handle.id(), Running { seqs, bytes: 0 });
     }
 
     /// The rows not held yet, now held; the ready queue forgets them, so

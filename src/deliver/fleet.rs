@@ -40,6 +40,8 @@ pub enum ApplyError {
     Reader(#[source] rusqlite::Error),
     #[error("destination {0}: cannot open the dead-letter store {1}: {2}")]
     Sink(String, String, #[source] object_store::Error),
+    #[error("destination {0}: cannot build its ordering lanes from the journal: {1}")]
+    Ordering(String, #[source] crate::journal::LoadError),
 }
 
 pub struct Fleet {
@@ -173,6 +175,11 @@ impl Fleet {
             if !inner.running.contains_key(&dest.name) {
                 let reader = self.journal.reader().map_err(ApplyError::Reader)?;
                 readers.insert(dest.name.clone(), reader);
+                // Before ingress can route an event to it. A running
+                // destination keeps its key (`reload::keep_fixed`).
+                self.journal
+                    .order(&dest.name, dest.ordering.clone())
+                    .map_err(|e| ApplyError::Ordering(dest.name.clone(), e))?;
             }
         }
         let mut added = Vec::new();

@@ -389,7 +389,13 @@ impl Indexer {
         loop {
             let (events, end, done) = self.read_chunk(None, CHUNK_BYTES)?;
             if !events.is_empty() || end != self.indexed {
-                self.commit(&events, &vec![true; events.len()], &[], &[], false, end)?;
+                let insert = vec![true; events.len()];
+                let rows = Rows {
+                    events: &events,
+                    insert: &insert,
+                    waits: &[],
+                };
+                self.commit(rows, &[], &[], false, end)?;
             }
             if done {
                 break;
@@ -450,8 +456,11 @@ impl Indexer {
     /// deliveries of the events not inserted, as `Skip` kept them).
     fn commit(
         &mut self,
-        events: &[Logged],
-        insert: &[bool],
+        Rows {
+            events,
+            insert,
+            waits,
+        }: Rows<'_>,
         delivered: &[Option<Step>],
         changes: &[Change],
         sync: bool,
@@ -468,8 +477,11 @@ impl Indexer {
         let result = write(
             &self.conn,
             &self.pins,
-            events,
-            insert,
+            Rows {
+                events,
+                insert,
+                waits,
+            },
             changes,
             end,
             self.dedupe_ms.is_some(),
@@ -996,7 +1008,14 @@ impl Indexer {
                 }
                 Err(_) => (vec![true; events.len()], Vec::new()),
             };
-            match self.commit(&events, &insert, &delivered, &changes, sync, end) {
+            let waits = hold_in_lanes(&events, &insert, shared);
+            let changes = still_waiting(changes, shared);
+            let rows = Rows {
+                events: &events,
+                insert: &insert,
+                waits: &waits,
+            };
+            match self.commit(rows, &delivered, &changes, sync, end) {
                 Ok(freed) => {
                     if let Some(last) = events.last() {
                         self.rows_through = self.rows_through.max(last.seq);
@@ -1026,7 +1045,8 @@ impl Indexer {
     /// it failed (the callers have heard why).
     fn commit_alone(&mut self, applies: Vec<Apply>, shared: &Shared) -> bool {
         let (changes, sync) = self.changes_of(&applies);
-        match self.commit(&[], &[], &[], &changes, sync, self.indexed) {
+        let changes = still_waiting(changes, shared);
+        match self.commit(Rows::NONE, &[], &changes, sync, self.indexed) {
             Ok(freed) => {
                 account(&[], &[], freed, shared);
                 reply_all(applies, &Ok(()));
@@ -1128,13 +1148,34 @@ pub(super) fn lower_priority() {
     }
 }
 
+/// A commit's events read from the log: which to insert as rows (the
+/// others were delivered from memory), and which of those wait behind
+/// their ordering lane's head (`hold_in_lanes`; none when shorter).
+#[derive(Clone, Copy)]
+struct Rows<'a> {
+    events: &'a [Logged],
+    insert: &'a [bool],
+    waits: &'a [bool],
+}
+
+impl Rows<'_> {
+    const NONE: Rows<'static> = Rows {
+        events: &[],
+        insert: &[],
+        waits: &[],
+    };
+}
+
 /// Returns what the deletes freed, for the counters, and
 /// what the commit added to the pins of each segment (`pins`: as before).
 fn write(
     conn: &Connection,
     pins: &BTreeMap<u64, Pin>,
-    events: &[Logged],
-    insert_mask: &[bool],
+    Rows {
+        events,
+        insert: insert_mask,
+        waits,
+    }: Rows<'_>,
     changes: &[Change],
     end: u64,
     dedupe: bool,
@@ -1146,14 +1187,21 @@ fn write(
         // id stays, for an operator's query.
         let mut insert = conn.prepare_cached(
             "INSERT INTO events (seq, id, destination, method, path, headers, body, accepted_ms, crc, attempts, next_due_ms, at, len)
-             VALUES (?1, ?8, ?2, ?3, '', x'', x'', ?4, ?5, 0, ?4, ?6, ?7)",
+             VALUES (?1, ?8, ?2, ?3, '', x'', x'', ?4, ?5, 0, ?9, ?6, ?7)",
         )?;
         // An adopted event goes on where its delivery stood.
         let mut carry = conn.prepare_cached(
             "UPDATE events SET attempts = ?2, next_due_ms = ?3, last_outcome = ?4, last_status = ?5, last_attempt_ms = ?6, batch = ?7 WHERE seq = ?1",
         )?;
-        for (l, _) in events.iter().zip(insert_mask).filter(|(_, keep)| **keep) {
+        for (i, l) in events.iter().enumerate().filter(|(i, _)| insert_mask[*i]) {
             let e = &l.event;
+            // Behind its lane's head: due only when the head leaves.
+            let waits = waits.get(i).copied().unwrap_or(false);
+            let due = if waits {
+                store::WAITING
+            } else {
+                e.accepted_ms as i64
+            };
             let bytes = e.body.len() + l.encoded_headers.len() + e.path.len() + e.id.len();
             add(&mut tally.totals, &e.destination, 1, bytes as i64);
             let pin = tally.pinned.entry(l.segment).or_default();
@@ -1167,13 +1215,14 @@ fn write(
                 l.place.crc,
                 l.place.at as i64,
                 l.place.len,
-                e.id
+                e.id,
+                due
             ])?;
             if let Some(c) = &l.carried {
                 carry.execute(params![
                     l.seq,
                     c.attempts,
-                    c.next_due_ms as i64,
+                    if waits { due } else { c.next_due_ms as i64 },
                     c.last_outcome,
                     c.last_status,
                     c.last_attempt_ms.map(|t| t as i64),
@@ -1204,6 +1253,12 @@ fn write(
         )?;
         let mut quarantine =
             conn.prepare_cached("UPDATE events SET next_due_ms = ?2 WHERE seq = ?1")?;
+        let mut wait = conn.prepare_cached(
+            "UPDATE events SET next_due_ms = ?2 WHERE seq = ?1 AND next_due_ms < ?2",
+        )?;
+        let mut unwait = conn.prepare_cached(
+            "UPDATE events SET next_due_ms = ?2 WHERE seq = ?1 AND next_due_ms = ?3",
+        )?;
         // Due at once, out of any batch: after a restart the dispatcher
         // reads it first thing, and hands it to the sink, never the endpoint.
         let mut fated = conn.prepare_cached(
@@ -1265,6 +1320,12 @@ fn write(
                 }
                 Change::Quarantine { seq } => {
                     quarantine.execute(params![seq, QUARANTINED])?;
+                }
+                Change::Wait { seq } => {
+                    wait.execute(params![seq, store::WAITING])?;
+                }
+                Change::Unwait { seq, at_ms } => {
+                    unwait.execute(params![seq, *at_ms as i64, store::WAITING])?;
                 }
                 Change::DeadLetter { seq, fate, .. } => {
                     fated.execute(params![
@@ -1370,6 +1431,40 @@ fn add(totals: &mut HashMap<String, (i64, i64)>, destination: &str, events: i64,
             totals.insert(destination.to_string(), (events, bytes));
         }
     }
+}
+
+/// Which of the rows to insert wait behind their lane's head; each such
+/// event is marked in its lane, whose turn then makes its row due.
+fn hold_in_lanes(events: &[Logged], insert: &[bool], shared: &Shared) -> Vec<bool> {
+    let states = shared.destinations.load();
+    events
+        .iter()
+        .zip(insert)
+        .map(|(l, inserted)| {
+            *inserted
+                && states
+                    .get(&l.event.destination)
+                    .and_then(|state| state.lanes().as_mut().map(|lanes| lanes.hold(l.seq)))
+                    .unwrap_or(false)
+        })
+        .collect()
+}
+
+/// `changes` without the waits of events whose turn came since they were
+/// sent: that turn's `Unwait` may have been committed already, and a wait
+/// after it would never end.
+fn still_waiting(mut changes: Vec<Change>, shared: &Shared) -> Vec<Change> {
+    if !changes.iter().any(|c| matches!(c, Change::Wait { .. })) {
+        return changes;
+    }
+    let states = shared.destinations.load();
+    changes.retain(|c| match c {
+        Change::Wait { seq } => states
+            .values()
+            .any(|state| state.lanes().as_ref().is_some_and(|l| !l.may_start(*seq))),
+        _ => true,
+    });
+    changes
 }
 
 /// After a commit: frees what its deletes removed, as the rows counted

@@ -22,6 +22,7 @@ mod fetch;
 mod indexer;
 mod inspect;
 pub(crate) mod intake;
+mod lanes;
 mod open;
 mod pauses;
 mod reader;
@@ -34,6 +35,7 @@ mod unindexed;
 mod writer;
 
 pub use inspect::{Inspection, inspect};
+pub use lanes::{LanesView, Turns};
 pub use pauses::Pause;
 pub use reader::Reader;
 pub use ready::ReadyQueue;
@@ -48,6 +50,7 @@ use crate::policy::Outcome;
 use arc_swap::ArcSwap;
 use dedupe::{Check, Claim, Dedupe};
 use indexer::ToIndexer;
+use lanes::Lanes;
 use pauses::{Pauses, PausesError};
 use reserve::Reserve;
 use rusqlite::Connection;
@@ -199,6 +202,11 @@ pub enum Change {
     },
     /// A row whose checksum failed: kept, never due again.
     Quarantine { seq: i64 },
+    /// An event met behind its ordering lane's head: due only once the
+    /// head leaves (`lanes`).
+    Wait { seq: i64 },
+    /// The head of its lane left: a waiting event is due at `at_ms`.
+    Unwait { seq: i64, at_ms: u64 },
     /// The event will be dead-lettered: its fate, recorded (and synced)
     /// before the sink is written, so that a crash between the record and
     /// the delete neither sends the event again nor writes a second record.
@@ -235,7 +243,7 @@ impl Change {
                 },
                 next_due_ms: *next_due_ms,
             }),
-            Change::Quarantine { .. } => None,
+            Change::Quarantine { .. } | Change::Wait { .. } | Change::Unwait { .. } => None,
             Change::DeadLetter { fate, attempt, .. } => Some(Step::DeadLettered {
                 reason: fate.reason,
                 at_ms: fate.at_ms,
@@ -249,6 +257,8 @@ impl Change {
             Change::Delete { seq, .. }
             | Change::Reschedule { seq, .. }
             | Change::Quarantine { seq }
+            | Change::Wait { seq }
+            | Change::Unwait { seq, .. }
             | Change::DeadLetter { seq, .. } => *seq,
         }
     }
@@ -282,6 +292,10 @@ pub struct DestinationState {
     delivering: AtomicBool,
     /// Accept times of events not in SQLite yet, for the oldest's age.
     unindexed: Mutex<Unindexed>,
+    /// Its ordering lanes, when it has an `ordering` key: kept by the
+    /// writer (accepts), the indexer (waiting rows) and the changes that
+    /// end events (`Shared::pass_turns`).
+    lanes: Mutex<Option<Lanes>>,
 }
 
 impl Default for DestinationState {
@@ -296,6 +310,7 @@ impl Default for DestinationState {
             room: Notify::default(),
             delivering: AtomicBool::default(),
             unindexed: Mutex::default(),
+            lanes: Mutex::default(),
         }
     }
 }
@@ -341,6 +356,41 @@ impl DestinationState {
         if let Ok(mut ready) = self.ready.lock() {
             ready.remove(seqs);
         }
+    }
+
+    pub(super) fn lanes(&self) -> std::sync::MutexGuard<'_, Option<Lanes>> {
+        // Plain bookkeeping: a panic elsewhere cannot leave it torn.
+        self.lanes.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether the event `seq` may be attempted now: it has no ordering
+    /// lane, or every earlier event of its lane has left the journal.
+    pub fn may_start(&self, seq: i64) -> bool {
+        self.lanes().as_ref().is_none_or(|l| l.may_start(seq))
+    }
+
+    /// Whether `seq` waits behind its lane's head; if so, it is marked to
+    /// be named when its turn comes (its row is to wait: `Change::Wait`).
+    pub fn hold(&self, seq: i64) -> bool {
+        self.lanes().as_mut().is_some_and(|l| l.hold(seq))
+    }
+
+    /// The events whose turn came since the last call (`Lanes::take_turns`).
+    pub fn take_turns(&self) -> Turns {
+        match self.lanes().as_mut() {
+            Some(l) => l.take_turns(),
+            None => Turns::Some(Vec::new()),
+        }
+    }
+
+    /// Whether `seq` waits behind a head that is being retried.
+    pub fn stalled(&self, seq: i64) -> bool {
+        self.lanes().as_ref().is_some_and(|l| l.stalled(seq))
+    }
+
+    /// Its lanes, when it has an ordering key.
+    pub fn lanes_view(&self) -> Option<LanesView> {
+        self.lanes().as_ref().map(Lanes::view)
     }
 
     /// The backpressure signal: whether this destination is delivering as
@@ -437,6 +487,43 @@ impl Shared {
 
     fn destination(&self, name: &str) -> Option<Arc<DestinationState>> {
         self.destinations.load().get(name).cloned()
+    }
+
+    /// What `changes` do to ordering lanes: an event that leaves (deleted,
+    /// or quarantined: it never goes out again) passes its lane's turn on,
+    /// and a rescheduled head blocks its lane. Returns the changes that
+    /// make waiting rows due, and the destinations to wake once they are
+    /// committed. Before the commit: a failed one fails the journal, and
+    /// nothing is attempted after it.
+    fn pass_turns(&self, changes: &[Change]) -> (Vec<Change>, Vec<Arc<DestinationState>>) {
+        let mut unwaits = Vec::new();
+        let mut woken = Vec::new();
+        let now = clock::now_ms();
+        for state in self.destinations.load().values() {
+            let mut lanes = state.lanes();
+            let Some(lanes) = lanes.as_mut() else {
+                continue;
+            };
+            let before = unwaits.len();
+            for c in changes {
+                match c {
+                    Change::Delete { seq, .. } | Change::Quarantine { seq } => {
+                        if let Some(next) = lanes.finish(*seq) {
+                            unwaits.push(Change::Unwait {
+                                seq: next,
+                                at_ms: now,
+                            });
+                        }
+                    }
+                    Change::Reschedule { seq, .. } => lanes.retrying(*seq, now),
+                    _ => {}
+                }
+            }
+            if unwaits.len() > before {
+                woken.push(state.clone());
+            }
+        }
+        (unwaits, woken)
     }
 
     /// Writes are refused after a failed commit, and once closing.
@@ -564,6 +651,13 @@ async fn to_indexer(
         })
         .map_err(|_| JournalError::Closed)?;
     rx.await.map_err(|_| JournalError::Closed)?
+}
+
+/// Wakes the dispatchers of destinations whose waiting rows became due.
+fn wake(states: &[Arc<DestinationState>]) {
+    for state in states {
+        state.indexed.notify_one();
+    }
 }
 
 /// Lowers a counter, never below zero.
@@ -759,7 +853,11 @@ impl Journal {
     /// straight to the indexer, never behind a burst of ingress.
     pub async fn apply(&self, changes: &[Change]) -> Result<(), JournalError> {
         self.shared.writable()?;
-        to_indexer(&self.indexer, changes.to_vec(), true).await
+        let (unwaits, woken) = self.shared.pass_turns(changes);
+        let all = changes.iter().cloned().chain(unwaits).collect();
+        to_indexer(&self.indexer, all, true).await?;
+        wake(&woken);
+        Ok(())
     }
 
     /// Takes no new event from now on (appends, replays and adoptions
@@ -786,7 +884,7 @@ impl Journal {
     /// without a copy made each time for a failure that seldom comes.
     pub async fn settle(&self, changes: &[Change]) -> Result<(), JournalError> {
         self.shared.writable()?;
-        let mut rest = Vec::new();
+        let (mut rest, woken) = self.shared.pass_turns(changes);
         {
             let mut skip = self.shared.skip.lock().map_err(|_| JournalError::Closed)?;
             for c in changes {
@@ -808,7 +906,9 @@ impl Journal {
         if rest.is_empty() {
             return Ok(());
         }
-        to_indexer(&self.indexer, rest, false).await
+        to_indexer(&self.indexer, rest, false).await?;
+        wake(&woken);
+        Ok(())
     }
 
     /// Queues `cmd` for the writer; a refused one comes back with why.
@@ -873,6 +973,73 @@ impl Journal {
             None => self.add_destination(name),
         };
         state.share.store(share, Ordering::Relaxed);
+    }
+
+    /// Sets `name`'s ordering key and builds its lanes from its pending
+    /// events in seq order: at start, and for a destination a reload adds,
+    /// before ingress can route an event to it (from then on the writer
+    /// keeps them). Each row is set to what its lane says: one behind its
+    /// lane's head waits, a head that waited is due now (the events before
+    /// it left while courier was down, or it waited under another key).
+    /// Without a key every waiting row is due now. The key in force keeps
+    /// its lanes as they are.
+    pub fn order(&self, name: &str, key: Option<crate::ordering::Key>) -> Result<(), LoadError> {
+        use crate::ordering::{Key, lane_of};
+        let state = match self.shared.destination(name) {
+            Some(state) => state,
+            None => self.add_destination(name),
+        };
+        if key.is_some() && state.lanes().as_ref().map(Lanes::key) == key.as_ref() {
+            return Ok(());
+        }
+        let conn = Connection::open(&self.shared.path)?;
+        conn.busy_timeout(Duration::from_secs(30))?;
+        let log = fetch::Log {
+            disk: &*self.shared.disk,
+            dir: &self.shared.dir,
+        };
+        let mut lanes = key.clone().map(Lanes::new);
+        let with_events = !matches!(key, None | Some(Key::Destination));
+        // (seq, whether its row is to wait)
+        let mut turns: Vec<(i64, bool)> = Vec::new();
+        store::in_seq_order(&conn, log, name, with_events, |seq, waiting, ev| {
+            let lane = match (&key, ev) {
+                (Some(Key::Destination), _) => Some(0),
+                (Some(k), Some(ev)) => lane_of(k, ev),
+                _ => None,
+            };
+            let wait = match (lanes.as_mut(), lane) {
+                (Some(l), Some(lane)) => {
+                    l.admit(seq, lane);
+                    l.hold(seq)
+                }
+                _ => false,
+            };
+            if wait != waiting {
+                turns.push((seq, wait));
+            }
+        })?;
+        if !turns.is_empty() {
+            let now = clock::now_ms() as i64;
+            conn.execute_batch("BEGIN IMMEDIATE")?;
+            let mut set =
+                conn.prepare_cached("UPDATE events SET next_due_ms = ?2 WHERE seq = ?1")?;
+            for (seq, wait) in &turns {
+                set.execute(rusqlite::params![
+                    seq,
+                    if *wait { store::WAITING } else { now }
+                ])?;
+            }
+            drop(set);
+            conn.execute_batch("COMMIT")?;
+            tracing::info!(
+                destination = name,
+                rows = turns.len(),
+                "ordering lanes rebuilt: rows set to wait for, or take, their turn"
+            );
+        }
+        *state.lanes() = lanes;
+        Ok(())
     }
 
     /// Every destination the journal has counters for: configured now, or

@@ -87,7 +87,12 @@ impl Carried {
     pub fn of(ev: &StoredEvent) -> Carried {
         Carried {
             attempts: ev.attempts,
-            next_due_ms: ev.next_due_ms,
+            // One waiting for its lane's turn: the adopter's lanes decide.
+            next_due_ms: if ev.next_due_ms >= super::store::WAITING as u64 {
+                ev.event.accepted_ms
+            } else {
+                ev.next_due_ms
+            },
             last_outcome: ev.last_outcome.clone(),
             last_status: ev.last_status,
             last_attempt_ms: ev.last_attempt_ms,

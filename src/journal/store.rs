@@ -93,6 +93,10 @@ const INTAKE_POS: &str = "intake_pos";
 
 /// A corrupt row is parked here: never due, kept for an operator.
 pub const QUARANTINED: i64 = i64::MAX;
+/// An event behind its ordering lane's head (`lanes`): never due until
+/// the head leaves, which makes it due. Below `QUARANTINED`: it is
+/// pending, so TTL expiry, the oldest age and a hand-off count it.
+pub const WAITING: i64 = i64::MAX - 1;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -548,6 +552,36 @@ pub fn due(
     Ok((out, more))
 }
 
+/// `destination`'s pending events in seq order, quarantined and fated
+/// rows aside (those never go to the endpoint again), each passed to
+/// `each` as read, with whether its row waits (`WAITING`): what its
+/// ordering lanes are built from. The event is read only when
+/// `with_events` (a key found in it); a row whose event cannot be read is
+/// passed over, to be quarantined when a dispatcher reads it.
+pub fn in_seq_order(
+    conn: &Connection,
+    log: Log<'_>,
+    destination: &str,
+    with_events: bool,
+    mut each: impl FnMut(i64, bool, Option<&NewEvent>),
+) -> Result<(), LoadError> {
+    let mut stmt = conn.prepare(&format!(
+        "SELECT {LOAD_COLUMNS} FROM events WHERE destination = ?1 AND next_due_ms < ?2 AND fate IS NULL ORDER BY seq"
+    ))?;
+    let mut rows = stmt.query(params![destination, QUARANTINED])?;
+    let mut fetch = Fetch::new(log);
+    while let Some(r) = rows.next()? {
+        let seq: i64 = r.get(0)?;
+        let waiting = r.get::<_, i64>(10)? == WAITING;
+        if !with_events {
+            each(seq, waiting, None);
+        } else if let Ok(ev) = row(r, &mut fetch)? {
+            each(seq, waiting, Some(&ev.event));
+        }
+    }
+    Ok(())
+}
+
 /// Seqs of the due events of one stored batch, in the batch's order.
 pub fn batch_seqs(
     conn: &Connection,
@@ -655,9 +689,7 @@ pub fn next_due_after(
         "SELECT next_due_ms FROM events WHERE destination = ?1 AND next_due_ms > ?2 AND next_due_ms < ?3 ORDER BY next_due_ms LIMIT 1",
     )?;
     let v: Option<i64> = stmt
-        .query_row(params![destination, now_ms as i64, QUARANTINED], |r| {
-            r.get(0)
-        })
+        .query_row(params![destination, now_ms as i64, WAITING], |r| r.get(0))
         .optional()?;
     Ok(v.map(|v| v as u64))
 }

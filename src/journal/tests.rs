@@ -1271,3 +1271,68 @@ async fn adoptions_racing_appends_keep_their_own_records_and_states() {
         }
     }
 }
+
+/// The rows of `orders` whose next due time is `store::WAITING`.
+fn waiting(dir: &Path) -> Vec<i64> {
+    let conn = Connection::open(dir.join(FILE)).expect("open db");
+    let mut stmt = conn
+        .prepare("SELECT seq FROM events WHERE next_due_ms = ?1 ORDER BY seq")
+        .expect("prepare");
+    stmt.query_map([store::WAITING], |r| r.get(0))
+        .expect("query")
+        .collect::<Result<_, _>>()
+        .expect("rows")
+}
+
+/// Ordering lanes in the journal: rows behind their lane's head wait (a
+/// due read never sees them), the head's end makes the next one due, and a
+/// start rebuilds the lanes from the rows, making due a head left waiting.
+#[tokio::test]
+async fn events_behind_their_lanes_head_wait_in_the_index_until_their_turn() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let (journal, _) = open(tmp.path()).expect("open");
+    journal
+        .order("orders", Some(crate::ordering::Key::Destination))
+        .expect("order");
+    journal
+        .append((1..=3).map(event).collect())
+        .await
+        .expect("append");
+    journal.index_all().await.expect("index");
+    assert_eq!(waiting(tmp.path()), vec![2, 3], "behind seq 1");
+    let reader = journal.reader().expect("reader");
+    let none = HashSet::new();
+    let due = || reader.due("orders", clock::now_ms() + 1000, 100, u64::MAX, &none);
+    let seqs = |rows: Vec<StoredEvent>| rows.iter().map(|e| e.seq).collect::<Vec<_>>();
+    assert_eq!(seqs(due().await.expect("due").0), vec![1]);
+    let state = journal.destination("orders").expect("state");
+    assert!(state.may_start(1) && !state.may_start(2));
+    let delete = |seq| Change::Delete {
+        seq,
+        only_if_attempts: None,
+        step: None,
+    };
+    journal.settle(&[delete(1)]).await.expect("settle");
+    assert_eq!(waiting(tmp.path()), vec![3], "2's turn");
+    assert_eq!(seqs(due().await.expect("due").0), vec![2]);
+    journal.close().await;
+    drop((journal, reader));
+
+    // A crash that kept a head waiting (its turn not committed): the start
+    // makes it due; an unordered start makes every row due.
+    let conn = Connection::open(tmp.path().join(FILE)).expect("open db");
+    conn.execute(
+        "UPDATE events SET next_due_ms = ?1 WHERE seq = 2",
+        [store::WAITING],
+    )
+    .expect("update");
+    drop(conn);
+    let (journal, _) = reopen(tmp.path()).await;
+    journal
+        .order("orders", Some(crate::ordering::Key::Destination))
+        .expect("order");
+    assert_eq!(waiting(tmp.path()), vec![3], "2 heads its lane again");
+    journal.order("orders", None).expect("unordered");
+    assert_eq!(waiting(tmp.path()), Vec::<i64>::new());
+    journal.close().await;
+}

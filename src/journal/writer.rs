@@ -108,7 +108,10 @@ impl Writer {
         let result = self.write(group, payload);
         metrics::journal_sync(started.elapsed());
         match &result {
-            Ok(_) => account(group, &self.shared),
+            Ok(_) => {
+                account(group, &self.shared);
+                admit_to_lanes(group, first_seq, &self.shared);
+            }
             Err(_) => release(group, &self.shared),
         }
         // Published before the answers: a change to one of these events,
@@ -341,6 +344,45 @@ fn account(group: &[Command], shared: &Shared) {
     }
 }
 
+/// Puts each durable event of a destination with an ordering key in its
+/// lane, in seq order. Before the log's end is published: the indexer,
+/// which decides whether a row waits, and the dispatchers must find every
+/// event in its lane.
+fn admit_to_lanes(group: &[Command], first_seq: i64, shared: &Shared) {
+    let states = shared.destinations.load();
+    let events = group.iter().flat_map(|cmd| match cmd {
+        Command::Append { events, .. } => events.as_slice(),
+        Command::Close { .. } => &[],
+    });
+    // Each destination's key, read once; lanes found outside the lock (a
+    // key in the body is a JSON parse), then admitted in seq order.
+    let mut keys: Vec<(&str, Option<crate::ordering::Key>)> = Vec::new();
+    let mut found: Vec<(&Arc<DestinationState>, i64, crate::ordering::Lane)> = Vec::new();
+    for (seq, e) in (first_seq..).zip(events) {
+        let Some(state) = states.get(&e.destination) else {
+            continue;
+        };
+        let at = match keys.iter().position(|(d, _)| *d == e.destination) {
+            Some(at) => at,
+            None => {
+                let key = state.lanes().as_ref().map(|l| l.key().clone());
+                keys.push((e.destination.as_str(), key));
+                keys.len() - 1
+            }
+        };
+        if let Some(key) = &keys[at].1
+            && let Some(lane) = crate::ordering::lane_of(key, e)
+        {
+            found.push((state, seq, lane));
+        }
+    }
+    for (state, seq, lane) in found {
+        if let Some(lanes) = state.lanes().as_mut() {
+            lanes.admit(seq, lane);
+        }
+    }
+}
+
 /// The fast path: each durable event goes to its destination's ready
 /// queue, from which the first attempt is sent without reading SQLite.
 /// The seqs are those `write` gave, in the same order. Under the skip
@@ -373,8 +415,9 @@ fn make_ready(events: Vec<NewEvent>, first_seq: i64, shared: &Shared) {
             None => unindexed.push((state, seq, event.accepted_ms)),
         }
         // Looked at before the copy: a paused destination's queue stays
-        // full while its backlog grows.
-        if !state.ready.lock().is_ok_and(|r| r.fits(event.size())) {
+        // full while its backlog grows. An event behind a failing head of
+        // its lane goes by the index, where it waits for its turn.
+        if !state.ready.lock().is_ok_and(|r| r.fits(event.size())) || state.stalled(seq) {
             continue;
         }
         // Its own bytes: the body may be a slice of a large request (an

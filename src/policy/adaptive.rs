@@ -77,7 +77,7 @@ pub const GROW_BELOW: f64 = 1.5;
 /// of it never stops growth), however small the baseline: at a baseline
 /// of a fraction of a millisecond (loopback, a fast LAN) the schedulers at
 /// both ends add as much as any queue, while more in flight still
-/// delivers more (bench/RESULTS.md, step l). A few milliseconds are
+/// delivers more (bench/RESULTS.md, step g). A few milliseconds are
 /// nothing to a webhook endpoint, whose answers take tens to hundreds; its
 /// 503s and timeouts still cut.
 pub const QUEUE_FLOOR: Duration = Duration::from_millis(5);

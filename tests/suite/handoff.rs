@@ -470,3 +470,66 @@ async fn a_damaged_hand_off_is_set_aside_and_the_good_ones_adopted() {
         "set aside whole, for an operator"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ordering_keys_keep_their_order_through_a_hand_off() {
+    const KEYS: usize = 3;
+    const EVENTS: usize = 30;
+    let moto = Moto::start(BUCKET).await;
+    let (rx, accept, seen) = endpoint().await;
+    let (dir_a, dir_b) = (
+        tempfile::tempdir().expect("a"),
+        tempfile::tempdir().expect("b"),
+    );
+    let yaml = config(&rx, "1s", "5s").replace(
+        "    probation: { after_failures: 0 }\n",
+        "    probation: { after_failures: 0 }\n    ordering: { key: { header: Ordering-Key } }\n",
+    );
+    assert!(yaml.contains("ordering"), "{yaml}");
+    let mut a = start(dir_a.path(), &yaml, &moto.endpoint()).await;
+    for i in 0..EVENTS {
+        let (id, key) = (format!("e{i:05}"), format!("k{}", i % KEYS));
+        let headers = [
+            ("Idempotency-Key", id.as_str()),
+            ("Ordering-Key", key.as_str()),
+        ];
+        let r = post(&a.url("orders"), "{}", &headers).await;
+        check_eq!(a, r.status, 202, "{id}: {}", r.text());
+    }
+    // Only each key's first event is tried while its endpoint refuses.
+    all_refused(&a, &seen, KEYS).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let tried: Vec<String> = seen.lock().expect("seen").refused.keys().cloned().collect();
+    check_eq!(a, tried.len(), KEYS, "only the heads: {tried:?}");
+    let b = start(dir_b.path(), &yaml, &moto.endpoint()).await;
+    a.terminate();
+    let status = a.wait_exit(Duration::from_secs(30)).await;
+    check!(
+        a,
+        status.success(),
+        "A exits 0 after its hand-off: {status:?}"
+    );
+    accept.store(true, Ordering::SeqCst);
+    all_delivered(&[&b], &seen, EVENTS).await;
+    // B delivered each key's events in accept order: one at a time, so the
+    // order of first deliveries is the order of the requests.
+    let got = rx.received();
+    for k in 0..KEYS {
+        let sent: Vec<String> = got
+            .iter()
+            .filter(|r| r.header("ordering-key") == Some(format!("k{k}").as_str()))
+            .filter_map(|r| r.header("webhook-id").map(str::to_string))
+            .fold(Vec::new(), |mut v, id| {
+                if !v.contains(&id) {
+                    v.push(id);
+                }
+                v
+            });
+        let expected: Vec<String> = (0..EVENTS)
+            .filter(|i| i % KEYS == k)
+            .map(|i| format!("e{i:05}"))
+            .collect();
+        check_eq!(b, sent, expected, "key k{k}");
+    }
+    check_eq!(b, twice(&seen), 0, "events delivered twice");
+}
