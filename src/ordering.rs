@@ -9,7 +9,6 @@
 //! rebuilt from the stored events at each start), so `std`'s hasher does.
 
 use crate::event_path::{EventPath, parse_body};
-use crate::journal::NewEvent;
 use std::hash::{Hash, Hasher};
 
 /// What makes two events of a destination one lane (`ordering.key`).
@@ -28,19 +27,24 @@ pub enum Key {
 /// A lane: the digest of a key's value.
 pub type Lane = u64;
 
-/// The lane of `event` under `key`; `None` when the event lacks the key.
-pub fn lane_of(key: &Key, event: &NewEvent) -> Option<Lane> {
+/// An event's headers as the journal keeps them: name, value.
+type Headers = [(String, Vec<u8>)];
+
+/// The lane of the event with `headers` and `body` under `key`; `None`
+/// when the event lacks the key. Given parts, not the journal's event, so
+/// that the config can name a key without depending on the journal.
+pub fn lane_of(key: &Key, headers: &Headers, body: &[u8]) -> Option<Lane> {
     match key {
         Key::Destination => Some(0),
-        Key::Header(name) => header(event, name).map(digest),
+        Key::Header(name) => header(headers, name).map(digest),
         Key::FromEvent(path) => {
-            let field = parse_body(&event.body)
+            let field = parse_body(body)
                 .ok()
                 .and_then(|body| path.lookup(&body).ok());
             match field {
                 Some(value) => Some(digest(value.as_bytes())),
                 None if !path.as_str().contains('.') => {
-                    header(event, &format!("ce-{}", path.as_str())).map(digest)
+                    header(headers, &format!("ce-{}", path.as_str())).map(digest)
                 }
                 None => None,
             }
@@ -48,9 +52,8 @@ pub fn lane_of(key: &Key, event: &NewEvent) -> Option<Lane> {
     }
 }
 
-fn header<'a>(event: &'a NewEvent, name: &str) -> Option<&'a [u8]> {
-    event
-        .headers
+fn header<'a>(headers: &'a Headers, name: &str) -> Option<&'a [u8]> {
+    headers
         .iter()
         .find(|(n, _)| n.eq_ignore_ascii_case(name))
         .map(|(_, v)| v.as_slice())
@@ -65,21 +68,20 @@ fn digest(value: &[u8]) -> Lane {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use bytes::Bytes;
 
-    fn event(headers: &[(&str, &str)], body: &str) -> NewEvent {
-        NewEvent {
-            id: "1".into(),
-            destination: "d".into(),
-            method: "POST".into(),
-            path: "/".into(),
-            headers: headers
-                .iter()
-                .map(|(n, v)| (n.to_string(), v.as_bytes().to_vec()))
-                .collect(),
-            body: Bytes::from(body.to_string()),
-            accepted_ms: 0,
-        }
+    /// An event's headers and body.
+    struct Event(Vec<(String, Vec<u8>)>, Vec<u8>);
+
+    fn event(headers: &[(&str, &str)], body: &str) -> Event {
+        let headers = headers
+            .iter()
+            .map(|(n, v)| (n.to_string(), v.as_bytes().to_vec()))
+            .collect();
+        Event(headers, body.as_bytes().to_vec())
+    }
+
+    fn lane_of(key: &Key, e: &Event) -> Option<Lane> {
+        super::lane_of(key, &e.0, &e.1)
     }
 
     fn from_event(path: &str) -> Key {

@@ -1005,7 +1005,7 @@ impl Journal {
         store::in_seq_order(&conn, log, name, with_events, |seq, waiting, ev| {
             let lane = match (&key, ev) {
                 (Some(Key::Destination), _) => Some(0),
-                (Some(k), Some(ev)) => lane_of(k, ev),
+                (Some(k), Some(ev)) => lane_of(k, &ev.headers, &ev.body),
                 _ => None,
             };
             let wait = match (lanes.as_mut(), lane) {

@@ -371,7 +371,7 @@ fn admit_to_lanes(group: &[Command], first_seq: i64, shared: &Shared) {
             }
         };
         if let Some(key) = &keys[at].1
-            && let Some(lane) = crate::ordering::lane_of(key, e)
+            && let Some(lane) = crate::ordering::lane_of(key, &e.headers, &e.body)
         {
             found.push((state, seq, lane));
         }
