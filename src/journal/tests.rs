@@ -198,11 +198,16 @@ async fn a_lost_segment_that_rows_point_into_is_reported_as_damage() {
 
 /// The seqs of the quarantined rows.
 fn quarantined(dir: &Path) -> Vec<i64> {
+    parked_at(dir, store::QUARANTINED)
+}
+
+/// The seqs of the rows whose next due time is `due` (a parking value).
+fn parked_at(dir: &Path, due: i64) -> Vec<i64> {
     let conn = Connection::open(dir.join(FILE)).expect("open db");
     let mut stmt = conn
         .prepare("SELECT seq FROM events WHERE next_due_ms = ?1 ORDER BY seq")
         .expect("prepare");
-    stmt.query_map([store::QUARANTINED], |r| r.get(0))
+    stmt.query_map([due], |r| r.get(0))
         .expect("query")
         .collect::<Result<_, _>>()
         .expect("rows")
@@ -1272,16 +1277,9 @@ async fn adoptions_racing_appends_keep_their_own_records_and_states() {
     }
 }
 
-/// The rows of `orders` whose next due time is `store::WAITING`.
+/// The rows waiting for their ordering lane's turn.
 fn waiting(dir: &Path) -> Vec<i64> {
-    let conn = Connection::open(dir.join(FILE)).expect("open db");
-    let mut stmt = conn
-        .prepare("SELECT seq FROM events WHERE next_due_ms = ?1 ORDER BY seq")
-        .expect("prepare");
-    stmt.query_map([store::WAITING], |r| r.get(0))
-        .expect("query")
-        .collect::<Result<_, _>>()
-        .expect("rows")
+    parked_at(dir, store::WAITING)
 }
 
 /// Ordering lanes in the journal: rows behind their lane's head wait (a

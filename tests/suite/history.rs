@@ -13,13 +13,11 @@ use support::{
 const PROMPT: Duration = Duration::from_secs(10);
 
 fn id_of(r: &Received) -> String {
-    r.header("webhook-id").unwrap_or("").to_string()
+    r.webhook_id()
 }
 
 fn attempt_of(r: &Received) -> u32 {
-    r.header("courier-delivery-attempt")
-        .and_then(|a| a.parse().ok())
-        .unwrap_or(0)
+    r.attempt()
 }
 
 async fn accept(c: &Courier, route: &str, id: &str, headers: &[(&str, &str)]) {

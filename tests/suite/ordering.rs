@@ -16,13 +16,11 @@ const PROMPT: Duration = Duration::from_secs(20);
 const SKEW: Duration = Duration::from_micros(300);
 
 fn id_of(r: &Received) -> String {
-    r.header("webhook-id").unwrap_or("").to_string()
+    r.webhook_id()
 }
 
 fn attempt_of(r: &Received) -> u32 {
-    r.header("courier-delivery-attempt")
-        .and_then(|a| a.parse().ok())
-        .unwrap_or(0)
+    r.attempt()
 }
 
 /// Ordered by the `Ordering-Key` header, quick retries, no probation.

@@ -38,6 +38,18 @@ pub struct Received {
 }
 
 impl Received {
+    /// Its `webhook-id` (the event's id, or a batch's), empty when none.
+    pub fn webhook_id(&self) -> String {
+        self.header("webhook-id").unwrap_or("").to_string()
+    }
+
+    /// Its `courier-delivery-attempt`, 0 when none.
+    pub fn attempt(&self) -> u32 {
+        self.header("courier-delivery-attempt")
+            .and_then(|a| a.parse().ok())
+            .unwrap_or(0)
+    }
+
     /// The value of header `name` as a string, if present and valid UTF-8.
     pub fn header(&self, name: &str) -> Option<&str> {
         self.headers.get(name).and_then(|v| v.to_str().ok())
