@@ -82,7 +82,10 @@ fn client() -> HttpClient {
         let client = Client::builder(TokioExecutor::new())
             .timer(TokioTimer::new())
             .pool_timer(TokioTimer::new())
-            .pool_idle_timeout(Duration::from_secs(30))
+            // Below courier's 10 s idle close (`server::edge::HEADER_TIMEOUT`):
+            // a connection kept longer races the server's close, and a request
+            // written as it closes fails with `IncompleteMessage`.
+            .pool_idle_timeout(Duration::from_secs(5))
             .build(connector);
         *cell = Some(Pooled {
             runtime_alive,
