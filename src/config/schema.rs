@@ -232,11 +232,50 @@ pub struct DeadLetterSpec {
 
 /// A destination's sink: its own directory or bucket, or `none` (drop and
 /// count).
-#[derive(Debug, Clone, Deserialize, Serialize)]
+#[derive(Debug, Clone, Serialize)]
 #[serde(untagged)]
 pub enum DeadLetterChoice {
     Sink(DeadLetterSpec),
     Keyword(String),
+}
+
+impl<'de> Deserialize<'de> for DeadLetterChoice {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        keyword_or_block(d, "`none` or a mapping with `dir` or `url`").map(|v| match v {
+            KeywordOr::Keyword(k) => DeadLetterChoice::Keyword(k),
+            KeywordOr::Block(b) => DeadLetterChoice::Sink(b),
+        })
+    }
+}
+
+enum KeywordOr<T> {
+    Keyword(String),
+    Block(T),
+}
+
+/// A keyword or a block, read by hand rather than as an untagged enum, so
+/// that a wrong key inside the block is named with the keys allowed, as in
+/// every other block, instead of "matches no variant".
+fn keyword_or_block<'de, D, T>(d: D, expecting: &'static str) -> Result<KeywordOr<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    use serde::de::{self, MapAccess, Visitor, value::MapAccessDeserializer};
+    struct V<T>(&'static str, std::marker::PhantomData<T>);
+    impl<'de, T: Deserialize<'de>> Visitor<'de> for V<T> {
+        type Value = KeywordOr<T>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str(self.0)
+        }
+        fn visit_str<E: de::Error>(self, s: &str) -> Result<KeywordOr<T>, E> {
+            Ok(KeywordOr::Keyword(s.to_string()))
+        }
+        fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<KeywordOr<T>, A::Error> {
+            T::deserialize(MapAccessDeserializer::new(map)).map(KeywordOr::Block)
+        }
+    }
+    d.deserialize_any(V(expecting, std::marker::PhantomData))
 }
 
 /// `tls`: files added to what the system provides; all optional.
@@ -306,11 +345,24 @@ pub struct OrderingSpec {
 }
 
 /// `destination` (one lane), or `{ header: NAME }`, or `{ from_event: FIELD }`.
-#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(untagged)]
 pub enum OrderingKeySpec {
     Keyword(String),
     Source(KeySource),
+}
+
+impl<'de> Deserialize<'de> for OrderingKeySpec {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        keyword_or_block(
+            d,
+            "`destination` or a mapping with `header` or `from_event`",
+        )
+        .map(|v| match v {
+            KeywordOr::Keyword(k) => OrderingKeySpec::Keyword(k),
+            KeywordOr::Block(b) => OrderingKeySpec::Source(b),
+        })
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]

@@ -29,6 +29,7 @@ mod dedupe;
 mod delivery;
 mod deploy;
 mod disk;
+mod docs;
 mod edges;
 mod fuzz_corpus;
 mod handoff;
