@@ -278,10 +278,11 @@ async fn exported_series() -> BTreeSet<String> {
     rx.wait_for(4, std::time::Duration::from_secs(20)).await;
     let mut names = BTreeSet::new();
     for line in metrics_text(&c.admin_url()).await.lines() {
-        if let Some(rest) = line.strip_prefix("# TYPE ") {
-            if let Some(name) = rest.split_whitespace().next() {
-                names.insert(name.to_string());
-            }
+        if let Some(name) = line
+            .strip_prefix("# TYPE ")
+            .and_then(|rest| rest.split_whitespace().next())
+        {
+            names.insert(name.to_string());
         }
     }
     for entry in walk(&repo().join("src"), "rs") {
