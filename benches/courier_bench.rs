@@ -1047,7 +1047,7 @@ async fn end_to_end_keyed(
 
 /// Step k: the SIGKILL comes this long into the load.
 const KILL_AFTER: Duration = Duration::from_secs(3);
-/// Step k's budget: README, "The duplicate window" (about 200 ms).
+/// Step k's budget: docs/journal.md "Durability" (about 200 ms).
 const WINDOW_BUDGET: &str = "duplicate window after SIGKILL";
 const PACED_BUDGET: &str = "paced passthrough p50";
 
@@ -1955,11 +1955,11 @@ async fn courier_steps(
             }
             'k' => match crash_window(label, bin, args).await {
                 Ok((row, window)) => {
-                    // README, "The duplicate window": about 200 ms.
+                    // docs/journal.md "Durability": about 200 ms.
                     budgets.push(budget(
                         format!("{label} {WINDOW_BUDGET}"),
                         vec![Check::at_most(window, 200.0, " ms")],
-                        format!("{window:.0} ms (≤ 200, the README's \"about 200 ms\"); none of the 202s lost"),
+                        format!("{window:.0} ms (≤ 200, docs/journal.md's \"about 200 ms\"); none of the 202s lost"),
                     ));
                     rows.push(row);
                 }

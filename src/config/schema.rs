@@ -181,7 +181,7 @@ pub enum SyncMode {
 pub struct Ingress {
     #[serde(default = "default_max_body")]
     pub max_body_bytes: Size,
-    /// Bytes of request bodies held at once (README "Memory").
+    /// Bytes of request bodies held at once (docs/publishing.md "Memory").
     #[serde(default = "default_max_inflight")]
     pub max_inflight_bytes: Size,
     #[serde(default)]
@@ -210,7 +210,7 @@ impl Default for Ingress {
 fn default_max_body() -> Size {
     Size(1 << 20)
 }
-/// Sized for the 512Mi memory limit of `deploy/` (README "Memory").
+/// Sized for the 512Mi memory limit of `deploy/` (docs/publishing.md "Memory").
 fn default_max_inflight() -> Size {
     Size(64 << 20)
 }

@@ -1,4 +1,4 @@
-//! The memory budget of ingress (README "Memory"): the bytes of request
+//! The memory budget of ingress (docs/publishing.md "Memory"): the bytes of request
 //! bodies held at once, `ingress.max_inflight_bytes`. Without it, memory
 //! grew with the bodies in flight until the container's limit killed
 //! courier with acknowledged events in it.

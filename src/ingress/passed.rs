@@ -1,4 +1,4 @@
-//! The answer to a passthrough request (README "Passthrough"): the
+//! The answer to a passthrough request (docs/passthrough.md): the
 //! endpoint's own, streamed, or courier's JSON saying why there is none.
 
 use super::forward::{HOP_BY_HOP, connection_listed};

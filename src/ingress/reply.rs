@@ -58,7 +58,7 @@ pub fn accepted(status: StatusCode, ids: &[String], duplicates: &[String]) -> Re
     crate::server::json_bytes(status, bytes.into()).map(Either::Left)
 }
 
-/// A topic's answer (README "Topics"), with `status` as for a
+/// A topic's answer (docs/topics.md), with `status` as for a
 /// destination (`success_status`): `accepted` counts the copies
 /// journaled (one per event and matching subscriber), `ids` lists every event
 /// of the request once, `unmatched` counts the events no subscriber took

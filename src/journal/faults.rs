@@ -1,5 +1,5 @@
 //! The journal on a disk that fails (`disk::faulty`): each fault gets the
-//! answer the rules give it (README "Journal faults": a failed fdatasync
+//! answer the rules give it (docs/journal.md "Journal faults": a failed fdatasync
 //! fails the journal, a full disk is a 507 until space comes back, a log
 //! that cannot be read stops the start), and every event acknowledged
 //! before it is still there when the journal opens again on a sound disk.
@@ -427,7 +427,7 @@ async fn a_transient_error_is_retried_and_never_fails_the_journal() {
 
 /// The reads of events for their rows (a dispatcher's refill, an expiry)
 /// go through the same disk as the writer: EIO there fails the journal as
-/// a failed write does (README "Journal faults"), while running out of
+/// a failed write does (docs/journal.md "Journal faults"), while running out of
 /// descriptors only fails that read, to be tried again. Nothing
 /// acknowledged is lost either way.
 #[tokio::test]

@@ -274,7 +274,7 @@ fn add_batch_siblings(
 }
 
 /// A read of the intake log that failed for more than a passing shortage
-/// (EIO, EACCES) fails the journal, as a failed write does (README
+/// (EIO, EACCES) fails the journal, as a failed write does (docs/journal.md
 /// "Journal faults"): retried for ever, it would stall its destination
 /// without a word to the kubelet.
 fn log_failure(e: &LoadError) -> Option<String> {

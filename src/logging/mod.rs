@@ -1,4 +1,4 @@
-//! How `courier run` logs (SPEC §6, README "Logs"): one `tracing`
+//! How `courier run` logs (SPEC §6, docs/logs.md): one `tracing`
 //! subscriber on stderr, text or one JSON object per line; a panic hook
 //! that logs through it, so that JSON output stays JSON even then; and
 //! `log.bodies`, the one switch that lets an event's body into a line.

@@ -1,4 +1,4 @@
-//! The Kubernetes manifests of deploy/ against what courier needs (README
+//! The Kubernetes manifests of deploy/ against what courier needs (docs/kubernetes.md
 //! "Run in Kubernetes"): for every courier container, its config (from the
 //! ConfigMap it mounts) passes the real `courier check`; probes reach the
 //! admin port on the right paths; the grace period covers `shutdown_grace`
@@ -170,7 +170,7 @@ async fn the_grace_period_covers_shutdown_grace_and_the_journal_close() {
                 .as_u64()
                 .ok_or("terminationGracePeriodSeconds is not set")?;
             // Attempts in flight, then with a hand-off as long again to
-            // write the pending events to the bucket (README "What happens
+            // write the pending events to the bucket (docs/object-storage.md "What happens
             // on a rolling deploy").
             let graces = if e.handoff { 2 } else { 1 };
             let need = e.shutdown_grace * graces + JOURNAL_CLOSE;

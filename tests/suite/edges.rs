@@ -1,4 +1,4 @@
-//! The edges against a real courier, with raw TCP clients (README "Edges"):
+//! The edges against a real courier, with raw TCP clients (docs/http-api.md "Edges"):
 //! a client that sends its request head too slowly, or nothing, or goes
 //! idle between requests, is disconnected at the header timeout (10 s),
 //! and a body still incomplete at the body deadline (10 s) gets a 408 and

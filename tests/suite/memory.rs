@@ -1,8 +1,8 @@
-//! Memory held for bodies is bounded (README "Memory"). A flood: 800 apps
+//! Memory held for bodies is bounded (docs/publishing.md "Memory"). A flood: 800 apps
 //! post 1 MiB each at once; ingress holds at most
 //! `ingress.max_inflight_bytes` of bodies and answers the rest 503 with
 //! `Retry-After` before reading them, so peak RSS stays under the bound the
-//! README gives for the default budget, and every event answered 202 is
+//! docs/publishing.md gives for the default budget, and every event answered 202 is
 //! delivered after a SIGKILL. Delivery: a backlog of large events is read
 //! ahead by bytes, not four events per slot whatever their size.
 
@@ -19,7 +19,7 @@ use tokio::sync::Barrier;
 
 const POSTS: usize = 800;
 const BODY: usize = 1 << 20;
-/// The README's bound on peak RSS ("Memory"): 64 MiB + 2 × the default
+/// The docs' bound on peak RSS ("Memory"): 64 MiB + 2 × the default
 /// budget (64 MiB) + for the one destination 8 MiB + `concurrency` (16) ×
 /// its largest event. 800 MiB posted at once stays under it, where holding
 /// them all took 0.97–1.1 GiB.

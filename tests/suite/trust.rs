@@ -1,4 +1,4 @@
-//! Trust at the edges (README "Security"): what a bad payload, a crafted
+//! Trust at the edges (docs/http-api.md): what a bad payload, a crafted
 //! path, a browser or a careless neighbour can and cannot make courier do.
 //! Each test drives a real courier against a loopback receiver.
 

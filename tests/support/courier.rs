@@ -243,8 +243,8 @@ impl Courier {
     }
 
     /// Whether a log line matching `pred` shows up within `timeout`:
-    /// courier's log writer lets each burst gather for 10 ms (README
-    /// "Logs"), so a line is not in `logs()` the moment after its cause.
+    /// courier's log writer lets each burst gather for 10 ms
+    /// (docs/logs.md), so a line is not in `logs()` the moment after its cause.
     pub async fn logged(&self, pred: impl Fn(&str) -> bool, timeout: Duration) -> bool {
         let deadline = Instant::now() + timeout;
         loop {
