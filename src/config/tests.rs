@@ -119,6 +119,33 @@ fn unknown_key_names_path_line_and_column() {
     );
 }
 
+/// A block that may also be a keyword names a wrong key inside it with the
+/// keys allowed, as any other block does.
+#[test]
+fn a_wrong_key_in_a_keyword_or_block_value_names_the_keys_allowed() {
+    let e = one_error(&GOOD.replace(
+        "    timeout: 5s",
+        "    timeout: 5s\n    ordering: { key: { header: X, heder: Y } }",
+    ));
+    assert!(
+        e.ends_with("destinations.orders.ordering.key: unknown key `heder`; expected one of header, from_event"),
+        "{e}"
+    );
+    let e = one_error(&GOOD.replace(
+        "    timeout: 5s",
+        "    timeout: 5s\n    dead_letter: { dir: ./dl, redact: [x] }",
+    ));
+    assert!(
+        e.ends_with("destinations.orders.dead_letter: unknown key `redact`; expected one of dir, url, redact_headers, keep_headers"),
+        "{e}"
+    );
+    let e = one_error(&GOOD.replace("    timeout: 5s", "    timeout: 5s\n    dead_letter: [x]"));
+    assert!(
+        e.ends_with("destinations.orders.dead_letter: expected `none` or a mapping with `dir` or `url`, found a list"),
+        "{e}"
+    );
+}
+
 #[test]
 fn max_attempts_out_of_range() {
     let e = one_error(&GOOD.replace("max_attempts: 3", "max_attempts: 31"));
