@@ -330,13 +330,14 @@ fn monitoring_files_point_nowhere_outside_the_repository() {
                     "{}: link to {target}: no such file in the repository",
                     f.display()
                 ));
-            } else if !section.is_empty() && file.extension().is_some_and(|e| e == "md") {
-                if !anchors(&read(&file)).contains(section) {
-                    wrong.push(format!(
-                        "{}: link to {target}: no such heading",
-                        f.display()
-                    ));
-                }
+            } else if !section.is_empty()
+                && file.extension().is_some_and(|e| e == "md")
+                && !anchors(&read(&file)).contains(section)
+            {
+                wrong.push(format!(
+                    "{}: link to {target}: no such heading",
+                    f.display()
+                ));
             }
         }
     }
