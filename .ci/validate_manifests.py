@@ -6,8 +6,9 @@ Not validated here, each said in the output: kustomization.yaml files
 (Kustomize's own config), configMapGenerator inputs (courier configs, checked
 by `courier check` in tests/suite/deploy.rs), *-patch.yaml (partial objects: they
 are validated as part of the rendered overlay, deploy/kustomize/example.rendered.yaml)
-and PodMonitor objects (a CRD without a shipped schema: tests/suite/deploy.rs
-checks their shape). A missing schema for any other kind is an error, so a
+PodMonitor and PrometheusRule objects (CRDs without a shipped schema:
+tests/suite/deploy.rs and tests/suite/monitoring.rs check them) and
+deploy/monitoring/tests/ (promtool unit tests, run by tests/suite/monitoring.rs). A missing schema for any other kind is an error, so a
 typo in apiVersion or kind cannot pass as "no schema".
 """
 
@@ -17,7 +18,9 @@ import sys
 import kubernetes_validate
 import yaml
 
-CRDS = {("monitoring.coreos.com/v1", "PodMonitor")}
+CRDS = {("monitoring.coreos.com/v1", "PodMonitor"), ("monitoring.coreos.com/v1", "PrometheusRule")}
+# promtool's unit tests of the alerts: not Kubernetes objects.
+PROMTOOL_TESTS = pathlib.Path("deploy/monitoring/tests")
 
 
 def generator_inputs(root):
@@ -38,6 +41,9 @@ def main(versions):
         if path.name == "kustomization.yaml" or path.resolve() in skip:
             print(f"skip {path}: Kustomize input, not a manifest")
             continue
+        if PROMTOOL_TESTS in path.parents:
+            print(f"skip {path}: promtool unit test, run by tests/suite/monitoring.rs")
+            continue
         if path.name.endswith("-patch.yaml"):
             print(f"skip {path}: partial object, validated in the rendered overlay")
             continue
@@ -46,7 +52,7 @@ def main(versions):
                 continue
             what = f"{path} {doc.get('kind')}/{doc.get('metadata', {}).get('name')}"
             if (doc.get("apiVersion"), doc.get("kind")) in CRDS:
-                print(f"skip {what}: CRD, shape checked by tests/suite/deploy.rs")
+                print(f"skip {what}: CRD, shape checked by tests/suite/deploy.rs or monitoring.rs")
                 continue
             for version in versions:
                 checked += 1

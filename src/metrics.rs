@@ -22,6 +22,9 @@ pub const REJECTED: &str = "courier_ingress_rejected_total";
 pub const JOURNAL_BYTES: &str = "courier_journal_bytes";
 pub const SYNC: &str = "courier_journal_sync_duration_seconds";
 pub const PROBATION: &str = "courier_destination_probation";
+pub const PAUSED: &str = "courier_destination_paused";
+pub const JOURNAL_MAX_BYTES: &str = "courier_journal_max_bytes";
+pub const MAX_PENDING_BYTES: &str = "courier_destination_max_pending_bytes";
 pub const CONCURRENCY_LIMIT: &str = "courier_destination_concurrency_limit";
 pub const CORRUPT: &str = "courier_journal_corrupt_records_total";
 pub const DEDUPLICATED: &str = "courier_events_deduplicated_total";
@@ -86,6 +89,18 @@ pub fn install(listeners: &[&'static str]) -> Result<PrometheusHandle, BuildErro
     metrics::describe_gauge!(JOURNAL_BYTES, "Bytes of pending events in the journal.");
     metrics::describe_histogram!(SYNC, "Duration of one group commit, fdatasync included.");
     metrics::describe_gauge!(PROBATION, "1 while the destination is on probation.");
+    metrics::describe_gauge!(
+        PAUSED,
+        "1 while the destination is paused by this cause (operator, gone: a 410 answer, retry_after: a 429 or 503 with Retry-After), else 0."
+    );
+    metrics::describe_gauge!(
+        JOURNAL_MAX_BYTES,
+        "journal.max_bytes in force: ingress answers 503 once the destinations' courier_journal_bytes add up to it."
+    );
+    metrics::describe_gauge!(
+        MAX_PENDING_BYTES,
+        "The destination's share of the journal in force (max_pending_bytes): its events are refused with 503 once its courier_journal_bytes reach it."
+    );
     metrics::describe_gauge!(
         CONCURRENCY_LIMIT,
         "Attempts the destination may have in flight now: its concurrency, or the limit adaptive concurrency has learnt."
@@ -201,7 +216,9 @@ pub fn config_refused() {
 /// before anything has happened (dashboards and alerts need the series);
 /// `reasons`: every dead-letter reason.
 pub fn register(destination: &str, reasons: &[&'static str]) {
-    for name in [ACCEPTED, DELIVERED] {
+    // Corrupt records too: an alert's `increase()` cannot see the first
+    // increment of a series that appears with it.
+    for name in [ACCEPTED, DELIVERED, CORRUPT] {
         counter!(name, "destination" => destination.to_string()).increment(0);
     }
     for &reason in reasons {
@@ -362,6 +379,29 @@ pub fn pending(destination: &str, events: u64, bytes: u64, probation: bool) {
     } else {
         0.0
     });
+}
+
+/// Why a destination may be paused, the values of `PAUSED`'s `by` label:
+/// each has its series, 1 for the cause in force, so that none vanishes.
+pub const PAUSE_CAUSES: [&str; 3] = ["operator", "gone", "retry_after"];
+
+/// Read from the destination's health just before a scrape; `by` is one of
+/// [`PAUSE_CAUSES`], or `None` when it is not paused.
+pub fn paused(destination: &str, by: Option<&str>) {
+    for cause in PAUSE_CAUSES {
+        let on = if by == Some(cause) { 1.0 } else { 0.0 };
+        gauge!(PAUSED, "destination" => destination.to_string(), "by" => cause).set(on);
+    }
+}
+
+/// The limits in force on the journal's pending bytes, just before a
+/// scrape: `journal.max_bytes`, and each configured destination's share.
+pub fn journal_max_bytes(bytes: u64) {
+    gauge!(JOURNAL_MAX_BYTES).set(bytes as f64);
+}
+
+pub fn max_pending_bytes(destination: &str, bytes: u64) {
+    gauge!(MAX_PENDING_BYTES, "destination" => destination.to_string()).set(bytes as f64);
 }
 
 /// Set for destinations with an ordering key only.

@@ -38,6 +38,17 @@ pub struct Admin {
     pub history: Option<Arc<crate::history::Reader>>,
 }
 
+/// Why a destination is paused, as `courier_destination_paused`'s `by`
+/// label says it: by the operator, by a 410 answer, or held by a
+/// Retry-After (its state is `paused` with an `until`, no `paused_by`).
+fn pause_cause(v: &crate::deliver::health::View) -> Option<&'static str> {
+    match v.paused {
+        Some((by, _)) => Some(by.as_str()),
+        None if v.state == "paused" => Some("retry_after"),
+        None => None,
+    }
+}
+
 fn answer(a: dead_letters::Answer) -> Response<Body> {
     a.map_or_else(dead_letters::ApiError::reply, |v| json(StatusCode::OK, &v))
 }
@@ -160,8 +171,19 @@ impl Admin {
     async fn metrics(&self) -> Response<Body> {
         // Every destination the journal knows, configured or orphaned by a
         // reload: events left waiting must show on a dashboard.
+        let settings = self.settings.load();
+        // The limits in force (a reload keeps `journal`, changes shares), so
+        // that an alert can say how full the journal is.
+        metrics::journal_max_bytes(settings.journal.max_bytes);
+        for d in &settings.destinations {
+            metrics::max_pending_bytes(&d.name, d.max_pending_bytes);
+        }
         for name in self.journal.destination_names() {
-            let probation = self.fleet.health(&name).is_some_and(|h| h.on_probation());
+            let health = self.fleet.health(&name);
+            let probation = health.as_ref().is_some_and(|h| h.on_probation());
+            if let Some(h) = &health {
+                metrics::paused(&name, pause_cause(&h.view()));
+            }
             if let Some(state) = self.journal.destination(&name) {
                 metrics::pending(&name, state.pending(), state.bytes(), probation);
                 if let Some(lanes) = state.lanes_view() {

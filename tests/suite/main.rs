@@ -42,6 +42,7 @@ mod logs;
 mod mass_expiry;
 mod memory;
 mod metrics;
+mod monitoring;
 mod ordering;
 mod passthrough;
 mod pauses;

@@ -127,3 +127,104 @@ async fn the_scrape_passes_promtool_with_process_build_and_oldest_age_series() {
     rx.wait_for(1, Duration::from_secs(10)).await;
     wait_metric(&c, AGE, 0.0, Duration::from_secs(10)).await;
 }
+
+/// What the alerts of deploy/monitoring/ need beyond SPEC §5: why a
+/// destination is paused (`courier_destination_paused{by}`, one series per
+/// cause, 1 for the one in force), and the limits on the journal's
+/// pending bytes (`courier_journal_max_bytes`,
+/// `courier_destination_max_pending_bytes`), so that an alert can divide
+/// `courier_journal_bytes` by them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_scrape_says_why_a_destination_is_paused_and_the_journals_limits() {
+    let gone = Receiver::start(support::behavior(|_, _| support::Reply::status(410))).await;
+    let busy = Receiver::start(support::behavior(|_, _| {
+        support::Reply::status(429).header("Retry-After", "600")
+    }))
+    .await;
+    let ok = Receiver::ok().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let yaml = format!(
+        "listen: 127.0.0.1:0\n\
+         admin_listen: 127.0.0.1:0\n\
+         journal: {{ dir: ./journal, max_bytes: 64MiB }}\n\
+         dead_letter: {{ dir: ./dl }}\n\
+         destinations:\n  \
+           gone: {{ url: {} }}\n  \
+           busy: {{ url: {} }}\n  \
+           held: {{ url: {}, max_pending_bytes: 16MiB }}\n",
+        gone.url(),
+        busy.url(),
+        ok.url()
+    );
+    let c = Courier::start(dir.path(), &yaml).await;
+    let paused =
+        |d: &str, by: &str| format!(r#"courier_destination_paused{{destination="{d}",by="{by}"}}"#);
+    let text = scrape(&c).await;
+    for d in ["gone", "busy", "held"] {
+        for by in ["operator", "gone", "retry_after"] {
+            check_eq!(
+                c,
+                value(&text, &paused(d, by)),
+                Some(0.0),
+                "{d} {by} before anything\n{text}"
+            );
+        }
+    }
+    check_eq!(
+        c,
+        value(&text, "courier_journal_max_bytes"),
+        Some(64.0 * 1024.0 * 1024.0),
+        "{text}"
+    );
+    check_eq!(
+        c,
+        value(
+            &text,
+            r#"courier_destination_max_pending_bytes{destination="held"}"#
+        ),
+        Some(16.0 * 1024.0 * 1024.0),
+        "{text}"
+    );
+
+    let pause = format!("{}/v1/destinations/held/pause", c.admin_url());
+    let r = admin_post(&pause, "{}", &[]).await;
+    check_eq!(c, r.status, 200, "pause: {}", r.text());
+    for d in ["gone", "busy"] {
+        let r = post(&c.url(d), r#"{"n":1}"#, &[]).await;
+        check_eq!(c, r.status, 202, "{}", r.text());
+    }
+    gone.wait_for(1, Duration::from_secs(10)).await;
+    busy.wait_for(1, Duration::from_secs(10)).await;
+    for (d, by) in [
+        ("held", "operator"),
+        ("gone", "gone"),
+        ("busy", "retry_after"),
+    ] {
+        wait_metric(&c, &paused(d, by), 1.0, Duration::from_secs(10)).await;
+    }
+    let text = scrape(&c).await;
+    for d in ["gone", "busy", "held"] {
+        let on: Vec<&str> = ["operator", "gone", "retry_after"]
+            .into_iter()
+            .filter(|by| value(&text, &paused(d, by)) == Some(1.0))
+            .collect();
+        check_eq!(c, on.len(), 1, "{d}: causes at 1: {on:?}\n{text}");
+    }
+    let (ok_, said) = promtool_check(&text);
+    check!(
+        c,
+        ok_ && said.is_empty(),
+        "promtool check metrics: {said}\n{text}"
+    );
+
+    let resume = format!("{}/v1/destinations/held/resume", c.admin_url());
+    let r = admin_post(&resume, "{}", &[]).await;
+    check_eq!(c, r.status, 200, "resume: {}", r.text());
+    wait_metric(
+        &c,
+        &paused("held", "operator"),
+        0.0,
+        Duration::from_secs(10),
+    )
+    .await;
+}
