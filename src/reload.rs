@@ -415,6 +415,14 @@ destinations:
     }
 
     #[test]
+    fn tracing_waits_for_a_restart() {
+        let on = format!("{OLD}tracing: {{ otlp_endpoint: http://127.0.0.1:4318 }}\n");
+        let (kept, fixed) = keep_fixed(&settings(OLD), settings(&on)).expect("kept");
+        assert_eq!(fixed, ["tracing"]);
+        assert_eq!(kept.tracing, None, "stays off until a restart");
+    }
+
+    #[test]
     fn a_running_destinations_ordering_key_waits_for_a_restart_a_new_ones_does_not() {
         let new = OLD.replace(
             "  a: { url: http://127.0.0.1:9/a }",
