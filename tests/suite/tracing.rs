@@ -406,3 +406,187 @@ async fn passthrough_attempts_are_children_of_the_accept_span() {
         Some("Busy")
     );
 }
+
+/// A receiver that answers 500 until `open` is set, then 200.
+fn refusing_until(
+    open: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> support::receiver::Behavior {
+    behavior(move |_, _| {
+        if open.load(std::sync::atomic::Ordering::SeqCst) {
+            Reply::status(200)
+        } else {
+            Reply::status(500)
+        }
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_adopting_courier_continues_the_trace_of_a_handed_off_event() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use support::stores::{Moto, s3_env};
+    let moto = Moto::start("courier").await;
+    let otlp = OtlpReceiver::start().await;
+    let open = Arc::new(AtomicBool::new(false));
+    let receiver = Receiver::start(refusing_until(open.clone())).await;
+    let yaml = format!(
+        "listen: 127.0.0.1:0\n\
+         admin_listen: 127.0.0.1:0\n\
+         log: {{ level: debug }}\n\
+         shutdown_grace: 1s\n\
+         journal: {{ dir: ./journal }}\n\
+         handoff: {{ url: s3://courier/handoff, poll: 200ms }}\n\
+         tracing: {{ otlp_endpoint: {} }}\n\
+         destinations:\n  \
+           orders:\n    \
+             url: {}\n    \
+             retry: {{ schedule: [1s] }}\n    \
+             status: {{ min_delay: {{ 500: 1s }} }}\n    \
+             probation: {{ after_failures: 0 }}\n",
+        otlp.endpoint(),
+        receiver.url()
+    );
+    let env = s3_env(&moto.endpoint());
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let (dir_a, dir_b) = (
+        tempfile::tempdir().expect("a"),
+        tempfile::tempdir().expect("b"),
+    );
+    let mut a = Courier::start_with_env(support::courier_bin(), dir_a.path(), &yaml, &env).await;
+    let tp = traceparent();
+    post_event(&a, "h-1", &[("traceparent", &tp)]).await;
+    let deadline = std::time::Instant::now() + PROMPT;
+    while receiver.received().is_empty() && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    a.terminate();
+    let status = a.wait_exit(Duration::from_secs(30)).await;
+    check!(
+        a,
+        status.success(),
+        "A exits 0 after its hand-off: {status:?}"
+    );
+    check!(
+        a,
+        a.logs().contains("handed off every pending event"),
+        "A handed off"
+    );
+    // A's spans were flushed at its SIGTERM.
+    let from_a = otlp.spans();
+    check_eq!(a, accept_spans(&from_a).len(), 1, "{from_a:?}");
+    check!(a, !attempt_spans(&from_a).is_empty(), "{from_a:?}");
+    let b = Courier::start_with_env(support::courier_bin(), dir_b.path(), &yaml, &env).await;
+    open.store(true, Ordering::SeqCst);
+    let delivered = |r: &[support::Received]| {
+        r.iter()
+            .any(|r| r.header("webhook-id") == Some("h-1") && r.attempt() >= 2)
+    };
+    let deadline = std::time::Instant::now() + PROMPT;
+    while !delivered(&receiver.received()) && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let received = receiver.received();
+    check!(
+        b,
+        delivered(&received),
+        "B delivered h-1: {} requests",
+        received.len()
+    );
+    let last = received.last().expect("a request");
+    let spans = otlp
+        .wait_for(PROMPT, |s| {
+            attempt_spans(s)
+                .iter()
+                .any(|a| a.attr_int("courier.attempt") == Some(i64::from(last.attempt())))
+        })
+        .await
+        .unwrap_or_else(|| fail!(b, "no span of B's attempt: {:?}", otlp.spans()));
+    let accept = accept_spans(&spans)[0];
+    check_eq!(b, accept.parent_span_id, APP_SPAN);
+    let attempts = attempt_spans(&spans);
+    check_eq!(
+        b,
+        attempts.len(),
+        received.len(),
+        "a span per attempt, A's and B's"
+    );
+    for span in &attempts {
+        check_eq!(b, span.trace_id, TRACE, "{span:?}");
+        check_eq!(
+            b,
+            span.parent_span_id,
+            accept.span_id,
+            "the adopter's attempt is a child of A's accept span"
+        );
+    }
+    let adopted = attempts.last().expect("B's attempt");
+    check_eq!(b, adopted.attr_str("courier.outcome"), Some("Delivered"));
+    check!(
+        b,
+        names_span(last.header("traceparent"), adopted),
+        "B's request names B's attempt span: {:?}",
+        last.header("traceparent")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_flushes_the_spans_still_queued() {
+    let otlp = OtlpReceiver::start().await;
+    let receiver = Receiver::ok().await;
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let mut courier = Courier::start(tmp.path(), &traced(&receiver.url(), "", &otlp)).await;
+    for i in 0..5 {
+        post_event(&courier, &format!("t-{i}"), &[]).await;
+    }
+    let deadline = std::time::Instant::now() + PROMPT;
+    while receiver.received().len() < 5 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // At once: well within the half second spans wait for their batch.
+    courier.terminate();
+    let status = courier.wait_exit(Duration::from_secs(30)).await;
+    check!(courier, status.success(), "{status:?}");
+    let spans = otlp.spans();
+    check_eq!(courier, accept_spans(&spans).len(), 5, "{spans:?}");
+    check_eq!(courier, attempt_spans(&spans).len(), 5, "{spans:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_collector_is_logged_once_and_delivery_goes_on() {
+    let (_socket, port) = support::refusing_port();
+    let receiver = Receiver::ok().await;
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let yaml = format!(
+        "{}tracing: {{ otlp_endpoint: http://127.0.0.1:{port} }}\n",
+        support::config("orders", &receiver.url(), "")
+    );
+    let courier = Courier::start(tmp.path(), &yaml).await;
+    const WARNING: &str = "tracing: cannot export spans";
+    for round in 0..3 {
+        for i in 0..3 {
+            post_event(&courier, &format!("u-{round}-{i}"), &[]).await;
+        }
+        // Each round's spans go in an export of their own, and fail.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+    }
+    check_eq!(
+        courier,
+        receiver.received().len(),
+        9,
+        "every event delivered"
+    );
+    let failures =
+        support::metric(&courier.admin_url(), "courier_trace_export_failures_total").await;
+    check!(
+        courier,
+        failures.is_some_and(|f| f >= 2.0),
+        "failed exports: {failures:?}"
+    );
+    let logged = courier.logs().matches(WARNING).count();
+    check_eq!(
+        courier,
+        logged,
+        1,
+        "one warning for the streak of failed exports"
+    );
+}
