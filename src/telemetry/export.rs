@@ -61,15 +61,16 @@ pub(super) fn exporter(
     })
 }
 
+/// In front of the batch processor (`P`; a recorder in the tests).
 #[derive(Debug)]
-pub(super) struct Gate {
-    inner: BatchSpanProcessor,
+pub(super) struct Gate<P = BatchSpanProcessor> {
+    inner: P,
     queued: Arc<AtomicUsize>,
     bound: usize,
 }
 
-impl Gate {
-    pub(super) fn new(inner: BatchSpanProcessor, queued: Arc<AtomicUsize>, bound: usize) -> Gate {
+impl<P: SpanProcessor> Gate<P> {
+    pub(super) fn new(inner: P, queued: Arc<AtomicUsize>, bound: usize) -> Gate<P> {
         Gate {
             inner,
             queued,
@@ -78,7 +79,7 @@ impl Gate {
     }
 }
 
-impl SpanProcessor for Gate {
+impl<P: SpanProcessor> SpanProcessor for Gate<P> {
     fn on_start(&self, span: &mut Span, cx: &Context) {
         self.inner.on_start(span, cx);
     }
@@ -182,5 +183,70 @@ impl opentelemetry_http::HttpClient for Client {
             Ok(answer) => answer,
             Err(elapsed) => Err(Box::new(elapsed)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use opentelemetry::trace::{SpanContext, SpanKind, Status};
+    use opentelemetry_sdk::trace::{SpanEvents, SpanLinks};
+    use std::sync::Mutex;
+    use std::time::SystemTime;
+
+    /// Records the names of the spans it is given.
+    #[derive(Debug, Default)]
+    struct Recorder(Mutex<Vec<String>>);
+
+    impl SpanProcessor for Recorder {
+        fn on_start(&self, _: &mut Span, _: &Context) {}
+        fn on_end(&self, span: SpanData) {
+            self.0.lock().expect("lock").push(span.name.to_string());
+        }
+        fn force_flush(&self) -> OTelSdkResult {
+            Ok(())
+        }
+        fn shutdown_with_timeout(&self, _: Duration) -> OTelSdkResult {
+            Ok(())
+        }
+    }
+
+    fn span(name: &'static str) -> SpanData {
+        SpanData {
+            span_context: SpanContext::empty_context(),
+            parent_span_id: opentelemetry::trace::SpanId::INVALID,
+            parent_span_is_remote: false,
+            span_kind: SpanKind::Internal,
+            name: name.into(),
+            start_time: SystemTime::UNIX_EPOCH,
+            end_time: SystemTime::UNIX_EPOCH,
+            attributes: Vec::new(),
+            dropped_attributes_count: 0,
+            events: SpanEvents::default(),
+            links: SpanLinks::default(),
+            status: Status::Unset,
+            instrumentation_scope: Default::default(),
+        }
+    }
+
+    #[test]
+    fn the_gate_drops_beyond_its_bound_until_exports_make_room() {
+        let queued = Arc::new(AtomicUsize::new(0));
+        let gate = Gate::new(Recorder::default(), queued.clone(), 2);
+        for name in ["a", "b", "c"] {
+            gate.on_end(span(name));
+        }
+        assert_eq!(
+            *gate.inner.0.lock().expect("lock"),
+            ["a", "b"],
+            "c is dropped"
+        );
+        assert_eq!(queued.load(Ordering::Acquire), 2);
+        // An export returned for one span (`Watched`): room for one more.
+        queued.fetch_sub(1, Ordering::AcqRel);
+        gate.on_end(span("d"));
+        gate.on_end(span("e"));
+        assert_eq!(*gate.inner.0.lock().expect("lock"), ["a", "b", "d"]);
+        assert_eq!(queued.load(Ordering::Acquire), 2);
     }
 }
