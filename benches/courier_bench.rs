@@ -1,7 +1,7 @@
 //! courier against nginx under the same wrk load, in one invocation:
 //!
 //! `cargo bench --bench courier_bench [-- --seconds 10 --connections 50
-//!  --steps nhabcdekpqxotylg --scale 1 --compare PATH --rounds 1 --write-results]`
+//!  --steps nhabcdekpqxotylgr --scale 1 --compare PATH --rounds 1 --write-results]`
 //!
 //! n. baselines, run as their users run them: wrk against an nginx answering
 //!    200 to every POST (`direct`: the receiver, which courier delivers to
@@ -94,6 +94,11 @@
 //!    the machine), with CPU per event and the limit in force at the end
 //!    of each load. Budget: adaptive (the runs
 //!    beside the best fixed one) ≥ 0.95× the best fixed.
+//! r. tracing (issue #35, `courier_bench/tracing.rs`): step b with a
+//!    `traceparent` on every request, tracing off and on (`sample_ratio:
+//!    1.0`, exporting to a loopback OTLP sink in this process that answers
+//!    200 and discards), in the order off, on, on, off, with CPU per
+//!    event. Budget: on ≥ 0.9× off.
 //!
 //! Steps o and t start their own `moto_server` (PyPI `moto[server]`, in
 //! `tests/py/requirements.txt`) on a free loopback port and kill it at
@@ -129,6 +134,8 @@ mod history;
 mod objects;
 #[path = "courier_bench/ordering.rs"]
 mod ordering;
+#[path = "courier_bench/tracing.rs"]
+mod tracing;
 /// As courier's own binary, so the floor (step h) pays what courier pays.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -150,7 +157,7 @@ const PENDING: &str = r#"courier_events_pending{destination="bench"}"#;
 const ACCEPTED: &str = r#"courier_events_accepted_total{destination="bench"}"#;
 const DELIVERED: &str = r#"courier_events_delivered_total{destination="bench"}"#;
 /// Every step, run by default; `--steps` picks some.
-const STEPS: &str = "nhabcdekpqxotylg";
+const STEPS: &str = "nhabcdekpqxotylgr";
 /// Step c's backlog and step d's, before `--scale`.
 const DRAIN_BACKLOG: f64 = 100_000.0;
 /// Step h's client: as many connections as courier's `concurrency: 64`.
@@ -167,7 +174,7 @@ const POLL: Duration = Duration::from_millis(20);
 /// Step e waits this long after the start before reading RSS.
 const IDLE: Duration = Duration::from_secs(2);
 const MIB: f64 = 1024.0 * 1024.0;
-const USAGE: &str = "usage: cargo bench --bench courier_bench [-- --seconds N --connections N --steps nhabcdekpqxotylg --scale F --compare PATH --rounds N --write-results]";
+const USAGE: &str = "usage: cargo bench --bench courier_bench [-- --seconds N --connections N --steps nhabcdekpqxotylgr --scale F --compare PATH --rounds N --write-results]";
 
 #[derive(Clone)]
 struct Args {
@@ -511,11 +518,19 @@ async fn wrk(url: &str, args: &Args) -> Result<Wrk, String> {
 /// wrk as `wrk`, each request with an `Ordering-Key` of `keys` (in turn)
 /// when given.
 async fn wrk_keyed(url: &str, args: &Args, keys: Option<usize>) -> Result<Wrk, String> {
+    let env: Vec<(&str, String)> = keys
+        .map(|k| ("COURIER_BENCH_KEYS", k.to_string()))
+        .into_iter()
+        .collect();
+    wrk_env(url, args, &env).await
+}
+
+/// wrk with `env` for `post.lua` (`COURIER_BENCH_KEYS`,
+/// `COURIER_BENCH_TRACEPARENT`).
+async fn wrk_env(url: &str, args: &Args, env: &[(&str, String)]) -> Result<Wrk, String> {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/post.lua");
     let mut wrk = tokio::process::Command::new(WRK);
-    if let Some(keys) = keys {
-        wrk.env("COURIER_BENCH_KEYS", keys.to_string());
-    }
+    wrk.envs(env.iter().map(|(k, v)| (k, v)));
     let out = wrk
         .arg("-t2")
         .arg(format!("-c{}", args.connections))
@@ -1018,14 +1033,32 @@ async fn end_to_end_keyed(
     keys: Option<usize>,
     args: &Args,
 ) -> Result<Row, String> {
+    let env: Vec<(&str, String)> = keys
+        .map(|k| ("COURIER_BENCH_KEYS", k.to_string()))
+        .into_iter()
+        .collect();
+    end_to_end_env(target, bin, yaml, by_thread, &env, args).await
+}
+
+/// Step b's end to end with `env` for wrk's `post.lua`.
+async fn end_to_end_env(
+    target: String,
+    bin: &Path,
+    yaml: &str,
+    by_thread: bool,
+    env: &[(&str, String)],
+    args: &Args,
+) -> Result<Row, String> {
     let run = start_yaml(bin, yaml, &[]).await?;
     let c = &run.courier;
     let cpu = cpu_seconds(c.pid());
     let threads = thread_cpu(c.pid());
     let written = written_bytes(c.pid());
-    let w = wrk_keyed(&c.url(DESTINATION), args, keys).await?;
+    let w = wrk_env(&c.url(DESTINATION), args, env).await?;
     let during = metric(c, DELIVERED).await.unwrap_or(0.0);
     let drain = drained(c).await?.as_secs_f64();
+    // Step r: spans dropped would hide part of tracing's cost.
+    let dropped = metric(c, tracing::DROPPED).await;
     let accepted = metric(c, ACCEPTED).await.unwrap_or(0.0);
     let delivered = metric(c, DELIVERED).await.unwrap_or(0.0);
     let mut row = Row::load(target, &w);
@@ -1037,6 +1070,9 @@ async fn end_to_end_keyed(
         "accepted {accepted:.0} ({:.0}/s), delivered {during:.0} during the load, drain {drain:.1} s, delivered {delivered:.0}. {}",
         w.rate, row.note
     );
+    if let Some(d) = dropped {
+        row.note = format!("{} spans dropped {d:.0}.", row.note.trim());
+    }
     if by_thread {
         let by = per_thread(&threads, &thread_cpu(c.pid()), accepted);
         let wrote = written_per_event(written, written_bytes(c.pid()), accepted);
@@ -1915,6 +1951,13 @@ async fn courier_steps(
                     budgets,
                     &history::budget_names(args),
                 ),
+            },
+            'r' => match tracing::tracing(label, bin, rx, args).await {
+                Ok(m) => {
+                    budgets.extend(tracing::budgets(label, &m));
+                    rows.extend(m.rows);
+                }
+                Err(e) => failed("r. tracing", e, rows, budgets, &[tracing::budget_name()]),
             },
             'g' => match adaptive::adaptive(label, bin, rx, args).await {
                 Ok(m) => {

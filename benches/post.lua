@@ -30,6 +30,13 @@ if keys then
   end
 end
 
+-- Step r: with COURIER_BENCH_TRACEPARENT set, every request carries it as
+-- its W3C traceparent (one app span, sampled), as an instrumented app's do.
+local traceparent = os.getenv("COURIER_BENCH_TRACEPARENT")
+if traceparent then
+  wrk.headers["traceparent"] = traceparent
+end
+
 function done(summary, latency, requests)
   local e = summary.errors
   io.write(string.format(

@@ -27,6 +27,7 @@ pub mod rfc3339;
 pub mod server;
 pub mod signature;
 pub mod table;
+mod telemetry;
 pub mod tls;
 
 /// A header map of `pairs`, in order, for unit tests.
@@ -68,6 +69,8 @@ pub enum RunError {
     Fleet(#[from] deliver::ApplyError),
     #[error("cannot open the hand-off store {0}: {1}")]
     Handoff(String, #[source] object_store::Error),
+    #[error("cannot start tracing: {0}")]
+    Tracing(#[from] telemetry::StartError),
 }
 
 /// Where the config in force came from, so that a reload can read it again.
@@ -110,7 +113,18 @@ pub async fn run(settings: Settings, source: ConfigSource) -> Result<(), RunErro
         .map_err(|e| RunError::Listen(settings.admin_listen, "admin_listen", e))?;
     let lifecycle = Arc::new(Lifecycle::default());
     let connector = deliver::build_connector()?;
-    let fleet = Arc::new(Fleet::new(journal.clone(), connector, lifecycle.clone()));
+    let telemetry = settings
+        .tracing
+        .as_ref()
+        .map(telemetry::Telemetry::start)
+        .transpose()?;
+    let tracer = telemetry.as_ref().map(telemetry::Telemetry::tracer);
+    let fleet = Arc::new(Fleet::new(
+        journal.clone(),
+        connector,
+        lifecycle.clone(),
+        tracer.clone(),
+    ));
     fleet.apply(&settings)?;
     let handoff = match &settings.handoff {
         Some(h) => {
@@ -134,6 +148,7 @@ pub async fn run(settings: Settings, source: ConfigSource) -> Result<(), RunErro
         journal.clone(),
         lifecycle.clone(),
         fleet.clone(),
+        tracer,
     ));
     let admin = Arc::new(admin::Admin {
         settings: live.clone(),
@@ -207,6 +222,11 @@ pub async fn run(settings: Settings, source: ConfigSource) -> Result<(), RunErro
         handoff::hand_off(h, &journal, tokio::time::Instant::now() + grace).await;
     }
     journal.close().await;
+    // The attempts' last spans, within the grace: a collector that does not
+    // answer cannot hold the exit longer.
+    if let Some(t) = telemetry {
+        t.shutdown(grace).await;
+    }
     lifecycle.stop_servers.cancel();
     for s in servers {
         let _ = s.await;

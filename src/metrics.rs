@@ -46,6 +46,8 @@ pub const HANDOFF_PENDING_OBJECTS: &str = "courier_handoff_pending_objects";
 pub const HANDOFF_OLDEST_AGE: &str = "courier_handoff_oldest_age_seconds";
 pub const HISTORY_RECORDS: &str = "courier_history_records";
 pub const HISTORY_BYTES: &str = "courier_history_bytes";
+pub const TRACE_SPANS_DROPPED: &str = "courier_trace_spans_dropped_total";
+pub const TRACE_EXPORT_FAILURES: &str = "courier_trace_export_failures_total";
 
 const BUCKETS: [f64; 14] = [
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
@@ -178,6 +180,14 @@ pub fn install(listeners: &[&'static str]) -> Result<PrometheusHandle, BuildErro
         "Event history records retained (one per event and destination)."
     );
     metrics::describe_gauge!(HISTORY_BYTES, "Bytes on disk of the event history's files.");
+    metrics::describe_counter!(
+        TRACE_SPANS_DROPPED,
+        "Spans dropped because the export queue was full (tracing on, collector slow or down)."
+    );
+    metrics::describe_counter!(
+        TRACE_EXPORT_FAILURES,
+        "Batches of spans the OTLP exporter failed to send; their spans are lost."
+    );
     metrics::describe_gauge!(
         BUILD_INFO,
         "Always 1; its version label is courier's version."
@@ -339,6 +349,20 @@ pub fn handoff_waiting(objects: usize, oldest: Duration) {
 pub fn history(records: u64, bytes: u64) {
     gauge!(HISTORY_RECORDS).set(records as f64);
     gauge!(HISTORY_BYTES).set(bytes as f64);
+}
+
+/// Tracing is on: its series start at 0.
+pub fn tracing_on() {
+    counter!(TRACE_SPANS_DROPPED).increment(0);
+    counter!(TRACE_EXPORT_FAILURES).increment(0);
+}
+
+pub fn trace_span_dropped() {
+    counter!(TRACE_SPANS_DROPPED).increment(1);
+}
+
+pub fn trace_export_failed() {
+    counter!(TRACE_EXPORT_FAILURES).increment(1);
 }
 
 pub fn http_panic(listener: &'static str) {

@@ -12,7 +12,9 @@
 //! Listen addresses, the journal and the log format are fixed for the
 //! life of the process (the sockets, files and log subscriber are set up
 //! once): a reload that changes them keeps the old values and says that a
-//! restart is needed. The log level and `log.bodies` change live.
+//! restart is needed. So does `tracing`: its exporter, and the tracer
+//! that ingress and each attempt stack hold, are set up at start. The log
+//! level and `log.bodies` change live.
 
 use crate::config::{self, Live, ProcessEnv, Purpose, Settings};
 use crate::deliver::Fleet;
@@ -170,6 +172,11 @@ pub fn keep_fixed(
     if new.handoff != old.handoff {
         fixed.push("handoff");
         new.handoff = old.handoff.clone();
+    }
+    // The exporter and the tracer every attempt stack holds are built once.
+    if new.tracing != old.tracing {
+        fixed.push("tracing");
+        new.tracing = old.tracing.clone();
     }
     // Its partitions are sized by `retain` and `max_bytes` when opened.
     if new.history != old.history {
@@ -405,6 +412,14 @@ destinations:
         assert_eq!(kept.log.level, "debug");
         assert_eq!(kept.ingress.max_body_bytes, 2048);
         assert_eq!(kept.destinations[0].name, "b");
+    }
+
+    #[test]
+    fn tracing_waits_for_a_restart() {
+        let on = format!("{OLD}tracing: {{ otlp_endpoint: http://127.0.0.1:4318 }}\n");
+        let (kept, fixed) = keep_fixed(&settings(OLD), settings(&on)).expect("kept");
+        assert_eq!(fixed, ["tracing"]);
+        assert_eq!(kept.tracing, None, "stays off until a restart");
     }
 
     #[test]

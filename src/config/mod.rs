@@ -18,7 +18,7 @@ mod validate;
 pub use schema::{LogFormat, Mode, Schema, SyncMode};
 pub use settings::{
     DestinationSettings, HandoffSettings, HistorySettings, Settings, SinkAt, Subscription, Target,
-    TopicSettings,
+    TopicSettings, TracingSettings,
 };
 pub use state_dir::STATE_DIR_ENV;
 pub use validate::{Env, ProcessEnv, Purpose};

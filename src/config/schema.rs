@@ -42,6 +42,8 @@ pub struct RawConfig {
     pub handoff: Option<Handoff>,
     #[serde(default)]
     pub history: History,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tracing: Option<Tracing>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub topics: BTreeMap<String, Topic>,
     #[serde(default)]
@@ -76,6 +78,21 @@ fn default_handoff_poll() -> Dur {
 
 fn default_claim_timeout() -> Dur {
     secs(300)
+}
+
+/// `tracing` (SPEC §10): OpenTelemetry spans of accepts and attempts,
+/// exported over OTLP/HTTP (protobuf); off when omitted.
+#[derive(Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Tracing {
+    /// The collector's base URL; spans go to `<otlp_endpoint>/v1/traces`.
+    pub otlp_endpoint: String,
+    #[serde(default = "default_sample_ratio")]
+    pub sample_ratio: f64,
+}
+
+fn default_sample_ratio() -> f64 {
+    1.0
 }
 
 /// `history` (SPEC §8): how long, and how much, of every event's

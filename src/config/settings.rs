@@ -34,6 +34,19 @@ pub struct Settings {
     pub handoff: Option<HandoffSettings>,
     /// `None`: `history.retain: 0s`, no history kept.
     pub history: Option<HistorySettings>,
+    /// `None`: no `tracing` key, nothing traced or exported.
+    pub tracing: Option<TracingSettings>,
+}
+
+/// `tracing`, checked (SPEC §10).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TracingSettings {
+    /// Where spans are posted: the configured endpoint plus `/v1/traces`,
+    /// as OTLP/HTTP exporters build it from a base URL.
+    pub traces_url: String,
+    /// Of the traces courier starts (no sampled parent from the app), the
+    /// share kept; a parent's decision is followed. In 0..=1.
+    pub sample_ratio: f64,
 }
 
 /// `history`, checked (SPEC §8).

@@ -1853,3 +1853,61 @@ fn ordering_keys_are_read_and_checked() {
         errors(&passthrough)
     );
 }
+
+#[test]
+fn tracing_is_off_unless_configured_and_its_keys_are_checked() {
+    let dest = "destinations:\n  a: { url: http://127.0.0.1:9/a }\n";
+    let loaded = parse("c.yaml", dest, ".".into(), Purpose::Run, &env()).expect("valid");
+    assert_eq!(loaded.settings.tracing, None, "off when omitted");
+    assert!(
+        !loaded.effective.contains("tracing"),
+        "{}",
+        loaded.effective
+    );
+    let on = format!("tracing: {{ otlp_endpoint: http://127.0.0.1:4318/ }}\n{dest}");
+    let loaded = parse("c.yaml", &on, ".".into(), Purpose::Run, &env()).expect("valid");
+    let t = loaded.settings.tracing.expect("on");
+    assert_eq!(t.traces_url, "http://127.0.0.1:4318/v1/traces");
+    assert_eq!(t.sample_ratio, 1.0, "SPEC's default");
+    assert!(
+        loaded.effective.contains("sample_ratio: 1.0"),
+        "{}",
+        loaded.effective
+    );
+    let on =
+        format!("tracing: {{ otlp_endpoint: https://otel.example/base, sample_ratio: 0 }}\n{dest}");
+    let t = parse("c.yaml", &on, ".".into(), Purpose::Run, &env())
+        .expect("valid")
+        .settings
+        .tracing
+        .expect("on");
+    assert_eq!(t.traces_url, "https://otel.example/base/v1/traces");
+    assert_eq!(t.sample_ratio, 0.0);
+
+    let e = one_error(&format!(
+        "tracing: {{ otlp_endpoint: http://127.0.0.1:4318, sample_ratio: 1.5 }}\n{dest}"
+    ));
+    assert!(
+        e.contains("tracing.sample_ratio")
+            && e.contains("allowed 0..=1")
+            && e.contains("c.yaml:1:"),
+        "{e}"
+    );
+    for (bad, why) in [
+        ("grpc://127.0.0.1:4317", "http or https"),
+        ("127.0.0.1:4318", "URL"),
+        ("http://u:p@127.0.0.1:4318", "credentials"),
+        ("http://127.0.0.1:4318?x=1", "query"),
+    ] {
+        let e = one_error(&format!("tracing: {{ otlp_endpoint: \"{bad}\" }}\n{dest}"));
+        assert!(
+            e.contains("tracing.otlp_endpoint") && e.contains(why),
+            "{bad}: {e}"
+        );
+    }
+    let e = errors(&format!("tracing: {{ endpoint: http://x }}\n{dest}"));
+    assert!(
+        e.iter().any(|l| l.contains("unknown key `endpoint`")),
+        "an unknown key is named: {e:#?}"
+    );
+}

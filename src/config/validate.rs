@@ -277,6 +277,7 @@ pub fn check(
     let allowed_hosts = allowed_hosts(&mut c, &raw.allowed_hosts);
     let handoff = raw.handoff.as_ref().and_then(|h| handoff(&mut c, h));
     let history = history(&mut c, &raw.history);
+    let tracing = raw.tracing.as_ref().and_then(|t| tracing(&mut c, t));
     if !c.problems.is_empty() {
         return Err(c.problems);
     }
@@ -307,6 +308,7 @@ pub fn check(
         topics,
         handoff,
         history,
+        tracing,
     };
     Ok(Checked {
         settings,
@@ -360,6 +362,43 @@ fn handoff(c: &mut Checker, h: &super::schema::Handoff) -> Option<HandoffSetting
             None
         }
     }
+}
+
+/// `tracing`: an http(s) base URL without credentials, query or fragment
+/// (they would end up in every export request and in logs), and a ratio.
+fn tracing(c: &mut Checker, t: &super::schema::Tracing) -> Option<TracingSettings> {
+    let ratio = t.sample_ratio;
+    if !(0.0..=1.0).contains(&ratio) {
+        c.err(
+            "tracing.sample_ratio",
+            format!("{ratio} is out of range: allowed 0..=1"),
+        );
+    }
+    let endpoint = t.otlp_endpoint.trim();
+    let problem = match url::Url::parse(endpoint) {
+        Err(e) => Some(format!("`{endpoint}` is not a URL: {e}")),
+        Ok(u) if !matches!(u.scheme(), "http" | "https") => Some(format!(
+            "`{endpoint}` must be an http or https URL, like http://127.0.0.1:4318 (OTLP over HTTP)"
+        )),
+        Ok(u) if !u.username().is_empty() || u.password().is_some() => {
+            Some(format!("`{endpoint}` must not carry credentials"))
+        }
+        Ok(u) if u.query().is_some() || u.fragment().is_some() => Some(format!(
+            "`{endpoint}` must not have a query or fragment: courier appends /v1/traces to it"
+        )),
+        Ok(u) if u.host_str().is_none_or(str::is_empty) => {
+            Some(format!("`{endpoint}` has no host"))
+        }
+        Ok(_) => None,
+    };
+    if let Some(message) = problem {
+        c.err("tracing.otlp_endpoint", message);
+        return None;
+    }
+    Some(TracingSettings {
+        traces_url: format!("{}/v1/traces", endpoint.trim_end_matches('/')),
+        sample_ratio: ratio,
+    })
 }
 
 /// `allowed_hosts`: DNS names (an IP address needs no entry), compared

@@ -23,6 +23,7 @@ use crate::deadletter::{BucketSink, DeadLetterSink, DirSink, Shelf};
 use crate::journal::{Journal, Reader};
 use crate::lifecycle::Lifecycle;
 use crate::metrics;
+use crate::telemetry::Tracer;
 use crate::tls::{TlsFileError, TlsFiles};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -48,6 +49,8 @@ pub struct Fleet {
     journal: Journal,
     connector: Connector,
     lifecycle: Arc<Lifecycle>,
+    /// With tracing on, every attempt stack starts spans with it.
+    tracer: Option<Tracer>,
     inner: Mutex<Inner>,
 }
 
@@ -126,11 +129,17 @@ impl Fleet {
         self.lock().sink(at)
     }
 
-    pub fn new(journal: Journal, connector: Connector, lifecycle: Arc<Lifecycle>) -> Fleet {
+    pub fn new(
+        journal: Journal,
+        connector: Connector,
+        lifecycle: Arc<Lifecycle>,
+        tracer: Option<Tracer>,
+    ) -> Fleet {
         Fleet {
             journal,
             connector,
             lifecycle,
+            tracer,
             inner: Mutex::default(),
         }
     }
@@ -222,8 +231,8 @@ impl Fleet {
                 dest: dest.clone(),
                 journal: self.journal.clone(),
                 sink,
-                passthrough: stack::build_passthrough(dest, client.clone()),
-                stack: stack::build(dest, stack::HttpService::new(client)),
+                passthrough: stack::build_passthrough(dest, client.clone(), self.tracer.as_ref()),
+                stack: stack::build(dest, stack::HttpService::new(client), self.tracer.as_ref()),
                 health,
                 limit,
                 late,

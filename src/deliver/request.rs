@@ -6,12 +6,15 @@
 //! them; a receiver that needs each event's own must not batch), the body
 //! is the array of every event's body, and `webhook-id` is the batch's id.
 //! The first event's `Idempotency-Key` is left out: it names that event,
-//! not the batch.
+//! not the batch. Each event's id and stored `traceparent` go with the
+//! request (`EventContexts`), for the attempt span's links when tracing
+//! is on.
 
 use super::shape::{self, Shaped};
 use crate::config::DestinationSettings;
 use crate::deliver::stack::Attempt;
 use crate::journal::{NewEvent, StoredEvent};
+use crate::telemetry::EventContexts;
 use bytes::Bytes;
 use http::{HeaderName, HeaderValue, Method, Request};
 use http_body_util::Full;
@@ -64,13 +67,12 @@ pub fn build_batch(
         number: attempt_number(evs),
     };
     let shaped = shape::batch(dest.schema, &bodies);
-    Ok(assemble(
-        dest,
-        &first.event,
-        shaped,
-        attempt,
-        &["idempotency-key"],
-    )?)
+    let mut req = assemble(dest, &first.event, shaped, attempt, &["idempotency-key"])?;
+    let contexts = evs
+        .iter()
+        .map(|e| (e.event.id.as_str(), e.event.headers.as_slice()));
+    req.extensions_mut().insert(EventContexts::of(contexts));
+    Ok(req)
 }
 
 fn assemble(

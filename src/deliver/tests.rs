@@ -145,7 +145,7 @@ fn context(
     leaf: mock::Mock<AttemptRequest, Answer>,
 ) -> Arc<Ctx> {
     Arc::new(Ctx {
-        stack: stack::build(&dest, leaf),
+        stack: stack::build(&dest, leaf, None),
         dest,
         journal: journal.clone(),
         sink: Some(sink.clone()),

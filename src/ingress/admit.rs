@@ -12,6 +12,7 @@ use crate::journal::{Appended, Header, Journal, NewEvent};
 use crate::lifecycle::Lifecycle;
 use crate::metrics;
 use crate::server::{BODY_DEADLINE, RemoteAddr, guard};
+use crate::telemetry::{Accept, Tracer};
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
@@ -28,6 +29,9 @@ pub struct Ingress {
     fleet: Arc<Fleet>,
     /// `ingress.max_inflight_bytes`, sized once: a reload keeps it.
     budget: Budget,
+    /// With tracing on: each request is a span, whose context is stored
+    /// with its events (`telemetry`).
+    tracer: Option<Tracer>,
 }
 
 /// Where a request goes: names are unique across both (checked at load).
@@ -65,6 +69,7 @@ impl Ingress {
         journal: Journal,
         lifecycle: Arc<Lifecycle>,
         fleet: Arc<Fleet>,
+        tracer: Option<Tracer>,
     ) -> Self {
         let budget = Budget::new(settings.load().ingress.max_inflight_bytes);
         Ingress {
@@ -74,18 +79,30 @@ impl Ingress {
             credits: Credits::default(),
             fleet,
             budget,
+            tracer,
         }
     }
 
     /// Answers one request; a refusal is counted and logged with its sender.
     pub async fn handle(&self, req: Request<Incoming>) -> Response<Body> {
         let remote = req.extensions().get::<RemoteAddr>().copied();
-        let resp = self.admit(req).await;
+        let mut accept = self
+            .tracer
+            .as_ref()
+            .map(|t| t.accept(req.method(), req.headers()));
+        let resp = self.admit(req, accept.as_mut()).await;
+        if let Some(a) = accept {
+            a.end(resp.status());
+        }
         rejection::record(&resp, remote);
         resp
     }
 
-    async fn admit(&self, req: Request<Incoming>) -> Response<Body> {
+    async fn admit(
+        &self,
+        req: Request<Incoming>,
+        mut accept: Option<&mut Accept>,
+    ) -> Response<Body> {
         let path = req.uri().path();
         let trimmed = path.strip_prefix('/').unwrap_or(path);
         let (name, rest) = match trimmed.find('/') {
@@ -119,6 +136,9 @@ impl Ingress {
             return reply::unknown_destination(name, &names, &topics);
         };
         let name = route.name();
+        if let Some(a) = accept.as_deref_mut() {
+            a.routed(name);
+        }
         if forward::has_dot_segment(rest) {
             let msg = format!(
                 "the path after /{name} has a `.` or `..` segment: the endpoint could read it as a path outside the destination's url; nothing was stored"
@@ -178,6 +198,9 @@ impl Ingress {
         let publish = forward::eventgrid_publish(route.schema(), req.headers());
         let mut headers = forward::forwarded(req.headers(), keys.is_some(), publish);
         headers.retain(|(n, _)| schema::forwards_header(route.schema(), n));
+        if let Some(a) = accept.as_deref() {
+            a.stamp(&mut headers);
+        }
         let success = reply::success_status(publish);
         let method = req.method().as_str().to_string();
         let query = req.uri().query().and_then(|q| forward::query(q, publish));
@@ -240,6 +263,9 @@ impl Ingress {
             // Validation allows passthrough only with schema custom, which
             // always has an id; any other would get a fresh one.
             let id = custom_id.unwrap_or_else(crate::ids::new);
+            if let Some(a) = accept.as_deref_mut() {
+                a.events(std::slice::from_ref(&id));
+            }
             return self.pass(dest, request.event(id, &dest.name, body)).await;
         }
         let parsed = schema::parse(
@@ -268,6 +294,9 @@ impl Ingress {
                     return refused;
                 }
                 let ids: Vec<String> = parts.iter().map(|(id, _)| id.clone()).collect();
+                if let Some(a) = accept.as_deref_mut() {
+                    a.events(&ids);
+                }
                 let success = request.success;
                 let events = request.events(parts, &dest.name);
                 // One append: every event of the request is committed in one
@@ -289,6 +318,10 @@ impl Ingress {
                     None => Vec::new(),
                 };
                 let per_second = settings.ingress.credits_per_second;
+                if let Some(a) = accept {
+                    let ids: Vec<String> = events.iter().map(|e| e.id.clone()).collect();
+                    a.events(&ids);
+                }
                 let cost = credits::cost(events.len(), t.subscribers.len());
                 if let Some(refused) = self.throttle(name, per_second, cost) {
                     return refused;

@@ -56,4 +56,5 @@ mod support_smoke;
 mod sync_order;
 mod tls;
 mod topics;
+mod tracing;
 mod trust;

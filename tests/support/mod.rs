@@ -18,6 +18,7 @@ pub mod deadletters;
 pub mod install;
 pub mod load;
 pub mod node;
+pub mod otlp;
 pub mod python;
 pub mod receiver;
 pub mod setup;

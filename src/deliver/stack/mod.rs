@@ -1,5 +1,5 @@
-//! The per-attempt stack, outermost first: headers → signing → classify →
-//! timeout (with late answers) → http. Each layer has one job; the result is
+//! The per-attempt stack, outermost first: trace (with tracing on) →
+//! headers → signing → classify → timeout (with late answers) → http. Each layer has one job; the result is
 //! an `Attempted`, never an error, so callers only deal with verdicts.
 //! Passthrough puts `tower::retry` with `InlineRetry` on top of the same
 //! layers and keeps the answer itself (`Answered`) to hand to the app.
@@ -10,6 +10,7 @@ mod http;
 mod retry;
 mod signing;
 mod timeout;
+mod trace;
 
 pub use classify::{Answered, Attempted, ClassifyLayer};
 pub use headers::HeadersLayer;
@@ -17,9 +18,11 @@ pub use http::{HttpService, drain};
 pub use retry::{InlineRetry, Trail};
 pub use signing::SigningLayer;
 pub use timeout::{Deadline, LateAnswer, TimedOut, TimeoutLayer};
+pub use trace::TraceLayer;
 
 use crate::config::DestinationSettings;
 use crate::deliver::HttpsClient;
+use crate::telemetry::Tracer;
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::body::Incoming;
@@ -41,14 +44,15 @@ pub type AttemptService = BoxCloneSyncService<AttemptRequest, Attempted, Infalli
 pub type PassthroughService = BoxCloneSyncService<AttemptRequest, Answered<Incoming>, Infallible>;
 
 /// Durable delivery's stack over `leaf` (`HttpService`; a mock in tests):
-/// only the verdict is kept, the answer drained.
-pub fn build<S, B>(dest: &DestinationSettings, leaf: S) -> AttemptService
+/// only the verdict is kept, the answer drained. Each attempt is a span
+/// when `tracer` is given.
+pub fn build<S, B>(dest: &DestinationSettings, leaf: S, tracer: Option<&Tracer>) -> AttemptService
 where
     S: Leaf<B>,
     B: Body,
 {
     let svc = tower::ServiceExt::map_response(
-        layers(dest, leaf, dest.late_answer_window),
+        layers(dest, leaf, dest.late_answer_window, tracer),
         |a: Answered<B>| {
             if let Some(answer) = a.answer {
                 drain(answer.into_body());
@@ -61,8 +65,17 @@ where
 
 /// Passthrough's stack: the answer kept, and no late answers (the app has
 /// been answered by then).
-pub fn build_passthrough(dest: &DestinationSettings, client: HttpsClient) -> PassthroughService {
-    BoxCloneSyncService::new(layers(dest, HttpService::new(client), Duration::ZERO))
+pub fn build_passthrough(
+    dest: &DestinationSettings,
+    client: HttpsClient,
+    tracer: Option<&Tracer>,
+) -> PassthroughService {
+    BoxCloneSyncService::new(layers(
+        dest,
+        HttpService::new(client),
+        Duration::ZERO,
+        tracer,
+    ))
 }
 
 /// What sends an attempt, under the layers.
@@ -108,6 +121,7 @@ fn layers<S, B>(
     dest: &DestinationSettings,
     leaf: S,
     late_window: Duration,
+    tracer: Option<&Tracer>,
 ) -> impl tower::Service<
     AttemptRequest,
     Response = Answered<B>,
@@ -122,6 +136,7 @@ where
     B: Body,
 {
     ServiceBuilder::new()
+        .option_layer(tracer.map(|t| TraceLayer::new(t.clone(), &dest.name)))
         .layer(HeadersLayer::new(dest))
         .layer(SigningLayer::new(dest.signing.clone()))
         .layer(ClassifyLayer::new(dest.status.clone()))
