@@ -222,10 +222,12 @@ pub async fn run(settings: Settings, source: ConfigSource) -> Result<(), RunErro
         handoff::hand_off(h, &journal, tokio::time::Instant::now() + grace).await;
     }
     journal.close().await;
-    // The attempts' last spans, within the grace: a collector that does not
-    // answer cannot hold the exit longer.
+    // The attempts' last spans, for at most 2 s (and never more than the
+    // grace): the pod's grace period is sized for the attempts, the
+    // hand-off and the journal's close, and a collector that does not
+    // answer must not stretch the exit past it.
     if let Some(t) = telemetry {
-        t.shutdown(grace).await;
+        t.shutdown(grace.min(SPAN_FLUSH)).await;
     }
     lifecycle.stop_servers.cancel();
     for s in servers {
@@ -234,6 +236,9 @@ pub async fn run(settings: Settings, source: ConfigSource) -> Result<(), RunErro
     tracing::info!("courier stopped");
     Ok(())
 }
+
+/// The longest courier waits at exit for its last spans to be exported.
+const SPAN_FLUSH: std::time::Duration = std::time::Duration::from_secs(2);
 
 async fn wait_for_signal() {
     use tokio::signal::unix::{SignalKind, signal};

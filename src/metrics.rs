@@ -231,6 +231,12 @@ pub fn register(destination: &str, reasons: &[&'static str]) {
     for name in [ACCEPTED, DELIVERED, CORRUPT] {
         counter!(name, "destination" => destination.to_string()).increment(0);
     }
+    // The refusals that alert at their first occurrence (a full disk, a
+    // failed journal), for the same reason.
+    for reason in ["disk_full", "journal_failed"] {
+        counter!(REJECTED, "destination" => destination.to_string(), "reason" => reason)
+            .increment(0);
+    }
     for &reason in reasons {
         counter!(DEAD_LETTERED, "destination" => destination.to_string(), "reason" => reason)
             .increment(0);

@@ -181,9 +181,9 @@ impl Admin {
         for name in self.journal.destination_names() {
             let health = self.fleet.health(&name);
             let probation = health.as_ref().is_some_and(|h| h.on_probation());
-            if let Some(h) = &health {
-                metrics::paused(&name, pause_cause(&h.view()));
-            }
+            // A destination a reload removed has no dispatcher to hold back:
+            // its series say it is not paused, rather than keep the last cause.
+            metrics::paused(&name, health.as_ref().and_then(|h| pause_cause(&h.view())));
             if let Some(state) = self.journal.destination(&name) {
                 metrics::pending(&name, state.pending(), state.bytes(), probation);
                 if let Some(lanes) = state.lanes_view() {

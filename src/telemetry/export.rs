@@ -153,9 +153,21 @@ pub(super) struct Client {
 }
 
 impl Client {
+    /// A machine without system CA certificates still exports to an
+    /// `http://` collector (and fails an `https://` one at each export,
+    /// logged): telemetry must never stop courier from starting.
     pub(super) fn new(runtime: tokio::runtime::Handle) -> std::io::Result<Client> {
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in rustls_native_certs::load_native_certs().certs {
+            let _ = roots.add(cert);
+        }
+        let tls = rustls::ClientConfig::builder_with_provider(crate::tls::provider())
+            .with_safe_default_protocol_versions()
+            .map_err(std::io::Error::other)?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
         let connector = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_provider_and_native_roots(crate::tls::provider())?
+            .with_tls_config(tls)
             .https_or_http()
             .enable_http1()
             .build();

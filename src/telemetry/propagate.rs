@@ -1,6 +1,9 @@
 //! W3C Trace Context (`traceparent`, `tracestate`) read from and written to
 //! an app's request, a stored event's headers, and an attempt's request,
-//! with the SDK's propagator (it validates the version, ids and flags).
+//! with the SDK's propagator. Its parser reads each field as a number, so
+//! it takes `00-1-1-01` or padded ids; a `traceparent` is first checked to
+//! the letter of the W3C format here, and one that is not well formed is
+//! ignored, as the recommendation says (the span is then a root).
 
 use http::HeaderMap;
 use opentelemetry::Context;
@@ -12,23 +15,73 @@ use opentelemetry_sdk::propagation::TraceContextPropagator;
 pub(super) const TRACEPARENT: &str = "traceparent";
 pub(super) const TRACESTATE: &str = "tracestate";
 
-/// The remote parent a request names, or an empty context (a root).
-pub(super) fn extract(headers: &HeaderMap) -> Context {
-    TraceContextPropagator::new().extract(&HeaderExtractor(headers))
+/// Whether `v` is a `traceparent` as W3C Trace Context writes it: a
+/// version of two lowercase hex digits (not `ff`), a 32-digit trace id and a
+/// 16-digit parent id that are not all zeros, two digits of flags; exactly
+/// that for version `00`, and for a later version possibly more after a `-`.
+pub(super) fn well_formed(v: &str) -> bool {
+    let b = v.as_bytes();
+    let hex = |r: std::ops::Range<usize>| {
+        b.get(r)
+            .is_some_and(|s| s.iter().all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f')))
+    };
+    let zeros = |r: std::ops::Range<usize>| b[r].iter().all(|c| *c == b'0');
+    let shape = b.len() >= 55
+        && hex(0..2)
+        && hex(3..35)
+        && hex(36..52)
+        && hex(53..55)
+        && [2, 35, 52].iter().all(|&i| b[i] == b'-');
+    if !shape || &b[0..2] == b"ff" || zeros(3..35) || zeros(36..52) {
+        return false;
+    }
+    b.len() == 55 || (&b[0..2] != b"00" && b[55] == b'-')
 }
 
-/// `cx`'s span as the request's `traceparent` (and `tracestate`),
-/// replacing what was there.
+/// A request's headers with a `traceparent` that is not well formed
+/// hidden, so that the propagator reads no parent from it.
+struct Checked<'a>(HeaderExtractor<'a>);
+
+impl Extractor for Checked<'_> {
+    fn get(&self, key: &str) -> Option<&str> {
+        let v = self.0.get(key)?;
+        (key != TRACEPARENT || well_formed(v)).then_some(v)
+    }
+
+    fn keys(&self) -> Vec<&str> {
+        self.0.keys()
+    }
+}
+
+/// The remote parent a request names, or an empty context (a root).
+pub(super) fn extract(headers: &HeaderMap) -> Context {
+    TraceContextPropagator::new().extract(&Checked(HeaderExtractor(headers)))
+}
+
+/// `cx`'s span as the request's `traceparent` (and `tracestate`, when it
+/// has one), replacing what was there.
 pub(super) fn inject(cx: &Context, headers: &mut HeaderMap) {
     headers.remove(TRACESTATE);
-    TraceContextPropagator::new().inject_context(cx, &mut HeaderInjector(headers));
+    TraceContextPropagator::new().inject_context(cx, &mut NonEmpty(HeaderInjector(headers)));
+}
+
+/// The SDK writes `tracestate` even when it is empty; an empty header says
+/// nothing, so none is sent or stored.
+struct NonEmpty<I>(I);
+
+impl<I: Injector> Injector for NonEmpty<I> {
+    fn set(&mut self, key: &str, value: String) {
+        if !value.is_empty() {
+            self.0.set(key, value);
+        }
+    }
 }
 
 /// A stored event's headers with `cx`'s span as their trace context, in
 /// place of the app's.
 pub(super) fn stamp(cx: &Context, headers: &mut Vec<(String, Vec<u8>)>) {
     headers.retain(|(n, _)| n != TRACEPARENT && n != TRACESTATE);
-    TraceContextPropagator::new().inject_context(cx, &mut Stored(headers));
+    TraceContextPropagator::new().inject_context(cx, &mut NonEmpty(Stored(headers)));
 }
 
 struct Stored<'a>(&'a mut Vec<(String, Vec<u8>)>);
@@ -49,8 +102,11 @@ pub struct EventContext {
 impl EventContext {
     /// The span the event's trace context names, if it is valid.
     pub(super) fn span_context(&self) -> Option<SpanContext> {
-        let value = self.traceparent.as_deref()?;
-        let cx = TraceContextPropagator::new().extract(&One(std::str::from_utf8(value).ok()?));
+        let value = std::str::from_utf8(self.traceparent.as_deref()?).ok()?;
+        if !well_formed(value) {
+            return None;
+        }
+        let cx = TraceContextPropagator::new().extract(&One(value));
         let sc = cx.span().span_context().clone();
         sc.is_valid().then_some(sc)
     }
@@ -162,5 +218,60 @@ mod tests {
             map.get(TRACESTATE).map(|v| v.as_bytes()),
             Some(&b"vendor=x"[..])
         );
+    }
+
+    #[test]
+    fn only_a_traceparent_written_to_the_letter_names_a_parent() {
+        let tid = "0af7651916cd43dd8448eb211c80319c";
+        let sid = "b7ad6b7169203331";
+        assert!(well_formed(APP));
+        assert!(well_formed(&format!("01-{tid}-{sid}-01-future")));
+        for bad in [
+            "00-1-1-01".to_string(),
+            format!("00-+{}-{sid}-01", &tid[1..]),
+            format!("00-0{tid}-{sid}-01"),
+            format!("0-{tid}-{sid}-01"),
+            format!("00-{tid}-{sid}-1"),
+            format!("00-{tid}-{sid}-01-"),
+            format!("00-{tid}-{sid}-01x"),
+            format!("00-{}-{sid}-01", tid.to_uppercase()),
+            format!("00-{}-{sid}-01", "0".repeat(32)),
+            format!("00-{tid}-{}-01", "0".repeat(16)),
+            format!("ff-{tid}-{sid}-01"),
+            format!("01-{tid}-{sid}-01x"),
+        ] {
+            assert!(!well_formed(&bad), "{bad}");
+            let mut map = HeaderMap::new();
+            map.insert(TRACEPARENT, bad.parse().expect("value"));
+            assert!(
+                !extract(&map).span().span_context().is_valid(),
+                "{bad} names no parent"
+            );
+            let ev = EventContext {
+                id: "e".into(),
+                traceparent: Some(bad.clone().into_bytes()),
+            };
+            assert!(ev.span_context().is_none(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn an_empty_tracestate_is_neither_sent_nor_stored() {
+        let sc = SpanContext::new(
+            TraceId::from_hex("0af7651916cd43dd8448eb211c80319c").expect("trace id"),
+            SpanId::from(0x44),
+            TraceFlags::SAMPLED,
+            false,
+            TraceState::default(),
+        );
+        let cx = Context::new().with_remote_span_context(sc);
+        let mut map = HeaderMap::new();
+        inject(&cx, &mut map);
+        assert!(map.get(TRACEPARENT).is_some());
+        assert!(map.get(TRACESTATE).is_none(), "{map:?}");
+        let mut stored = vec![("x-a".to_string(), b"1".to_vec())];
+        stamp(&cx, &mut stored);
+        let names: Vec<&str> = stored.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["x-a", TRACEPARENT]);
     }
 }
