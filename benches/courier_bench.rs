@@ -1110,7 +1110,7 @@ async fn crash_window(label: &str, bin: &Path, args: &Args) -> Result<(Row, f64)
     drained(c).await?;
     let mut acknowledged = Vec::new();
     for answer in &report.answers {
-        // `{"accepted": n, "ids": [n strings]}` (SPEC), else the step fails.
+        // `{"accepted": n, "ids": [n strings]}` (docs/http-api.md), else the step fails.
         let json: serde_json::Value = serde_json::from_slice(answer)
             .map_err(|e| format!("a 202 that is not JSON ({e}): {answer:?}"))?;
         let ids: Option<Vec<&str>> = json["ids"]

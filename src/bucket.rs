@@ -1,4 +1,4 @@
-//! Object storage (SPEC §7): the one place that opens a store from a URL,
+//! Object storage (docs/object-storage.md): the one place that opens a store from a URL,
 //! with credentials, region and endpoint from the cloud's own environment
 //! (`object_store`'s `from_env`), never from the config file, and that
 //! counts every request in `courier_object_store_requests_total`.
@@ -290,7 +290,7 @@ impl Bucket {
     }
 
     /// A file of a local store holds bodies and headers: 0600, as the
-    /// journal's (SPEC §4.6). Best effort: the store wrote it already.
+    /// journal's (docs/dead-letters.md). Best effort: the store wrote it already.
     fn private(&self, path: &Path) {
         use std::os::unix::fs::PermissionsExt;
         if let Some(root) = &self.local {

@@ -1,5 +1,5 @@
 //! Files that hold the app's bodies and headers (the journal, dead letters)
-//! are readable by courier's user only (SPEC §4.6): a sidecar shares its
+//! are readable by courier's user only (docs/dead-letters.md): a sidecar shares its
 //! node, and often its volumes, with other containers.
 //!
 //! The umask does it for every file and folder courier creates, SQLite's

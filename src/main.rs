@@ -1,4 +1,4 @@
-//! The `courier` command line (SPEC §1). Errors become one sentence on
+//! The `courier` command line (docs/cli.md). Errors become one sentence on
 //! stderr and an exit code: 1 for bad config or arguments, 2 at run time.
 //! Once `courier run` has read its config, that sentence is a log line in
 //! the configured format (JSON stays JSON); before, the format is not known
@@ -215,7 +215,7 @@ fn main() -> ExitCode {
 }
 
 /// Runs one command that calls the admin API: its text on stdout, or its
-/// error as one sentence on stderr with the exit code of SPEC §1.
+/// error as one sentence on stderr with the exit code of docs/cli.md.
 fn admin_command(call: impl std::future::Future<Output = Result<String, CliError>>) -> ExitCode {
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()

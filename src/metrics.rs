@@ -1,4 +1,4 @@
-//! Prometheus metrics (SPEC §5). Names live here only; other modules call
+//! Prometheus metrics (docs/http-api.md). Names live here only; other modules call
 //! these functions, so a metric cannot be misspelt at a call site.
 //!
 //! A leaf: every module may call it and it imports nothing of the crate
@@ -308,7 +308,7 @@ impl Delivery {
 }
 
 /// A passthrough attempt: the same series as a durable one's, told apart
-/// by `mode` (durable series keep SPEC §5's labels, without it).
+/// by `mode` (durable series keep docs/http-api.md's labels, without it).
 pub fn passthrough_attempt(destination: &str, outcome: &'static str, took: Duration) {
     counter!(ATTEMPTS, "destination" => destination.to_string(), "outcome" => outcome, "mode" => "passthrough")
         .increment(1);
@@ -351,7 +351,7 @@ pub fn handoff_waiting(objects: usize, oldest: Duration) {
     gauge!(HANDOFF_OLDEST_AGE).set(oldest.as_secs_f64());
 }
 
-/// Event history's size (SPEC §8): records retained, bytes on disk.
+/// Event history's size (docs/history.md): records retained, bytes on disk.
 pub fn history(records: u64, bytes: u64) {
     gauge!(HISTORY_RECORDS).set(records as f64);
     gauge!(HISTORY_BYTES).set(bytes as f64);

@@ -1,4 +1,4 @@
-//! Config hot reload (SPEC §6): on SIGHUP, or when the config file's folder
+//! Config hot reload (docs/reload.md): on SIGHUP, or when the config file's folder
 //! changes, a valid new config is applied without a restart; an invalid one
 //! is refused, logged with its positions, counted, and the old one runs on.
 //!

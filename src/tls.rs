@@ -1,4 +1,4 @@
-//! TLS to an endpoint (SPEC §2 `tls`, §4.1): the system roots plus a
+//! TLS to an endpoint (docs/delivery.md "TLS to endpoints"): the system roots plus a
 //! destination's `ca_file`, and its `client_cert`/`client_key` for mTLS.
 //! Verification cannot be turned off: no key or code path does it.
 //!

@@ -83,7 +83,7 @@ pub struct PurgeAnswer {
     pub files: Vec<String>,
 }
 
-/// `GET /v1/events/{id}` (SPEC §8): the event at each destination.
+/// `GET /v1/events/{id}` (docs/history.md): the event at each destination.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct EventAnswer {
     pub id: String,

@@ -1,4 +1,4 @@
-//! `courier dead-letters` and `courier events` (SPEC §1, §8): the admin
+//! `courier dead-letters` and `courier events` (docs/cli.md, docs/history.md): the admin
 //! API's calls from the command line, as a readable table or timeline or,
 //! with `--json`, the API's own answers. Plain HTTP: the admin listener is
 //! the pod's, on loopback.

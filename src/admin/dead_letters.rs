@@ -1,4 +1,4 @@
-//! The dead-letters API (SPEC §5): list, show, replay and purge the records
+//! The dead-letters API (docs/http-api.md): list, show, replay and purge the records
 //! in the sinks (directories or buckets) of configured destinations.
 //!
 //! A replay puts each record's request back in the journal as the app sent

@@ -1,4 +1,4 @@
-//! The history API (SPEC §8): "where is my webhook?" by id, and pages of
+//! The history API (docs/history.md): "where is my webhook?" by id, and pages of
 //! events newest first. Stored records say what the journal made durable;
 //! whether an event is in an attempt right now, and what holds a pending
 //! one, come from its destination's dispatcher when asked, so the answer is

@@ -1,4 +1,4 @@
-//! The admin surface (SPEC §5): health, readiness, Prometheus metrics, and
+//! The admin surface (docs/http-api.md): health, readiness, Prometheus metrics, and
 //! the destinations API (state, pause, resume).
 
 pub mod api;
@@ -34,7 +34,7 @@ pub struct Admin {
     /// One replay or purge at a time: a purge never removes a file a
     /// replay is marking.
     pub dead_letter_ops: Arc<tokio::sync::Mutex<()>>,
-    /// Reads event history (SPEC §8); `None` when it is off.
+    /// Reads event history (docs/history.md); `None` when it is off.
     pub history: Option<Arc<crate::history::Reader>>,
 }
 
@@ -107,7 +107,7 @@ impl Admin {
         }
     }
 
-    /// Browsers cannot drive the admin API (SPEC §5): the guard's `Origin`
+    /// Browsers cannot drive the admin API (docs/http-api.md): the guard's `Origin`
     /// and `Host` rules, and a mutation must be `application/json`, which a
     /// cross-site page cannot send without a CORS preflight that courier
     /// never grants. A `DELETE` is always preflighted, so it may come without
@@ -149,7 +149,7 @@ impl Admin {
     fn deny(&self, req: &Request<Incoming>) -> Option<Response<Body>> {
         let settings = self.settings.load();
         let token = settings.admin_token.as_ref()?;
-        // History holds no body and no header (SPEC §8): its reads are open.
+        // History holds no body and no header (docs/history.md): its reads are open.
         let history = req.method() == Method::GET
             && (req.uri().path() == "/v1/events" || req.uri().path().starts_with("/v1/events/"));
         let open = history || matches!(req.uri().path(), "/healthz" | "/readyz" | "/metrics");
@@ -242,7 +242,7 @@ impl Admin {
                 "failed_writes": failing.map(|t| t.failures),
                 "failing_for_s": failing.map(|t| t.lasted.as_secs_f64()),
             });
-            // Counts by state (SPEC §8): what waits and what is in an
+            // Counts by state (docs/history.md): what waits and what is in an
             // attempt now, and how events ended within history's retention.
             let in_flight_events = health.attempting_events() as u64;
             let ended = self.journal.history().map(|h| h.counts(&d.name));

@@ -1,4 +1,4 @@
-//! The admin bearer token (SPEC §5): mutating admin calls need
+//! The admin bearer token (docs/http-api.md): mutating admin calls need
 //! `Authorization: Bearer <token>` when `admin_token_env` is set. Pure, so
 //! the comparison is tested without a server.
 //!

@@ -1,4 +1,4 @@
-//! Publishers' keys (SPEC §2 `ingress.keys_from_env`): with keys set, a
+//! Publishers' keys (docs/configuration.md `ingress.keys_from_env`): with keys set, a
 //! request must carry one, as Event Grid's topic key (`aeg-sas-key`), a
 //! shared access signature made with it (`aeg-sas-token`, what the Azure
 //! SDKs' `AzureSasCredential` sends), or `Authorization: Bearer <key>`.

@@ -1,4 +1,4 @@
-//! The config file (SPEC §2): parse, check every range, and report every
+//! The config file (docs/configuration.md): parse, check every range, and report every
 //! problem with `file:line:column`, the key path, the value and what is allowed.
 
 pub mod admin_token;

@@ -60,7 +60,7 @@ fn default_shutdown_grace() -> Dur {
     secs(20)
 }
 
-/// `handoff` (SPEC §7): where pending events go on SIGTERM, and where
+/// `handoff` (docs/object-storage.md): where pending events go on SIGTERM, and where
 /// every courier of the same url looks for them.
 #[derive(Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -80,7 +80,7 @@ fn default_claim_timeout() -> Dur {
     secs(300)
 }
 
-/// `tracing` (SPEC §10): OpenTelemetry spans of accepts and attempts,
+/// `tracing` (docs/tracing.md): OpenTelemetry spans of accepts and attempts,
 /// exported over OTLP/HTTP (protobuf); off when omitted.
 #[derive(Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -95,7 +95,7 @@ fn default_sample_ratio() -> f64 {
     1.0
 }
 
-/// `history` (SPEC §8): how long, and how much, of every event's
+/// `history` (docs/history.md): how long, and how much, of every event's
 /// delivery is kept for "where is my webhook?".
 #[derive(Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -235,10 +235,10 @@ fn default_max_inflight() -> Size {
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct DeadLetterSpec {
-    /// A directory of JSON Lines files (SPEC §4.6)...
+    /// A directory of JSON Lines files (docs/dead-letters.md)...
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dir: Option<String>,
-    /// ...or a bucket (SPEC §7): one of the two.
+    /// ...or a bucket (docs/object-storage.md): one of the two.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub url: Option<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -643,7 +643,7 @@ pub struct SigningSpec {
     pub secrets_from_env: Vec<String>,
 }
 
-/// `batch: { max_events, preferred_size }` (SPEC §4.4); `max_events: 1` is off.
+/// `batch: { max_events, preferred_size }` (docs/batching.md); `max_events: 1` is off.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct BatchSpec {

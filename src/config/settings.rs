@@ -38,7 +38,7 @@ pub struct Settings {
     pub tracing: Option<TracingSettings>,
 }
 
-/// `tracing`, checked (SPEC §10).
+/// `tracing`, checked (docs/tracing.md).
 #[derive(Debug, Clone, PartialEq)]
 pub struct TracingSettings {
     /// Where spans are posted: the configured endpoint plus `/v1/traces`,
@@ -49,14 +49,14 @@ pub struct TracingSettings {
     pub sample_ratio: f64,
 }
 
-/// `history`, checked (SPEC §8).
+/// `history`, checked (docs/history.md).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct HistorySettings {
     pub retain: Duration,
     pub max_bytes: u64,
 }
 
-/// `handoff`, checked (SPEC §7).
+/// `handoff`, checked (docs/object-storage.md).
 #[derive(Debug, Clone, PartialEq)]
 pub struct HandoffSettings {
     pub url: StoreUrl,
@@ -177,7 +177,7 @@ pub struct DestinationSettings {
     pub ordering: Option<crate::ordering::Key>,
 }
 
-/// `batch`: how many ready events one attempt may carry (SPEC §4.4).
+/// `batch`: how many ready events one attempt may carry (docs/batching.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BatchSettings {
     /// 1..=5000; 1 = every event is its own attempt, as without batching.
@@ -192,7 +192,7 @@ impl BatchSettings {
     }
 }
 
-/// The longest custom header value, in bytes (SPEC §2): checked at load for
+/// The longest custom header value, in bytes (docs/configuration.md): checked at load for
 /// fixed values and at each attempt for `from_event` values.
 pub const MAX_HEADER_VALUE: usize = 4096;
 
@@ -314,8 +314,8 @@ mod tests {
 /// Where a destination's dead letters go.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum SinkAt {
-    /// `dead_letter.dir`: JSON Lines files, a file per day (SPEC §4.6).
+    /// `dead_letter.dir`: JSON Lines files, a file per day (docs/dead-letters.md).
     Dir(PathBuf),
-    /// `dead_letter.url`: objects in a bucket (SPEC §7).
+    /// `dead_letter.url`: objects in a bucket (docs/object-storage.md).
     Bucket(StoreUrl),
 }

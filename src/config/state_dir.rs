@@ -1,4 +1,4 @@
-//! Where relative journal and dead-letter paths resolve (SPEC §2 `state_dir`):
+//! Where relative journal and dead-letter paths resolve (docs/configuration.md `state_dir`):
 //! the key, else `COURIER_STATE_DIR`, else the config file's folder. The
 //! image sets the variable, so a config with relative paths works unchanged
 //! when it is mounted read-only (a Kubernetes ConfigMap).

@@ -1733,11 +1733,15 @@ fn handoff_takes_a_store_url_and_its_times_are_checked() {
     let loaded = parse("c.yaml", text, ".".into(), Purpose::Run, &env()).expect("valid");
     let h = loaded.settings.handoff.expect("handoff");
     assert_eq!(h.url, StoreUrl::parse("s3://bucket/handoff").expect("url"));
-    assert_eq!(h.poll, Duration::from_secs(30), "SPEC's default poll");
+    assert_eq!(
+        h.poll,
+        Duration::from_secs(30),
+        "the documented default poll"
+    );
     assert_eq!(
         h.claim_timeout,
         Duration::from_secs(300),
-        "SPEC's default claim_timeout"
+        "the documented default claim_timeout"
     );
     assert!(
         loaded.effective.contains("handoff:"),
@@ -1776,9 +1780,9 @@ fn history_is_on_by_default_off_at_zero_and_its_ranges_are_checked() {
     assert_eq!(
         h.retain,
         Duration::from_secs(86_400),
-        "SPEC's default retain"
+        "the documented default retain"
     );
-    assert_eq!(h.max_bytes, 256 << 20, "SPEC's default max_bytes");
+    assert_eq!(h.max_bytes, 256 << 20, "the documented default max_bytes");
     assert!(
         loaded.effective.contains("history:"),
         "{}",
@@ -1868,7 +1872,7 @@ fn tracing_is_off_unless_configured_and_its_keys_are_checked() {
     let loaded = parse("c.yaml", &on, ".".into(), Purpose::Run, &env()).expect("valid");
     let t = loaded.settings.tracing.expect("on");
     assert_eq!(t.traces_url, "http://127.0.0.1:4318/v1/traces");
-    assert_eq!(t.sample_ratio, 1.0, "SPEC's default");
+    assert_eq!(t.sample_ratio, 1.0, "the documented default");
     assert!(
         loaded.effective.contains("sample_ratio: 1.0"),
         "{}",

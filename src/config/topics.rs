@@ -1,4 +1,4 @@
-//! `topics:` (SPEC §2, §3): fan-out after Event Grid topics and event
+//! `topics:` (docs/topics.md): fan-out after Event Grid topics and event
 //! subscriptions. Checked after the destinations, since every subscriber
 //! must be one of them, with the topic's schema.
 //!

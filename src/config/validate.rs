@@ -426,7 +426,7 @@ fn allowed_hosts(c: &mut Checker, names: &[String]) -> Vec<String> {
 
 /// The admin token from `admin_token_env`. Without one, the admin API must
 /// stay on loopback: on a pod address anyone in the cluster could pause
-/// destinations (SPEC §5).
+/// destinations (docs/http-api.md).
 fn admin_token(c: &mut Checker, var: Option<&str>, admin_listen: SocketAddr) -> Option<AdminToken> {
     let Some(var) = var else {
         if !admin_listen.ip().is_loopback() {
@@ -1091,7 +1091,7 @@ fn status(c: &mut Checker, path: &str, d: &Destination) -> StatusPolicy {
 }
 
 /// App headers left out of dead-letter records unless an operator keeps
-/// them (SPEC §4.6): credentials for the endpoint, which a record at rest
+/// them (docs/dead-letters.md): credentials for the endpoint, which a record at rest
 /// must not hold.
 const REDACTED_BY_DEFAULT: [&str; 3] = ["authorization", "proxy-authorization", "cookie"];
 

@@ -1,4 +1,4 @@
-//! The bucket sink (SPEC §7): `dead_letter: { url: s3://bucket/prefix }`.
+//! The bucket sink (docs/object-storage.md): `dead_letter: { url: s3://bucket/prefix }`.
 //! Each group of dead letters written together is one object,
 //! `<prefix>/<destination>/<yyyy-mm-dd>/<first>-<last>-<uuid>-<count>.jsonl`
 //! (its records' earliest and latest dead-letter times in ms, zero-padded,

@@ -1,4 +1,4 @@
-//! Dead letters (SPEC §4.6): an event that will not be delivered is written
+//! Dead letters (docs/dead-letters.md): an event that will not be delivered is written
 //! to a sink, and synced, before it leaves the journal.
 
 mod browse;

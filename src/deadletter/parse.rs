@@ -1,4 +1,4 @@
-//! A dead-letter record read back (SPEC §4.6): what the admin API lists,
+//! A dead-letter record read back (docs/dead-letters.md): what the admin API lists,
 //! and the request a replay puts back in the journal. The shape is told by
 //! the record itself (`courierRequest`, `courierrequest`, or the custom
 //! envelope with the request at the top level), not by the destination's

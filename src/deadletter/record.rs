@@ -1,5 +1,5 @@
 //! Dead-letter record shapes per schema, after Event Grid's examples
-//! (SPEC §4.6). Every record lets a replay rebuild the original request:
+//! (docs/dead-letters.md). Every record lets a replay rebuild the original request:
 //!
 //! - `eventgrid`: the event's own fields plus `deadLetterReason`,
 //!   `deliveryAttempts`, `lastDeliveryOutcome`, `lastHttpStatusCode`,

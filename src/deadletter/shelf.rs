@@ -1,4 +1,4 @@
-//! A sink read back by the admin API (SPEC §5), whether a directory or a
+//! A sink read back by the admin API (docs/http-api.md), whether a directory or a
 //! bucket: records by UTC day of dead-lettering; a day in parts, in the
 //! order they were written (a directory's day is one file, a bucket's day
 //! one object per group of dead letters); a record's place is (day, part,

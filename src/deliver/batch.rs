@@ -1,4 +1,4 @@
-//! Forming batches (SPEC §4.4) from the events a dispatcher holds ready,
+//! Forming batches (docs/batching.md) from the events a dispatcher holds ready,
 //! in due order. Pure, so the rules are tested without I/O:
 //!
 //! - events that share a stored batch id (a batch that failed and is being

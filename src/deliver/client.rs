@@ -6,7 +6,7 @@
 //! TLS setup), holding at most `concurrency` idle connections for
 //! [`IDLE_TIMEOUT`]. Without the bound, an endpoint slower than `timeout`
 //! left hundreds of connections open: a timed-out attempt keeps its
-//! connection while it waits for a late answer (SPEC §4.2), its retry opens
+//! connection while it waits for a late answer (docs/delivery.md), its retry opens
 //! a new one, and when the late answer came the old one went back to an
 //! unbounded pool for 90 s. Now a connection beyond `concurrency` idle ones
 //! is closed as soon as it is free.

@@ -1,5 +1,5 @@
 //! The running dispatchers, one per configured destination, kept in step
-//! with the config as it is reloaded (SPEC §6).
+//! with the config as it is reloaded (docs/reload.md).
 //!
 //! A changed destination keeps its dispatcher: the dispatcher is handed a
 //! new context (url, headers, retry policy, limits) and uses it from its

@@ -74,7 +74,7 @@ pub struct Health {
     pub wake: Notify,
     pub in_flight: AtomicUsize,
     /// The journal seqs of the events in attempts now, for history's
-    /// `in_flight` (SPEC §8).
+    /// `in_flight` (docs/history.md).
     attempting: Mutex<HashSet<i64>>,
 }
 

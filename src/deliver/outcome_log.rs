@@ -1,5 +1,4 @@
-//! The one log line per final outcome of an event (SPEC §6,
-//! docs/logs.md): `delivered`, `dead-lettered` or `dropped`, each a fixed
+//! The one log line per final outcome of an event (docs/logs.md): `delivered`, `dead-lettered` or `dropped`, each a fixed
 //! message so operators can grep for it, with the same fields:
 //! `destination`, `id`, `attempts`, the last `status` (left out when the
 //! last attempt got no answer, or there was none), `outcome`,

@@ -1,4 +1,4 @@
-//! Passthrough mode (SPEC §3): the app's request goes at once through the
+//! Passthrough mode (docs/publishing.md): the app's request goes at once through the
 //! destination's attempt stack, retried in line by `tower::retry` with
 //! `stack::InlineRetry` while `passthrough_deadline` allows, and the app
 //! gets the endpoint's own answer with its body streamed, or why there was

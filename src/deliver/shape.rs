@@ -1,4 +1,4 @@
-//! The body and content type of one delivery, by schema (SPEC §4.4): pure,
+//! The body and content type of one delivery, by schema (docs/batching.md): pure,
 //! over a slice of event bodies so that batching can hand it several.
 //! `eventgrid` is always a JSON array (an array of one without batching),
 //! `cloudevents` is structured mode for one event and the batch format for

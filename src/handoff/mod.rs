@@ -1,4 +1,4 @@
-//! Hand-off (SPEC §7): a pod's journal lives on an `emptyDir` that a
+//! Hand-off (docs/object-storage.md): a pod's journal lives on an `emptyDir` that a
 //! rolling deploy deletes. With `handoff.url`, courier writes the events
 //! still pending at SIGTERM (after `shutdown_grace`) to objects in a
 //! bucket, each event with where its delivery stood, and every courier of

@@ -1,4 +1,4 @@
-//! Event history (SPEC §8): "where is my webhook?" answered by id, from
+//! Event history (docs/history.md): "where is my webhook?" answered by id, from
 //! the API and the CLI, for every event and destination: accepted, each
 //! attempt, and how it ended.
 //!

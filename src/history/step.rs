@@ -9,7 +9,7 @@
 use crate::policy::classify::ALL as OUTCOMES;
 use crate::policy::{Outcome, Reason};
 
-/// One attempt as history shows it (SPEC §8).
+/// One attempt as history shows it (docs/history.md).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Attempt {
     /// 1, 2, ... (after those a handing-off courier made).

@@ -1,4 +1,4 @@
-//! Service Bus's credit throttle (reference 002; SPEC §2
+//! Service Bus's credit throttle (docs/configuration.md
 //! `ingress.credits_per_second`): each route gets N credits at the start of
 //! a one-second period, an accepted event costs 1 and, on a topic, each
 //! subscription filter it is evaluated against costs 1 more; when a

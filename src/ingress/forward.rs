@@ -34,7 +34,7 @@ pub fn connection_listed(headers: &HeaderMap) -> Vec<String> {
         .collect()
 }
 
-/// Credentials for courier's ingress, not for the endpoint (SPEC §3): Event
+/// Credentials for courier's ingress, not for the endpoint (docs/publishing.md): Event
 /// Grid's topic key and signature, never forwarded or stored.
 const INGRESS_CREDENTIALS: [&str; 2] = [keys::KEY_HEADER, keys::TOKEN_HEADER];
 
@@ -128,7 +128,7 @@ pub fn event_id(headers: &HeaderMap) -> Result<String, &'static str> {
 /// percent-encoded (`%2e`, or behind an encoded `%2f` or a `\\`, which some
 /// servers read as `/`): an endpoint that normalises paths would read
 /// `/hooks/../../admin` as `/admin`, outside the destination's base path,
-/// so such a request is refused rather than forwarded (SPEC §3).
+/// so such a request is refused rather than forwarded (docs/publishing.md).
 pub fn has_dot_segment(rest: &str) -> bool {
     let decoded: Vec<u8> = percent_encoding::percent_decode_str(rest).collect();
     decoded

@@ -1,4 +1,4 @@
-//! Ingress: the app's side (SPEC §3). It only parses, validates and admits;
+//! Ingress: the app's side (docs/publishing.md). It only parses, validates and admits;
 //! in durable mode it never talks to the endpoint. The answer is sent only
 //! after the journal has committed the event. In passthrough mode it hands
 //! the request to `deliver::Passthrough` and the endpoint's answer back.

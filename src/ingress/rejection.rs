@@ -1,4 +1,4 @@
-//! The one place a refused request is accounted for (SPEC §5, §6): the
+//! The one place a refused request is accounted for (docs/http-api.md, docs/logs.md): the
 //! `courier_ingress_rejected_total{reason}` counter and one `info` line,
 //! `rejected`, with `status`, `reason` (as in the JSON answer and the
 //! metric), `destination` (the name from the path, even an unknown one)

@@ -1,4 +1,4 @@
-//! Every answer ingress gives, as JSON (SPEC §3). A refusal carries a
+//! Every answer ingress gives, as JSON (docs/publishing.md). A refusal carries a
 //! `Rejection`, for `rejection::record` to count and log.
 
 use super::Body;

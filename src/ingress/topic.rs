@@ -1,4 +1,4 @@
-//! Topic fan-out (SPEC §3 "Topics"): which subscribers get a copy of which
+//! Topic fan-out (docs/publishing.md "Topics"): which subscribers get a copy of which
 //! event. Pure, so every filter rule is unit tested here.
 //!
 //! Matching follows Event Grid's event subscription filter:

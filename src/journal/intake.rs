@@ -41,7 +41,7 @@
 //! A log that holds "CRR2" records is not read by builds before it: roll
 //! back only after a clean stop, which leaves nothing unindexed.
 //!
-//! Events adopted from another courier's hand-off (SPEC §7) go in records
+//! Events adopted from another courier's hand-off (docs/object-storage.md) go in records
 //! of their own, "CRC1": each event as in "CRR2", then its delivery state
 //! so far (`Carried`, length-prefixed JSON), so that the event and where
 //! its delivery stood are durable in one write. An event's place covers its

@@ -443,7 +443,7 @@ pub(crate) struct Shared {
     /// commit reads the map.
     destinations: ArcSwap<HashMap<String, Arc<DestinationState>>>,
     pauses: Pauses,
-    /// Recorded by the indexer (SPEC §8); `None` when off.
+    /// Recorded by the indexer (docs/history.md); `None` when off.
     history: Option<History>,
 }
 
@@ -806,7 +806,7 @@ impl Journal {
     }
 
     /// Stores events handed off by another courier, durably, each with
-    /// its delivery so far (SPEC §7), past the dedupe window (an adopted
+    /// its delivery so far (docs/object-storage.md), past the dedupe window (an adopted
     /// event was accepted once already). A destination this courier does
     /// not know gets counters, and its events wait as orphaned ones do.
     pub async fn adopt(&self, events: Vec<(NewEvent, Carried)>) -> Result<(), JournalError> {

@@ -65,7 +65,7 @@ pub struct StoredEvent {
 }
 
 /// What an event handed off by another courier brings of its delivery so
-/// far (SPEC §7): it goes on where it stopped, not from attempt 1. Kept
+/// far (docs/object-storage.md): it goes on where it stopped, not from attempt 1. Kept
 /// beside the event in the intake log (a "CRC1" record), so the event and
 /// its state become durable in one commit.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]

@@ -618,7 +618,7 @@ pub fn load(
 
 /// Seqs of every destination's pending events after `after`, in order,
 /// quarantined rows aside, up to `limit` of them and no more once they
-/// hold `max_bytes` (but always one): what a hand-off takes (SPEC §7).
+/// hold `max_bytes` (but always one): what a hand-off takes (docs/object-storage.md).
 pub fn pending_after(
     conn: &Connection,
     after: i64,

@@ -1,4 +1,4 @@
-//! How `courier run` logs (SPEC §6, docs/logs.md): one `tracing`
+//! How `courier run` logs (docs/logs.md): one `tracing`
 //! subscriber on stderr, text or one JSON object per line; a panic hook
 //! that logs through it, so that JSON output stays JSON even then; and
 //! `log.bodies`, the one switch that lets an event's body into a line.
@@ -47,7 +47,7 @@ fn filter(level: &str) -> EnvFilter {
 /// Lines go to stderr from a thread of their own, each burst in one write
 /// (`lines`): a write per delivered event on the delivery path showed in
 /// courier's CPU under load (bench/RESULTS.md). A full queue blocks rather
-/// than drops: an outcome line is a promise of SPEC §6. A SIGKILL loses
+/// than drops: an outcome line is a promise of docs/logs.md. A SIGKILL loses
 /// only lines logged in the last `LINGER` before it.
 pub fn init(log: &LogSettings) -> std::io::Result<lines::Guard> {
     BODIES.store(log.bodies, Ordering::Relaxed);

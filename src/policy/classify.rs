@@ -1,4 +1,4 @@
-//! Classification of every attempt result (SPEC §4.2, after Event Grid's
+//! Classification of every attempt result (docs/delivery.md, after Event Grid's
 //! webhook table): an outcome name for metrics and dead letters, and a verdict
 //! with the minimum delay before the next attempt. Retry timing itself is
 //! `schedule`'s job; this only says "not before".
@@ -130,7 +130,7 @@ pub struct Classified {
 /// Codes as configured: a single code or an inclusive range (`5xx`, `500-599`).
 pub type Codes = RangeInclusive<u16>;
 
-/// The per-destination status table: SPEC §4.2's defaults with the
+/// The per-destination status table: docs/delivery.md's defaults with the
 /// `status.*` overrides applied.
 #[derive(Clone, Debug, PartialEq)]
 pub struct StatusPolicy {

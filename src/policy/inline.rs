@@ -1,4 +1,4 @@
-//! Passthrough's in-line retries (SPEC §3): the same table, schedule,
+//! Passthrough's in-line retries (docs/publishing.md): the same table, schedule,
 //! minimum delays and `max_attempts` as durable delivery, inside a deadline
 //! the app is waiting on. A wait that would end past the deadline (a long
 //! schedule step, a `min_delay`, a Retry-After) is not started: the app gets

@@ -112,7 +112,7 @@ impl Plan {
     }
 
     /// The plan when every attempt fails with an answer whose minimum delay
-    /// is `floor` (SPEC §4.3: a retry waits the larger of the two).
+    /// is `floor` (docs/delivery.md: a retry waits the larger of the two).
     pub fn with_floor(schedule: &Schedule, limits: &Limits, floor: Duration) -> Plan {
         let mut attempts = vec![PlannedAttempt {
             attempt: 1,

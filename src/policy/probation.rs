@@ -1,4 +1,4 @@
-//! Delayed delivery for sick endpoints (SPEC §4.5, Event Grid's probation):
+//! Delayed delivery for sick endpoints (docs/delivery.md, Event Grid's probation):
 //! after `threshold` consecutive failures no attempt goes out, new or
 //! retry, for a time that depends on the last outcome; then one probe goes
 //! first, and full rate resumes only when it succeeds. Each probation that
@@ -65,7 +65,7 @@ pub fn base_duration(outcome: Outcome) -> Duration {
     Duration::from_secs(secs)
 }
 
-/// 400 and 413 say the event is bad, not the endpoint (SPEC §4.5 lists
+/// 400 and 413 say the event is bad, not the endpoint (docs/delivery.md lists
 /// neither): a run of malformed events is dead-lettered one by one and must
 /// not put a healthy endpoint on probation. Such an answer neither counts
 /// toward the threshold nor breaks a run of failures, but a probe answered

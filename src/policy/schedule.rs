@@ -42,7 +42,7 @@ pub enum Schedule {
     Sns(SnsPolicy),
 }
 
-/// Which part of a schedule produced a delay (SPEC §1, `courier schedule`).
+/// Which part of a schedule produced a delay (docs/cli.md, `courier schedule`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Phase {
     EventGrid,
@@ -93,7 +93,7 @@ impl Schedule {
         }
     }
 
-    /// The wait after attempt `attempt` failed with `min_delay` (SPEC §4.3):
+    /// The wait after attempt `attempt` failed with `min_delay` (docs/delivery.md):
     /// `max(schedule delay, min delay)` times jitter, never below the
     /// minimum. Durable delivery and passthrough's in-line retries both.
     pub fn retry_wait(

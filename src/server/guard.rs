@@ -1,4 +1,4 @@
-//! What keeps a browser from driving courier (SPEC §5). A web page open on
+//! What keeps a browser from driving courier (docs/http-api.md). A web page open on
 //! the developer's machine can send a cross-site `POST` to `127.0.0.1`
 //! (no preflight for `text/plain`), and a page whose name is re-bound to
 //! 127.0.0.1 (DNS rebinding) is same-origin with it. So: a request whose

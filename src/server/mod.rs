@@ -34,7 +34,7 @@ use tower_http::add_extension::AddExtension;
 pub type Body = Full<Bytes>;
 
 /// The peer of the connection a request came on, in the request's
-/// extensions: handlers log who asked (SPEC §6, a rejected request).
+/// extensions: handlers log who asked (docs/logs.md, a rejected request).
 #[derive(Debug, Clone, Copy)]
 pub struct RemoteAddr(pub SocketAddr);
 

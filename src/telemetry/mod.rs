@@ -1,4 +1,4 @@
-//! OpenTelemetry tracing (SPEC §10): a span for each accepted request and
+//! OpenTelemetry tracing (docs/tracing.md): a span for each accepted request and
 //! for each delivery attempt, exported over OTLP/HTTP (protobuf) to
 //! `tracing.otlp_endpoint`. Off, nothing here exists: ingress and the
 //! attempt stacks hold an `Option<Tracer>` that is `None`, so the cost is a

@@ -1,7 +1,7 @@
-//! The admin surface fit for a pod (SPEC §5): with `admin_token_env`, every
+//! The admin surface fit for a pod (docs/http-api.md): with `admin_token_env`, every
 //! `/v1/*` call needs `Authorization: Bearer <token>`, reads included (401,
 //! nothing revealed and no change otherwise), while the probes, the scrape
-//! and reads of event history (SPEC §8: no body, no header) never do; a
+//! and reads of event history (docs/history.md: no body, no header) never do; a
 //! non-loopback `admin_listen` without a token refuses to start.
 
 use std::time::Duration;
@@ -72,7 +72,7 @@ async fn every_v1_call_needs_the_bearer_token_and_the_probes_do_not() {
         );
     }
 
-    // Event history holds no body and no header (SPEC §8): read openly.
+    // Event history holds no body and no header (docs/history.md): read openly.
     let page = get(&format!("{admin}/v1/events?limit=1")).await;
     check_eq!(c, page.status, 200, "GET /v1/events: {}", page.text());
     let one = get(&format!("{admin}/v1/events/some-id")).await;

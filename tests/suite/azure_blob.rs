@@ -1,7 +1,7 @@
-//! The bucket features on Azure Blob (issue #32; SPEC §7), against Azurite
+//! The bucket features on Azure Blob (issue #32; docs/object-storage.md), against Azurite
 //! (npm `azurite`) on loopback, with the emulator's standard environment
 //! (`AZURE_STORAGE_USE_EMULATOR`): dead letters reach the container in
-//! their §4.6 shapes and the admin API lists them; a hand-off goes from one
+//! their docs/dead-letters.md shapes and the admin API lists them; a hand-off goes from one
 //! courier to another through it (Azure's conditional create claims it).
 
 use std::collections::HashSet;

@@ -1,4 +1,4 @@
-//! Batching (SPEC §4.4): ready events of a destination go out together as
+//! Batching (docs/batching.md): ready events of a destination go out together as
 //! one JSON array (eventgrid, custom) or a CloudEvents batch, never more
 //! than `max_events`, closed before `preferred_size`; a failed batch is
 //! retried whole under the same `webhook-id`; a crash loses nothing.

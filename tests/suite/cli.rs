@@ -1,7 +1,7 @@
 //! The `courier` command line, run as the real binary: `check`, `schedule`,
 //! `journal inspect`, `events` (and the timeline `dead-letters show` adds),
 //! argument errors, and the start-up failures of `run` (damaged journal,
-//! port in use, journal locked). Exit codes follow SPEC §1: 0 ok, 1 bad
+//! port in use, journal locked). Exit codes follow docs/cli.md: 0 ok, 1 bad
 //! config or arguments, 2 runtime failure.
 
 use std::net::TcpListener;

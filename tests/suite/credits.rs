@@ -1,5 +1,5 @@
-//! The Service Bus credit throttle (SPEC §2 `ingress.credits_per_second`,
-//! reference 002) across the wire: a burst gets exactly the period's
+//! The Service Bus credit throttle (docs/configuration.md `ingress.credits_per_second`,
+//! docs/publishing.md) across the wire: a burst gets exactly the period's
 //! credits and the rest 429 with `Retry-After`; what was refused is never
 //! delivered and is accepted after the refill; what was accepted survives a
 //! SIGKILL; a topic event costs one credit per subscriber more.

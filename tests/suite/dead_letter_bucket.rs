@@ -1,6 +1,6 @@
-//! Dead letters in a bucket (issue #32, item 1; SPEC §7): a real S3
+//! Dead letters in a bucket (issue #32, item 1; docs/object-storage.md): a real S3
 //! (`moto_server` on loopback) behind `dead_letter: { url: s3://... }`.
-//! Records keep the shapes of §4.6, grouped into JSON Lines objects under
+//! Records keep the shapes of docs/dead-letters.md, grouped into JSON Lines objects under
 //! `<prefix>/<destination>/<day>/`, read back with boto3; the admin API and
 //! the CLI list, show, replay and purge them; and a store that is down for
 //! 10 s keeps every event in the journal until each record arrives, once.

@@ -1,4 +1,4 @@
-//! Delivery end to end (SPEC §3, §4.1–§4.3, §4.6): the real binary accepts
+//! Delivery end to end (docs/publishing.md, docs/delivery.md, docs/dead-letters.md): the real binary accepts
 //! an event, delivers it to a loopback `Receiver` with Event Grid retry
 //! semantics, and dead-letters (or drops) what it cannot deliver.
 //!

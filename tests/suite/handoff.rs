@@ -1,4 +1,4 @@
-//! Hand-off across a rolling deploy (issue #32, items 2 to 4; SPEC §7), on
+//! Hand-off across a rolling deploy (issue #32, items 2 to 4; docs/object-storage.md), on
 //! a real S3 (`moto_server` on loopback): courier A gets SIGTERM with
 //! events pending, writes them to the bucket, and couriers with the same
 //! `handoff.url` adopt them and deliver them, attempt numbers going on
@@ -188,7 +188,7 @@ async fn a_rolling_deploy_hands_off_every_pending_event_and_attempts_go_on() {
         "B says what it adopted"
     );
     // B's history has the adopted event from its first accept, with A's
-    // attempts counted (SPEC §8).
+    // attempts counted (docs/history.md).
     let (id, prior) = before
         .iter()
         .min_by_key(|(id, _)| id.as_str())

@@ -1,5 +1,5 @@
 //! Config errors and masking for custom headers and signing, through the
-//! real binary (SPEC §1 `check`, §2 `headers` and `signing`): limits with
+//! real binary (docs/cli.md `check`, docs/configuration.md `headers` and `signing`): limits with
 //! `file:line:column`, secrets from the environment (missing: an error for
 //! `run`, a warning for `check`; malformed: an error naming the variable,
 //! never its value), and an effective config without any secret in it.

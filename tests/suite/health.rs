@@ -1,4 +1,4 @@
-//! Sick endpoints end to end (SPEC §4.2–§4.5, §5): probation after
+//! Sick endpoints end to end (docs/delivery.md "Sick endpoints", docs/http-api.md): probation after
 //! consecutive failures (one probe, then doubling), a 429's Retry-After
 //! holding the whole destination, the smooth rate limit, 410 Gone and
 //! operator pauses, TTL expiry while paused, a pasted SNS delivery policy,

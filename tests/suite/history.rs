@@ -1,4 +1,4 @@
-//! Event history (issue #33, SPEC §8): "where is my webhook?" by id and in
+//! Event history (issue #33, docs/history.md): "where is my webhook?" by id and in
 //! pages, across restarts, within its retention, and without a secret.
 
 use bytes::Bytes;

@@ -1,4 +1,4 @@
-//! Ingress (SPEC §3) and the admin surface (SPEC §5) against a real courier
+//! Ingress (docs/publishing.md) and the admin surface (docs/http-api.md) against a real courier
 //! over real HTTP: refusals store nothing, the journal limit is exact and
 //! survives a restart, ids come from the app's headers, and SIGTERM drains.
 

@@ -1,4 +1,4 @@
-//! Logs an operator can read (SPEC §6, docs/logs.md): with `log.format:
+//! Logs an operator can read (docs/logs.md): with `log.format:
 //! json` every line is one JSON object; at `info` one line per final
 //! outcome of an event (`delivered`, `dead-lettered`, `dropped`) and one
 //! per rejected request (`rejected`), with plain field values; never a

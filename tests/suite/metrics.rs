@@ -128,7 +128,7 @@ async fn the_scrape_passes_promtool_with_process_build_and_oldest_age_series() {
     wait_metric(&c, AGE, 0.0, Duration::from_secs(10)).await;
 }
 
-/// What the alerts of deploy/monitoring/ need beyond SPEC §5: why a
+/// What the alerts of deploy/monitoring/ need beyond docs/http-api.md: why a
 /// destination is paused (`courier_destination_paused{by}`, one series per
 /// cause, 1 for the one in force), and the limits on the journal's
 /// pending bytes (`courier_journal_max_bytes`,

@@ -1,4 +1,4 @@
-//! Passthrough mode (SPEC §3) across the wire: the app gets the endpoint's
+//! Passthrough mode (docs/publishing.md) across the wire: the app gets the endpoint's
 //! own answer (status, headers, body streamed), retried in line within
 //! `passthrough_deadline`, or a JSON 502/504 naming the last outcome; and
 //! nothing is journaled, so a SIGKILL after the answer sends nothing again.

@@ -1,4 +1,4 @@
-//! Publishers' own SDKs (SPEC §3; issues #11, #30): the Python SDK
+//! Publishers' own SDKs (docs/publishing.md; issues #11, #30): the Python SDK
 //! azure-eventgrid's `EventGridPublisherClient` (tests/py/publish_azure.py)
 //! unchanged, and the Node SDK @azure/eventgrid's (tests/node/publish.mjs)
 //! with `allowInsecureConnection: true`, which nobody on this project wrote,

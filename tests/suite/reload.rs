@@ -1,4 +1,4 @@
-//! Config hot reload end to end (SPEC §6): a destination's url changed
+//! Config hot reload end to end (docs/reload.md): a destination's url changed
 //! while events flow, with every event delivered exactly once across the
 //! old and the new receiver; invalid configs refused while the old one
 //! delivers on; SIGHUP; a Kubernetes ConfigMap swap (the `..data` symlink

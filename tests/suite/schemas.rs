@@ -1,4 +1,4 @@
-//! Event schemas end to end (SPEC §3 Schemas, §4.4, §4.6): the real binary
+//! Event schemas end to end (docs/publishing.md "Schemas", docs/batching.md, docs/dead-letters.md): the real binary
 //! refuses bad `eventgrid` and `cloudevents` requests whole, naming event
 //! and field, and stores nothing; it delivers every event on its own in its
 //! schema's shape; and its deliveries and dead letters are read back by the

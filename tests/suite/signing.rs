@@ -1,5 +1,5 @@
-//! Signed deliveries and `from_event` headers end to end (SPEC §2 `headers`
-//! and `signing`, §4.1): the real binary delivers to a loopback `Receiver`,
+//! Signed deliveries and `from_event` headers end to end (docs/configuration.md `headers`
+//! and `signing`, docs/signatures.md): the real binary delivers to a loopback `Receiver`,
 //! and the reference `standardwebhooks` Python library (not our code) judges
 //! every signature. Every wait is bounded; a failing check prints courier's
 //! logs.

@@ -1,4 +1,4 @@
-//! TLS to endpoints (SPEC §2 `tls`, §4.1; issue #11): HTTPS receivers on
+//! TLS to endpoints (docs/delivery.md "TLS to endpoints"): HTTPS receivers on
 //! loopback with certificates from CAs made in the test. A private CA works
 //! only through `tls.ca_file`; a receiver that demands a client certificate
 //! takes courier's `client_cert`; expired or unknown certificates are

@@ -1,4 +1,4 @@
-//! Topics end to end (SPEC §3 "Topics"): the real binary fans each event
+//! Topics end to end (docs/publishing.md "Topics"): the real binary fans each event
 //! posted to a topic out to every subscriber whose filter matches, exactly
 //! those and each once; counts and reports unmatched events; refuses bad
 //! requests whole; and a SIGKILL right after the 200s loses no copy.
@@ -433,7 +433,7 @@ async fn every_copy_acknowledged_before_a_sigkill_is_delivered_after_restart() {
     check_eq!(c, want_audit.len(), 100);
 }
 
-/// A topic's request is stored whole or not at all (SPEC §3): when one
+/// A topic's request is stored whole or not at all (docs/publishing.md): when one
 /// subscriber it needs a copy for is past its share of the journal
 /// (`max_pending_bytes`), the request is refused 503 naming that one, and
 /// the others get nothing of it; a request that needs no copy for the full

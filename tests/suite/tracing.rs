@@ -1,4 +1,4 @@
-//! Tracing (SPEC §10), judged by a real OTLP/HTTP receiver decoding with
+//! Tracing (docs/tracing.md), judged by a real OTLP/HTTP receiver decoding with
 //! the OpenTelemetry project's own protobuf classes
 //! (`support::otlp::OtlpReceiver`): the accept span is a child of the
 //! app's `traceparent`, every attempt a span of the app's trace, across a

@@ -69,7 +69,7 @@ impl Action {
     }
 
     /// `lastDeliveryOutcome` courier must record when this was an event's
-    /// last attempt (SPEC §4.2), and `lastHttpStatusCode`.
+    /// last attempt (docs/delivery.md), and `lastHttpStatusCode`.
     pub fn expected_outcome(self) -> (&'static str, Option<u16>) {
         match self {
             Action::Ok | Action::Trickle | Action::Late => ("Delivered", Some(200)),

@@ -17,7 +17,7 @@ use tokio::sync::watch;
 use super::python::{check_with, python};
 
 /// The credentials moto accepts (any), as courier reads them: from the
-/// environment only (SPEC §7).
+/// environment only (docs/object-storage.md).
 const KEY: &str = "courier-test";
 
 pub struct Moto {
@@ -162,7 +162,7 @@ impl Azurite {
         format!("http://127.0.0.1:{}/devstoreaccount1", self.port)
     }
 
-    /// The environment courier reads the emulator from (SPEC §7).
+    /// The environment courier reads the emulator from (docs/object-storage.md).
     pub fn env(&self) -> Vec<(&'static str, String)> {
         vec![
             ("AZURE_STORAGE_USE_EMULATOR", "true".to_string()),
@@ -196,7 +196,7 @@ pub fn put_object(endpoint: &str, bucket: &str, key: &str, bytes: &[u8]) {
     check_with("s3_objects.py", &["--put", endpoint, bucket, key], bytes);
 }
 
-/// The environment courier reads an S3 store from (SPEC §7).
+/// The environment courier reads an S3 store from (docs/object-storage.md).
 pub fn s3_env(endpoint: &str) -> Vec<(&'static str, String)> {
     vec![
         ("AWS_ACCESS_KEY_ID", KEY.to_string()),

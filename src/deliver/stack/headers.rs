@@ -3,7 +3,7 @@
 //! custom headers (which replace any header of the same name from the app).
 //!
 //! A `schema: eventgrid` destination's attempts also carry Event Grid's
-//! delivery headers (SPEC §4.1), so that code written for Event Grid reads
+//! delivery headers (docs/delivery.md), so that code written for Event Grid reads
 //! them as it would Event Grid's: `aeg-event-type: Notification`,
 //! `aeg-subscription-name` (the destination's name in upper case, as Event
 //! Grid spells its subscription names there), `aeg-delivery-count` (the

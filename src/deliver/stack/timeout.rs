@@ -1,7 +1,7 @@
 //! The per-attempt timeout, with Event Grid's late answers: when an attempt
 //! times out, the request is not dropped but kept waiting for
 //! `late_answer_window` in the background; its status, if one comes, is
-//! handed to whoever settles the attempt (SPEC §4.2), through the
+//! handed to whoever settles the attempt (docs/delivery.md), through the
 //! request's [`LateSlot`]: the error says only what happened.
 //!
 //! A request may carry a [`Deadline`] (passthrough: the app is waiting):

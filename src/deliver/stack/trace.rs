@@ -1,4 +1,4 @@
-//! The attempt's span (SPEC §10), outermost, so that it sees the verdict
+//! The attempt's span (docs/tracing.md), outermost, so that it sees the verdict
 //! the layers below reach and its `traceparent` is in the request before
 //! the headers and signature are added. Only in stacks built with tracing
 //! on: off, the layer is not there at all.

@@ -1,4 +1,4 @@
-//! Event schemas at ingress (SPEC §3): turns one request of an `eventgrid`
+//! Event schemas at ingress (docs/publishing.md): turns one request of an `eventgrid`
 //! or `cloudevents` destination into its events, or says precisely why not.
 //!
 //! Pure: headers and body in, events or an error out, no I/O, so every rule
