@@ -1,6 +1,6 @@
 //! The documentation against the code, so that it cannot drift: every
 //! config key courier's parser takes is in `docs/configuration.md`, with
-//! the default `courier check` prints; every series courier exports is in
+//! the default `courier check` prints and the range it enforces; every series courier exports is in
 //! `docs/metrics.md`; every relative link in the repo's Markdown resolves,
 //! and none points outside the repo; the README stays short.
 //!
@@ -256,6 +256,134 @@ async fn defaults_in_the_configuration_reference_are_courier_checks() {
     }
     assert!(wrong.is_empty(), "{wrong:#?}");
     assert!(compared >= 30, "only {compared} defaults were compared");
+}
+
+/// A bound as the page or `courier check` writes it, as one number to
+/// compare: a duration in milliseconds, a size in bytes, else the number.
+fn bound(text: &str) -> Option<f64> {
+    let t = text.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (n, unit) = t.split_at(split);
+    let n: f64 = n.parse().ok()?;
+    let scale = match unit {
+        "" | "B" | "ms" => 1.0,
+        "s" => 1e3,
+        "m" => 60e3,
+        "h" => 3600e3,
+        "d" => 86_400e3,
+        "KiB" => 1024.0,
+        "MiB" => 1024f64.powi(2),
+        "GiB" => 1024f64.powi(3),
+        "TiB" => 1024f64.powi(4),
+        "PiB" => 1024f64.powi(5),
+        _ => return None,
+    };
+    Some(n * scale)
+}
+
+/// The first `A..=B` the page gives in a cell, in backticks.
+fn documented_range(cell: &str) -> Option<(String, String)> {
+    cell.split('`')
+        .skip(1)
+        .step_by(2)
+        .find_map(|code| code.split_once("..="))
+        .map(|(a, b)| (a.to_string(), b.to_string()))
+}
+
+/// `path` set to `value` inside [`base`], with what its block needs besides.
+fn doc_setting(path: &[String], value: Value) -> Value {
+    let (last, parent) = path.split_last().expect("a key");
+    let mut leaf = Map::new();
+    leaf.insert(last.clone(), value);
+    let needs = match parent.join(".").as_str() {
+        "handoff" => json!({"url": "file:///courier-probe"}),
+        "tracing" => json!({"otlp_endpoint": "http://127.0.0.1:4318"}),
+        _ => json!({}),
+    };
+    if let Value::Object(n) = needs {
+        for (k, v) in n {
+            leaf.entry(k).or_insert(v);
+        }
+    }
+    doc_with(parent, Value::Object(leaf))
+}
+
+/// The range `courier check` gives a scalar key when its value is far out
+/// of it: `None` when no such value is refused with a range.
+async fn checked_range(path: &[String], dir: &Path) -> Option<(String, String)> {
+    let at = path
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            if s == "*" {
+                name_for(&path[i - 1]).to_string()
+            } else {
+                s.clone()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(".");
+    for far in [json!(9_999_999_999_999_999u64), json!("99999d")] {
+        let err = check(&doc_setting(path, far), dir).await;
+        let found = err.lines().find_map(|l| {
+            let (_, rest) = l.split_once(&format!(": {at}: "))?;
+            let (_, range) = rest.split_once("is out of range: allowed ")?;
+            let range = range.split(" (").next()?;
+            range
+                .split_once("..=")
+                .map(|(a, b)| (a.to_string(), b.to_string()))
+        });
+        if found.is_some() {
+            return found;
+        }
+    }
+    None
+}
+
+/// Every range `courier check` enforces on a key is the first range its
+/// row gives (`allowed` column), compared as numbers (`1KiB` is `1024`,
+/// `90d` is `2160h`); an end written as another key's name is not compared.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ranges_in_the_configuration_reference_are_courier_checks() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let page = read("docs/configuration.md");
+    let mut compared = 0;
+    let mut wrong = Vec::new();
+    for (key, row) in documented_keys(&page) {
+        let path: Vec<String> = key.split('.').map(str::to_string).collect();
+        let Some((lo, hi)) = checked_range(&path, dir.path()).await else {
+            continue;
+        };
+        let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+        let Some((dlo, dhi)) = documented_range(cells[4]) else {
+            wrong.push(format!(
+                "{key}: courier allows {lo}..={hi}, the page gives no range"
+            ));
+            continue;
+        };
+        for (doc, real) in [(&dlo, &lo), (&dhi, &hi)] {
+            match (bound(doc), bound(real)) {
+                (Some(d), Some(r)) => {
+                    compared += 1;
+                    if (d - r).abs() > 1e-9 * r.abs().max(1.0) {
+                        wrong.push(format!(
+                            "{key}: the page allows {dlo}..={dhi}, courier {lo}..={hi}"
+                        ));
+                    }
+                }
+                // An end named after another key (`min..=max`).
+                (None, _) => {}
+                (Some(_), None) => wrong.push(format!(
+                    "{key}: courier's bound `{real}` is not a number to compare"
+                )),
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "{wrong:#?}");
+    // 59 when written.
+    assert!(compared >= 50, "only {compared} bounds were compared");
 }
 
 /// Every series name in a scrape of a courier that has delivered, failed
