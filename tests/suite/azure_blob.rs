@@ -113,14 +113,7 @@ async fn dead_letters_and_a_hand_off_go_through_azure_blob() {
         .await;
         check_eq!(a, r.status, 202, "{}", r.text());
     }
-    a.terminate();
-    let status = a.wait_exit(Duration::from_secs(30)).await;
-    check!(a, status.success(), "{status:?}");
-    check!(
-        a,
-        a.logs().contains("handed off every pending event"),
-        "A handed off"
-    );
+    a.terminate_handing_off().await;
     let b = start(dir_b.path(), &handoff(&ok.url()), &az).await;
     let got: HashSet<String> = ok
         .wait_for(50, Duration::from_secs(30))

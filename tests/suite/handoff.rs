@@ -136,18 +136,7 @@ async fn a_rolling_deploy_hands_off_every_pending_event_and_attempts_go_on() {
     all_refused(&a, &seen, EVENTS).await;
     // The new pod of a rolling deploy starts before the old one stops.
     let b = start(dir_b.path(), &yaml, &moto.endpoint()).await;
-    a.terminate();
-    let status = a.wait_exit(Duration::from_secs(30)).await;
-    check!(
-        a,
-        status.success(),
-        "A exits 0 after its hand-off: {status:?}"
-    );
-    check!(
-        a,
-        a.logs().contains("handed off every pending event"),
-        "A says it handed off everything"
-    );
+    a.terminate_handing_off().await;
     // What A tried, frozen: A is gone, B has not sent yet (it refuses still).
     let before: HashMap<String, u32> = seen
         .lock()

@@ -13,6 +13,7 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
+use support::markdown::anchors;
 use support::{Courier, Receiver, Reply, admin_post, behavior, check, check_eq, post, wait_metric};
 
 /// Series an alert or panel may name that courier does not export, each
@@ -197,39 +198,10 @@ fn every_alert_has_a_case_where_it_fires_and_one_where_it_does_not() {
     );
 }
 
-/// The anchor GitHub gives a Markdown heading: lower case, spaces to `-`,
-/// everything but letters, digits, `-` and `_` dropped.
-fn anchor(heading: &str) -> String {
-    heading
-        .trim()
-        .to_lowercase()
-        .chars()
-        .filter_map(|c| match c {
-            ' ' => Some('-'),
-            c if c.is_alphanumeric() || c == '-' || c == '_' => Some(c),
-            _ => None,
-        })
-        .collect()
-}
-
 fn runbook() -> (PathBuf, String) {
     let path = root().join("docs/runbook.md");
     let text = read(&path);
     (path, text)
-}
-
-/// The anchors of a Markdown file's headings (outside code blocks).
-fn anchors(markdown: &str) -> BTreeSet<String> {
-    let mut fenced = false;
-    let mut out = BTreeSet::new();
-    for line in markdown.lines() {
-        if line.trim_start().starts_with("```") {
-            fenced = !fenced;
-        } else if !fenced && let Some(h) = line.strip_prefix('#') {
-            out.insert(anchor(h.trim_start_matches('#')));
-        }
-    }
-    out
 }
 
 #[test]
@@ -288,11 +260,11 @@ fn every_alert_has_a_severity_a_for_a_summary_a_description_and_a_runbook_sectio
 /// the runbook reaches a file of the repository.
 #[test]
 fn monitoring_files_point_nowhere_outside_the_repository() {
+    // The Markdown (the runbook, the README) is checked with every other
+    // document by `docs::every_link_in_the_docs_resolves_inside_the_repo`.
     let mut files: Vec<PathBuf> = vec![
         monitoring().join("prometheusrule.yaml"),
         monitoring().join("dashboard.json"),
-        monitoring().join("README.md"),
-        root().join("docs/runbook.md"),
     ];
     files.extend(test_files());
     let mut wrong = Vec::new();
@@ -306,38 +278,6 @@ fn monitoring_files_point_nowhere_outside_the_repository() {
                         wrong.push(format!("{}:{}: {}", f.display(), i + 1, line.trim()));
                     }
                 }
-            }
-        }
-    }
-    // Markdown links `](target)` of the runbook and the README.
-    for f in [
-        root().join("docs/runbook.md"),
-        monitoring().join("README.md"),
-    ] {
-        let text = read(&f);
-        let here = f.parent().expect("a folder");
-        for (at, _) in text.match_indices("](") {
-            let rest = &text[at + 2..];
-            let target = rest.split(')').next().unwrap_or_default();
-            let (path, section) = target.split_once('#').unwrap_or((target, ""));
-            let file = if path.is_empty() {
-                f.clone()
-            } else {
-                here.join(path)
-            };
-            if target.contains("://") || !file.exists() {
-                wrong.push(format!(
-                    "{}: link to {target}: no such file in the repository",
-                    f.display()
-                ));
-            } else if !section.is_empty()
-                && file.extension().is_some_and(|e| e == "md")
-                && !anchors(&read(&file)).contains(section)
-            {
-                wrong.push(format!(
-                    "{}: link to {target}: no such heading",
-                    f.display()
-                ));
             }
         }
     }

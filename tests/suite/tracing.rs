@@ -459,18 +459,7 @@ async fn an_adopting_courier_continues_the_trace_of_a_handed_off_event() {
     while receiver.received().is_empty() && std::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    a.terminate();
-    let status = a.wait_exit(Duration::from_secs(30)).await;
-    check!(
-        a,
-        status.success(),
-        "A exits 0 after its hand-off: {status:?}"
-    );
-    check!(
-        a,
-        a.logs().contains("handed off every pending event"),
-        "A handed off"
-    );
+    a.terminate_handing_off().await;
     // A's spans were flushed at its SIGTERM.
     let from_a = otlp.spans();
     check_eq!(a, accept_spans(&from_a).len(), 1, "{from_a:?}");

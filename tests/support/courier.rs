@@ -331,6 +331,23 @@ impl Courier {
         );
     }
 
+    /// SIGTERM with `handoff` configured: courier must exit 0 within 30 s
+    /// having handed off every pending event (its closing log line says so).
+    pub async fn terminate_handing_off(&mut self) {
+        self.terminate();
+        let status = self.wait_exit(Duration::from_secs(30)).await;
+        crate::check!(
+            self,
+            status.success(),
+            "exit 0 after the hand-off: {status:?}"
+        );
+        crate::check!(
+            self,
+            self.logs().contains("handed off every pending event"),
+            "it handed off every pending event"
+        );
+    }
+
     /// Waits for the process to exit and returns its status; panics with the
     /// logs after `timeout`. Once it returns, `logs()` holds all the output.
     pub async fn wait_exit(&mut self, timeout: Duration) -> ExitStatus {

@@ -17,6 +17,7 @@ pub mod courier;
 pub mod deadletters;
 pub mod install;
 pub mod load;
+pub mod markdown;
 pub mod node;
 pub mod otlp;
 pub mod python;
