@@ -9,7 +9,8 @@
 //! log, rather than hanging for `object_store`'s default three minutes.
 
 use bytes::Bytes;
-use futures::TryStreamExt;
+use futures::StreamExt;
+use object_store::list::{PaginatedListOptions, PaginatedListStore};
 use object_store::local::LocalFileSystem;
 use object_store::path::Path;
 use object_store::{
@@ -82,14 +83,55 @@ impl StoreUrl {
     }
 }
 
+/// Keys listed per request.
+const PAGE: usize = 1000;
+/// Requests one listing makes at most: a million keys, with room for
+/// a few thousand that are not paths (each costs about ten requests).
+const MAX_LIST_REQUESTS: usize = 2000;
+
 /// An opened store and the prefix every object of ours is under.
 pub struct Bucket {
     store: Arc<dyn ObjectStore>,
+    /// The same store's page-by-page listing, for a cloud store: a key
+    /// that is not an `object_store` path (`..`, `//`) fails the page that
+    /// holds it, and only a listing that starts after that key can go on.
+    pager: Option<Arc<dyn PaginatedListStore>>,
     prefix: Path,
     /// The URL, as the `store` label of the metrics and in the log.
     label: String,
     /// A local folder: its files are made 0600 (they hold bodies).
     local: Option<std::path::PathBuf>,
+}
+
+/// A listing: the objects, and the keys that are not paths.
+#[derive(Debug, Default)]
+pub struct Listed {
+    pub objects: Vec<ObjectMeta>,
+    pub skipped: Vec<String>,
+}
+
+/// Why `get_at_most` gave no object.
+#[derive(Debug, thiserror::Error)]
+pub enum GetError {
+    #[error("the object is larger than it can be ({0} bytes)")]
+    TooLarge(u64),
+    #[error(transparent)]
+    Store(object_store::Error),
+}
+
+/// The key an error of a listing is about, when the listing failed only
+/// because that key is not an `object_store` path.
+fn odd_key(e: &object_store::Error) -> Option<String> {
+    use object_store::path::Error as P;
+    match e {
+        object_store::Error::InvalidPath { source } => match source {
+            P::EmptySegment { path } | P::BadSegment { path, .. } | P::NonUnicode { path, .. } => {
+                Some(path.clone())
+            }
+            _ => None,
+        },
+        _ => None,
+    }
 }
 
 /// What a conditional create found.
@@ -119,9 +161,14 @@ impl Bucket {
             retry_timeout: RETRY_FOR,
         };
         let inside = parsed.path().trim_matches('/');
-        let (store, prefix, local): (Arc<dyn ObjectStore>, &str, _) = match url.scheme {
+        type Opened = (Arc<dyn ObjectStore>, Option<Arc<dyn PaginatedListStore>>);
+        fn both<S: ObjectStore + PaginatedListStore>(s: S) -> Opened {
+            let s = Arc::new(s);
+            (s.clone(), Some(s))
+        }
+        let ((store, pager), prefix, local): (Opened, &str, _) = match url.scheme {
             Scheme::S3 => (
-                Arc::new(
+                both(
                     object_store::aws::AmazonS3Builder::from_env()
                         .with_url(url.url.as_str())
                         .with_retry(retry)
@@ -131,7 +178,7 @@ impl Bucket {
                 None,
             ),
             Scheme::Azure => (
-                Arc::new(
+                both(
                     object_store::azure::MicrosoftAzureBuilder::from_env()
                         .with_url(url.url.as_str())
                         .with_retry(retry)
@@ -141,7 +188,7 @@ impl Bucket {
                 None,
             ),
             Scheme::Gcs => (
-                Arc::new(
+                both(
                     object_store::gcp::GoogleCloudStorageBuilder::from_env()
                         .with_url(url.url.as_str())
                         .with_retry(retry)
@@ -157,11 +204,12 @@ impl Bucket {
                     source: Box::new(e),
                 })?;
                 let store = LocalFileSystem::new_with_prefix(&root)?.with_fsync(true);
-                (Arc::new(store), "", Some(root))
+                ((Arc::new(store), None), "", Some(root))
             }
         };
         Ok(Bucket {
             store,
+            pager,
             prefix: Path::from(prefix),
             label: url.url.clone(),
             local,
@@ -196,13 +244,23 @@ impl Bucket {
     }
 
     fn count<T>(&self, op: &'static str, r: &object_store::Result<T>) {
-        let result = match r {
-            Ok(_) => "ok",
-            Err(object_store::Error::NotFound { .. }) => "not_found",
-            Err(object_store::Error::AlreadyExists { .. }) => "exists",
-            Err(_) => "error",
+        self.tally(op, r.as_ref().err());
+    }
+
+    fn tally(&self, op: &'static str, error: Option<&object_store::Error>) {
+        let result = match error {
+            None => "ok",
+            Some(object_store::Error::NotFound { .. }) => "not_found",
+            Some(object_store::Error::AlreadyExists { .. }) => "exists",
+            Some(_) => "error",
         };
         crate::metrics::object_store_request(&self.label, op, result);
+    }
+
+    /// `e`, counted as the failure of `op`.
+    fn failed(&self, op: &'static str, e: object_store::Error) -> object_store::Error {
+        self.tally(op, Some(&e));
+        e
     }
 
     /// Stores `bytes` at `path`, replacing what is there.
@@ -247,14 +305,135 @@ impl Bucket {
         }
     }
 
-    /// Every object under `prefix`, at any depth, sorted by path.
+    /// Every object under `prefix`, at any depth, sorted by path. A key
+    /// that is not a path of ours is left out, with a warning.
     pub async fn list(&self, prefix: &Path) -> object_store::Result<Vec<ObjectMeta>> {
-        let r: object_store::Result<Vec<ObjectMeta>> =
-            self.store.list(Some(prefix)).try_collect().await;
-        self.count("list", &r);
-        let mut objects = r?;
-        objects.sort_by(|a, b| a.location.cmp(&b.location));
-        Ok(objects)
+        let listed = self.list_keys(prefix).await?;
+        for key in &listed.skipped {
+            tracing::warn!(store = %self.label, key = %key.escape_debug(), "skipping an object whose key is not a path courier reads");
+        }
+        Ok(listed.objects)
+    }
+
+    /// Every object under `prefix`, and the keys skipped: whatever else is
+    /// in the bucket, one odd key never hides the others.
+    pub async fn list_keys(&self, prefix: &Path) -> object_store::Result<Listed> {
+        let mut listed = match &self.pager {
+            Some(pager) => self.list_pages(pager.as_ref(), prefix).await?,
+            None => self.list_stream(prefix).await?,
+        };
+        listed.objects.sort_by(|a, b| a.location.cmp(&b.location));
+        Ok(listed)
+    }
+
+    /// A local store's listing goes on past an entry it cannot read.
+    async fn list_stream(&self, prefix: &Path) -> object_store::Result<Listed> {
+        let mut listed = Listed::default();
+        let mut stream = self.store.list(Some(prefix));
+        // Bounded by the store's entries.
+        while let Some(item) = stream.next().await {
+            match item {
+                Ok(meta) => listed.objects.push(meta),
+                Err(e) => match odd_key(&e) {
+                    Some(key) => listed.skipped.push(key),
+                    None => return Err(self.failed("list", e)),
+                },
+            }
+        }
+        self.tally("list", None);
+        Ok(listed)
+    }
+
+    /// A cloud store's listing, page by page. A page that fails on a key
+    /// that is not a path is asked again, halved, until the key is alone
+    /// in it; the listing then starts after that key. A few requests per
+    /// odd key, and none for the others.
+    async fn list_pages(
+        &self,
+        pager: &dyn PaginatedListStore,
+        prefix: &Path,
+    ) -> object_store::Result<Listed> {
+        let mut listed = Listed::default();
+        let mut from = format!("{prefix}/");
+        if from == "/" {
+            from.clear();
+        }
+        let (mut offset, mut token, mut max) = (None::<String>, None::<String>, PAGE);
+        for _ in 0..MAX_LIST_REQUESTS {
+            let opts = PaginatedListOptions {
+                offset: offset.clone(),
+                page_token: token.clone(),
+                max_keys: Some(max),
+                ..Default::default()
+            };
+            let r = pager.list_paginated(Some(from.as_str()), opts).await;
+            self.count("list", &r);
+            match r {
+                Ok(page) => {
+                    listed.objects.extend(page.result.objects);
+                    max = PAGE;
+                    match page.page_token {
+                        Some(t) => token = Some(t),
+                        None => return Ok(listed),
+                    }
+                }
+                Err(e) => match odd_key(&e) {
+                    Some(_) if max > 1 => max /= 2,
+                    Some(key) => {
+                        offset = Some(key.clone());
+                        token = None;
+                        listed.skipped.push(key);
+                        max = PAGE;
+                    }
+                    None => return Err(e),
+                },
+            }
+        }
+        Err(object_store::Error::Generic {
+            store: "list",
+            source: format!("more than {MAX_LIST_REQUESTS} list requests under {prefix}").into(),
+        })
+    }
+
+    /// The object at `path`, if it is at most `max` bytes; `Err(TooLarge)`
+    /// without reading it when it is larger, or once more than `max` came.
+    pub async fn get_at_most(&self, path: &Path, max: u64) -> Result<Option<Bytes>, GetError> {
+        let got = match self.store.get(path).await {
+            Ok(got) => got,
+            Err(object_store::Error::NotFound { .. }) => {
+                self.tally("get", None);
+                return Ok(None);
+            }
+            Err(e) => return Err(GetError::Store(self.failed("get", e))),
+        };
+        if got.meta.size > max {
+            self.tally("get", None);
+            return Err(GetError::TooLarge(got.meta.size));
+        }
+        let mut bytes = Vec::with_capacity(got.meta.size as usize);
+        let mut stream = got.into_stream();
+        // Bounded by `max`.
+        while let Some(chunk) = stream.next().await {
+            match chunk {
+                Ok(chunk) if (bytes.len() + chunk.len()) as u64 > max => {
+                    self.tally("get", None);
+                    return Err(GetError::TooLarge((bytes.len() + chunk.len()) as u64));
+                }
+                Ok(chunk) => bytes.extend_from_slice(&chunk),
+                Err(e) => return Err(GetError::Store(self.failed("get", e))),
+            }
+        }
+        self.tally("get", None);
+        Ok(Some(Bytes::from(bytes)))
+    }
+
+    /// Moves the object at `from` to `to` inside the store, unread.
+    pub async fn rename(&self, from: &Path, to: &Path) -> object_store::Result<()> {
+        let r = self.store.rename(from, to).await;
+        self.count("rename", &r);
+        r?;
+        self.private(to);
+        Ok(())
     }
 
     /// The names of the folders right under `prefix`, sorted.

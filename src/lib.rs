@@ -7,6 +7,7 @@ pub mod clock;
 pub mod config;
 pub mod deadletter;
 pub mod deliver;
+pub mod event;
 pub mod event_path;
 mod fd_limit;
 mod file_modes;
@@ -24,6 +25,7 @@ pub mod ordering;
 pub mod policy;
 pub mod reload;
 pub mod rfc3339;
+mod seal;
 pub mod server;
 pub mod signature;
 pub mod table;
@@ -134,14 +136,15 @@ pub async fn run(settings: Settings, source: ConfigSource) -> Result<(), RunErro
         }
         None => None,
     };
+    let live = Arc::new(Live::from_pointee(settings));
     let adoption = handoff.clone().map(|h| {
         tokio::spawn(handoff::adopt_loop(
             h,
             journal.clone(),
+            live.clone(),
             lifecycle.stop_dispatch.clone(),
         ))
     });
-    let live = Arc::new(Live::from_pointee(settings));
 
     let ingress = Arc::new(ingress::Ingress::new(
         live.clone(),

@@ -70,6 +70,10 @@ pub struct Handoff {
     pub poll: Dur,
     #[serde(default = "default_claim_timeout")]
     pub claim_timeout: Dur,
+    /// A variable holding AES-256 keys (base64, space-separated; the first
+    /// seals): hand-off objects are encrypted and authenticated.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encryption_key_env: Option<String>,
 }
 
 fn default_handoff_poll() -> Dur {

@@ -11,6 +11,7 @@ use crate::policy::probation::ProbationPolicy;
 use crate::policy::{Limits, Schedule, StatusPolicy};
 use crate::signature::Secret;
 use crate::tls::TlsFiles;
+use http::uri::{Authority, Scheme};
 use http::{HeaderName, HeaderValue, Uri};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -64,6 +65,9 @@ pub struct HandoffSettings {
     pub poll: Duration,
     /// A claim older than this is taken over: its claimer died.
     pub claim_timeout: Duration,
+    /// `encryption_key_env`'s keys; the first seals, any opens. Empty:
+    /// objects are written in the clear.
+    pub keys: Vec<crate::seal::Key>,
 }
 
 impl Settings {
@@ -219,20 +223,37 @@ pub struct Target {
     /// Path without a trailing slash (empty for the root).
     path: String,
     query: Option<String>,
+    /// The scheme and authority, parsed once: an attempt's url is built
+    /// from parts, so that no stored path can reach the authority.
+    parts: Option<(Scheme, Authority)>,
     /// The url itself, parsed once: most apps post to `/<name>` alone, and
     /// a clone shares its bytes where a format and a parse would allocate.
     base: Option<Uri>,
 }
 
+/// Why an attempt has no url.
+#[derive(Debug, thiserror::Error)]
+pub enum UrlError {
+    #[error("the stored path does not start with `/`")]
+    NotAPath,
+    #[error(transparent)]
+    Http(#[from] http::Error),
+}
+
 impl Target {
     pub fn new(origin: String, path: String, query: Option<String>) -> Target {
+        let parts = origin.parse::<Uri>().ok().and_then(|u| {
+            let p = u.into_parts();
+            Some((p.scheme?, p.authority?))
+        });
         let mut t = Target {
             origin,
             path,
             query,
+            parts,
             base: None,
         };
-        t.base = t.url("", None).parse().ok();
+        t.base = t.join("", None).ok();
         t
     }
 
@@ -241,12 +262,30 @@ impl Target {
         self.origin.starts_with("http://")
     }
 
-    /// The url of one attempt: the configured path plus the app's `rest`, and
-    /// both queries joined with `&`.
+    /// The url of one attempt as text (for the log and tests): see `uri`.
     pub fn url(&self, rest: &str, query: Option<&str>) -> String {
-        let mut url = format!("{}{}{}", self.origin, self.path, rest);
-        if self.path.is_empty() && rest.is_empty() {
-            url.push('/');
+        match self.uri(rest, query) {
+            Ok(uri) => uri.to_string(),
+            Err(e) => format!("{}{} ({e})", self.origin, self.path),
+        }
+    }
+
+    /// The url of one attempt: the configured path plus the app's `rest`
+    /// (empty, or a path from `/`), and both queries joined with `&`.
+    pub fn uri(&self, rest: &str, query: Option<&str>) -> Result<Uri, UrlError> {
+        match &self.base {
+            Some(base) if rest.is_empty() && query.is_none_or(str::is_empty) => Ok(base.clone()),
+            _ => self.join(rest, query),
+        }
+    }
+
+    fn join(&self, rest: &str, query: Option<&str>) -> Result<Uri, UrlError> {
+        if !(rest.is_empty() || rest.starts_with('/')) {
+            return Err(UrlError::NotAPath);
+        }
+        let mut pq = format!("{}{}", self.path, rest);
+        if pq.is_empty() {
+            pq.push('/');
         }
         let queries: Vec<&str> = [self.query.as_deref(), query]
             .into_iter()
@@ -254,18 +293,14 @@ impl Target {
             .filter(|q| !q.is_empty())
             .collect();
         if !queries.is_empty() {
-            url.push('?');
-            url.push_str(&queries.join("&"));
+            pq.push('?');
+            pq.push_str(&queries.join("&"));
         }
-        url
-    }
-
-    /// `url`, parsed.
-    pub fn uri(&self, rest: &str, query: Option<&str>) -> Result<Uri, http::uri::InvalidUri> {
-        match &self.base {
-            Some(base) if rest.is_empty() && query.is_none_or(str::is_empty) => Ok(base.clone()),
-            _ => self.url(rest, query).parse(),
+        let mut builder = Uri::builder();
+        if let Some((scheme, authority)) = &self.parts {
+            builder = builder.scheme(scheme.clone()).authority(authority.clone());
         }
+        Ok(builder.path_and_query(pq).build()?)
     }
 }
 
@@ -289,6 +324,21 @@ mod tests {
         assert_eq!(root.url("", None), "http://127.0.0.1:9/");
         assert_eq!(root.url("/x", Some("")), "http://127.0.0.1:9/x");
     }
+    #[test]
+    fn no_stored_path_reaches_the_authority() {
+        let root = Target::new("http://127.0.0.1:7410".into(), String::new(), None);
+        assert!(matches!(
+            root.uri("@127.0.0.2:7411/steal", None),
+            Err(UrlError::NotAPath)
+        ));
+        let uri = root.uri("/@127.0.0.2:7411/steal", None).expect("a path");
+        assert_eq!(uri.authority().map(|a| a.as_str()), Some("127.0.0.1:7410"));
+        assert_eq!(uri.path(), "/@127.0.0.2:7411/steal");
+        let uri = root.uri("", Some("a=1@b:2/c")).expect("a query");
+        assert_eq!(uri.authority().map(|a| a.as_str()), Some("127.0.0.1:7410"));
+        assert!(root.uri("/a b", None).is_err(), "not a url path");
+    }
+
     #[test]
     fn the_parsed_url_is_the_url_with_or_without_the_apps_part() {
         for t in [

@@ -351,17 +351,64 @@ fn handoff(c: &mut Checker, h: &super::schema::Handoff) -> Option<HandoffSetting
         Duration::from_secs(1),
         Duration::from_secs(86_400),
     );
+    if claim_timeout <= poll * 2 {
+        // A courier stuck adopting refreshes its claim at every look: the
+        // claim must outlive two of them.
+        c.err(
+            "handoff.claim_timeout",
+            format!(
+                "{} is out of range: allowed more than twice handoff.poll ({})",
+                super::units::format_duration(claim_timeout),
+                super::units::format_duration(poll)
+            ),
+        );
+    }
+    let keys = h
+        .encryption_key_env
+        .as_deref()
+        .map(|var| handoff_keys(c, var))
+        .unwrap_or_default();
     match StoreUrl::parse(&h.url) {
         Ok(url) => Some(HandoffSettings {
             url,
             poll,
             claim_timeout,
+            keys,
         }),
         Err(e) => {
             c.err("handoff.url", e.to_string());
             None
         }
     }
+}
+
+/// `handoff.encryption_key_env`: 1..=4 keys, each 32 bytes of base64,
+/// separated by spaces: the new key first during a rotation, the old ones
+/// after it until no object sealed with them is left.
+fn handoff_keys(c: &mut Checker, var: &str) -> Vec<crate::seal::Key> {
+    const MAX_KEYS: usize = 4;
+    let p = "handoff.encryption_key_env";
+    let Some(value) = c.env_var(p.to_string(), var) else {
+        return Vec::new();
+    };
+    let mut keys = Vec::new();
+    for (i, text) in value.split_whitespace().enumerate() {
+        match crate::seal::Key::parse(text) {
+            Ok(k) => keys.push(k),
+            Err(e) => c.err(
+                p,
+                format!("key {} of environment variable {var} {e}", i + 1),
+            ),
+        }
+    }
+    let n = value.split_whitespace().count();
+    if !(1..=MAX_KEYS).contains(&n) {
+        c.err(
+            p,
+            format!("environment variable {var} holds {n} keys: allowed 1..={MAX_KEYS}"),
+        );
+    }
+    keys
 }
 
 /// `tracing`: an http(s) base URL without credentials, query or fragment
@@ -914,7 +961,7 @@ fn tls(c: &mut Checker, p: &str, target: &Target, spec: &TlsSpec) -> Option<TlsF
 /// A destination or topic name: one url path segment, without escapes,
 /// and not a dot segment: the name is also a folder of the dead-letter
 /// directory, and `..` there would be its parent.
-pub(super) fn valid_name(name: &str) -> bool {
+pub fn valid_name(name: &str) -> bool {
     !name.is_empty()
         && name != "."
         && name != ".."

@@ -23,6 +23,8 @@ use http_body_util::Full;
 pub enum BuildError {
     #[error(transparent)]
     Http(#[from] http::Error),
+    #[error(transparent)]
+    Url(#[from] crate::config::settings::UrlError),
     #[error("a batch without events")]
     Empty,
 }
@@ -36,7 +38,7 @@ pub fn build(
         id: ev.event.id.clone(),
         number: attempt_number(std::slice::from_ref(ev)),
     };
-    Ok(assemble(dest, &ev.event, shaped, attempt, &[])?)
+    assemble(dest, &ev.event, shaped, attempt, &[])
 }
 
 /// A passthrough request's first attempt: the app's request as it came,
@@ -50,7 +52,7 @@ pub fn build_passthrough(
         id: ev.id.clone(),
         number: 1,
     };
-    Ok(assemble(dest, ev, shaped, attempt, &[])?)
+    assemble(dest, ev, shaped, attempt, &[])
 }
 
 /// One attempt for the batch `id`; its number is the highest attempt count
@@ -81,7 +83,7 @@ fn assemble(
     shaped: Shaped,
     attempt: Attempt,
     skip: &[&str],
-) -> Result<Request<Full<Bytes>>, http::Error> {
+) -> Result<Request<Full<Bytes>>, BuildError> {
     let (rest, query) = match e.path.split_once('?') {
         Some((r, q)) => (r, Some(q)),
         None => (e.path.as_str(), None),

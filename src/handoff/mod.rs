@@ -32,7 +32,7 @@ use object_store::path::Path;
 
 const PENDING: &str = "pending";
 const CLAIMS: &str = "claims";
-const DAMAGED: &str = "damaged";
+pub(super) const DAMAGED: &str = "damaged";
 
 /// The store, opened, and the settings it was opened with.
 pub struct Handoff {

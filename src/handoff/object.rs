@@ -7,9 +7,19 @@
 
 use crate::journal::intake::{self, Logged};
 use crate::journal::{Carried, NewEvent};
+use crate::seal::{self, Key, OpenError};
 
 const MAGIC: u32 = 0x4348_4f31; // "CHO1"
-const HEAD: usize = 12;
+pub(super) const HEAD: usize = 12;
+/// An object holds about this many bytes of events before the one that
+/// passes it: few requests for a large backlog (100 for 100,000 events of
+/// 1 KiB), and little memory held per object in flight (4 MiB objects
+/// peaked courier at 74 MiB).
+pub const OBJECT_BYTES: usize = 1 << 20;
+/// What an event takes in an object besides its body, at most: its id,
+/// destination, method, path (64 KiB), headers (hyper reads at most about
+/// 400 KiB of them) and delivery state.
+const EVENT_OVERHEAD: u64 = 512 << 10;
 /// What a new object's buffer holds before it grows: a hand-off object
 /// (1 MiB) and the event that passes it.
 const ROOM: usize = 9 << 17;
@@ -18,6 +28,10 @@ const ROOM: usize = 9 << 17;
 pub enum ObjectError {
     #[error("not a hand-off object (no CHO1 header)")]
     NotHandoff,
+    #[error("cannot open it: {0}")]
+    Sealed(#[from] OpenError),
+    #[error("it holds {0} events where its name says {1}")]
+    Count(usize, u32),
     #[error("the hand-off object is damaged (its checksum fails)")]
     Damaged,
     #[error("the hand-off object is damaged: {0}")]
@@ -62,6 +76,56 @@ impl Builder {
         let crc = crc32c::crc32c_append(crc, &self.bytes[HEAD..]);
         self.bytes[8..12].copy_from_slice(&crc.to_le_bytes());
         self.bytes
+    }
+}
+
+/// The largest object a courier writes whose events a courier with
+/// `max_body_bytes` would take: its chunk, then one event at the limit.
+pub fn max_size(max_body_bytes: u64) -> u64 {
+    (HEAD + OBJECT_BYTES + seal::OVERHEAD) as u64 + max_body_bytes + EVENT_OVERHEAD
+}
+
+/// `<uuidv7>-<events>.cho`, the name a courier gives an object: the
+/// count of events, or `None` for a name no courier writes.
+pub fn parse_name(name: &str) -> Option<u32> {
+    let (uuid, rest) = name.split_once('-')?;
+    let count = rest.strip_suffix(".cho")?;
+    let hex = |c: char| c.is_ascii_digit() || ('a'..='f').contains(&c);
+    if uuid.len() != 32 || !uuid.chars().all(hex) {
+        return None;
+    }
+    if count.is_empty() || count.len() > 10 || !count.chars().all(|c| c.is_ascii_digit()) {
+        return None;
+    }
+    count.parse().ok()
+}
+
+/// `<uuidv7>-<events>.cho`: names sort by when they were written.
+pub fn name(events: u32) -> String {
+    format!("{}-{events}.cho", uuid::Uuid::now_v7().simple())
+}
+
+/// An object's bytes as stored: sealed with the first key when keys are set.
+pub fn store(keys: &[Key], name: &str, plain: Vec<u8>) -> Vec<u8> {
+    match keys.first() {
+        Some(key) => seal::seal(key, name, plain),
+        None => plain,
+    }
+}
+
+/// The events of the object `name` as stored: opened, checked against its
+/// checksum and the count its name gives.
+pub fn read(
+    keys: &[Key],
+    name: &str,
+    stored: Vec<u8>,
+) -> Result<Vec<(NewEvent, Carried)>, ObjectError> {
+    let plain = seal::open(keys, name, stored)?;
+    let events = decode(&plain)?;
+    match parse_name(name) {
+        Some(n) if n as usize == events.len() => Ok(events),
+        Some(n) => Err(ObjectError::Count(events.len(), n)),
+        None => Ok(events),
     }
 }
 

@@ -7,7 +7,7 @@
 //! stays in the journal for the next start on this volume.
 
 use super::Handoff;
-use super::object::Builder;
+use super::object::{self, Builder, OBJECT_BYTES};
 use crate::history::Step;
 use crate::journal::{Carried, Change, Journal, Reader};
 use crate::metrics;
@@ -17,10 +17,6 @@ use std::time::Duration;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-/// An object holds about this many bytes of events: few requests for a
-/// large backlog (100 for 100,000 events of 1 KiB), and little memory held
-/// per object in flight (4 MiB objects peaked courier at 74 MiB).
-const OBJECT_BYTES: usize = 1 << 20;
 /// Events read from the journal at a time, and their bytes at most.
 const READ_EVENTS: usize = 1000;
 const READ_BYTES: u64 = 1 << 20;
@@ -162,10 +158,11 @@ impl Run<'_> {
             self.settled(r);
         }
         let full = std::mem::take(&mut self.object);
+        let name = object::name(full.count());
         let store = Store {
-            bucket_path: self.h.object(&object_name(full.count())),
+            bucket_path: self.h.object(&name),
             seqs: std::mem::take(&mut self.seqs),
-            bytes: Bytes::from(full.finish()),
+            bytes: Bytes::from(object::store(&self.h.settings.keys, &name, full.finish())),
         };
         let (journal, h, deadline) = (self.journal.clone(), self.h.clone(), self.deadline);
         self.tasks
@@ -213,11 +210,6 @@ async fn probe(h: &Handoff) -> Result<(), String> {
         Ok(crate::bucket::Created::Exists) => Err("a new object's conditional create lost".into()),
         Err(e) => Err(e.to_string()),
     }
-}
-
-/// `<uuidv7>-<events>.cho`: names sort by when they were written.
-fn object_name(events: u32) -> String {
-    format!("{}-{events}.cho", uuid::Uuid::now_v7().simple())
 }
 
 /// A stored object's events and bytes, or why it was not stored.

@@ -14,7 +14,7 @@ use crate::metrics;
 use crate::server::{BODY_DEADLINE, RemoteAddr, guard};
 use crate::telemetry::{Accept, Tracer};
 use bytes::Bytes;
-use http::{Method, Request, Response, StatusCode};
+use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
 use std::sync::Arc;
 
@@ -139,13 +139,13 @@ impl Ingress {
         if let Some(a) = accept.as_deref_mut() {
             a.routed(name);
         }
-        if forward::has_dot_segment(rest) {
+        if crate::event::rules::has_dot_segment(rest) {
             let msg = format!(
                 "the path after /{name} has a `.` or `..` segment: the endpoint could read it as a path outside the destination's url; nothing was stored"
             );
             return reply::reject(name, StatusCode::BAD_REQUEST, "dot_segment", msg, None);
         }
-        if !matches!(*req.method(), Method::POST | Method::PUT | Method::PATCH) {
+        if !crate::event::rules::method_allowed(req.method().as_str()) {
             let mut resp = reply::reject(
                 name,
                 StatusCode::METHOD_NOT_ALLOWED,

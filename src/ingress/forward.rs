@@ -6,23 +6,8 @@ use crate::journal::Header;
 use http::HeaderMap;
 use std::borrow::Cow;
 
-/// Hop-by-hop headers (RFC 9110 §7.6.1): they describe one connection, not
-/// the message, so they never cross courier, in either direction.
-pub const HOP_BY_HOP: [&str; 9] = [
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
-];
-
-/// Besides the hop-by-hop ones, what the request itself frames. `courier-*`
-/// and `webhook-*` (Standard Webhooks) are courier's own and dropped too.
-const FRAMING: [&str; 3] = ["expect", "host", "content-length"];
+use crate::event::rules;
+pub use crate::event::rules::HOP_BY_HOP;
 
 /// The names a `Connection` header lists: hop-by-hop for this message too.
 pub fn connection_listed(headers: &HeaderMap) -> Vec<String> {
@@ -33,10 +18,6 @@ pub fn connection_listed(headers: &HeaderMap) -> Vec<String> {
         .flat_map(|v| v.split(',').map(|s| s.trim().to_ascii_lowercase()))
         .collect()
 }
-
-/// Credentials for courier's ingress, not for the endpoint (docs/publishing.md): Event
-/// Grid's topic key and signature, never forwarded or stored.
-const INGRESS_CREDENTIALS: [&str; 2] = [keys::KEY_HEADER, keys::TOKEN_HEADER];
 
 /// Whether a request is an Event Grid publish: to a route of `schema:
 /// eventgrid`, or sent by an Event Grid client to any route. Such a client
@@ -68,17 +49,8 @@ pub fn forwarded(headers: &HeaderMap, keyed: bool, eventgrid_publish: bool) -> V
     headers
         .iter()
         .filter(|(name, _)| {
-            let n = name.as_str();
-            let credential =
-                INGRESS_CREDENTIALS.contains(&n) || (keyed && *name == http::header::AUTHORIZATION);
             let publisher = eventgrid_publish && *name == http::header::USER_AGENT;
-            !credential
-                && !publisher
-                && !HOP_BY_HOP.contains(&n)
-                && !FRAMING.contains(&n)
-                && !n.starts_with("webhook-")
-                && !n.starts_with("courier-")
-                && !listed.iter().any(|l| l == n)
+            !publisher && rules::header_travels(name.as_str(), &listed, keyed)
         })
         .map(|(name, value)| (name.as_str().to_string(), value.as_bytes().to_vec()))
         .collect()
@@ -101,7 +73,7 @@ pub fn query(query: &str, eventgrid_publish: bool) -> Option<Cow<'_, str>> {
 }
 
 /// Longest event id accepted from the app.
-pub const MAX_ID: usize = 256;
+pub const MAX_ID: usize = rules::MAX_ID;
 
 /// `custom` schema: the app's `Idempotency-Key`, else `webhook-id`, else a
 /// new UUIDv7. `Err` carries the header whose value is unusable.
@@ -124,51 +96,9 @@ pub fn event_id(headers: &HeaderMap) -> Result<String, &'static str> {
     Ok(crate::ids::new())
 }
 
-/// True when the `/rest` of a request has a `.` or `..` segment, also
-/// percent-encoded (`%2e`, or behind an encoded `%2f` or a `\\`, which some
-/// servers read as `/`): an endpoint that normalises paths would read
-/// `/hooks/../../admin` as `/admin`, outside the destination's base path,
-/// so such a request is refused rather than forwarded (docs/publishing.md).
-pub fn has_dot_segment(rest: &str) -> bool {
-    let decoded: Vec<u8> = percent_encoding::percent_decode_str(rest).collect();
-    decoded
-        .split(|b| *b == b'/' || *b == b'\\')
-        .any(|segment| segment == b"." || segment == b"..")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn dot_segments_are_found_also_when_percent_encoded() {
-        for bad in [
-            "/..",
-            "/../../admin",
-            "/a/./b",
-            "/a/%2e%2E/b",
-            "/%2e",
-            "/.%2e/x",
-            "/a/..",
-            "/a%2f..",
-            "/a\\..\\b",
-            "/a%5C..%5Cb",
-        ] {
-            assert!(has_dot_segment(bad), "{bad}");
-        }
-        for ok in [
-            "",
-            "/",
-            "/a/b",
-            "/a..b",
-            "/.well-known/x",
-            "/...",
-            "/a%2f...",
-            "/a/.b.",
-        ] {
-            assert!(!has_dot_segment(ok), "{ok}");
-        }
-    }
 
     fn map(pairs: &[(&str, &str)]) -> HeaderMap {
         let mut h = HeaderMap::new();

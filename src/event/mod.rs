@@ -1,0 +1,3 @@
+//! Events as values, apart from where they are stored.
+
+pub mod rules;
