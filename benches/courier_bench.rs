@@ -1887,45 +1887,69 @@ async fn courier_steps(
                     failed("o. mass expiry to a bucket", e, rows, budgets, &[name])
                 }
             },
-            't' => match objects::hand_off(label, bin, rx, args).await {
-                Ok(h) => {
-                    let events = backlog(objects::HANDOFF_BACKLOG, args);
-                    let (secs, mib) = (objects::HANDOFF_SECONDS, objects::HANDOFF_RSS_MIB);
-                    let (hwm_a, hwm_b) = (h.hwm_a as f64 / MIB, h.hwm_b as f64 / MIB);
-                    let handing = h.hwm_handing.map_or(String::new(), |b| {
-                        format!(" ({:.1} from the SIGTERM)", b as f64 / MIB)
-                    });
+            't' => {
+                let events = backlog(objects::HANDOFF_BACKLOG, args);
+                let (secs, mib) = (objects::HANDOFF_SECONDS, objects::HANDOFF_RSS_MIB);
+                let mut runs: Vec<Option<objects::HandOff>> = Vec::new();
+                for sealed in [false, true] {
+                    let kind = if sealed { " sealed" } else { "" };
+                    match objects::hand_off(label, bin, rx, args, sealed).await {
+                        Ok(mut h) => {
+                            let (hwm_a, hwm_b) = (h.hwm_a as f64 / MIB, h.hwm_b as f64 / MIB);
+                            let handing = h.hwm_handing.map_or(String::new(), |b| {
+                                format!(" ({:.1} from the SIGTERM)", b as f64 / MIB)
+                            });
+                            budgets.push(budget(
+                                format!("{label} hand-off{kind} {events} written"),
+                                vec![
+                                    Check::at_most(h.written.as_secs_f64(), secs, " s"),
+                                    Check::at_most(hwm_a, mib, " MiB"),
+                                ],
+                                format!(
+                                    "{:.2} s by A's log (≤ {secs}; SIGTERM to exit {:.2} s), A's peak RSS {hwm_a:.1} MiB{handing} (≤ {mib})",
+                                    h.written.as_secs_f64(),
+                                    h.wall.as_secs_f64()
+                                ),
+                            ));
+                            budgets.push(budget(
+                                format!("{label} hand-off{kind} {events} adopted"),
+                                vec![
+                                    Check::at_most(h.adopted.as_secs_f64(), secs, " s"),
+                                    Check::at_most(hwm_b, mib, " MiB"),
+                                ],
+                                format!(
+                                    "{:.2} s from B's spawn (≤ {secs}), B's peak RSS {hwm_b:.1} MiB (≤ {mib})",
+                                    h.adopted.as_secs_f64()
+                                ),
+                            ));
+                            rows.extend(std::mem::take(&mut h.rows));
+                            runs.push(Some(h));
+                        }
+                        Err(e) => {
+                            let names = ["written", "adopted"]
+                                .map(|w| format!("hand-off{kind} {events} {w}"));
+                            failed("t. hand-off", e, rows, budgets, &names);
+                            runs.push(None);
+                        }
+                    }
+                }
+                if let [Some(plain), Some(sealed)] = runs.as_slice() {
+                    let ratio =
+                        |p: Duration, s: Duration| p.as_secs_f64() / s.as_secs_f64().max(1e-9);
+                    let (w, a) = (
+                        ratio(plain.written, sealed.written),
+                        ratio(plain.adopted, sealed.adopted),
+                    );
+                    let min = objects::SEALED_RATIO;
                     budgets.push(budget(
-                        format!("{label} hand-off {events} written"),
-                        vec![
-                            Check::at_most(h.written.as_secs_f64(), secs, " s"),
-                            Check::at_most(hwm_a, mib, " MiB"),
-                        ],
+                        format!("{label} hand-off sealed / in the clear"),
+                        vec![Check::at_least(w, min, "x"), Check::at_least(a, min, "x")],
                         format!(
-                            "{:.2} s by A's log (≤ {secs}; SIGTERM to exit {:.2} s), A's peak RSS {hwm_a:.1} MiB{handing} (≤ {mib})",
-                            h.written.as_secs_f64(),
-                            h.wall.as_secs_f64()
+                            "written {w:.2}x, adopted {a:.2}x the rate in the clear (≥ {min}x each; one run each, moto_server)"
                         ),
                     ));
-                    budgets.push(budget(
-                        format!("{label} hand-off {events} adopted"),
-                        vec![
-                            Check::at_most(h.adopted.as_secs_f64(), secs, " s"),
-                            Check::at_most(hwm_b, mib, " MiB"),
-                        ],
-                        format!(
-                            "{:.2} s from B's spawn (≤ {secs}), B's peak RSS {hwm_b:.1} MiB (≤ {mib})",
-                            h.adopted.as_secs_f64()
-                        ),
-                    ));
-                    rows.extend(h.rows);
                 }
-                Err(e) => {
-                    let events = backlog(objects::HANDOFF_BACKLOG, args);
-                    let names = ["written", "adopted"].map(|w| format!("hand-off {events} {w}"));
-                    failed("t. hand-off", e, rows, budgets, &names)
-                }
-            },
+            }
             'l' => match ordering::ordering(label, bin, rx, args).await {
                 Ok(m) => {
                     budgets.extend(ordering::budgets(label, &m));

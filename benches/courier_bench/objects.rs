@@ -42,6 +42,11 @@ pub const BUCKET_EXPIRY_RATE: f64 = 20_000.0;
 /// Step t's budgets (issue #32): each side within this long, and this RSS.
 pub const HANDOFF_SECONDS: f64 = 10.0;
 pub const HANDOFF_RSS_MIB: f64 = 64.0;
+/// Step t's budget (issue #43): sealed objects at this share of the rate
+/// in the clear, each side.
+pub const SEALED_RATIO: f64 = 0.8;
+/// The key of step t's sealed run: 32 bytes of base64.
+const HANDOFF_KEY: &str = "q83vEjRWeJC6u8zd7v8AESIzRFVmd4iZqrvM3e7/ABE=";
 
 /// Every key under `prefix` in the bucket of `moto` (unsigned
 /// ListObjectsV2 pages, which moto answers): the names alone, where the
@@ -254,14 +259,27 @@ pub struct HandOff {
 /// and A writes it to hand-off objects and exits; then courier B (an empty
 /// journal, its destination paused too, so that it adopts without
 /// delivering) starts on the same `handoff.url`, and adopts it.
-pub async fn hand_off(label: &str, bin: &Path, rx: &str, args: &Args) -> Result<HandOff, String> {
+/// `sealed`: with `handoff.encryption_key_env` (AES-256-GCM objects).
+pub async fn hand_off(
+    label: &str,
+    bin: &Path,
+    rx: &str,
+    args: &Args,
+    sealed: bool,
+) -> Result<HandOff, String> {
     let events = backlog(HANDOFF_BACKLOG, args);
     let moto = Moto::try_start(BUCKET).await?;
-    let vars = s3_env(&moto.endpoint());
+    let mut vars = s3_env(&moto.endpoint());
+    let (enc, kind) = if sealed {
+        vars.push(("COURIER_HANDOFF_KEY", HANDOFF_KEY.to_string()));
+        (", encryption_key_env: COURIER_HANDOFF_KEY", " sealed")
+    } else {
+        ("", "")
+    };
     let env = env_of(&vars);
     let plain = config(rx, "");
     let with_handoff = format!(
-        "{plain}shutdown_grace: {GRACE}\nhandoff: {{ url: s3://{BUCKET}/{HANDOFF_PREFIX}, poll: 200ms, claim_timeout: 5m }}\n"
+        "{plain}shutdown_grace: {GRACE}\nhandoff: {{ url: s3://{BUCKET}/{HANDOFF_PREFIX}, poll: 200ms, claim_timeout: 5m{enc} }}\n"
     );
     // B's pause goes in its journal first, without hand-off (nothing to
     // adopt yet); B starts again with it later, and the pause holds.
@@ -335,7 +353,7 @@ pub async fn hand_off(label: &str, bin: &Path, rx: &str, args: &Args) -> Result<
         format!("{:.1} MiB", h as f64 / MIB)
     });
     let row_a = Row {
-        target: format!("{label} t. hand-off {events}: A, SIGTERM to exit"),
+        target: format!("{label} t. hand-off{kind} {events}: A, SIGTERM to exit"),
         rate: Some(events as f64 / written.as_secs_f64().max(1e-9)),
         cpu: cpu_a,
         events: Some(events as f64),
@@ -385,7 +403,7 @@ pub async fn hand_off(label: &str, bin: &Path, rx: &str, args: &Args) -> Result<
     let left = keys(&moto, &pending_keys).await.map_or(0, |k| k.len());
     let hwm_b = seen_b.hwm.unwrap_or(0);
     let row_b = Row {
-        target: format!("{label} t. hand-off {events}: B, spawn to adopted"),
+        target: format!("{label} t. hand-off{kind} {events}: B, spawn to adopted"),
         rate: Some(events as f64 / adopted.as_secs_f64()),
         cpu: seen_b.cpu,
         events: Some(events as f64),

@@ -174,20 +174,41 @@ pub fn intake_decode(data: &[u8]) {
     assert_eq!(again, payload, "decode then encode changed the record");
 }
 
+/// A hand-off key for the harness: 32 zero bytes.
+const HANDOFF_KEY: &str = "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=";
+
 /// (d) A hand-off object as another courier wrote it to the bucket
 /// (`handoff/object.rs`): `[magic u32][count u32][crc32c u32][events]`. Its
 /// CRC is recomputed first when the magic is there, so that mutations reach
 /// the event decoder; whatever decodes holds as many events as it says.
+/// The whole reader runs on it too, encryption off and on: sealed by a
+/// courier with the key, the same events come out; as they are, the bytes
+/// are refused by a courier with the key, whatever they hold.
 pub fn handoff_object(data: &[u8]) {
     let mut bytes = data.to_vec();
     if bytes.len() >= 12 && bytes[..4] == 0x4348_4f31u32.to_le_bytes() {
         let crc = crc32c::crc32c_append(crc32c::crc32c(&bytes[4..8]), &bytes[12..]);
         bytes[8..12].copy_from_slice(&crc.to_le_bytes());
     }
-    if let Ok(events) = fuzzing::handoff_decode(&bytes) {
+    let decoded = fuzzing::handoff_decode(&bytes)
+        .map(|events| events.len())
+        .ok();
+    if let Some(n) = decoded {
         let count = u32::from_le_bytes([bytes[4], bytes[5], bytes[6], bytes[7]]);
-        assert_eq!(events.len(), count as usize);
+        assert_eq!(n, count as usize);
     }
+    let name = format!("{}-{}.cho", "0".repeat(32), decoded.unwrap_or(0));
+    let total = |r: Result<(usize, usize), String>| r.map(|(kept, aside)| kept + aside).ok();
+    assert_eq!(
+        total(fuzzing::handoff_read(&[], &name, bytes.clone())),
+        decoded
+    );
+    let sealed = fuzzing::handoff_sealed(HANDOFF_KEY, &name, bytes).expect("a 32-byte key");
+    assert_eq!(
+        total(fuzzing::handoff_read(&[HANDOFF_KEY], &name, sealed)),
+        decoded
+    );
+    assert!(fuzzing::handoff_read(&[HANDOFF_KEY], &name, data.to_vec()).is_err());
 }
 
 /// (d) The journal's forwarded-header block: decode, then encode must give

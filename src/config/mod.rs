@@ -229,6 +229,30 @@ impl Report {
     }
 }
 
+/// `url` with every query value masked: the names stay, to be checked.
+fn mask_query(url: &str) -> String {
+    let Some((base, query)) = url.split_once('?') else {
+        return url.to_string();
+    };
+    let (query, fragment) = match query.split_once('#') {
+        Some((q, f)) => (q, Some(f)),
+        None => (query, None),
+    };
+    let masked: Vec<String> = query
+        .split('&')
+        .map(|pair| match pair.split_once('=') {
+            Some((k, v)) if !v.is_empty() => format!("{k}=********"),
+            _ => pair.to_string(),
+        })
+        .collect();
+    let mut out = format!("{base}?{}", masked.join("&"));
+    if let Some(f) = fragment {
+        out.push('#');
+        out.push_str(f);
+    }
+    out
+}
+
 /// `state_dir` is shown resolved (key, `COURIER_STATE_DIR` or the config's
 /// folder), so `check` tells where the journal will really be; so is the
 /// `eventgrid_topic` an eventgrid route's events get. Default minimum
@@ -310,6 +334,8 @@ fn effective_yaml(
                 h.value = Some("********".into());
             }
         }
+        // A query often holds a token (Azure Functions' `?code=`).
+        d.url = mask_query(&d.url);
     }
     match serde_norway::to_string(&raw) {
         Ok(yaml) => format!("{yaml}{minimums}"),

@@ -21,6 +21,11 @@ fn env() -> FakeEnv {
         ("WHSEC_BAD", "whsec_hunter2!!"),
         ("ADMIN_TOKEN", "t0ken-for-admin"),
         ("BLANK", "  "),
+        (
+            "HANDOFF_KEYS",
+            "q83vEjRWeJC6u8zd7v8AESIzRFVmd4iZqrvM3e7/ABE= AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=",
+        ),
+        ("HANDOFF_SHORT", "AAECAw=="),
     ]))
 }
 
@@ -108,6 +113,24 @@ fn secret_literal_values_are_masked_in_the_effective_config() {
     let loaded = parse("c.yaml", &text, ".".into(), Purpose::Run, &env()).expect("valid");
     assert!(!loaded.effective.contains("hunter2"));
     assert!(loaded.effective.contains("********"));
+}
+
+#[test]
+fn url_query_values_are_masked_in_the_effective_config() {
+    let text = GOOD.replace(
+        "url: https://hooks.example.com/orders?code=abc",
+        "url: https://hooks.example.com/orders?code=t0ken&flag&x=",
+    );
+    assert_ne!(text, GOOD, "the fixture names the url");
+    let loaded = parse("c.yaml", &text, ".".into(), Purpose::Run, &env()).expect("valid");
+    assert!(!loaded.effective.contains("t0ken"), "{}", loaded.effective);
+    assert!(
+        loaded
+            .effective
+            .contains("https://hooks.example.com/orders?code=********&flag&x="),
+        "{}",
+        loaded.effective
+    );
 }
 
 #[test]
@@ -1725,6 +1748,51 @@ destinations:
         "dead_letter: { url: s3:///nobucket }\ndestinations:\n  a: { url: http://127.0.0.1:9/a }\n",
     );
     assert!(e.contains("names no bucket"), "{e}");
+}
+
+#[test]
+fn handoff_keys_come_from_the_environment_and_claims_outlive_two_looks() {
+    let base = "destinations:\n  a: { url: http://127.0.0.1:9/a }\n";
+    let with = |h: &str| format!("handoff: {{ url: s3://b/h, {h} }}\n{base}");
+    let loaded = parse(
+        "c.yaml",
+        &with("encryption_key_env: HANDOFF_KEYS"),
+        ".".into(),
+        Purpose::Run,
+        &env(),
+    )
+    .expect("valid");
+    let h = loaded.settings.handoff.expect("handoff");
+    assert_eq!(h.keys.len(), 2, "two keys for a rotation");
+    assert!(!loaded.effective.contains("q83v"), "no key is printed");
+    for (handoff, says) in [
+        (
+            "encryption_key_env: HANDOFF_SHORT",
+            "decodes to 4 bytes, not 32",
+        ),
+        ("encryption_key_env: NOT_SET", "NOT_SET is not set"),
+        ("encryption_key_env: BLANK", "holds 0 keys: allowed 1..=4"),
+        (
+            "poll: 10s, claim_timeout: 20s",
+            "must be more than twice handoff.poll (10s)",
+        ),
+    ] {
+        let e = errors(&with(handoff));
+        assert!(
+            e.iter().any(|l| l.contains("handoff.") && l.contains(says)),
+            "{handoff}: {e:#?}"
+        );
+    }
+    assert!(
+        parse(
+            "c.yaml",
+            &with("poll: 10s, claim_timeout: 21s"),
+            ".".into(),
+            Purpose::Run,
+            &env()
+        )
+        .is_ok()
+    );
 }
 
 #[test]

@@ -357,7 +357,7 @@ fn handoff(c: &mut Checker, h: &super::schema::Handoff) -> Option<HandoffSetting
         c.err(
             "handoff.claim_timeout",
             format!(
-                "{} is out of range: allowed more than twice handoff.poll ({})",
+                "{} must be more than twice handoff.poll ({}): an adopter refreshes its claims at every look",
                 super::units::format_duration(claim_timeout),
                 super::units::format_duration(poll)
             ),

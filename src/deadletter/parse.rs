@@ -5,6 +5,7 @@
 //! schema now, which a reload may have changed since it was written.
 
 use super::record::{BODY_BASE64, CLOUDEVENTS, EVENTGRID, Key, Names, SEQ};
+use crate::event::rules;
 use crate::journal::{Header, NewEvent};
 use base64::Engine;
 use bytes::Bytes;
@@ -22,6 +23,8 @@ pub enum ParseError {
     Header(String),
     #[error("`data_base64` is not base64")]
     Data,
+    #[error("not a request ingress would accept: {0}")]
+    Refused(#[from] crate::event::rules::Refused),
 }
 
 /// One record, parsed.
@@ -175,18 +178,33 @@ impl Record {
             (_, Shape::Event(names)) => self.event_body(line, names),
             (_, Shape::Custom) => custom_body(line)?,
         };
-        Ok(Rebuilt {
-            event: NewEvent {
-                id: self.id().ok_or(ParseError::Missing("id"))?.to_string(),
-                destination: destination.to_string(),
-                method: text("method")?,
-                path: text("path")?,
-                headers,
-                body,
-                accepted_ms: now_ms,
-            },
-            redacted,
-        })
+        let event = NewEvent {
+            id: self.id().ok_or(ParseError::Missing("id"))?.to_string(),
+            destination: destination.to_string(),
+            method: text("method")?,
+            path: text("path")?,
+            headers,
+            body,
+            accepted_ms: now_ms,
+        };
+        // A record on a volume is read as a request is: whoever can write
+        // there must not send what ingress refuses. Its body was within
+        // the limit when it was accepted, which a reload may have lowered
+        // since: an operator's replay keeps it.
+        let limits = rules::Limits {
+            max_body_bytes: u64::MAX,
+            keyed: false,
+        };
+        rules::check(
+            &event.id,
+            &event.destination,
+            &event.method,
+            &event.path,
+            &event.headers,
+            event.body.len(),
+            limits,
+        )?;
+        Ok(Rebuilt { event, redacted })
     }
 
     /// The event without courier's fields. They were spliced in last, so
@@ -370,6 +388,46 @@ mod tests {
             );
             assert_eq!(rebuilt.redacted, ["cookie"], "{schema:?}");
         }
+    }
+
+    #[test]
+    fn a_record_edited_on_the_volume_replays_only_what_ingress_would_accept() {
+        let good = record(
+            Schema::Custom,
+            &event(b"{}"),
+            &FACTS,
+            &Written {
+                at_ms: 1,
+                seq: 1,
+                redact: &[],
+            },
+        );
+        for (from, to, reason) in [
+            ("\"method\":\"PUT\"", "\"method\":\"DELETE\"", "method"),
+            (
+                "\"path\":\"/hooks/a?x=1&y=%20\"",
+                "\"path\":\"@127.0.0.2:9/x\"",
+                "path",
+            ),
+            (
+                "\"path\":\"/hooks/a?x=1&y=%20\"",
+                "\"path\":\"/../admin\"",
+                "path",
+            ),
+        ] {
+            assert!(good.contains(from), "{good}");
+            let line = good.replace(from, to);
+            match parse(&line).and_then(|r| r.rebuild(&line, "into", 42)) {
+                Err(ParseError::Refused(why)) => assert_eq!(why.reason(), reason, "{to}"),
+                Err(e) => panic!("{to}: {e}"),
+                Ok(_) => panic!("{to}: replayed"),
+            }
+        }
+        assert!(
+            parse(&good)
+                .and_then(|r| r.rebuild(&good, "into", 42))
+                .is_ok()
+        );
     }
 
     #[test]

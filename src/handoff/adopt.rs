@@ -18,7 +18,7 @@
 //! refreshed for `claim_timeout` belongs to a courier that stopped while
 //! adopting; the next generation takes it over.
 
-use super::object::{self, ObjectError};
+use super::object;
 use super::{DAMAGED, Handoff};
 use crate::bucket::{Created, GetError};
 use crate::config::Live;
@@ -253,7 +253,8 @@ impl Job<'_> {
     async fn run(self, plan: Plan, held: Option<Held>) -> (String, Option<Held>) {
         match plan {
             Plan::SetAside { name, why } => {
-                move_aside(self.h, &name, &why).await;
+                // Never claimed: a size no courier claims.
+                move_aside(self.h, &name, &why, false).await;
                 (name, None)
             }
             Plan::Adopt { name, size } => {
@@ -313,8 +314,9 @@ impl Job<'_> {
                 let why = format!(
                     "it is {n} bytes or more, larger than a hand-off object can be ({max} bytes)"
                 );
-                move_aside(self.h, name, &why).await;
-                return None;
+                // Kept claimed when it cannot be moved: this courier tries
+                // again, and never takes over its own claim.
+                return (!move_aside(self.h, name, &why, true).await).then_some(held);
             }
             Err(GetError::Store(e)) => {
                 tracing::warn!(object = %name, error = %e, "cannot read a claimed hand-off; trying again at the next poll");
@@ -325,8 +327,8 @@ impl Job<'_> {
         let events = match object::read(&self.h.settings.keys, name, Vec::from(stored)) {
             Ok(events) => events,
             Err(e) => {
-                set_aside_whole(self.h, name, &e).await;
-                return None;
+                let why = format!("cannot adopt a damaged hand-off: {e}");
+                return (!move_aside(self.h, name, &why, true).await).then_some(held);
             }
         };
         let count = events.len();
@@ -379,7 +381,7 @@ impl Job<'_> {
 }
 
 /// The events that pass the checks, and those refused with their reason.
-fn sort(
+pub(crate) fn sort(
     events: Vec<(NewEvent, Carried)>,
     limits: Limits,
 ) -> (Vec<(NewEvent, Carried)>, Vec<(NewEvent, Carried, Refused)>) {
@@ -488,24 +490,25 @@ async fn refresh(
 }
 
 /// Moves an object to `damaged/` unread, where no courier claims it again
-/// and an operator finds it; its events are not delivered.
-async fn move_aside(h: &Handoff, name: &str, why: &str) {
+/// and an operator finds it; its events are not delivered. `claimed`: its
+/// claims go too.
+async fn move_aside(h: &Handoff, name: &str, why: &str, claimed: bool) -> bool {
     let (path, aside) = (h.object(name), h.bucket.path([DAMAGED, name]));
     match h.bucket.rename(&path, &aside).await {
         Ok(()) | Err(object_store::Error::NotFound { .. }) => {
-            forget_claims(h, name).await;
+            if claimed {
+                forget_claims(h, name).await;
+            }
             tracing::error!(object = %h.bucket.url_of(&path), moved_to = %h.bucket.url_of(&aside), why,
                 "cannot adopt a hand-off: moved aside for an operator; its events are not delivered");
+            true
         }
         Err(e) => {
             tracing::error!(object = %h.bucket.url_of(&path), why, error = %e,
                 "cannot adopt a hand-off, nor move it aside: it is looked at again at the next poll");
+            false
         }
     }
-}
-
-async fn set_aside_whole(h: &Handoff, name: &str, e: &ObjectError) {
-    move_aside(h, name, &format!("cannot adopt a damaged hand-off: {e}")).await;
 }
 
 /// Writes the refused events of `name` to `damaged/<name>` (an object of

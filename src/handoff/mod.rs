@@ -24,6 +24,7 @@ pub(crate) mod object;
 mod write;
 
 pub use adopt::adopt_loop;
+pub(crate) use adopt::sort;
 pub use write::hand_off;
 
 use crate::bucket::Bucket;

@@ -11,19 +11,19 @@ use std::time::Duration;
 use support::stores::{Gate, Moto, s3_env};
 use support::{Courier, Receiver, Reply, behavior, check, check_eq, courier_bin, fail, post};
 
-const BUCKET: &str = "courier";
-const PROMPT: Duration = Duration::from_secs(60);
+pub(crate) const BUCKET: &str = "courier";
+pub(crate) const PROMPT: Duration = Duration::from_secs(60);
 
 /// Per event id: the attempts refused (503 while failing) and delivered.
 #[derive(Default)]
-struct Seen {
-    refused: HashMap<String, Vec<u32>>,
-    delivered: HashMap<String, Vec<u32>>,
+pub(crate) struct Seen {
+    pub(crate) refused: HashMap<String, Vec<u32>>,
+    pub(crate) delivered: HashMap<String, Vec<u32>>,
 }
 
 /// A receiver that refuses (500) until `accept` is set, then delivers,
 /// noting each attempt's number per event.
-async fn endpoint() -> (Receiver, Arc<AtomicBool>, Arc<Mutex<Seen>>) {
+pub(crate) async fn endpoint() -> (Receiver, Arc<AtomicBool>, Arc<Mutex<Seen>>) {
     let accept = Arc::new(AtomicBool::new(false));
     let seen = Arc::new(Mutex::new(Seen::default()));
     let (open, book) = (accept.clone(), seen.clone());
@@ -47,7 +47,7 @@ async fn endpoint() -> (Receiver, Arc<AtomicBool>, Arc<Mutex<Seen>>) {
     (rx, accept, seen)
 }
 
-fn config(rx: &Receiver, grace: &str, claim_timeout: &str) -> String {
+pub(crate) fn config(rx: &Receiver, grace: &str, claim_timeout: &str) -> String {
     format!(
         "listen: 127.0.0.1:0\n\
          admin_listen: 127.0.0.1:0\n\
@@ -65,13 +65,38 @@ fn config(rx: &Receiver, grace: &str, claim_timeout: &str) -> String {
     )
 }
 
-async fn start(dir: &std::path::Path, yaml: &str, endpoint: &str) -> Courier {
-    let env = s3_env(endpoint);
+pub(crate) async fn start(dir: &std::path::Path, yaml: &str, endpoint: &str) -> Courier {
+    start_env(dir, yaml, endpoint, &[]).await
+}
+
+/// `start`, with variables of its own (a hand-off key) besides the store's.
+pub(crate) async fn start_env(
+    dir: &std::path::Path,
+    yaml: &str,
+    endpoint: &str,
+    extra: &[(&str, &str)],
+) -> Courier {
+    let mut env = s3_env(endpoint);
+    env.extend(extra.iter().map(|(k, v)| (*k, v.to_string())));
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
     Courier::start_with_env(courier_bin(), dir, yaml, &env).await
 }
 
-async fn post_events(c: &Courier, n: usize, body: &str) {
+/// The variable a sealed hand-off's key is read from, in `sealed` configs.
+pub(crate) const KEY_ENV: &str = "COURIER_HANDOFF_KEY";
+
+/// `yaml` with hand-off objects sealed by the key in `KEY_ENV`.
+pub(crate) fn sealed(yaml: &str) -> String {
+    let at = yaml.find("claim_timeout:").expect("a handoff block");
+    let end = at + yaml[at..].find(" }").expect("its end");
+    format!(
+        "{}, encryption_key_env: {KEY_ENV}{}",
+        &yaml[..end],
+        &yaml[end..]
+    )
+}
+
+pub(crate) async fn post_events(c: &Courier, n: usize, body: &str) {
     for i in 0..n {
         let id = format!("e{i:05}");
         let r = post(
@@ -85,7 +110,7 @@ async fn post_events(c: &Courier, n: usize, body: &str) {
 }
 
 /// Waits until every one of `n` events was refused at least once.
-async fn all_refused(c: &Courier, seen: &Mutex<Seen>, n: usize) {
+pub(crate) async fn all_refused(c: &Courier, seen: &Mutex<Seen>, n: usize) {
     let deadline = tokio::time::Instant::now() + PROMPT;
     // Bounded by the deadline.
     while seen.lock().expect("seen").refused.len() < n {
@@ -97,7 +122,7 @@ async fn all_refused(c: &Courier, seen: &Mutex<Seen>, n: usize) {
 }
 
 /// Waits until every one of `n` events was delivered.
-async fn all_delivered(couriers: &[&Courier], seen: &Mutex<Seen>, n: usize) {
+pub(crate) async fn all_delivered(couriers: &[&Courier], seen: &Mutex<Seen>, n: usize) {
     let deadline = tokio::time::Instant::now() + PROMPT;
     // Bounded by the deadline.
     loop {
@@ -116,7 +141,7 @@ async fn all_delivered(couriers: &[&Courier], seen: &Mutex<Seen>, n: usize) {
 }
 
 /// Events delivered more than once.
-fn twice(seen: &Mutex<Seen>) -> usize {
+pub(crate) fn twice(seen: &Mutex<Seen>) -> usize {
     let seen = seen.lock().expect("seen");
     seen.delivered.values().filter(|a| a.len() > 1).count()
 }
@@ -219,7 +244,7 @@ async fn a_rolling_deploy_hands_off_every_pending_event_and_attempts_go_on() {
 }
 
 /// Posts `n` events of about `size` bytes, 16 at a time.
-async fn post_many(c: &Courier, n: usize, size: usize) {
+pub(crate) async fn post_many(c: &Courier, n: usize, size: usize) {
     let url = c.url("orders");
     let body = format!(r#"{{"pad":"{}"}}"#, "x".repeat(size));
     let mut tasks = tokio::task::JoinSet::new();
@@ -288,6 +313,18 @@ async fn kill_at(c: &mut Courier, line: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_courier_killed_while_handing_off_or_adopting_loses_nothing() {
+    killed_while_handing_off_or_adopting(None).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_courier_killed_while_handing_off_or_adopting_sealed_objects_loses_nothing() {
+    killed_while_handing_off_or_adopting(Some(KEY)).await;
+}
+
+/// A key for sealed hand-offs: 32 bytes of base64.
+pub(crate) const KEY: &str = "q83vEjRWeJC6u8zd7v8AESIzRFVmd4iZqrvM3e7/ABE=";
+
+async fn killed_while_handing_off_or_adopting(key: Option<&str>) {
     let moto = Moto::start(BUCKET).await;
     // A slow store (2 MiB/s a connection: half a second an object), so that
     // each SIGKILL lands in the middle of the work.
@@ -298,7 +335,11 @@ async fn a_courier_killed_while_handing_off_or_adopting_loses_nothing() {
         tempfile::tempdir().expect("b"),
     );
     let yaml = config(&rx, "5s", "2s");
-    let mut a = start(dir_a.path(), &yaml, &slow.endpoint()).await;
+    let (yaml, env) = match key {
+        Some(k) => (sealed(&yaml), vec![(KEY_ENV, k)]),
+        None => (yaml, Vec::new()),
+    };
+    let mut a = start_env(dir_a.path(), &yaml, &slow.endpoint(), &env).await;
     post_many(&a, MANY, PAD).await;
     // SIGKILL in the middle of the hand-off: some objects stored, the rest
     // of the events still in A's journal (and maybe in both).
@@ -309,9 +350,20 @@ async fn a_courier_killed_while_handing_off_or_adopting_loses_nothing() {
         !a.logs().contains("handed off every pending event"),
         "the kill came after the hand-off ended: the test tested nothing"
     );
+    if key.is_some() {
+        let stored = support::stores::objects_at(&moto.endpoint(), BUCKET, "handoff/pending/");
+        check!(a, !stored.is_empty(), "A stored objects");
+        check!(
+            a,
+            stored
+                .iter()
+                .all(|(_, text)| text.starts_with("CHE1") && !text.contains("\"pad\":\"xxxxxxxx")),
+            "every object is sealed: no body shows"
+        );
+    }
     // B adopts what A stored; SIGKILL in the middle of its adoption, while
     // it holds its next object's claim.
-    let mut b = start(dir_b.path(), &yaml, &slow.endpoint()).await;
+    let mut b = start_env(dir_b.path(), &yaml, &slow.endpoint(), &env).await;
     kill_at(&mut b, "adopted a hand-off").await;
     // Whether B died holding a claim (it claims the next object before it
     // reads it, slowly), which then has to be taken over.
@@ -437,13 +489,12 @@ async fn a_damaged_hand_off_is_set_aside_and_the_good_ones_adopted() {
     support::stores::put_object(
         &moto.endpoint(),
         BUCKET,
-        "handoff/pending/0000-bad-3.cho",
+        "handoff/pending/00000000000000000000000000000000-3.cho",
         b"CHO1 not a hand-off at all",
     );
     let b = start(dir_b.path(), &config(&rx, "1s", "5s"), &moto.endpoint()).await;
     all_delivered(&[&b], &seen, 20).await;
-    b.wait_for_log("cannot adopt a damaged hand-off: moved aside", PROMPT)
-        .await;
+    b.wait_for_log("moved aside for an operator", PROMPT).await;
     let pending = support::stores::objects_at(&moto.endpoint(), BUCKET, "handoff/pending/");
     check!(
         b,
@@ -455,7 +506,7 @@ async fn a_damaged_hand_off_is_set_aside_and_the_good_ones_adopted() {
     check_eq!(
         b,
         damaged.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>(),
-        ["handoff/damaged/0000-bad-3.cho"],
+        ["handoff/damaged/00000000000000000000000000000000-3.cho"],
         "set aside whole, for an operator"
     );
 }

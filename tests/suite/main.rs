@@ -33,6 +33,7 @@ mod docs;
 mod edges;
 mod fuzz_corpus;
 mod handoff;
+mod handoff_trust;
 mod headers_config;
 mod health;
 mod history;

@@ -196,6 +196,25 @@ pub fn put_object(endpoint: &str, bucket: &str, key: &str, bytes: &[u8]) {
     check_with("s3_objects.py", &["--put", endpoint, bucket, key], bytes);
 }
 
+/// Stores each file at its key (`[(key, file)]`), in one boto3 session.
+pub fn put_files(endpoint: &str, bucket: &str, files: &[(String, std::path::PathBuf)]) {
+    let manifest = serde_json::to_vec(files).expect("a manifest");
+    check_with(
+        "s3_objects.py",
+        &["--put-many", endpoint, bucket],
+        &manifest,
+    );
+}
+
+/// The keys under `bucket/prefix`, with their sizes, without reading them.
+pub fn keys_at(endpoint: &str, bucket: &str, prefix: &str) -> Vec<(String, u64)> {
+    let out = check_with("s3_objects.py", &["--keys", endpoint, bucket, prefix], b"");
+    by_name("s3_objects.py", &out)
+        .into_iter()
+        .map(|(k, size)| (k, size.parse().unwrap_or_default()))
+        .collect()
+}
+
 /// The environment courier reads an S3 store from (docs/object-storage.md).
 pub fn s3_env(endpoint: &str) -> Vec<(&'static str, String)> {
     vec![
