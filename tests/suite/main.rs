@@ -48,6 +48,7 @@ mod passthrough;
 mod pauses;
 mod publishers;
 mod regressions;
+mod release;
 mod reload;
 mod resources;
 mod schemas;
