@@ -126,6 +126,8 @@ enum DeadLetterCommand {
     List {
         #[arg(long)]
         destination: Option<String>,
+        /// Records on the page (default 100); `more: add --after …` says
+        /// when there are more.
         #[arg(long, default_value_t = 100)]
         limit: usize,
         /// NonRetriableStatus, MaxDeliveryAttemptsExceeded or TimeToLiveExceeded.
@@ -140,6 +142,10 @@ enum DeadLetterCommand {
         /// List oldest first.
         #[arg(long)]
         oldest_first: bool,
+        /// The cursor a previous page printed, for the page after it (with
+        /// the same filters and order).
+        #[arg(long)]
+        after: Option<String>,
     },
     /// Show one record (the newest with that id).
     Show {
@@ -337,6 +343,7 @@ async fn dead_letters_call(
             since,
             until,
             oldest_first,
+            after,
         } => {
             let order = oldest_first.then(|| "oldest".to_string());
             let filters = [
@@ -346,11 +353,24 @@ async fn dead_letters_call(
                 ("until", until),
                 ("order", order),
             ];
-            let items = client::list(&client, &filters, limit).await?;
+            let page = client::list(&client, &filters, limit, after).await?;
             if json {
-                return Ok(pretty(&json!({ "dead_letters": items })));
+                return Ok(pretty(&json!(page)));
             }
-            o.push_str(&client::table(&items));
+            o.push_str(&client::table(&page.dead_letters));
+            if page.unreadable_lines > 0 {
+                let _ = writeln!(
+                    o,
+                    "{} lines of the sink's files are not records and were passed over",
+                    page.unreadable_lines
+                );
+            }
+            if let Some(next) = page.next {
+                let _ = writeln!(
+                    o,
+                    "more dead letters: add --after {next} (with the same filters) for the next page"
+                );
+            }
         }
         DeadLetterCommand::Show { destination, id } => {
             let path = format!(

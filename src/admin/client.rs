@@ -211,20 +211,28 @@ pub fn segment(s: &str) -> String {
     percent_encoding::utf8_percent_encode(s, SEGMENT).to_string()
 }
 
-/// Follows `next` until `limit` records are listed or none are left.
+/// One page of up to `limit` records from the cursor `after`, as the API
+/// gives it: the API's pages hold at most 1000, so a larger `limit`
+/// follows `next` until it is listed or none are left. The page's `next`
+/// is the cursor after its last record (what `--after` takes) and
+/// `unreadable_lines` counts over every API page read.
 pub async fn list(
     client: &AdminClient,
     filters: &[(&str, Option<String>)],
     limit: usize,
-) -> Result<Vec<DeadLetterItem>, CliError> {
-    let mut out = Vec::new();
-    let mut after: Option<String> = None;
+    after: Option<String>,
+) -> Result<super::api::DeadLetterPage, CliError> {
+    let mut out = super::api::DeadLetterPage {
+        dead_letters: Vec::new(),
+        next: after,
+        unreadable_lines: 0,
+    };
     // Bounded: every page but the last adds at least one record.
     for _ in 0..=limit {
-        let want = (limit - out.len()).min(1000);
+        let want = (limit - out.dead_letters.len()).min(1000);
         let mut pairs = filters.to_vec();
         pairs.push(("limit", Some(want.to_string())));
-        pairs.push(("after", after.clone()));
+        pairs.push(("after", out.next.take()));
         let page: super::api::DeadLetterPage = client
             .call_as(
                 Method::GET,
@@ -232,13 +240,13 @@ pub async fn list(
                 None,
             )
             .await?;
-        out.extend(page.dead_letters);
-        after = page.next;
-        if after.is_none() || out.len() >= limit {
+        out.dead_letters.extend(page.dead_letters);
+        out.unreadable_lines += page.unreadable_lines;
+        out.next = page.next;
+        if out.next.is_none() || out.dead_letters.len() >= limit {
             break;
         }
     }
-    out.truncate(limit);
     Ok(out)
 }
 

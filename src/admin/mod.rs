@@ -56,11 +56,13 @@ fn answer(a: dead_letters::Answer) -> Response<Body> {
 impl Admin {
     pub async fn handle(self: &Arc<Self>, req: Request<Incoming>) -> Response<Body> {
         let path = req.uri().path().to_string();
-        if let Some(refused) = self.refuse_browsers(&req) {
-            return refused;
-        }
+        // The token first (docs/http-api.md): a caller without it learns
+        // nothing, not even which of the browser rules it broke.
         if let Some(denied) = self.deny(&req) {
             return denied;
+        }
+        if let Some(refused) = self.refuse_browsers(&req) {
+            return refused;
         }
         let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
         match (req.method(), segments.as_slice()) {
@@ -144,7 +146,8 @@ impl Admin {
 
     /// With a token configured, every call but the probes and the scrape
     /// needs it, reads included: dead letters hold the app's bodies and
-    /// headers. Checked before routing, so that nothing about the API is
+    /// headers. Checked before anything else, routing, the browser rules
+    /// and the content type included, so that nothing about the API is
     /// learnt without it.
     fn deny(&self, req: &Request<Incoming>) -> Option<Response<Body>> {
         let settings = self.settings.load();

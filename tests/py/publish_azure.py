@@ -6,7 +6,10 @@ not what Event Grid answers, `send` raises and this exits non-zero.
 usage: publish_azure.py ENDPOINT KEY CREDENTIAL KIND ID...
   CREDENTIAL: key (AzureKeyCredential, sent as aeg-sas-key) or
               sas (AzureSasCredential from generate_sas, aeg-sas-token)
-  KIND: eventgrid (EventGridEvent) or cloudevent (CloudEvent)
+  KIND: eventgrid (EventGridEvent), cloudevent (CloudEvent), or
+        eventgrid-no-data (EventGridEvent(data=None): the SDK leaves `data`
+        out) and eventgrid-no-version (data_version=None: it leaves
+        `dataVersion` out), the fields Event Grid's schema makes optional
 Prints one line, `sent N`.
 """
 
@@ -27,13 +30,17 @@ def main():
         cred = AzureSasCredential(generate_sas(endpoint, key, expiry))
     else:
         sys.exit(f"unknown credential {credential!r}")
-    if kind == "eventgrid":
+    if kind.startswith("eventgrid"):
+        data = lambda i: None if kind == "eventgrid-no-data" else {"order": i}
+        version = None if kind == "eventgrid-no-version" else "1.0"
+        if kind not in ("eventgrid", "eventgrid-no-data", "eventgrid-no-version"):
+            sys.exit(f"unknown kind {kind!r}")
         events = [
             EventGridEvent(
                 subject=f"/orders/{i}",
                 event_type="Shop.OrderCreated",
-                data={"order": i},
-                data_version="1.0",
+                data=data(i),
+                data_version=version,
                 id=i,
             )
             for i in ids

@@ -156,6 +156,65 @@ async fn every_v1_call_needs_the_bearer_token_and_the_probes_do_not() {
     check!(c, !logs.contains(TOKEN), "the token appears in the logs");
 }
 
+/// Without the token, 401 comes before anything else (docs/http-api.md):
+/// a bodiless `POST` without a content type, a foreign `Origin` and a
+/// `Host` that is not allowed are all 401, not 415 or 403; with the token
+/// those rules answer as before.
+#[tokio::test]
+async fn the_token_is_checked_before_the_content_type_and_the_browser_rules() {
+    let rx = Receiver::ok().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let c = Courier::start_with_env(
+        support::courier_bin(),
+        dir.path(),
+        &with_token(&rx.url()),
+        &[("TEST_ADMIN_TOKEN", TOKEN)],
+    )
+    .await;
+    let pause = format!("{}/v1/destinations/orders/pause", c.admin_url());
+    let bearer = format!("Bearer {TOKEN}");
+    let auth = ("authorization", bearer.as_str());
+    // Headers, then the answer with the token and its reason.
+    type Case<'a> = (&'a [(&'a str, &'a str)], u16, &'a str);
+    let cases: [Case; 3] = [
+        (&[], 415, "not_json"),
+        (
+            &[
+                ("content-type", "application/json"),
+                ("origin", "http://evil.example"),
+            ],
+            403,
+            "cross_origin",
+        ),
+        (
+            &[
+                ("content-type", "application/json"),
+                ("host", "evil.example"),
+            ],
+            403,
+            "host_not_allowed",
+        ),
+    ];
+    for (headers, with_token, reason) in cases {
+        let resp = request(Method::POST, &pause, "", headers).await;
+        check_eq!(c, resp.status, 401, "{headers:?}: {}", resp.text());
+        check_eq!(c, resp.json()["reason"], "unauthorized", "{}", resp.text());
+        let mut authorized = headers.to_vec();
+        authorized.push(auth);
+        let resp = request(Method::POST, &pause, "", &authorized).await;
+        check_eq!(
+            c,
+            resp.status,
+            with_token,
+            "{authorized:?}: {}",
+            resp.text()
+        );
+        check_eq!(c, resp.json()["reason"], reason, "{}", resp.text());
+    }
+    // None of them paused the destination.
+    check_eq!(c, state(&c).await, "healthy");
+}
+
 #[tokio::test]
 async fn a_pod_address_without_a_token_refuses_to_start() {
     let dir = tempfile::tempdir().expect("tempdir");

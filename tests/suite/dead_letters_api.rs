@@ -320,7 +320,13 @@ async fn a_listing_of_a_thousand_records_pages_each_once_and_the_cli_prints_a_ta
     let out = cli(&c, &["list", "--destination", "orders", "--limit", "5"]).await;
     check!(c, out.success(), "{}", out.show());
     let lines: Vec<&str> = out.stdout.lines().collect();
-    check_eq!(c, lines.len(), 6, "{}", out.show());
+    check_eq!(c, lines.len(), 7, "head, 5 rows, the hint: {}", out.show());
+    check!(
+        c,
+        lines[6].starts_with("more dead letters: add --after "),
+        "{}",
+        out.show()
+    );
     check!(
         c,
         lines[0].starts_with("ID") && lines[0].contains("DEAD-LETTERED AT"),
@@ -340,6 +346,7 @@ async fn a_listing_of_a_thousand_records_pages_each_once_and_the_cli_prints_a_ta
         out.json()["dead_letters"].as_array().map(Vec::len),
         Some(1000)
     );
+    check_eq!(c, out.json()["next"], Value::Null, "{}", out.show());
 
     // Replayed while the endpoint still answers 400, each is dead-lettered
     // again during the replay: one replay of `all` takes the 1,000 there
@@ -577,4 +584,93 @@ async fn a_destination_removed_from_the_config_cannot_be_replayed_to() {
         1,
         "the record is kept"
     );
+}
+
+/// The cursor of a `courier dead-letters list` page's hint
+/// (`more dead letters: add --after CURSOR …`), if it printed one.
+fn hint_cursor(out: &CliOutput) -> Option<String> {
+    let hint = out
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("more dead letters: add --after "))?;
+    hint.split_whitespace()
+        .skip_while(|w| *w != "--after")
+        .nth(1)
+        .map(String::from)
+}
+
+/// The table's ids (its first column, under the `ID` head).
+fn table_ids(out: &CliOutput) -> Vec<String> {
+    out.stdout
+        .lines()
+        .skip(1)
+        .take_while(|l| !l.starts_with("more dead letters"))
+        .filter_map(|l| l.split_whitespace().next().map(String::from))
+        .collect()
+}
+
+/// `courier dead-letters list` pages as `courier events list` does: 25
+/// records with `--limit 10` are three pages, each record listed once,
+/// every page but the last ending with `more dead letters: add --after …`,
+/// whose cursor gives the next; `--json` prints the API's page whole
+/// (`dead_letters`, `next`, `unreadable_lines`), and its `next` pages on
+/// the same way.
+#[tokio::test]
+async fn the_cli_pages_dead_letters_with_after_and_its_json_keeps_next() {
+    let rx = Receiver::start(behavior(|_, _| Reply::status(400))).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let c = Courier::start(dir.path(), &config("orders", &rx.url(), "")).await;
+    for i in 0..25 {
+        let id = format!("p{i:02}");
+        let resp = post(&c.url("orders"), "{}", &[("Idempotency-Key", id.as_str())]).await;
+        check_eq!(c, resp.status, 202, "{id}: {}", resp.text());
+    }
+    wait_dead_letters(&c, "orders", 25, PROMPT).await;
+    let want: HashSet<String> = (0..25).map(|i| format!("p{i:02}")).collect();
+
+    let mut seen = Vec::new();
+    let mut pages = Vec::new();
+    let mut after: Option<String> = None;
+    for _ in 0..4 {
+        let mut args = vec!["list", "--destination", "orders", "--limit", "10"];
+        if let Some(a) = &after {
+            args.extend(["--after", a.as_str()]);
+        }
+        let out = cli(&c, &args).await;
+        check!(c, out.success(), "{}", out.show());
+        let ids = table_ids(&out);
+        pages.push(ids.len());
+        seen.extend(ids);
+        after = hint_cursor(&out);
+        if after.is_none() {
+            break;
+        }
+    }
+    check_eq!(c, pages, [10, 10, 5], "{seen:?}");
+    check_eq!(c, seen.len(), 25, "each record once: {seen:?}");
+    check_eq!(c, seen.into_iter().collect::<HashSet<_>>(), want);
+
+    let mut seen = Vec::new();
+    let mut after: Option<String> = None;
+    for page in 0..3 {
+        let mut args = vec!["--json", "list", "--limit", "10"];
+        if let Some(a) = &after {
+            args.extend(["--after", a.as_str()]);
+        }
+        let out = cli(&c, &args).await;
+        check!(c, out.success(), "{}", out.show());
+        let v = out.json();
+        check_eq!(c, v["unreadable_lines"], 0, "{v}");
+        let items = v["dead_letters"].as_array().cloned().unwrap_or_default();
+        seen.extend(
+            items
+                .iter()
+                .filter_map(|i| i["id"].as_str().map(String::from)),
+        );
+        after = v["next"].as_str().map(String::from);
+        check_eq!(c, after.is_some(), page < 2, "page {page}: {v}");
+        check!(c, v.get("next").is_some(), "no `next` key: {v}");
+    }
+    check_eq!(c, seen.len(), 25, "each record once: {seen:?}");
+    check_eq!(c, seen.into_iter().collect::<HashSet<_>>(), want);
 }

@@ -13,7 +13,7 @@ use support::{Courier, Receiver, Reply, behavior, client, run_cli};
 
 /// A small tmpfs, unmounted on drop. Mounting needs root, so these tests
 /// are `#[ignore]`d in a plain `cargo test` (which lists them as ignored,
-/// with the reason) and run by `.ci/run` as root with `-- --ignored disk::`;
+/// with the reason) and run by `.ci/test` as root with `-- --ignored disk::`;
 /// there a failed mount fails the test, never passes it unrun.
 struct SmallDisk(PathBuf);
 
@@ -204,7 +204,7 @@ async fn all_delivered(s: &Setup, acked: &HashSet<String>) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "mounts a tmpfs, so needs root: .ci/run runs it with -- --ignored disk::"]
+#[ignore = "mounts a tmpfs, so needs root: .ci/test runs it as root with -- --ignored disk::"]
 async fn a_full_disk_gets_507_and_courier_recovers_by_itself_losing_nothing() {
     let mut s = setup("8m").await;
     let mut acked = HashSet::new();
@@ -255,7 +255,7 @@ async fn a_full_disk_gets_507_and_courier_recovers_by_itself_losing_nothing() {
 /// SIGTERM on a full disk keeps to its grace and loses nothing: the next
 /// start, once there is room, delivers every acknowledged event.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "mounts a tmpfs, so needs root: .ci/run runs it with -- --ignored disk::"]
+#[ignore = "mounts a tmpfs, so needs root: .ci/test runs it as root with -- --ignored disk::"]
 async fn sigterm_on_a_full_disk_exits_within_its_grace() {
     let mut s = setup("8m").await;
     let mut acked = HashSet::new();
@@ -277,7 +277,7 @@ async fn sigterm_on_a_full_disk_exits_within_its_grace() {
 /// backlog's WAL frames could then not be checkpointed into journal.db, and
 /// no delivery could be recorded.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "mounts a tmpfs, so needs root: .ci/run runs it with -- --ignored disk::"]
+#[ignore = "mounts a tmpfs, so needs root: .ci/test runs it as root with -- --ignored disk::"]
 async fn a_disk_filled_by_the_backlog_opens_again_once_it_is_delivered() {
     let s = setup("8m").await;
     let mut acked = HashSet::new();

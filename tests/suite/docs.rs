@@ -558,9 +558,31 @@ fn the_readme_is_short_and_starts_with_the_two_commands() {
     );
     let head: String = readme.lines().take(30).collect::<Vec<_>>().join("\n");
     assert!(
-        head.contains("run -c config.example.yaml") && head.contains("cargo test --release"),
+        head.contains("run -c config.example.yaml") && head.contains("\n.ci/test "),
         "the first lines give the run and test commands:\n{head}"
     );
+}
+
+/// The README's test command is the one script CI runs too, and it runs
+/// both halves of the suite, the second even when the first failed.
+#[test]
+fn ci_runs_the_readmes_test_script_which_runs_both_halves() {
+    let ci = read(".ci/run");
+    assert!(
+        ci.lines().any(|l| l.trim() == ".ci/test"),
+        ".ci/run does not call .ci/test:\n{ci}"
+    );
+    let script = read(".ci/test");
+    for command in [
+        "cargo test --release || status=1",
+        "cargo test --release --test suite -- --ignored disk:: || status=1",
+        "exit $status",
+    ] {
+        assert!(
+            script.contains(command),
+            ".ci/test lacks `{command}`:\n{script}"
+        );
+    }
 }
 
 #[test]

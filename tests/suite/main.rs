@@ -49,6 +49,7 @@ mod passthrough;
 mod pauses;
 mod publishers;
 mod regressions;
+mod release;
 mod reload;
 mod resources;
 mod schemas;

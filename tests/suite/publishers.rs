@@ -529,3 +529,53 @@ async fn the_node_sdk_publishes_with_insecure_connections_allowed_and_reads_ever
     let read = consumers_accept(&c, &ce, "cloudevents");
     check!(c, read.iter().all(|e| e["id"] == "c-1"), "{read:?}");
 }
+
+/// Event Grid's optional fields, from the Python SDK's own objects:
+/// `EventGridEvent(data=None)` (the SDK leaves `data` out) and one with
+/// `data_version=None` (it leaves `dataVersion` out) are accepted, where
+/// they were refused with 400, and delivered as Event Grid delivers them:
+/// `"data": null` and `"dataVersion": ""` (with an empty
+/// `aeg-data-version`), which both SDKs' consumer parsers read. An event
+/// without what Event Grid requires (`eventTime`) is still refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_python_sdks_events_without_data_or_data_version_are_delivered_as_event_grid_stamps_them()
+ {
+    let (rx, open) = receiver().await;
+    open.store(true, Ordering::SeqCst);
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let c = Courier::start(tmp.path(), &config(&rx.url(), "")).await;
+
+    for (kind, ids) in [
+        ("eventgrid-no-data", &["nd-1", "nd-2"][..]),
+        ("eventgrid-no-version", &["nv-1"][..]),
+    ] {
+        let out = publish(&c, "eg", KEY, "key", kind, ids).await;
+        check!(c, out.status.success(), "SDK send {kind}: {}", show(&out));
+    }
+    let no_time = serde_json::json!([{
+        "id": "t-1", "subject": "/s", "eventType": "T", "data": {}, "dataVersion": "1",
+    }]);
+    let resp = post(&c.url("eg"), no_time.to_string(), &[]).await;
+    check_eq!(c, resp.status, 400, "{}", resp.text());
+    check!(c, resp.text().contains("eventTime"), "{}", resp.text());
+
+    let got = requests(&c, &rx, 3, PROMPT).await;
+    quiet(&c, &rx, 3, Duration::from_millis(300)).await;
+    check_eq!(c, ids_of(&got), ["nd-1", "nd-2", "nv-1"]);
+    for r in &got {
+        event_grid_headers(&c, r, "EG");
+        not_the_publishers(&c, r);
+        let e = &r.json()[0];
+        let id = e["id"].as_str().unwrap_or_default();
+        let (data, version) = if id.starts_with("nd") {
+            (serde_json::Value::Null, "1.0")
+        } else {
+            (serde_json::json!({ "order": id }), "")
+        };
+        check_eq!(c, e["data"], data, "{e}");
+        check_eq!(c, e["dataVersion"], version, "{e}");
+        check_eq!(c, r.header("aeg-data-version"), Some(version), "{id}");
+    }
+    let read = consumers_accept(&c, &got, "eventgrid");
+    check_eq!(c, read.len(), 3, "{read:?}");
+}

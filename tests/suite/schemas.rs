@@ -116,24 +116,20 @@ async fn eventgrid_refusals_name_event_and_field_and_store_nothing() {
     let c = Courier::start(dir.path(), &config(&rx.url())).await;
     let json_ct = [("content-type", "application/json")];
 
-    for field in [
-        "id",
-        "subject",
-        "eventType",
-        "eventTime",
-        "data",
-        "dataVersion",
-    ] {
+    // `data` and `dataVersion` may be left out, as in Event Grid's schema
+    // (publishers.rs delivers such events); a `dataVersion` given must be
+    // a string.
+    for field in ["id", "subject", "eventType", "eventTime"] {
         let mut bad = eg_event("e2");
         bad.as_object_mut().expect("object").remove(field);
         let body = json!([eg_event("e0"), eg_event("e1"), bad]).to_string();
         refused(&c, "eg", &body, &json_ct, 400, Some(2), Some(field)).await;
-        if field != "data" {
-            let mut bad = eg_event("e1");
-            bad[field] = json!(42);
-            let body = json!([eg_event("e0"), bad]).to_string();
-            refused(&c, "eg", &body, &[], 400, Some(1), Some(field)).await;
-        }
+    }
+    for field in ["id", "subject", "eventType", "eventTime", "dataVersion"] {
+        let mut bad = eg_event("e1");
+        bad[field] = json!(42);
+        let body = json!([eg_event("e0"), bad]).to_string();
+        refused(&c, "eg", &body, &[], 400, Some(1), Some(field)).await;
     }
     let mut bad_time = eg_event("e0");
     bad_time["eventTime"] = json!("last tuesday");
@@ -177,8 +173,8 @@ async fn eventgrid_refusals_name_event_and_field_and_store_nothing() {
         "courier_ingress_rejected_total{destination=\"eg\",reason=\"invalid_event\"}",
     )
     .await;
-    // 6 missing + 5 mistyped fields, a bad eventTime, an empty array.
-    check_eq!(c, rejected, 13.0, "invalid_event rejections");
+    // 4 missing + 5 mistyped fields, a bad eventTime, an empty array.
+    check_eq!(c, rejected, 11.0, "invalid_event rejections");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

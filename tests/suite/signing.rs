@@ -270,3 +270,100 @@ async fn from_event_headers_come_from_the_json_body_and_are_left_out_when_missin
         check!(c, !c.logs().contains(secret), "{secret} is in the logs");
     }
 }
+
+/// The `python` block of docs/signatures.md that defines `verify_bytes`.
+fn doc_snippet() -> String {
+    let page = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/signatures.md"))
+        .expect("read docs/signatures.md");
+    page.split("```python\n")
+        .skip(1)
+        .filter_map(|block| block.split("```").next())
+        .find(|code| code.contains("def verify_bytes"))
+        .expect("docs/signatures.md shows verify_bytes")
+        .to_string()
+}
+
+/// Runs the doc's `verify_bytes` on each request (`wire` shape) with
+/// `secret`; returns its answers.
+fn verify_by_hand(reqs: &[Value], secret: &str) -> Vec<bool> {
+    use std::io::Write;
+    let driver = r#"
+import json, sys
+spec = json.load(sys.stdin)
+print(json.dumps([verify_bytes(spec["secret"], r["headers"], base64.b64decode(r["body_b64"])) for r in spec["requests"]]))
+"#;
+    let mut script = tempfile::NamedTempFile::new().expect("temp file");
+    script
+        .write_all(format!("{}{driver}", doc_snippet()).as_bytes())
+        .expect("write the script");
+    let input = json!({"secret": secret, "requests": reqs}).to_string();
+    let mut child = std::process::Command::new(support::python::python())
+        .arg(script.path())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start python");
+    if let Some(mut stdin) = child.stdin.take() {
+        stdin.write_all(input.as_bytes()).expect("write stdin");
+    }
+    let out = child.wait_with_output().expect("wait for python");
+    assert!(
+        out.status.success(),
+        "the doc's snippet failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("a JSON list of answers")
+}
+
+/// A body that is not UTF-8 (docs/signatures.md): courier signs its bytes
+/// and the page's `verify_bytes` snippet, HMAC-SHA256 by hand with no
+/// library, verifies it with either rotation secret and refuses a changed
+/// byte or a stranger's secret, while the reference `standardwebhooks`
+/// library raises on the same request, as the page says.
+#[tokio::test]
+async fn a_body_that_is_not_utf8_verifies_by_hand_as_the_signatures_page_shows() {
+    // A PNG signature, then bytes no UTF-8 decoder takes (0xff, 0x80).
+    const BODY: &[u8] = b"\x89PNG\r\n\x1a\n\xff\xfe\x00binary \x80\xc3(";
+    let dir = tempfile::tempdir().expect("temp dir");
+    let rx = Receiver::ok().await;
+    let yaml = config(
+        "orders",
+        &rx.url(),
+        "signing: { secrets_from_env: [OLD_WHSEC, NEW_WHSEC] }",
+    );
+    let c = start(dir.path(), &yaml, &[("OLD_WHSEC", OLD), ("NEW_WHSEC", NEW)]).await;
+    accept(
+        &c,
+        BODY,
+        &[
+            ("idempotency-key", "bin-1"),
+            ("content-type", "application/octet-stream"),
+        ],
+    )
+    .await;
+    let got = requests(&c, &rx, 1, PROMPT).await;
+    check_eq!(c, &got[0].body[..], BODY, "the body changed on the way");
+    let exact = wire(&got[0], &got[0].body);
+    let mut body = got[0].body.to_vec();
+    body[9] ^= 0x01;
+    let tampered = wire(&got[0], &body);
+
+    for secret in [OLD, NEW] {
+        let answers = verify_by_hand(&[exact.clone(), tampered.clone()], secret);
+        check_eq!(c, answers, [true, false], "secret {secret}");
+    }
+    check_eq!(
+        c,
+        verify_by_hand(std::slice::from_ref(&exact), STRANGER),
+        [false]
+    );
+    let library = verify(&[exact], &[OLD]);
+    match &library[0][0] {
+        Err(e) => check!(c, e.contains("UnicodeDecodeError"), "{e}"),
+        Ok(()) => fail!(
+            c,
+            "standardwebhooks verified a non-UTF-8 body: the page is out of date"
+        ),
+    }
+}

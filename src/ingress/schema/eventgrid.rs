@@ -1,15 +1,19 @@
 //! The Event Grid schema: the body is one event or an array of events, as
 //! in Event Grid's publish API. Each event needs `id`, `subject`,
-//! `eventType`, `eventTime`, `data` and `dataVersion`; `topic` and
-//! `metadataVersion` are optional, and any other field is kept.
+//! `eventType` and `eventTime`; `data`, `dataVersion`, `topic` and
+//! `metadataVersion` are optional, as Event Grid's event schema has them
+//! (Azure's Python SDK leaves `data` out when it is `None`), and any other
+//! field is kept.
 //!
-//! Event Grid fills `topic` and `metadataVersion: "1"` in what it delivers,
-//! and receivers rely on them (the Node SDK's `EventGridDeserializer`
-//! refuses an event without them). So an event that lacks one gets it here,
+//! Event Grid fills `topic`, `metadataVersion: "1"` and an empty
+//! `dataVersion` in what it delivers, and receivers rely on them and on
+//! `data` (the Node SDK's `EventGridDeserializer` refuses an event without
+//! any of the four; the Python SDK's model marks `data` and `dataVersion`
+//! required). So an event that lacks one gets it here, `data` as `null`,
 //! before the journal: every attempt, dead letter and replay then shows the
 //! same event, and a topic's copies all carry the topic's name. A field the
-//! publisher set is never changed, and an event that has both keeps the
-//! app's bytes.
+//! publisher set is never changed, and an event that has them all keeps
+//! the app's bytes.
 
 use super::fields::{Fields, object};
 use super::{Event, SchemaError, essence, raw_events, slice_of};
@@ -22,6 +26,10 @@ use serde_json::value::RawValue;
 const ACCEPTED: &str = "application/json (or no Content-Type)";
 
 const METADATA_VERSION: &[u8] = br#""metadataVersion":"1","#;
+/// What Event Grid delivers for a `dataVersion` left out: an empty one.
+const DATA_VERSION: &[u8] = br#""dataVersion":"","#;
+/// What a receiver's parser needs for `data` left out.
+const DATA: &[u8] = br#""data":null,"#;
 
 /// The events of one request; `topic` is the route's Event Grid topic,
 /// given to events that name none.
@@ -46,8 +54,8 @@ pub fn parse(headers: &HeaderMap, body: &Bytes, topic: &str) -> Result<Vec<Event
         let event_type = f.string("eventType")?.to_string();
         let time = f.string("eventTime")?;
         f.time("eventTime", time)?;
-        f.present("data")?;
-        f.string("dataVersion")?;
+        let has_data = f.map.contains_key("data");
+        let has_data_version = f.optional_text("dataVersion")?.is_some();
         let has_topic = f.optional("topic")?.is_some();
         let has_version = match f.optional("metadataVersion")? {
             Some("1") => true,
@@ -59,12 +67,14 @@ pub fn parse(headers: &HeaderMap, body: &Bytes, topic: &str) -> Result<Vec<Event
             }
             None => false,
         };
-        if !(has_topic && has_version) {
+        if !(has_topic && has_version && has_data && has_data_version) {
             lacking.push(Lacks {
                 index,
                 raw,
                 topic: !has_topic,
                 version: !has_version,
+                data: !has_data,
+                data_version: !has_data_version,
             });
         }
         events.push(Event {
@@ -78,12 +88,35 @@ pub fn parse(headers: &HeaderMap, body: &Bytes, topic: &str) -> Result<Vec<Event
     Ok(events)
 }
 
-/// An event without `topic` or `metadataVersion`, as received.
+/// An event without `topic`, `metadataVersion`, `data` or `dataVersion`,
+/// as received.
 struct Lacks<'a> {
     index: usize,
     raw: &'a RawValue,
     topic: bool,
     version: bool,
+    data: bool,
+    data_version: bool,
+}
+
+impl Lacks<'_> {
+    /// The fields to write at the front of the object (empty where the
+    /// event has its own), `topic_field` being the route's `topic`.
+    fn stamps<'s>(&self, topic_field: &'s [u8]) -> [&'s [u8]; 4] {
+        let pick = |lacks: bool, field: &'s [u8]| if lacks { field } else { &[][..] };
+        [
+            pick(self.topic, topic_field),
+            pick(self.version, METADATA_VERSION),
+            pick(self.data, DATA),
+            pick(self.data_version, DATA_VERSION),
+        ]
+    }
+
+    /// The event's length once stamped.
+    fn len(&self, topic_field: &[u8]) -> usize {
+        let stamps = self.stamps(topic_field);
+        self.raw.get().len() + stamps.iter().map(|s| s.len()).sum::<usize>()
+    }
 }
 
 /// Writes the fields each lacking event needs at the front of its object,
@@ -94,29 +127,22 @@ fn fill(events: &mut [Event], lacking: &[Lacks], topic: &str) {
         return;
     }
     let topic_field = format!("\"topic\":{},", serde_json::Value::from(topic));
-    let len = |l: &Lacks| {
-        l.raw.get().len()
-            + if l.topic { topic_field.len() } else { 0 }
-            + if l.version { METADATA_VERSION.len() } else { 0 }
-    };
-    let mut buf = BytesMut::with_capacity(lacking.iter().map(len).sum());
+    let topic_field = topic_field.as_bytes();
+    let mut buf = BytesMut::with_capacity(lacking.iter().map(|l| l.len(topic_field)).sum());
     for l in lacking {
         // A RawValue holds no surrounding whitespace, and parsed as an
         // object it opens with `{` and has fields (the required ones), so
         // a field and its comma go right after the brace.
         let (brace, fields) = l.raw.get().as_bytes().split_at(1);
         buf.put_slice(brace);
-        if l.topic {
-            buf.put_slice(topic_field.as_bytes());
-        }
-        if l.version {
-            buf.put_slice(METADATA_VERSION);
+        for stamp in l.stamps(topic_field) {
+            buf.put_slice(stamp);
         }
         buf.put_slice(fields);
     }
     let mut filled = buf.freeze();
     for l in lacking {
-        events[l.index].body = filled.split_to(len(l));
+        events[l.index].body = filled.split_to(l.len(topic_field));
     }
 }
 
@@ -215,14 +241,7 @@ mod tests {
 
     #[test]
     fn every_required_field_missing_is_named_with_its_index() {
-        for field in [
-            "id",
-            "subject",
-            "eventType",
-            "eventTime",
-            "data",
-            "dataVersion",
-        ] {
+        for field in ["id", "subject", "eventType", "eventTime"] {
             let mut bad = event("e3");
             bad.as_object_mut().expect("object").remove(field);
             let list = json!([event("e0"), event("e1"), event("e2"), bad]);
@@ -272,6 +291,11 @@ mod tests {
             }
             let mut empty = event("e0");
             empty[field] = json!("");
+            if field == "dataVersion" {
+                // What Event Grid itself delivers when none was given.
+                assert!(parse_json(&empty).is_ok());
+                continue;
+            }
             let (index, named, problem) = field_error(parse_json(&empty));
             assert_eq!((index, named.as_str()), (0, field));
             assert_eq!(problem, Problem::Empty(field.into()));
@@ -279,7 +303,7 @@ mod tests {
     }
 
     #[test]
-    fn data_may_be_any_json_but_must_be_present() {
+    fn data_may_be_any_json() {
         for data in [
             json!(null),
             json!("text"),
@@ -290,6 +314,57 @@ mod tests {
             let mut ok = event("e0");
             ok["data"] = data;
             assert!(parse_json(&ok).is_ok());
+        }
+    }
+
+    /// As Event Grid's schema has them: an event without `data` (the
+    /// Python SDK's `EventGridEvent(data=None)`) or `dataVersion` is taken,
+    /// and gets `"data": null` and `"dataVersion": ""` for its receivers;
+    /// one that has them keeps its own, `null` and `""` included.
+    #[test]
+    fn data_and_data_version_left_out_are_stamped_null_and_empty() {
+        let without = |fields: &[&str]| {
+            let mut e = event("e0");
+            e["topic"] = json!("/theirs");
+            e["metadataVersion"] = json!("1");
+            for f in fields {
+                e.as_object_mut().expect("object").remove(*f);
+            }
+            e
+        };
+        let list = json!([
+            without(&["data"]),
+            without(&["dataVersion"]),
+            without(&["data", "dataVersion", "topic"]),
+            without(&[]),
+        ]);
+        let body = Bytes::from(list.to_string());
+        let events = parse(&HeaderMap::new(), &body, "/courier/t").expect("valid");
+        let read: Vec<Value> = events
+            .iter()
+            .map(|e| serde_json::from_slice(&e.body).expect("still JSON"))
+            .collect();
+        let with = |mut e: Value, data: Value, version: &str| {
+            e["data"] = data;
+            e["dataVersion"] = json!(version);
+            e
+        };
+        assert_eq!(read[0], with(without(&[]), json!(null), "1.0"));
+        assert_eq!(read[1], with(without(&[]), json!({"order": 1}), ""));
+        let mut all = with(without(&[]), json!(null), "");
+        all["topic"] = json!("/courier/t");
+        assert_eq!(read[2], all);
+        assert_eq!(read[3], without(&[]));
+        let inside = |e: &Event| {
+            let at = e.body.as_ptr() as usize;
+            (body.as_ptr() as usize..body.as_ptr() as usize + body.len()).contains(&at)
+        };
+        assert!(inside(&events[3]), "a whole event keeps the app's bytes");
+        assert!(!inside(&events[0]) && !inside(&events[1]));
+        // Stamped once: a stamped event reads back as itself.
+        for e in &events {
+            let again = parse(&HeaderMap::new(), &e.body, "/other").expect("valid");
+            assert_eq!(again[0].body, e.body);
         }
     }
 

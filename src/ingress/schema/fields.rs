@@ -80,12 +80,19 @@ impl<'a> Fields<'a> {
         }
     }
 
-    /// Requires `name` to be present, whatever its JSON value.
-    pub fn present(&self, name: &str) -> Result<(), SchemaError> {
-        if self.map.contains_key(name) {
-            Ok(())
-        } else {
-            Err(self.error(name, Problem::Missing(name.into())))
+    /// An optional string that may be empty (Event Grid's `dataVersion`,
+    /// which Event Grid itself stamps empty).
+    pub fn optional_text(&self, name: &str) -> Result<Option<&'a str>, SchemaError> {
+        match self.map.get(name) {
+            None => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s)),
+            Some(_) => Err(self.error(
+                name,
+                Problem::Type {
+                    field: name.into(),
+                    expected: "a string",
+                },
+            )),
         }
     }
 

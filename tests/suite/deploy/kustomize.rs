@@ -1,10 +1,12 @@
 //! The Kustomize components as the real `kubectl kustomize` renders them for
 //! two apps of one namespace (`fixtures/app-a`, `fixtures/app-b`: each a
 //! Deployment with its own `prometheus.io/*` annotations and a 120s grace
-//! period, using `deploy/kustomize/base` and `podmonitor`): what the app set
-//! comes out unchanged, no object or referenced name is the same for both
-//! apps, and each courier mounts a config of its own render that passes
-//! `courier check`.
+//! period and a `courier.yaml` with its own bucket, using
+//! `deploy/kustomize/base` and `podmonitor`), alone and both in one
+//! kustomization (`fixtures/two-apps`): what the app set comes out
+//! unchanged, no object or referenced name is the same for both apps, and
+//! each courier mounts a config of its own render that passes `courier
+//! check`. A render the component cannot apply fails.
 
 use super::manifests::{self, CourierPod, at, seq, str_at};
 use super::sidecar;
@@ -38,18 +40,25 @@ fn kubectl() -> PathBuf {
     k
 }
 
-fn render(app: &str) -> Vec<Value> {
+/// `kubectl kustomize` of a fixture: its documents, or what it printed on
+/// stderr when it failed.
+fn try_render(app: &str) -> Result<Vec<Value>, String> {
     let out = Command::new(kubectl())
         .arg("kustomize")
         .arg(fixture(app))
         .output()
         .expect("run kubectl kustomize");
-    assert!(
-        out.status.success(),
-        "kubectl kustomize {app} failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    manifests::parse_yaml(&String::from_utf8_lossy(&out.stdout), app)
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+    }
+    Ok(manifests::parse_yaml(
+        &String::from_utf8_lossy(&out.stdout),
+        app,
+    ))
+}
+
+fn render(app: &str) -> Vec<Value> {
+    try_render(app).unwrap_or_else(|e| panic!("kubectl kustomize {app} failed:\n{e}"))
 }
 
 fn kind(v: &Value) -> &str {
@@ -131,37 +140,109 @@ fn two_apps_in_one_namespace_render_no_clashing_names() {
     assert!(clash.is_empty(), "both apps use {clash:?}");
 }
 
+/// The courier pod of `workload`, with the ConfigMaps of its render.
+fn courier_pod(app: &str, workload: &Value, docs: &[Value]) -> CourierPod {
+    let container = seq(workload, &["spec", "template", "spec", "initContainers"])
+        .iter()
+        .find(|c| manifests::is_courier(c))
+        .unwrap_or_else(|| panic!("{app}: no courier init container"))
+        .clone();
+    let config_maps = docs
+        .iter()
+        .filter(|d| kind(d) == "ConfigMap")
+        .map(|cm| {
+            let name = str_at(cm, &["metadata", "name"]).unwrap_or("");
+            (name.to_string(), manifests::config_map_data(cm))
+        })
+        .collect();
+    CourierPod {
+        name: format!("{app} rendered"),
+        file: fixture(app),
+        workload: workload.clone(),
+        container,
+        in_init_containers: true,
+        config_maps,
+    }
+}
+
 #[tokio::test]
 async fn each_apps_sidecar_mounts_a_config_of_its_own_render() {
     let image = manifests::image();
     for app in APPS {
         let docs = render(app);
-        let workload = deployment(app, &docs).clone();
-        let container = seq(&workload, &["spec", "template", "spec", "initContainers"])
-            .iter()
-            .find(|c| manifests::is_courier(c))
-            .unwrap_or_else(|| panic!("{app}: no courier init container"))
-            .clone();
-        let config_maps = docs
-            .iter()
-            .filter(|d| kind(d) == "ConfigMap")
-            .map(|cm| {
-                let name = str_at(cm, &["metadata", "name"]).unwrap_or("");
-                (name.to_string(), manifests::config_map_data(cm))
-            })
-            .collect();
-        let pod = CourierPod {
-            name: format!("{app} rendered"),
-            file: fixture(app),
-            workload,
-            container,
-            in_init_containers: true,
-            config_maps,
-        };
+        let pod = courier_pod(app, deployment(app, &docs), &docs);
         // config_text() inside: a read-only directory mount of a ConfigMap
         // volume whose ConfigMap this render holds, with the config's key.
         if let Err(e) = sidecar::check(&pod, &image).await {
             panic!("{app}: {e}");
+        }
+    }
+}
+
+/// Two apps in one kustomization (`fixtures/two-apps` lists both apps'
+/// folders): two Deployments, each with its own courier sidecar, which
+/// mounts `<app>-courier-config` holding that app's own bucket (from its
+/// `courier.yaml`), reads `<app>-courier-admin-token`, and passes
+/// `courier check`.
+#[tokio::test]
+async fn two_apps_in_one_kustomization_get_two_sidecars_with_their_own_names_and_buckets() {
+    let image = manifests::image();
+    let docs = render("two-apps");
+    let deployments: Vec<&Value> = docs.iter().filter(|d| kind(d) == "Deployment").collect();
+    let names: Vec<&str> = deployments
+        .iter()
+        .filter_map(|d| str_at(d, &["metadata", "name"]))
+        .collect();
+    assert_eq!(names, APPS, "the Deployments rendered");
+    for (app, workload) in APPS.iter().zip(deployments) {
+        let pod = courier_pod(app, workload, &docs);
+        let spec = at(workload, &["spec", "template", "spec"]);
+        let volume = seq(spec, &["volumes"])
+            .iter()
+            .find(|v| str_at(v, &["name"]) == Some("courier-config"))
+            .and_then(|v| str_at(v, &["configMap", "name"]))
+            .map(String::from);
+        let config = format!("{app}-courier-config");
+        assert_eq!(volume.as_deref(), Some(config.as_str()), "{app}'s mount");
+        let token = seq(&pod.container, &["env"])
+            .iter()
+            .find(|e| str_at(e, &["name"]) == Some("COURIER_ADMIN_TOKEN"))
+            .and_then(|e| str_at(e, &["valueFrom", "secretKeyRef", "name"]))
+            .map(String::from);
+        let secret = format!("{app}-courier-admin-token");
+        assert_eq!(token.as_deref(), Some(secret.as_str()), "{app}'s token");
+        let text = pod
+            .config_maps
+            .get(&config)
+            .and_then(|d| d.get("courier.yaml"))
+            .unwrap_or_else(|| panic!("no ConfigMap {config} with courier.yaml"));
+        for prefix in ["dead-letters", "handoff"] {
+            let url = format!("url: s3://{app}-courier/{prefix}");
+            assert!(text.contains(&url), "{config} lacks {url}:\n{text}");
+        }
+        if let Err(e) = sidecar::check(&pod, &image).await {
+            panic!("{app} in two-apps: {e}");
+        }
+    }
+}
+
+/// A render that asks for courier where the component cannot put it
+/// fails, naming why, instead of leaving a workload without courier or
+/// mixing two apps: two Deployments in the kustomization that includes
+/// the component, a StatefulSet (no Deployment), no `courier-config`.
+#[test]
+fn a_render_the_component_cannot_apply_fails_naming_why() {
+    for (app, why) in [
+        (
+            "two-deployments",
+            "multiple matches for selector Deployment",
+        ),
+        ("no-deployment", "nothing selected by Deployment"),
+        ("no-config", "nothing selected by ConfigMap"),
+    ] {
+        match try_render(app) {
+            Ok(docs) => panic!("{app} rendered {} documents", docs.len()),
+            Err(e) => assert!(e.contains(why), "{app}: {e}"),
         }
     }
 }

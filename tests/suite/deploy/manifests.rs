@@ -208,6 +208,20 @@ pub fn config_map_data(cm: &Value) -> BTreeMap<String, String> {
         .collect()
 }
 
+/// Where the ConfigMaps a manifest mounts are: its own folder, but for a
+/// component's patch (`*-patch.yaml`), whose `courier-config` each app's
+/// kustomization generates, the example app's folder.
+fn config_dir(file: &Path) -> PathBuf {
+    let is_patch = file
+        .file_name()
+        .is_some_and(|n| n.to_string_lossy().ends_with("-patch.yaml"));
+    if is_patch {
+        root().join("deploy/kustomize/overlays/example")
+    } else {
+        file.parent().expect("a folder").to_path_buf()
+    }
+}
+
 /// Every courier container of every workload under deploy/.
 pub fn courier_pods() -> Vec<CourierPod> {
     let docs = docs();
@@ -231,7 +245,7 @@ pub fn courier_pods() -> Vec<CourierPod> {
                     workload: d.value.clone(),
                     container: c.clone(),
                     in_init_containers: init,
-                    config_maps: config_maps(d.file.parent().expect("a folder"), &docs),
+                    config_maps: config_maps(&config_dir(&d.file), &docs),
                 });
             }
         }
