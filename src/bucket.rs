@@ -124,12 +124,10 @@ pub enum GetError {
 fn odd_key(e: &object_store::Error) -> Option<String> {
     use object_store::path::Error as P;
     match e {
-        object_store::Error::InvalidPath { source } => match source {
-            P::EmptySegment { path } | P::BadSegment { path, .. } | P::NonUnicode { path, .. } => {
-                Some(path.clone())
-            }
-            _ => None,
-        },
+        object_store::Error::InvalidPath {
+            source:
+                P::EmptySegment { path } | P::BadSegment { path, .. } | P::NonUnicode { path, .. },
+        } => Some(path.clone()),
         _ => None,
     }
 }

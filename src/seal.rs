@@ -193,7 +193,7 @@ mod tests {
             "rotation: any configured key opens what it sealed"
         );
         assert_eq!(
-            open(&[b.clone()], "x-1.cho", sealed.clone()),
+            open(std::slice::from_ref(&b), "x-1.cho", sealed.clone()),
             Err(OpenError::UnknownKey(hex(&a.id)))
         );
         assert_eq!(open(&[], "x-1.cho", sealed.clone()), Err(OpenError::NoKeys));

@@ -380,11 +380,14 @@ impl Job<'_> {
     }
 }
 
+/// An event refused, with why.
+pub(crate) type Aside = (NewEvent, Carried, Refused);
+
 /// The events that pass the checks, and those refused with their reason.
 pub(crate) fn sort(
     events: Vec<(NewEvent, Carried)>,
     limits: Limits,
-) -> (Vec<(NewEvent, Carried)>, Vec<(NewEvent, Carried, Refused)>) {
+) -> (Vec<(NewEvent, Carried)>, Vec<Aside>) {
     let mut good = Vec::with_capacity(events.len());
     let mut refused = Vec::new();
     for (e, c) in events {
@@ -517,7 +520,7 @@ async fn move_aside(h: &Handoff, name: &str, why: &str, claimed: bool) -> bool {
 async fn set_aside_events(
     h: &Handoff,
     name: &str,
-    refused: &[(NewEvent, Carried, Refused)],
+    refused: &[Aside],
     keys: &[crate::seal::Key],
 ) -> bool {
     let mut b = object::Builder::default();
