@@ -276,7 +276,10 @@ async fn two_couriers_racing_to_adopt_deliver_each_event_once() {
     let moto = Moto::start(BUCKET).await;
     let (rx, accept, seen) = endpoint().await;
     let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().expect("dir")).collect();
-    let yaml = config(&rx, "1s", "30s");
+    // A's hand-off gets as long again as its grace: 5 s, so that two
+    // adopters reading the store at once do not cut it off on a busy
+    // machine (at 1 s, 2 of 14 objects missed the deadline once).
+    let yaml = config(&rx, "5s", "30s");
     let mut a = start(dirs[0].path(), &yaml, &moto.endpoint()).await;
     post_many(&a, MANY, PAD).await;
     let b1 = start(dirs[1].path(), &yaml, &moto.endpoint()).await;

@@ -325,9 +325,10 @@ async fn a_huge_object_is_set_aside_unread_and_one_at_the_body_limit_is_adopted_
         LIMIT >> 20
     );
     // The bound (docs/object-storage.md): courier's own size (under 32
-    // MiB) and about four copies of the largest event it takes: the
-    // object read, its decoded events, the journal's write, the attempt.
-    let bound = 32 + 4 * (LIMIT >> 20) as u64;
+    // MiB) and five copies of the largest event it takes: the object read,
+    // its decoded events, the journal's write, the attempt's read and its
+    // request (measured 87 to 103 MiB here, on a busy machine).
+    let bound = 32 + 5 * (LIMIT >> 20) as u64;
     check!(b, peak <= bound, "peak RSS {peak} MiB > {bound} MiB");
     let aside = keys_at(&moto.endpoint(), BUCKET, "handoff/damaged/");
     check_eq!(
