@@ -38,10 +38,10 @@ use tokio_util::sync::CancellationToken;
 /// Events appended to the journal per commit, at most.
 const ADOPT_EVENTS: usize = 1000;
 /// Objects adopted at once.
-const PARALLEL: usize = 8;
+const PARALLEL: usize = 4;
 /// Bytes of objects held in memory at once (an object larger than this is
 /// read alone): with their decoded events, about twice this at the peak.
-const HELD_BYTES: u64 = 8 << 20;
+const HELD_BYTES: u64 = 4 << 20;
 /// Odd keys remembered so that each is warned about once.
 const WARNED_KEYS: usize = 10_000;
 /// Attempts of a carried state beyond this are not a courier's.
