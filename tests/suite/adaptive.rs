@@ -150,6 +150,7 @@ async fn adaptive_concurrency_fills_a_small_endpoint_where_a_fixed_64_drowns_it(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn latency_that_doubles_under_load_lowers_the_limit_and_it_climbs_back_after() {
+    let _alone = support::alone().await;
     // 50 ms at any load, as many at a time as come: no 503 ever.
     let capacity = Capacity::new(100_000, Duration::from_millis(50));
     let rx = Receiver::with_capacity(capacity.clone()).await;

@@ -72,6 +72,7 @@ fn adopter(url: &str, extra: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_adopter_with_a_full_journal_delivers_every_event_exactly_once_and_takes_over_nothing() {
+    let _alone = support::alone().await;
     const EVENTS: usize = 15_000;
     let moto = Moto::start(BUCKET).await;
     let (rx, accept, seen) = endpoint().await;
@@ -239,6 +240,7 @@ async fn odd_keys_beside_a_hand_off_neither_stop_nor_delay_it() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn junk_named_to_sort_first_does_not_keep_a_hand_off_waiting() {
+    let _alone = support::alone().await;
     const JUNK: usize = 2000;
     let moto = Moto::start(BUCKET).await;
     let rx = Receiver::ok().await;
@@ -285,6 +287,7 @@ async fn junk_named_to_sort_first_does_not_keep_a_hand_off_waiting() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_huge_object_is_set_aside_unread_and_one_at_the_body_limit_is_adopted_within_the_memory_bound()
  {
+    let _alone = support::alone().await;
     const LIMIT: usize = 16 << 20;
     let moto = Moto::start(BUCKET).await;
     let bodies = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));

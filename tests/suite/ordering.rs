@@ -414,6 +414,7 @@ async fn a_batch_never_puts_an_event_before_an_earlier_one_of_its_key() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_posted_at_once_each_go_in_order_to_a_fast_endpoint() {
+    let _alone = support::alone().await;
     // Each answer takes a little while: the next event of a key comes in
     // while its head is on the wire, and waits for its turn in memory.
     let rx = Receiver::start(behavior(|_, _| {

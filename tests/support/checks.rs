@@ -91,3 +91,13 @@ pub async fn wait_metric(c: &Courier, series: &str, want: f64, timeout: Duration
     }
     check_eq!(c, last, Some(want), "metric {series} after {timeout:?}");
 }
+
+/// Taken by tests whose assertions are timings (µs of order, latency
+/// that doubles) and by tests that load both cores for seconds (a 300 MiB
+/// upload, thousands of objects, 15,000 events through a hand-off), so
+/// that the one never runs beside the other: the suite runs two tests at
+/// a time on a machine of two cores.
+pub async fn alone() -> tokio::sync::MutexGuard<'static, ()> {
+    static LOCK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    LOCK.lock().await
+}
