@@ -21,6 +21,7 @@ pub mod journal;
 pub mod lifecycle;
 pub mod logging;
 pub mod metrics;
+mod no_room;
 pub mod ordering;
 pub mod policy;
 pub mod reload;
@@ -93,15 +94,33 @@ pub async fn run(settings: Settings, source: ConfigSource) -> Result<(), RunErro
         .iter()
         .map(|d| d.name.clone())
         .collect();
-    let j = &settings.journal;
-    let (journal, recovered) = Journal::open(
-        &j.dir,
-        j.sync == config::SyncMode::Always,
-        j.max_bytes,
-        settings.ingress.dedupe_window,
-        &names,
-        settings.history,
-    )?;
+    let settings = Arc::new(settings);
+    let open: no_room::Open = {
+        let (j, names) = (settings.journal.clone(), names.clone());
+        let (dedupe, history) = (settings.ingress.dedupe_window, settings.history);
+        Arc::new(move || {
+            Journal::open(
+                &j.dir,
+                j.sync == config::SyncMode::Always,
+                j.max_bytes,
+                dedupe,
+                &names,
+                history,
+            )
+        })
+    };
+    let (journal, recovered, listeners) = match open() {
+        Err(journal::OpenError::DiskFull(_, free)) => {
+            match no_room::wait(settings.clone(), prometheus.clone(), open, free).await? {
+                Some(o) => (o.journal, o.recovered, Some((o.ingress, o.admin))),
+                None => return Ok(()),
+            }
+        }
+        opened => {
+            let (journal, recovered) = opened?;
+            (journal, recovered, None)
+        }
+    };
     for s in &recovered {
         let configured = names.contains(&s.destination);
         tracing::info!(destination = %s.destination, pending = s.pending, quarantined = s.quarantined, configured, "recovered pending events");
@@ -109,10 +128,15 @@ pub async fn run(settings: Settings, source: ConfigSource) -> Result<(), RunErro
             tracing::warn!(destination = %s.destination, pending = s.pending, "events are pending for a destination that is not configured; they are kept until it is configured again");
         }
     }
-    let ingress_listener = server::listen(settings.listen)
-        .map_err(|e| RunError::Listen(settings.listen, "listen", e))?;
-    let admin_listener = server::listen(settings.admin_listen)
-        .map_err(|e| RunError::Listen(settings.admin_listen, "admin_listen", e))?;
+    let (ingress_listener, admin_listener) = match listeners {
+        Some(kept) => kept,
+        None => (
+            server::listen(settings.listen)
+                .map_err(|e| RunError::Listen(settings.listen, "listen", e))?,
+            server::listen(settings.admin_listen)
+                .map_err(|e| RunError::Listen(settings.admin_listen, "admin_listen", e))?,
+        ),
+    };
     let lifecycle = Arc::new(Lifecycle::default());
     let connector = deliver::build_connector()?;
     let telemetry = settings
@@ -136,7 +160,7 @@ pub async fn run(settings: Settings, source: ConfigSource) -> Result<(), RunErro
         }
         None => None,
     };
-    let live = Arc::new(Live::from_pointee(settings));
+    let live = Arc::new(Live::new(settings));
     let adoption = handoff.clone().map(|h| {
         tokio::spawn(handoff::adopt_loop(
             h,
@@ -243,7 +267,7 @@ pub async fn run(settings: Settings, source: ConfigSource) -> Result<(), RunErro
 /// The longest courier waits at exit for its last spans to be exported.
 const SPAN_FLUSH: std::time::Duration = std::time::Duration::from_secs(2);
 
-async fn wait_for_signal() {
+pub(crate) async fn wait_for_signal() {
     use tokio::signal::unix::{SignalKind, signal};
     let (Ok(mut term), Ok(mut int)) = (
         signal(SignalKind::terminate()),

@@ -7,7 +7,7 @@ mod dead_letters;
 mod events;
 
 use crate::clock;
-use crate::config::{Live, SinkAt};
+use crate::config::{Live, Settings, SinkAt};
 use crate::deliver::Fleet;
 use crate::deliver::health::PauseReason;
 use crate::history::State;
@@ -53,15 +53,119 @@ fn answer(a: dead_letters::Answer) -> Response<Body> {
     a.map_or_else(dead_letters::ApiError::reply, |v| json(StatusCode::OK, &v))
 }
 
+/// The token first, then the browser rules: what every admin answer,
+/// the waiting one included, is behind.
+fn refuse(settings: &Settings, req: &Request<Incoming>) -> Option<Response<Body>> {
+    deny(settings, req).or_else(|| refuse_browsers(settings, req))
+}
+
+/// The admin while the journal waits for room on its disk to open
+/// (`crate::no_room`): the process lives, so `/healthz` is 200; it is not
+/// ready, so `/readyz` is 503; the scrape works; the API, which reads the
+/// journal, answers 503 `disk_full`.
+pub fn waiting(
+    settings: &Settings,
+    prometheus: &PrometheusHandle,
+    req: &Request<Incoming>,
+) -> Response<Body> {
+    if let Some(refused) = refuse(settings, req) {
+        return refused;
+    }
+    let waiting = "waiting for room on the journal's disk";
+    match (req.method(), req.uri().path()) {
+        (&Method::GET, "/healthz") => json(StatusCode::OK, &json!({ "status": waiting })),
+        (&Method::GET, "/readyz") => json(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &json!({ "status": "not ready", "reason": "disk_full" }),
+        ),
+        (&Method::GET, "/metrics") => scrape(prometheus),
+        _ => json(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &json!({
+                "error": "the journal is not open yet: the disk holding it is full, and courier opens it once there is room",
+                "reason": "disk_full",
+            }),
+        ),
+    }
+}
+
+/// Prometheus' text, with the process' own gauges brought up to date.
+fn scrape(prometheus: &PrometheusHandle) -> Response<Body> {
+    metrics::process();
+    let mut resp = Response::new(Full::new(Bytes::from(prometheus.render())));
+    resp.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("text/plain; version=0.0.4"),
+    );
+    resp
+}
+
+/// Browsers cannot drive the admin API (docs/http-api.md): the guard's `Origin`
+/// and `Host` rules, and a mutation must be `application/json`, which a
+/// cross-site page cannot send without a CORS preflight that courier
+/// never grants. A `DELETE` is always preflighted, so it may come without
+/// a body or content type.
+fn refuse_browsers(settings: &Settings, req: &Request<Incoming>) -> Option<Response<Body>> {
+    let loopback = settings.admin_listen.ip().is_loopback();
+    if let Err(r) = guard::check(req.headers(), req.uri(), loopback, &settings.allowed_hosts) {
+        tracing::info!(method = %req.method(), path = req.uri().path(), reason = r.reason, "admin call refused");
+        return Some(json(
+            StatusCode::FORBIDDEN,
+            &json!({ "error": r.message, "reason": r.reason }),
+        ));
+    }
+    let content_type = req.headers().get(http::header::CONTENT_TYPE);
+    let json_body = content_type.is_some_and(|v| {
+        v.to_str().is_ok_and(|t| {
+            t.split(';')
+                .next()
+                .is_some_and(|m| m.trim().eq_ignore_ascii_case("application/json"))
+        })
+    });
+    let mutation = !matches!(*req.method(), Method::GET | Method::HEAD);
+    let bodiless_delete = *req.method() == Method::DELETE && content_type.is_none();
+    if mutation && !json_body && !bodiless_delete {
+        tracing::info!(method = %req.method(), path = req.uri().path(), "admin call refused: not application/json");
+        return Some(json(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            &json!({ "error": "admin calls that change something take `Content-Type: application/json` only", "reason": "not_json" }),
+        ));
+    }
+    None
+}
+
+/// With a token configured, every call but the probes and the scrape
+/// needs it, reads included: dead letters hold the app's bodies and
+/// headers. Checked before anything else, routing, the browser rules
+/// and the content type included, so that nothing about the API is
+/// learnt without it.
+fn deny(settings: &Settings, req: &Request<Incoming>) -> Option<Response<Body>> {
+    let token = settings.admin_token.as_ref()?;
+    // History holds no body and no header (docs/history.md): its reads are open.
+    let history = req.method() == Method::GET
+        && (req.uri().path() == "/v1/events" || req.uri().path().starts_with("/v1/events/"));
+    let open = history || matches!(req.uri().path(), "/healthz" | "/readyz" | "/metrics");
+    if open || token.authorizes(req.headers()) {
+        return None;
+    }
+    tracing::info!(method = %req.method(), path = req.uri().path(), "admin call refused: missing or wrong bearer token");
+    let mut resp = json(
+        StatusCode::UNAUTHORIZED,
+        &json!({ "error": "this admin call needs `Authorization: Bearer <token>`, the token in the variable named by admin_token_env", "reason": "unauthorized" }),
+    );
+    resp.headers_mut().insert(
+        http::header::WWW_AUTHENTICATE,
+        http::HeaderValue::from_static("Bearer realm=\"courier-admin\""),
+    );
+    Some(resp)
+}
+
 impl Admin {
     pub async fn handle(self: &Arc<Self>, req: Request<Incoming>) -> Response<Body> {
         let path = req.uri().path().to_string();
         // The token first (docs/http-api.md): a caller without it learns
         // nothing, not even which of the browser rules it broke.
-        if let Some(denied) = self.deny(&req) {
-            return denied;
-        }
-        if let Some(refused) = self.refuse_browsers(&req) {
+        if let Some(refused) = refuse(&self.settings.load(), &req) {
             return refused;
         }
         let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
@@ -109,68 +213,6 @@ impl Admin {
         }
     }
 
-    /// Browsers cannot drive the admin API (docs/http-api.md): the guard's `Origin`
-    /// and `Host` rules, and a mutation must be `application/json`, which a
-    /// cross-site page cannot send without a CORS preflight that courier
-    /// never grants. A `DELETE` is always preflighted, so it may come without
-    /// a body or content type.
-    fn refuse_browsers(&self, req: &Request<Incoming>) -> Option<Response<Body>> {
-        let settings = self.settings.load();
-        let loopback = settings.admin_listen.ip().is_loopback();
-        if let Err(r) = guard::check(req.headers(), req.uri(), loopback, &settings.allowed_hosts) {
-            tracing::info!(method = %req.method(), path = req.uri().path(), reason = r.reason, "admin call refused");
-            return Some(json(
-                StatusCode::FORBIDDEN,
-                &json!({ "error": r.message, "reason": r.reason }),
-            ));
-        }
-        let content_type = req.headers().get(http::header::CONTENT_TYPE);
-        let json_body = content_type.is_some_and(|v| {
-            v.to_str().is_ok_and(|t| {
-                t.split(';')
-                    .next()
-                    .is_some_and(|m| m.trim().eq_ignore_ascii_case("application/json"))
-            })
-        });
-        let mutation = !matches!(*req.method(), Method::GET | Method::HEAD);
-        let bodiless_delete = *req.method() == Method::DELETE && content_type.is_none();
-        if mutation && !json_body && !bodiless_delete {
-            tracing::info!(method = %req.method(), path = req.uri().path(), "admin call refused: not application/json");
-            return Some(json(
-                StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                &json!({ "error": "admin calls that change something take `Content-Type: application/json` only", "reason": "not_json" }),
-            ));
-        }
-        None
-    }
-
-    /// With a token configured, every call but the probes and the scrape
-    /// needs it, reads included: dead letters hold the app's bodies and
-    /// headers. Checked before anything else, routing, the browser rules
-    /// and the content type included, so that nothing about the API is
-    /// learnt without it.
-    fn deny(&self, req: &Request<Incoming>) -> Option<Response<Body>> {
-        let settings = self.settings.load();
-        let token = settings.admin_token.as_ref()?;
-        // History holds no body and no header (docs/history.md): its reads are open.
-        let history = req.method() == Method::GET
-            && (req.uri().path() == "/v1/events" || req.uri().path().starts_with("/v1/events/"));
-        let open = history || matches!(req.uri().path(), "/healthz" | "/readyz" | "/metrics");
-        if open || token.authorizes(req.headers()) {
-            return None;
-        }
-        tracing::info!(method = %req.method(), path = req.uri().path(), "admin call refused: missing or wrong bearer token");
-        let mut resp = json(
-            StatusCode::UNAUTHORIZED,
-            &json!({ "error": "this admin call needs `Authorization: Bearer <token>`, the token in the variable named by admin_token_env", "reason": "unauthorized" }),
-        );
-        resp.headers_mut().insert(
-            http::header::WWW_AUTHENTICATE,
-            http::HeaderValue::from_static("Bearer realm=\"courier-admin\""),
-        );
-        Some(resp)
-    }
-
     async fn metrics(&self) -> Response<Body> {
         // Every destination the journal knows, configured or orphaned by a
         // reload: events left waiting must show on a dashboard.
@@ -200,13 +242,7 @@ impl Admin {
                 metrics::oldest_pending_age(&name, Duration::from_millis(ms));
             }
         }
-        metrics::process();
-        let mut resp = Response::new(Full::new(Bytes::from(self.prometheus.render())));
-        resp.headers_mut().insert(
-            http::header::CONTENT_TYPE,
-            http::HeaderValue::from_static("text/plain; version=0.0.4"),
-        );
-        resp
+        scrape(&self.prometheus)
     }
 
     /// Configured destinations, then orphaned ones: events kept in the

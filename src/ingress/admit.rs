@@ -6,7 +6,7 @@
 use super::budget::Budget;
 use super::credits::{self, Credits};
 use super::{Body, forward, passed, rejection, reply, schema, topic};
-use crate::config::{DestinationSettings, Live, Mode, Schema, TopicSettings};
+use crate::config::{DestinationSettings, Live, Mode, Schema, Settings, TopicSettings};
 use crate::deliver::Fleet;
 use crate::journal::{Appended, Header, Journal, NewEvent};
 use crate::lifecycle::Lifecycle;
@@ -63,6 +63,62 @@ impl Route {
     }
 }
 
+/// What every request passes before anything is read: the browser rules,
+/// the key (before the route, so that a caller without one learns no
+/// names), and the route. Returns the route and the path after its name.
+fn gate<'r>(
+    settings: &Settings,
+    req: &'r Request<Incoming>,
+) -> Result<(Route, &'r str), Box<Response<Body>>> {
+    let path = req.uri().path();
+    let trimmed = path.strip_prefix('/').unwrap_or(path);
+    let (name, rest) = match trimmed.find('/') {
+        Some(i) => (&trimmed[..i], &trimmed[i..]),
+        None => (trimmed, ""),
+    };
+    let loopback = settings.listen.ip().is_loopback();
+    if let Err(refused) = guard::check(req.headers(), req.uri(), loopback, &settings.allowed_hosts)
+    {
+        return Err(Box::new(reply::browser_refused(name, refused)));
+    }
+    if let Some(Err(denied)) = settings
+        .ingress
+        .keys
+        .as_ref()
+        .map(|k| k.admit(req.headers(), crate::clock::now_ms()))
+    {
+        let configured = settings.destination(name).is_some() || settings.topic(name).is_some();
+        return Err(Box::new(reply::unauthorized(name, configured, &denied)));
+    }
+    if let Some(d) = settings.destination(name) {
+        Ok((Route::Destination(d.clone()), rest))
+    } else if let Some(t) = settings.topic(name) {
+        Ok((Route::Topic(t.clone()), rest))
+    } else {
+        let names: Vec<String> = settings
+            .destinations
+            .iter()
+            .map(|d| d.name.clone())
+            .collect();
+        let topics: Vec<String> = settings.topics.iter().map(|t| t.name.clone()).collect();
+        Err(Box::new(reply::unknown_destination(name, &names, &topics)))
+    }
+}
+
+/// Ingress while the journal waits for room on its disk to open
+/// (`crate::no_room`): what passes the gate is refused 507 `disk_full`, as
+/// on a full disk with the journal open; counted and logged the same way.
+pub fn waiting(settings: &Settings, req: &Request<Incoming>) -> Response<Body> {
+    let resp = match gate(settings, req) {
+        Ok((route, _)) => {
+            reply::journal_error(route.name(), &crate::journal::JournalError::DiskFull)
+        }
+        Err(refused) => *refused,
+    };
+    rejection::record(&resp, req.extensions().get::<RemoteAddr>().copied());
+    resp
+}
+
 impl Ingress {
     pub fn new(
         settings: Arc<Live>,
@@ -103,38 +159,12 @@ impl Ingress {
         req: Request<Incoming>,
         mut accept: Option<&mut Accept>,
     ) -> Response<Body> {
-        let path = req.uri().path();
-        let trimmed = path.strip_prefix('/').unwrap_or(path);
-        let (name, rest) = match trimmed.find('/') {
-            Some(i) => (&trimmed[..i], &trimmed[i..]),
-            None => (trimmed, ""),
-        };
         let settings = self.settings.load();
-        let loopback = settings.listen.ip().is_loopback();
-        if let Err(refused) =
-            guard::check(req.headers(), req.uri(), loopback, &settings.allowed_hosts)
-        {
-            return reply::browser_refused(name, refused);
-        }
-        let keys = settings.ingress.keys.as_ref();
-        // Before the route: a caller without a key learns no names.
-        if let Some(Err(denied)) = keys.map(|k| k.admit(req.headers(), crate::clock::now_ms())) {
-            let configured = settings.destination(name).is_some() || settings.topic(name).is_some();
-            return reply::unauthorized(name, configured, &denied);
-        }
-        let route = if let Some(d) = settings.destination(name) {
-            Route::Destination(d.clone())
-        } else if let Some(t) = settings.topic(name) {
-            Route::Topic(t.clone())
-        } else {
-            let names: Vec<String> = settings
-                .destinations
-                .iter()
-                .map(|d| d.name.clone())
-                .collect();
-            let topics: Vec<String> = settings.topics.iter().map(|t| t.name.clone()).collect();
-            return reply::unknown_destination(name, &names, &topics);
+        let (route, rest) = match gate(&settings, &req) {
+            Ok(routed) => routed,
+            Err(refused) => return *refused,
         };
+        let keys = settings.ingress.keys.as_ref();
         let name = route.name();
         if let Some(a) = accept.as_deref_mut() {
             a.routed(name);

@@ -13,7 +13,7 @@ mod reply;
 pub(crate) mod schema;
 mod topic;
 
-pub use admit::Ingress;
+pub use admit::{Ingress, waiting};
 
 /// An answer to the app: courier's own JSON, or an endpoint's answer
 /// streamed through (passthrough).
