@@ -113,7 +113,7 @@
 //! budget judged on its medians. `--scale F` multiplies the backlog sizes
 //! of c, d, x, o and t, and step y's million. The table is printed with
 //! PASS/MISS for the budgets of issue #10 and those named above;
-//! `--write-results` also writes it to bench/RESULTS.md, keeping that
+//! `--write-results` also writes it to benches/RESULTS.md, keeping that
 //! file's hand-kept `## Measurements behind the code` section at its end.
 //!
 //! wrk, the two nginx, courier and this process share the machine's CPUs,
@@ -2236,7 +2236,7 @@ fn shell(cmd: &str, args: &[&str]) -> String {
         .unwrap_or_default()
 }
 
-/// The heading of bench/RESULTS.md's last section, the figures behind the
+/// The heading of benches/RESULTS.md's last section, the figures behind the
 /// code's comments: written by hand, so a new run keeps it.
 const KEPT_HEADING: &str = "## Measurements behind the code";
 
@@ -2252,7 +2252,7 @@ fn kept_section(old: &str) -> &str {
     ""
 }
 
-/// Writes bench/RESULTS.md anew, keeping the old file's `KEPT_HEADING`
+/// Writes benches/RESULTS.md anew, keeping the old file's `KEPT_HEADING`
 /// section after the new table.
 fn write_results(
     command: &str,
@@ -2260,7 +2260,7 @@ fn write_results(
     table: &str,
     load_before: &str,
 ) -> Result<PathBuf, String> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("bench");
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches");
     std::fs::create_dir_all(&dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
     let path = dir.join("RESULTS.md");
     // A file that cannot be read must not lose its kept section to the rewrite.

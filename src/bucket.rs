@@ -145,6 +145,9 @@ impl Bucket {
     /// Opens the store of `url` with the environment's credentials; no
     /// request is made (a store that is down is found on first use).
     pub fn open(url: &StoreUrl) -> Result<Bucket, object_store::Error> {
+        // The stores' HTTP client takes the process' rustls provider: ring,
+        // as everywhere in courier. Already installed is as good.
+        let _ = rustls::crypto::ring::default_provider().install_default();
         let parsed = url::Url::parse(&url.url).map_err(|e| object_store::Error::Generic {
             store: "url",
             source: Box::new(e),

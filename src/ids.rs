@@ -2,7 +2,7 @@
 //! millisecond clock then 74 random bits from the thread's CSPRNG
 //! (`rand::rng()`, seeded from the OS). `Uuid::now_v7` asks the kernel
 //! (getrandom) for every id and takes a process-wide lock for ordering
-//! within a millisecond: CPU spent under load (bench/RESULTS.md) for an order
+//! within a millisecond: CPU spent under load (benches/RESULTS.md) for an order
 //! nothing relies on (the journal orders events by its own sequence).
 
 use rand::Rng;

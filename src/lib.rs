@@ -219,7 +219,7 @@ pub async fn run(settings: Settings, source: ConfigSource) -> Result<(), RunErro
     lifecycle.set_ready();
     tracing::info!(ingress = %ingress_addr, admin = %admin_addr, destinations = names.len(), "courier listening");
 
-    wait_for_signal().await;
+    lifecycle::terminated().await;
     let grace = live.load().shutdown_grace;
     tracing::info!(grace = %config::units::format_duration(grace), "shutting down: refusing new events, finishing attempts in flight");
     lifecycle.drain();
@@ -266,18 +266,3 @@ pub async fn run(settings: Settings, source: ConfigSource) -> Result<(), RunErro
 
 /// The longest courier waits at exit for its last spans to be exported.
 const SPAN_FLUSH: std::time::Duration = std::time::Duration::from_secs(2);
-
-pub(crate) async fn wait_for_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
-        tracing::error!("cannot install signal handlers; stop courier with SIGKILL");
-        return std::future::pending().await;
-    };
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
-    }
-}

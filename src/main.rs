@@ -7,7 +7,7 @@
 /// mimalloc rather than glibc's malloc: per event, ingress, the journal
 /// and delivery allocate and free buffers on different threads, where
 /// glibc's malloc and free (with `malloc_consolidate`) stood out in a
-/// `perf` profile of the end-to-end bench (bench/RESULTS.md).
+/// `perf` profile of the end-to-end bench (benches/RESULTS.md).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
@@ -573,7 +573,7 @@ const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
 /// expiry's readers, sink writers and workers) the pages waiting out that
 /// second made the peak. 10 ms (mimalloc v2's default) instead: a lower
 /// peak for a mass expiry and a batched drain, rates unchanged; 0 ms,
-/// purging at once, slowed a batched drain (bench/RESULTS.md).
+/// purging at once, slowed a batched drain (benches/RESULTS.md).
 /// `MIMALLOC_PURGE_DELAY`, when set, is the operator's choice.
 fn purge_freed_pages_promptly() {
     if std::env::var_os("MIMALLOC_PURGE_DELAY").is_none() {

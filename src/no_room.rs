@@ -60,7 +60,7 @@ pub(crate) async fn wait(
     let outcome = loop {
         tokio::select! {
             _ = tokio::time::sleep(wait) => {}
-            _ = crate::wait_for_signal() => break Ok(None),
+            _ = crate::lifecycle::terminated() => break Ok(None),
         }
         let open = open.clone();
         match tokio::task::spawn_blocking(move || open()).await {

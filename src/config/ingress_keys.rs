@@ -16,9 +16,7 @@ use sha2::{Digest, Sha256};
 use std::fmt;
 use subtle::ConstantTimeEq;
 
-/// Event Grid's key header and its signature header.
-pub const KEY_HEADER: &str = "aeg-sas-key";
-pub const TOKEN_HEADER: &str = "aeg-sas-token";
+pub use crate::event::rules::{KEY_HEADER, TOKEN_HEADER};
 
 /// The configured keys. `Debug` prints how many, nothing of them.
 #[derive(Clone)]

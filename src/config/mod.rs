@@ -21,7 +21,7 @@ pub use settings::{
     TopicSettings, TracingSettings,
 };
 pub use state_dir::STATE_DIR_ENV;
-pub use validate::{Env, ProcessEnv, Purpose, valid_name};
+pub use validate::{Env, ProcessEnv, Purpose};
 
 use position::{Pos, PositionIndex};
 use std::fmt;

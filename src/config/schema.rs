@@ -410,7 +410,7 @@ fn default_late_answer_window() -> Dur {
 /// connections already bound what is in flight, and a slot it must wait
 /// for is pure latency: 50 app connections at 5,000 requests/s waited on
 /// 16 slots, well behind nginx proxy_pass, and 64 came close (issue #30,
-/// bench/RESULTS.md); 256 keeps that headroom for app pools five times
+/// benches/RESULTS.md); 256 keeps that headroom for app pools five times
 /// that size.
 pub fn default_concurrency(mode: Mode) -> u64 {
     match mode {

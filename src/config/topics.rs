@@ -10,7 +10,8 @@
 
 use super::schema::{Destination, Mode, Schema, Subscriber, Topic};
 use super::settings::{Subscription, TopicSettings};
-use super::validate::{Checker, NAME_RULE, eventgrid_topic, valid_name};
+use super::validate::{Checker, NAME_RULE, eventgrid_topic};
+use crate::event::rules::valid_name;
 use std::collections::BTreeMap;
 
 pub(super) fn topics(

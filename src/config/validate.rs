@@ -11,6 +11,7 @@ use super::schema::{
 use super::settings::*;
 use super::units::{Dur, Size};
 use crate::bucket::StoreUrl;
+use crate::event::rules::valid_name;
 use crate::event_path::EventPath;
 use crate::policy::adaptive::Bounds;
 use crate::policy::classify::Codes;
@@ -956,18 +957,6 @@ fn tls(c: &mut Checker, p: &str, target: &Target, spec: &TlsSpec) -> Option<TlsF
         }
     }
     (files.ca_file.is_some() || files.client.is_some()).then_some(files)
-}
-
-/// A destination or topic name: one url path segment, without escapes,
-/// and not a dot segment: the name is also a folder of the dead-letter
-/// directory, and `..` there would be its parent.
-pub fn valid_name(name: &str) -> bool {
-    !name.is_empty()
-        && name != "."
-        && name != ".."
-        && name
-            .chars()
-            .all(|ch| ch.is_ascii_alphanumeric() || "-_.~".contains(ch))
 }
 
 /// What `valid_name` refuses, said once for destinations and topics.

@@ -29,10 +29,11 @@ const FRAMING: [&str; 3] = ["expect", "host", "content-length"];
 
 /// Credentials for courier's ingress, not for the endpoint
 /// (docs/publishing.md): Event Grid's topic key and signature.
-pub const INGRESS_CREDENTIALS: [&str; 2] = [
-    crate::config::ingress_keys::KEY_HEADER,
-    crate::config::ingress_keys::TOKEN_HEADER,
-];
+pub const INGRESS_CREDENTIALS: [&str; 2] = [KEY_HEADER, TOKEN_HEADER];
+/// Event Grid's topic key, as its publishers send it.
+pub const KEY_HEADER: &str = "aeg-sas-key";
+/// Event Grid's SAS token.
+pub const TOKEN_HEADER: &str = "aeg-sas-token";
 
 /// Most headers an event carries: hyper's own limit on a request's.
 pub const MAX_HEADERS: usize = 100;
@@ -40,6 +41,18 @@ pub const MAX_HEADERS: usize = 100;
 pub const MAX_PATH: usize = 64 * 1024;
 /// Longest event id.
 pub const MAX_ID: usize = 256;
+
+/// A destination or topic name: one url path segment, without escapes,
+/// and not a dot segment: the name is also a folder of the dead-letter
+/// directory, and `..` there would be its parent.
+pub fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name != "."
+        && name != ".."
+        && name
+            .chars()
+            .all(|ch| ch.is_ascii_alphanumeric() || "-_.~".contains(ch))
+}
 
 /// Why an event read from outside is not delivered.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -158,7 +171,7 @@ pub fn check(
     if id.is_empty() || id.len() > MAX_ID {
         return Err(Refused::Id);
     }
-    if !crate::config::valid_name(destination) {
+    if !valid_name(destination) {
         return Err(Refused::Destination(destination.chars().take(64).collect()));
     }
     if !method_allowed(method) {

@@ -29,13 +29,13 @@ pub struct Accepted<'a> {
 }
 
 /// Bytes a record takes on disk, indexes and page slack included, before
-/// a partition has told its own (bench/RESULTS.md has the measured figure).
+/// a partition has told its own (benches/RESULTS.md has the measured figure).
 const ROW_BYTES: u64 = 150;
 /// Records a partition holds at most, whatever `max_bytes` allows: each
 /// insert lands on a random page of the id index, so a commit writes
 /// about one page per record once the index outgrows the records of a
 /// commit; a partition this small keeps the index to a few hundred pages
-/// that a commit's records share (bench/RESULTS.md, step y).
+/// that a commit's records share (benches/RESULTS.md, step y).
 const MAX_ROWS: u64 = 100_000;
 
 pub struct Recorder {

@@ -154,210 +154,129 @@ impl Ingress {
         resp
     }
 
-    async fn admit(
+    async fn admit(&self, req: Request<Incoming>, accept: Option<&mut Accept>) -> Response<Body> {
+        self.steps(req, accept)
+            .await
+            .unwrap_or_else(|refused| *refused)
+    }
+
+    /// The request's way in, a step a line: each step may refuse, and
+    /// nothing is kept before `store`. Cheap checks come first, the body's
+    /// read (which takes room in the budget) after them.
+    async fn steps(
         &self,
         req: Request<Incoming>,
         mut accept: Option<&mut Accept>,
-    ) -> Response<Body> {
+    ) -> Result<Response<Body>, Refused> {
         let settings = self.settings.load();
-        let (route, rest) = match gate(&settings, &req) {
-            Ok(routed) => routed,
-            Err(refused) => return *refused,
-        };
-        let keys = settings.ingress.keys.as_ref();
+        let (route, rest) = gate(&settings, &req)?;
         let name = route.name();
         if let Some(a) = accept.as_deref_mut() {
             a.routed(name);
         }
-        if crate::event::rules::has_dot_segment(rest) {
-            let msg = format!(
-                "the path after /{name} has a `.` or `..` segment: the endpoint could read it as a path outside the destination's url; nothing was stored"
-            );
-            return reply::reject(name, StatusCode::BAD_REQUEST, "dot_segment", msg, None);
-        }
-        if !crate::event::rules::method_allowed(req.method().as_str()) {
-            let mut resp = reply::reject(
-                name,
-                StatusCode::METHOD_NOT_ALLOWED,
-                "method",
-                format!(
-                    "method {} is not accepted: use POST, PUT or PATCH",
-                    req.method()
-                ),
-                None,
-            );
-            resp.headers_mut().insert(
-                http::header::ALLOW,
-                http::HeaderValue::from_static("POST, PUT, PATCH"),
-            );
-            return resp;
-        }
+        check_target(name, rest, req.method())?;
         if self.lifecycle.draining() {
-            return shutting_down(name);
+            return Err(Box::new(shutting_down(name)));
         }
         let limit = settings.ingress.max_body_bytes;
-        let too_large = || {
-            reply::reject(
-                name,
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "too_large",
-                format!("the body is larger than ingress.max_body_bytes ({limit} bytes)"),
-                None,
-            )
-        };
-        let declared = req
-            .headers()
-            .get(http::header::CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
-        if declared.is_some_and(|n| n > limit) {
-            return too_large();
-        }
-        let custom_id = match route.schema() {
-            Schema::Custom => match forward::event_id(req.headers()) {
-                Ok(id) => Some(id),
-                Err(header) => {
-                    let msg = format!(
-                        "header {header} must be 1 to {} visible characters",
-                        forward::MAX_ID
-                    );
-                    return reply::reject(name, StatusCode::BAD_REQUEST, "bad_id", msg, None);
-                }
-            },
-            Schema::Eventgrid | Schema::Cloudevents => None,
-        };
-        let publish = forward::eventgrid_publish(route.schema(), req.headers());
-        let mut headers = forward::forwarded(req.headers(), keys.is_some(), publish);
-        headers.retain(|(n, _)| schema::forwards_header(route.schema(), n));
+        let declared = declared_length(name, req.headers(), limit)?;
+        let custom_id = custom_id(&route, req.headers())?;
+        let keyed = settings.ingress.keys.is_some();
+        let mut admitted = Admitted::describe(&route, keyed, rest, &req);
         if let Some(a) = accept.as_deref() {
-            a.stamp(&mut headers);
+            a.stamp(&mut admitted.headers);
         }
-        let success = reply::success_status(publish);
-        let method = req.method().as_str().to_string();
-        let query = req.uri().query().and_then(|q| forward::query(q, publish));
-        let path_and_query = match query {
-            Some(q) => format!("{rest}?{q}"),
-            None => rest.to_string(),
-        };
-        // Last, just before the body is read: a request refused for
-        // anything else never takes room.
-        let Some(share) = self.budget.try_take(declared.unwrap_or(limit)) else {
-            return reply::over_budget(name, self.budget.bytes());
-        };
-        // The limit is http-body-util's `Limited`, with this request's
-        // `max_body_bytes` (a reload changes it; tower-http's limit layer is
-        // fixed when the service is built), and the deadline is the body's
-        // alone: the journal's wait after it is not the app's to time out.
-        let (head, body) = req.into_parts();
-        let declared = declared.map(|n| n as usize);
-        let read = share.read(body, limit as usize, declared);
-        let body = match tokio::time::timeout(BODY_DEADLINE, read).await {
-            Err(_) => return reply::body_timeout(name, BODY_DEADLINE),
-            Ok(read) => read,
-        };
-        let body = match body {
-            Ok(b) => b,
-            Err(e) if e.is::<http_body_util::LengthLimitError>() => return too_large(),
-            Err(e) => {
-                return reply::reject(
-                    name,
-                    StatusCode::BAD_REQUEST,
-                    "bad_body",
-                    format!("cannot read the request body: {e}"),
-                    None,
-                );
-            }
-        };
-        // A batch of `custom` events is a JSON array of their bodies.
-        if let Route::Destination(dest) = &route
-            && dest.schema == Schema::Custom
-            && dest.batch.enabled()
-            && serde_json::from_slice::<serde::de::IgnoredAny>(&body).is_err()
-        {
-            let msg = "the body is not JSON: this destination batches, and a batch is a JSON array of its events";
-            return reply::reject(name, StatusCode::BAD_REQUEST, "not_json", msg.into(), None);
-        }
-        let request = Admitted {
-            success,
-            method,
-            path: path_and_query,
-            headers,
-            accepted_ms: crate::clock::now_ms(),
-        };
+        let (headers, body) = self.read(name, req, limit, declared).await?;
+        check_batch(&route, &body)?;
+        admitted.accepted_ms = crate::clock::now_ms();
+        let per_second = settings.ingress.credits_per_second;
         if let Route::Destination(dest) = &route
             && dest.mode == Mode::Passthrough
         {
-            let per_second = settings.ingress.credits_per_second;
-            if let Some(refused) = self.throttle(name, per_second, credits::cost(1, 0)) {
-                return refused;
-            }
+            self.throttle(name, per_second, credits::cost(1, 0))?;
             // Validation allows passthrough only with schema custom, which
             // always has an id; any other would get a fresh one.
             let id = custom_id.unwrap_or_else(crate::ids::new);
             if let Some(a) = accept.as_deref_mut() {
                 a.events(std::slice::from_ref(&id));
             }
-            return self.pass(dest, request.event(id, &dest.name, body)).await;
+            return Ok(self.pass(dest, admitted.event(id, &dest.name, body)).await);
         }
-        let parsed = schema::parse(
-            route.schema(),
-            &head.headers,
-            &body,
-            route.eventgrid_topic(),
-        );
-        match &route {
-            Route::Destination(dest) => {
-                let parts: Vec<(String, Bytes)> = match parsed {
-                    None => custom_id.into_iter().map(|id| (id, body.clone())).collect(),
-                    Some(Err(e)) => return reply::schema_error(name, &e),
-                    Some(Ok(events)) => events
-                        .into_iter()
-                        .map(|e| {
-                            tracing::debug!(destination = %name, id = %e.id, event_type = %e.event_type, subject = e.subject.as_deref(), "event parsed");
-                            (e.id, e.body)
-                        })
-                        .collect(),
-                };
-                let per_second = settings.ingress.credits_per_second;
-                if let Some(refused) =
-                    self.throttle(name, per_second, credits::cost(parts.len(), 0))
-                {
-                    return refused;
-                }
+        let parsed = parse(route, &headers, body, custom_id)?;
+        self.throttle(parsed.name(), per_second, parsed.cost())?;
+        if let Some(a) = accept {
+            a.events(&parsed.ids());
+        }
+        self.store(parsed, admitted).await
+    }
+
+    /// Takes the request's room in `ingress.max_inflight_bytes` (the
+    /// declared length, else the limit) and reads its body within
+    /// `max_body_bytes` and the body's own deadline. The limit is
+    /// http-body-util's `Limited`, with this request's `max_body_bytes` (a
+    /// reload changes it; tower-http's limit layer is fixed when the
+    /// service is built); the journal's wait after it is not the app's to
+    /// time out.
+    async fn read(
+        &self,
+        name: &str,
+        req: Request<Incoming>,
+        limit: u64,
+        declared: Option<u64>,
+    ) -> Result<(http::HeaderMap, Bytes), Refused> {
+        let Some(share) = self.budget.try_take(declared.unwrap_or(limit)) else {
+            return Err(Box::new(reply::over_budget(name, self.budget.bytes())));
+        };
+        let (head, body) = req.into_parts();
+        let read = share.read(body, limit as usize, declared.map(|n| n as usize));
+        let body = match tokio::time::timeout(BODY_DEADLINE, read).await {
+            Err(_) => return Err(Box::new(reply::body_timeout(name, BODY_DEADLINE))),
+            Ok(read) => read,
+        };
+        match body {
+            Ok(b) => Ok((head.headers, b)),
+            Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+                Err(Box::new(too_large(name, limit)))
+            }
+            Err(e) => Err(refuse(
+                name,
+                StatusCode::BAD_REQUEST,
+                "bad_body",
+                format!("cannot read the request body: {e}"),
+            )),
+        }
+    }
+
+    /// The one append of a request: all its events are committed in one
+    /// group, or none is.
+    async fn append(&self, name: &str, events: Vec<NewEvent>) -> Result<Appended, Refused> {
+        if events.is_empty() {
+            // A topic's events that matched no subscriber: nothing to store.
+            return Ok(Appended::default());
+        }
+        self.journal
+            .append(events)
+            .await
+            .map_err(|e| Box::new(reply::journal_error(name, &e)))
+    }
+
+    /// Stores what was parsed and answers for it.
+    async fn store(&self, parsed: Parsed, admitted: Admitted) -> Result<Response<Body>, Refused> {
+        match parsed {
+            Parsed::Destination(dest, parts) => {
                 let ids: Vec<String> = parts.iter().map(|(id, _)| id.clone()).collect();
-                if let Some(a) = accept.as_deref_mut() {
-                    a.events(&ids);
-                }
-                let success = request.success;
-                let events = request.events(parts, &dest.name);
-                // One append: every event of the request is committed in one
-                // group, or none is.
-                match self.journal.append(events).await {
-                    Ok(a) => {
-                        let dup: Vec<String> =
-                            a.duplicates.iter().map(|&i| ids[i].clone()).collect();
-                        reply::accepted(success, &ids, &dup)
-                    }
-                    Err(e) => reply::journal_error(name, &e),
-                }
+                let success = admitted.success;
+                let appended = self
+                    .append(&dest.name, admitted.events(parts, &dest.name))
+                    .await?;
+                let dup: Vec<String> = appended
+                    .duplicates
+                    .iter()
+                    .map(|&i| ids[i].clone())
+                    .collect();
+                Ok(reply::accepted(success, &ids, &dup))
             }
-            Route::Topic(t) => {
-                let events = match parsed {
-                    Some(Ok(events)) => events,
-                    Some(Err(e)) => return reply::schema_error(name, &e),
-                    // Validation allows only eventgrid and cloudevents topics.
-                    None => Vec::new(),
-                };
-                let per_second = settings.ingress.credits_per_second;
-                if let Some(a) = accept {
-                    let ids: Vec<String> = events.iter().map(|e| e.id.clone()).collect();
-                    a.events(&ids);
-                }
-                let cost = credits::cost(events.len(), t.subscribers.len());
-                if let Some(refused) = self.throttle(name, per_second, cost) {
-                    return refused;
-                }
-                self.fan_out(t, &request, &events).await
-            }
+            Parsed::Topic(topic, events) => self.fan_out(&topic, &admitted, &events).await,
         }
     }
 
@@ -387,15 +306,15 @@ impl Ingress {
     }
 
     /// Service Bus's throttle, when on (`per_second` > 0): takes the
-    /// request's credits, or gives the refusal. Checked once the events are
-    /// counted and before anything is stored, so a refusal stores nothing.
-    fn throttle(&self, route: &str, per_second: u64, cost: u64) -> Option<Response<Body>> {
+    /// request's credits, or refuses. Checked once the events are counted
+    /// and before anything is stored, so a refusal stores nothing.
+    fn throttle(&self, route: &str, per_second: u64, cost: u64) -> Result<(), Refused> {
         if per_second == 0 {
-            return None;
+            return Ok(());
         }
         let now_ms = crate::clock::mono_us() / 1000;
         let taken = self.credits.take(route, per_second, cost, now_ms);
-        taken.err().map(|t| reply::throttled(route, per_second, &t))
+        taken.map_err(|t| Box::new(reply::throttled(route, per_second, &t)))
     }
 
     /// A topic's request: one copy per matching subscriber and event, all
@@ -405,7 +324,7 @@ impl Ingress {
         topic: &TopicSettings,
         request: &Admitted,
         events: &[schema::Event],
-    ) -> Response<Body> {
+    ) -> Result<Response<Body>, Refused> {
         let fan = topic::fan_out(topic, events);
         for c in &fan.copies {
             let e = &events[c.event];
@@ -419,15 +338,7 @@ impl Ingress {
                 request.event(e.id.clone(), c.destination, e.body.clone())
             })
             .collect();
-        let appended = if copies.is_empty() {
-            // Nothing to store: every event matched no subscriber.
-            Appended::default()
-        } else {
-            match self.journal.append(copies).await {
-                Ok(a) => a,
-                Err(e) => return reply::journal_error(&topic.name, &e),
-            }
-        };
+        let appended = self.append(&topic.name, copies).await?;
         if !fan.unmatched.is_empty() {
             metrics::unmatched(&topic.name, fan.unmatched.len() as u64);
         }
@@ -438,13 +349,167 @@ impl Ingress {
             .filter_map(|&i| fan.copies.get(i))
             .map(|c| (ids[c.event], c.destination))
             .collect();
-        reply::fanned_out(
+        Ok(reply::fanned_out(
             request.success,
             fan.copies.len(),
             &ids,
             fan.unmatched.len(),
             &duplicates,
-        )
+        ))
+    }
+}
+
+/// A refusal: the steps return it early with `?` (boxed, as a response
+/// is large beside what the steps return).
+type Refused = Box<Response<Body>>;
+
+fn refuse(name: &str, status: StatusCode, reason: &'static str, message: String) -> Refused {
+    Box::new(reply::reject(name, status, reason, message, None))
+}
+
+fn too_large(name: &str, limit: u64) -> Response<Body> {
+    reply::reject(
+        name,
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "too_large",
+        format!("the body is larger than ingress.max_body_bytes ({limit} bytes)"),
+        None,
+    )
+}
+
+/// Where the request goes after the route's name, and how: no dot
+/// segment (the endpoint could read it as a path outside the
+/// destination's url), and a method an event may have.
+fn check_target(name: &str, rest: &str, method: &http::Method) -> Result<(), Refused> {
+    if crate::event::rules::has_dot_segment(rest) {
+        let msg = format!(
+            "the path after /{name} has a `.` or `..` segment: the endpoint could read it as a path outside the destination's url; nothing was stored"
+        );
+        return Err(refuse(name, StatusCode::BAD_REQUEST, "dot_segment", msg));
+    }
+    if !crate::event::rules::method_allowed(method.as_str()) {
+        let mut resp = refuse(
+            name,
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method",
+            format!("method {method} is not accepted: use POST, PUT or PATCH"),
+        );
+        resp.headers_mut().insert(
+            http::header::ALLOW,
+            http::HeaderValue::from_static("POST, PUT, PATCH"),
+        );
+        return Err(resp);
+    }
+    Ok(())
+}
+
+/// The body's declared length, refused at once when over `limit`.
+fn declared_length(
+    name: &str,
+    headers: &http::HeaderMap,
+    limit: u64,
+) -> Result<Option<u64>, Refused> {
+    let declared = headers
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit) {
+        return Err(Box::new(too_large(name, limit)));
+    }
+    Ok(declared)
+}
+
+/// For schema `custom`, the event's id from its headers.
+fn custom_id(route: &Route, headers: &http::HeaderMap) -> Result<Option<String>, Refused> {
+    match route.schema() {
+        Schema::Custom => forward::event_id(headers).map(Some).map_err(|header| {
+            let msg = format!(
+                "header {header} must be 1 to {} visible characters",
+                forward::MAX_ID
+            );
+            refuse(route.name(), StatusCode::BAD_REQUEST, "bad_id", msg)
+        }),
+        Schema::Eventgrid | Schema::Cloudevents => Ok(None),
+    }
+}
+
+/// A batch of `custom` events is a JSON array of their bodies: a body of
+/// one that is not JSON could never be batched.
+fn check_batch(route: &Route, body: &Bytes) -> Result<(), Refused> {
+    if let Route::Destination(dest) = route
+        && dest.schema == Schema::Custom
+        && dest.batch.enabled()
+        && serde_json::from_slice::<serde::de::IgnoredAny>(body).is_err()
+    {
+        let msg = "the body is not JSON: this destination batches, and a batch is a JSON array of its events";
+        return Err(refuse(
+            route.name(),
+            StatusCode::BAD_REQUEST,
+            "not_json",
+            msg.into(),
+        ));
+    }
+    Ok(())
+}
+
+/// A request's events, read by the route's schema.
+enum Parsed {
+    /// For one destination: each event's id and body.
+    Destination(Arc<DestinationSettings>, Vec<(String, Bytes)>),
+    /// For a topic, copied to its subscribers at `store`.
+    Topic(Arc<TopicSettings>, Vec<schema::Event>),
+}
+
+impl Parsed {
+    fn name(&self) -> &str {
+        match self {
+            Parsed::Destination(d, _) => &d.name,
+            Parsed::Topic(t, _) => &t.name,
+        }
+    }
+
+    fn ids(&self) -> Vec<String> {
+        match self {
+            Parsed::Destination(_, parts) => parts.iter().map(|(id, _)| id.clone()).collect(),
+            Parsed::Topic(_, events) => events.iter().map(|e| e.id.clone()).collect(),
+        }
+    }
+
+    /// Service Bus's credits: one per event, and one per copy of it.
+    fn cost(&self) -> u64 {
+        match self {
+            Parsed::Destination(_, parts) => credits::cost(parts.len(), 0),
+            Parsed::Topic(t, events) => credits::cost(events.len(), t.subscribers.len()),
+        }
+    }
+}
+
+fn parse(
+    route: Route,
+    headers: &http::HeaderMap,
+    body: Bytes,
+    custom_id: Option<String>,
+) -> Result<Parsed, Refused> {
+    let parsed = schema::parse(route.schema(), headers, &body, route.eventgrid_topic());
+    let refused = |e: &schema::SchemaError| Box::new(reply::schema_error(route.name(), e));
+    match (&route, parsed) {
+        (_, Some(Err(e))) => Err(refused(&e)),
+        (Route::Destination(dest), None) => Ok(Parsed::Destination(
+            dest.clone(),
+            custom_id.into_iter().map(|id| (id, body.clone())).collect(),
+        )),
+        (Route::Destination(dest), Some(Ok(events))) => {
+            let parts = events
+                .into_iter()
+                .map(|e| {
+                    tracing::debug!(destination = %dest.name, id = %e.id, event_type = %e.event_type, subject = e.subject.as_deref(), "event parsed");
+                    (e.id, e.body)
+                })
+                .collect();
+            Ok(Parsed::Destination(dest.clone(), parts))
+        }
+        (Route::Topic(t), Some(Ok(events))) => Ok(Parsed::Topic(t.clone(), events)),
+        // Validation allows only eventgrid and cloudevents topics.
+        (Route::Topic(t), None) => Ok(Parsed::Topic(t.clone(), Vec::new())),
     }
 }
 
@@ -470,6 +535,26 @@ struct Admitted {
 }
 
 impl Admitted {
+    /// What the request says of its events, besides their bodies: the
+    /// headers that travel, the method, the path after the route's name
+    /// with the query that travels; `accepted_ms` is set once the body is read.
+    fn describe(route: &Route, keyed: bool, rest: &str, req: &Request<Incoming>) -> Admitted {
+        let publish = forward::eventgrid_publish(route.schema(), req.headers());
+        let mut headers = forward::forwarded(req.headers(), keyed, publish);
+        headers.retain(|(n, _)| schema::forwards_header(route.schema(), n));
+        let query = req.uri().query().and_then(|q| forward::query(q, publish));
+        Admitted {
+            success: reply::success_status(publish),
+            method: req.method().as_str().to_string(),
+            path: match query {
+                Some(q) => format!("{rest}?{q}"),
+                None => rest.to_string(),
+            },
+            headers,
+            accepted_ms: 0,
+        }
+    }
+
     /// One event per part; the last takes what they share rather than a
     /// copy (most requests carry one event).
     fn events(self, parts: Vec<(String, Bytes)>, destination: &str) -> Vec<NewEvent> {
@@ -500,5 +585,68 @@ impl Admitted {
             body,
             accepted_ms: self.accepted_ms,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn reason(refused: Refused) -> serde_json::Value {
+        use http_body_util::BodyExt;
+        let bytes = refused
+            .into_body()
+            .collect()
+            .await
+            .expect("a full body")
+            .to_bytes();
+        serde_json::from_slice::<serde_json::Value>(&bytes).expect("JSON")["reason"].clone()
+    }
+
+    #[tokio::test]
+    async fn the_target_step_refuses_dot_segments_and_other_methods_and_passes_the_rest() {
+        for rest in ["", "/a/b", "/a?b=../c", "/..a", "/a.b"] {
+            assert!(
+                check_target("d", rest, &http::Method::POST).is_ok(),
+                "{rest}"
+            );
+        }
+        for rest in ["/..", "/a/../b", "/./a", "/%2e%2E/x"] {
+            let refused = check_target("d", rest, &http::Method::POST).expect_err(rest);
+            assert_eq!(refused.status(), StatusCode::BAD_REQUEST, "{rest}");
+            assert_eq!(reason(refused).await, "dot_segment", "{rest}");
+        }
+        for method in [http::Method::PUT, http::Method::PATCH] {
+            assert!(check_target("d", "/a", &method).is_ok(), "{method}");
+        }
+        for method in [
+            http::Method::GET,
+            http::Method::DELETE,
+            http::Method::OPTIONS,
+        ] {
+            let refused = check_target("d", "/a", &method).expect_err(method.as_str());
+            assert_eq!(refused.status(), StatusCode::METHOD_NOT_ALLOWED);
+            assert_eq!(refused.headers()[http::header::ALLOW], "POST, PUT, PATCH");
+            assert_eq!(reason(refused).await, "method");
+        }
+    }
+
+    #[tokio::test]
+    async fn the_length_step_refuses_only_a_declared_length_over_the_limit() {
+        let headers = |n: &str| crate::test_headers(&[("content-length", n)]);
+        assert_eq!(
+            declared_length("d", &http::HeaderMap::new(), 10).ok(),
+            Some(None)
+        );
+        assert_eq!(
+            declared_length("d", &headers("10"), 10).ok(),
+            Some(Some(10))
+        );
+        // Not a number: hyper refuses such a request before it gets here;
+        // the body's read enforces the limit either way.
+        assert_eq!(declared_length("d", &headers("ten"), 10).ok(), Some(None));
+        let refused = declared_length("d", &headers("11"), 10).expect_err("over");
+        assert_eq!(refused.status(), StatusCode::PAYLOAD_TOO_LARGE);
+        assert_eq!(reason(refused).await, "too_large");
     }
 }

@@ -26,7 +26,7 @@ pub const MAX_WAIT: Duration = Duration::from_millis(500);
 pub(super) async fn keep_pace(shared: &Shared, events: &[NewEvent]) {
     // A list, not a set: a request names one destination, or a topic's
     // few, and hashing each name cost more than the scan (a profile of
-    // accept-only, bench/RESULTS.md).
+    // accept-only, benches/RESULTS.md).
     let mut names: Vec<&str> = Vec::with_capacity(1);
     for e in events {
         let name = e.destination.as_str();

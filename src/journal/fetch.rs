@@ -5,7 +5,7 @@
 //! bodies into SQLite wrote each waiting event twice more (WAL, then the
 //! checkpoint), kept every body a second time in `journal.db` (which the
 //! start's integrity check reads whole) and made its deletes the largest
-//! cost of a drain (bench/RESULTS.md). A row now holds the event's id,
+//! cost of a drain (benches/RESULTS.md). A row now holds the event's id,
 //! destination, method and place in the log; the log's segments stay while
 //! a row points into them (`pins`), and a segment mostly delivered has its
 //! few waiting events copied into their rows (`Indexer::spill`) so that it

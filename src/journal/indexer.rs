@@ -72,7 +72,7 @@ const CHECKPOINT_EVERY: Duration = Duration::from_secs(1);
 /// (deliveries, reschedules): a commit writes every page it touched into
 /// the WAL (and the checkpoint copies them again), so a drain's commits of
 /// a few dozen deletes each wrote the same pages again and again; lingering
-/// lets more deletes share each page (bench/RESULTS.md). A settle may wait
+/// lets more deletes share each page (benches/RESULTS.md). A settle may wait
 /// that much longer; a change that must be synced (a dead letter's delete)
 /// or the close ends the wait.
 const LINGER: Duration = Duration::from_millis(3);
@@ -525,7 +525,7 @@ impl Indexer {
     /// backlog) stays: copying it would only double its bytes for a while.
     /// Nor, for a while, one whose events are still going out (`settled`):
     /// a drain frees it, and copying its rest would write those events
-    /// twice for nothing (bench/RESULTS.md).
+    /// twice for nothing (benches/RESULTS.md).
     /// Returns whether another segment may be waiting: the caller looks
     /// again at its next turn.
     fn spill(&mut self) -> Result<bool, IndexError> {
@@ -1242,7 +1242,7 @@ fn write(
         }
         // Read, then deleted by its key: `DELETE … RETURNING` builds a
         // temporary table per statement, which cost more than the read it
-        // saves (bench/RESULTS.md).
+        // saves (benches/RESULTS.md).
         let mut doomed = conn.prepare_cached(&format!(
             "SELECT destination, {}, at, len FROM events WHERE seq = ?1 AND attempts = ?2",
             store::ROW_BYTES

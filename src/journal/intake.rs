@@ -5,7 +5,7 @@
 //! them, and inserting rows costs the writer CPU per event; together they
 //! capped acceptance. Appending the group as ONE write into preallocated
 //! space and calling fdatasync once costs a small part of that commit
-//! (bench/RESULTS.md).
+//! (benches/RESULTS.md).
 //! The rows are then added to SQLite by the indexer thread, off the
 //! acceptance path; this log keeps every event the indexer has not yet made
 //! durable in SQLite. No crate gives this shape (one positional write per
@@ -29,7 +29,7 @@
 //! group of one 1 KiB event, what an app sending one webhook at a time
 //! makes, took 4 KiB of the log, so its segments were mostly padding and
 //! the indexer's spill copied every waiting event into SQLite, where now
-//! they stay in the log (bench/RESULTS.md). The cost: the last page of an
+//! they stay in the log (benches/RESULTS.md). The cost: the last page of an
 //! acknowledged record is written to disk again, with the same bytes plus
 //! the next record's. That is safe under "powersafe overwrite" (a power
 //! loss during a write changes no byte outside the range written: disks

@@ -1062,7 +1062,7 @@ impl Journal {
 /// on one; WAL frames are copied to the main file while commits go on.
 /// Often and small: each ends with an fsync of journal.db, and a large one
 /// keeps the disk busy long enough to stall the intake log's fdatasync,
-/// which every 202 waits for (bench/RESULTS.md).
+/// which every 202 waits for (benches/RESULTS.md).
 fn spawn_checkpointer(shared: Arc<Shared>) -> std::io::Result<()> {
     std::thread::Builder::new()
         .name("journal-checkpoint".into())

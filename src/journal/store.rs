@@ -40,7 +40,7 @@ CREATE INDEX IF NOT EXISTS seen_age ON seen(seen_ms);
 /// destination, kept by the indexer in the transaction that changes the
 /// rows (`add_totals`): summing every row's lengths at start read the
 /// whole file, a good part of the time to ready with a big backlog
-/// (bench/RESULTS.md). Not triggers: one per deleted row slowed a drain's
+/// (benches/RESULTS.md). Not triggers: one per deleted row slowed a drain's
 /// deletes.
 const TOTALS: &str = "
 CREATE TABLE totals (destination TEXT PRIMARY KEY, pending INTEGER NOT NULL, bytes INTEGER NOT NULL);
@@ -80,7 +80,7 @@ ALTER TABLE events ADD COLUMN fate_ms INTEGER;
 
 /// No index on `at`: rows point into the log in seq order, so the rows of
 /// one segment are a range of seqs (`placed_in`). The index cost every
-/// insert, on the indexer's path per accepted event (bench/RESULTS.md),
+/// insert, on the indexer's path per accepted event (benches/RESULTS.md),
 /// for a spill that looks once a second; journals that have it lose it here.
 const PINS: &str = "
 DROP INDEX IF EXISTS events_at;
@@ -340,7 +340,7 @@ pub fn open_reader(path: &Path) -> Result<Connection, rusqlite::Error> {
 
 /// SQLite (as built with STAT4) marks a statement whose `LIMIT ?` or range
 /// parameter could change its plan, and prepares it again each time that
-/// parameter is bound: every `due` read of a drain did (bench/RESULTS.md).
+/// parameter is bound: every `due` read of a drain did (benches/RESULTS.md).
 /// The plans here never depend on bound values (no ANALYZE is run), so
 /// the query planner stability guarantee costs nothing and keeps them.
 fn stable_plans(conn: &Connection) -> Result<(), rusqlite::Error> {

@@ -3,7 +3,7 @@
 //!
 //! Hand-written rather than `tracing_appender::non_blocking`, which wakes
 //! its thread for almost every line: under load a futex wake and a
-//! `write(2)` every few lines, a share of courier's CPU (bench/RESULTS.md).
+//! `write(2)` every few lines, a share of courier's CPU (benches/RESULTS.md).
 //! Here the thread, woken by the first line of a burst, lingers `linger`
 //! before it takes the buffer, so it wakes at most once per `linger`, and a
 //! logging thread wakes it only when it sleeps with nothing to write.

@@ -46,7 +46,7 @@ fn filter(level: &str) -> EnvFilter {
 ///
 /// Lines go to stderr from a thread of their own, each burst in one write
 /// (`lines`): a write per delivered event on the delivery path showed in
-/// courier's CPU under load (bench/RESULTS.md). A full queue blocks rather
+/// courier's CPU under load (benches/RESULTS.md). A full queue blocks rather
 /// than drops: an outcome line is a promise of docs/logs.md. A SIGKILL loses
 /// only lines logged in the last `LINGER` before it.
 pub fn init(log: &LogSettings) -> std::io::Result<lines::Guard> {

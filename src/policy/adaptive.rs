@@ -61,7 +61,7 @@ use std::time::Duration;
 /// AIMD's 0.9, which keeps such an endpoint busier still but needs three
 /// times the round trips, each with its refusals, to come down when the
 /// endpoint's capacity falls (64 to 8: 20 cuts against 7). Figures of the
-/// simulated endpoint: bench/RESULTS.md.
+/// simulated endpoint: benches/RESULTS.md.
 pub const BACKOFF: f64 = 0.75;
 /// The most one latency cut takes off: half, however slow the window.
 pub const GRADIENT_FLOOR: f64 = 0.5;
@@ -77,7 +77,7 @@ pub const GROW_BELOW: f64 = 1.5;
 /// of it never stops growth), however small the baseline: at a baseline
 /// of a fraction of a millisecond (loopback, a fast LAN) the schedulers at
 /// both ends add as much as any queue, while more in flight still
-/// delivers more (bench/RESULTS.md, step g). A few milliseconds are
+/// delivers more (benches/RESULTS.md, step g). A few milliseconds are
 /// nothing to a webhook endpoint, whose answers take tens to hundreds; its
 /// 503s and timeouts still cut.
 pub const QUEUE_FLOOR: Duration = Duration::from_millis(5);

@@ -1,7 +1,7 @@
 //! courier's integration tests, one module per behaviour, in one test
 //! binary: each binary of its own would compile and link tokio, hyper and the
 //! test support again (about 10 s each on 2 cores, against under a minute for
-//! all of them together). Run one area with `cargo test --release --test
+//! all of them together). Run one area with `cargo test --profile suite --test
 //! suite <module>::`, e.g. `crash::`.
 //!
 //! Every module drives a real courier process (`support::Courier`) against
