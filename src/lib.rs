@@ -60,6 +60,8 @@ use std::sync::Arc;
 pub enum RunError {
     #[error(transparent)]
     Journal(#[from] journal::OpenError),
+    #[error(transparent)]
+    NoRoom(#[from] no_room::WaitError),
     #[error("cannot listen on {0} ({1}): {2}")]
     Listen(std::net::SocketAddr, &'static str, std::io::Error),
     #[error("cannot install the metrics recorder: {0}")]

@@ -10,7 +10,7 @@
 
 use crate::config::Settings;
 use crate::journal::{DestinationSummary, Journal, OpenError};
-use crate::{RunError, admin, ingress, server};
+use crate::{admin, ingress, server};
 use metrics_exporter_prometheus::PrometheusHandle;
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -22,6 +22,15 @@ use tokio_util::sync::CancellationToken;
 const FIRST_WAIT: Duration = Duration::from_millis(250);
 /// Once there is room, the journal opens within this.
 const MAX_WAIT: Duration = Duration::from_secs(2);
+
+/// Why the wait ended without a journal.
+#[derive(Debug, thiserror::Error)]
+pub enum WaitError {
+    #[error(transparent)]
+    Journal(#[from] OpenError),
+    #[error("cannot listen on {0} ({1}): {2}")]
+    Listen(std::net::SocketAddr, &'static str, std::io::Error),
+}
 
 /// An open of the journal, tried again as often as needed.
 pub(crate) type Open =
@@ -43,7 +52,7 @@ pub(crate) async fn wait(
     prometheus: PrometheusHandle,
     open: Open,
     free: u64,
-) -> Result<Option<Opened>, RunError> {
+) -> Result<Option<Opened>, WaitError> {
     let (ingress, ingress_kept) = listen_twice(settings.listen, "listen")?;
     let (admin, admin_kept) = listen_twice(settings.admin_listen, "admin_listen")?;
     tracing::warn!(
@@ -69,7 +78,7 @@ pub(crate) async fn wait(
                 tracing::debug!(free, "still no room to open the journal");
                 wait = (wait * 2).min(MAX_WAIT);
             }
-            Ok(Err(e)) => break Err(RunError::Journal(e)),
+            Ok(Err(e)) => break Err(WaitError::Journal(e)),
             Err(panicked) => std::panic::resume_unwind(panicked.into_panic()),
         }
     };
@@ -101,8 +110,8 @@ pub(crate) async fn wait(
 fn listen_twice(
     addr: std::net::SocketAddr,
     key: &'static str,
-) -> Result<(TcpListener, TcpListener), RunError> {
-    let failed = |e| RunError::Listen(addr, key, e);
+) -> Result<(TcpListener, TcpListener), WaitError> {
+    let failed = |e| WaitError::Listen(addr, key, e);
     let listener = server::listen(addr)
         .map_err(failed)?
         .into_std()
@@ -118,8 +127,8 @@ fn local(
     l: &TcpListener,
     addr: std::net::SocketAddr,
     key: &'static str,
-) -> Result<std::net::SocketAddr, RunError> {
-    l.local_addr().map_err(|e| RunError::Listen(addr, key, e))
+) -> Result<std::net::SocketAddr, WaitError> {
+    l.local_addr().map_err(|e| WaitError::Listen(addr, key, e))
 }
 
 fn serve(
