@@ -3,7 +3,7 @@
 //! to minutes while nothing changes, and would leave the app's connections
 //! refused without a reason. So courier listens at once and answers as on
 //! any full disk: ingress 507 `disk_full`, `/healthz` 200 (a restart cannot
-//! help), `/readyz` 503 (the journal is not loaded, SPEC §5), the scrape as
+//! help), `/readyz` 503 (the journal is not loaded, docs/http-api.md), the scrape as
 //! usual. It tries the open again, every `MAX_WAIT` at the longest, until
 //! there is room or SIGTERM. Nothing is accepted meanwhile, so a kill while
 //! waiting loses nothing.
