@@ -8,6 +8,7 @@
 
 use bytes::Bytes;
 use courier::config::{self, Env, Purpose};
+use courier::event::Schema;
 use courier::fuzzing::{self, Event, Read};
 use courier::journal::record::{decode_headers, encode_headers};
 use courier::policy::classify::{RETRY_AFTER_CAP, parse_retry_after};
@@ -69,8 +70,8 @@ pub fn ingress(data: &[u8]) {
     };
     let mut lines = head.split(|&b| b == b'\n');
     let schema = match lines.next().and_then(|l| l.first()) {
-        Some(b'e') => config::Schema::Eventgrid,
-        _ => config::Schema::Cloudevents,
+        Some(b'e') => Schema::Eventgrid,
+        _ => Schema::Cloudevents,
     };
     let mut headers = HeaderMap::new();
     for line in lines {
@@ -97,7 +98,7 @@ pub fn ingress(data: &[u8]) {
             "event {:?} reads differently on its own",
             String::from_utf8_lossy(&e.body)
         );
-        if schema == config::Schema::Eventgrid {
+        if schema == Schema::Eventgrid {
             let v: serde_json::Value = serde_json::from_slice(&e.body).expect("JSON");
             assert!(v["topic"].is_string(), "no topic in {v}");
             assert_eq!(v["metadataVersion"], "1", "in {v}");
@@ -109,12 +110,12 @@ pub fn ingress(data: &[u8]) {
 /// The Event Grid topic of the fuzzed route, with characters JSON escapes.
 const TOPIC: &str = "/courier/\"fuzz\"\\\u{1}";
 
-fn reparse(schema: config::Schema, e: &Event) -> Vec<Event> {
+fn reparse(schema: Schema, e: &Event) -> Vec<Event> {
     let value: serde_json::Value = serde_json::from_slice(&e.body).expect("event body is JSON");
     assert!(value.is_object(), "event body is an object");
     let mut headers = HeaderMap::new();
     let media = match schema {
-        config::Schema::Eventgrid => "application/json",
+        Schema::Eventgrid => "application/json",
         _ => "application/cloudevents+json",
     };
     headers.insert(http::header::CONTENT_TYPE, HeaderValue::from_static(media));

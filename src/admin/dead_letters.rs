@@ -16,9 +16,10 @@ use crate::deadletter::{
     Cursor, Filter, Order, Place, Source, Summary, day_start_ms, find, is_day, page, parse,
     unreplayed,
 };
-use crate::journal::{Journal, NewEvent};
+use crate::event::NewEvent;
+use crate::event::Reason;
+use crate::journal::Journal;
 use crate::metrics;
-use crate::policy::Reason;
 use crate::server::{Body, json};
 use http::{Request, Response, StatusCode, Uri};
 use http_body_util::{BodyExt, Limited};

@@ -15,7 +15,7 @@ mod topics;
 pub mod units;
 mod validate;
 
-pub use schema::{LogFormat, Mode, Schema, SyncMode};
+pub use schema::{LogFormat, Mode, SyncMode};
 pub use settings::{
     DestinationSettings, HandoffSettings, HistorySettings, Settings, SinkAt, Subscription, Target,
     TopicSettings, TracingSettings,
@@ -266,7 +266,7 @@ fn effective_yaml(
 ) -> String {
     raw.state_dir = Some(state_dir.display().to_string());
     let eventgrid = |schema, name: &str, topic: &mut Option<String>| {
-        if schema == schema::Schema::Eventgrid {
+        if schema == crate::event::Schema::Eventgrid {
             topic.get_or_insert_with(|| validate::default_eventgrid_topic(name));
         }
     };

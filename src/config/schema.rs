@@ -3,6 +3,7 @@
 //! that `courier check` prints. Range checks live in `validate`.
 
 use super::units::{Dur, Size};
+use crate::event::Schema;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -529,30 +530,11 @@ pub enum Mode {
     Passthrough,
 }
 
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Schema {
-    #[default]
-    Custom,
-    Eventgrid,
-    Cloudevents,
-}
-
 impl Mode {
     pub fn as_str(self) -> &'static str {
         match self {
             Mode::Durable => "durable",
             Mode::Passthrough => "passthrough",
-        }
-    }
-}
-
-impl Schema {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Schema::Custom => "custom",
-            Schema::Eventgrid => "eventgrid",
-            Schema::Cloudevents => "cloudevents",
         }
     }
 }

@@ -3,8 +3,9 @@
 
 use super::admin_token::AdminToken;
 use super::ingress_keys::IngressKeys;
-use super::schema::{LogFormat, Mode, Schema, SyncMode};
+use super::schema::{LogFormat, Mode, SyncMode};
 use crate::bucket::StoreUrl;
+use crate::event::Schema;
 use crate::event_path::EventPath;
 use crate::policy::adaptive::Bounds;
 use crate::policy::probation::ProbationPolicy;

@@ -1,5 +1,6 @@
 use super::*;
 use crate::bucket::StoreUrl;
+use crate::event::Schema;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;

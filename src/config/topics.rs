@@ -8,9 +8,10 @@
 //! schema. A `custom` destination would get an envelope it never asked for,
 //! and a cloudevents one an Event Grid event; courier does not convert.
 
-use super::schema::{Destination, Mode, Schema, Subscriber, Topic};
+use super::schema::{Destination, Mode, Subscriber, Topic};
 use super::settings::{Subscription, TopicSettings};
 use super::validate::{Checker, NAME_RULE, eventgrid_topic};
+use crate::event::Schema;
 use crate::event::rules::valid_name;
 use std::collections::BTreeMap;
 

@@ -6,17 +6,19 @@ use super::admin_token::AdminToken;
 use super::ingress_keys::IngressKeys;
 use super::schema::{
     Concurrency, DeadLetterChoice, DeadLetterSpec, Destination, HeaderSpec, KeySource, Mode,
-    OrderingKeySpec, RawConfig, Schema, SigningSpec, StatusKey, TlsSpec,
+    OrderingKeySpec, RawConfig, SigningSpec, StatusKey, TlsSpec,
 };
 use super::settings::*;
 use super::units::{Dur, Size};
 use crate::bucket::StoreUrl;
+use crate::event::Outcome;
+use crate::event::Schema;
 use crate::event::rules::valid_name;
 use crate::event_path::EventPath;
 use crate::policy::adaptive::Bounds;
 use crate::policy::classify::Codes;
 use crate::policy::probation::ProbationPolicy;
-use crate::policy::{Limits, Outcome, StatusPolicy};
+use crate::policy::{Limits, StatusPolicy};
 use crate::signature::Secret;
 use crate::tls::{TlsFileError, TlsFiles};
 use http::{HeaderName, HeaderValue};

@@ -350,7 +350,7 @@ mod tests {
 
     /// Records as delivery writes them, for `holds`.
     fn keyed(seq: i64, id: &str, at_ms: u64) -> (Key, String) {
-        let event = crate::journal::NewEvent {
+        let event = crate::event::NewEvent {
             id: id.into(),
             destination: "orders".into(),
             method: "POST".into(),
@@ -360,9 +360,9 @@ mod tests {
             accepted_ms: 1_795_300_000_000,
         };
         let facts = super::super::Facts {
-            reason: crate::policy::Reason::TimeToLiveExceeded,
+            reason: crate::event::Reason::TimeToLiveExceeded,
             attempts: 0,
-            last_outcome: "Probation",
+            last_outcome: crate::event::Outcome::Probation,
             last_status: None,
             last_attempt_ms: None,
         };
@@ -371,7 +371,7 @@ mod tests {
             seq,
             redact: &[],
         };
-        let text = super::super::record(crate::config::Schema::Eventgrid, &event, &facts, &written);
+        let text = super::super::record(crate::event::Schema::Eventgrid, &event, &facts, &written);
         let key = Key {
             seq,
             id: id.into(),

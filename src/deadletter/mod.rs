@@ -7,6 +7,8 @@ mod dir;
 mod parse;
 mod record;
 mod shelf;
+mod streak;
+mod writer;
 
 pub use browse::{
     Cursor, Filter, Found, Item, Order, Page, Source, day_start_ms, find, page, unreplayed,
@@ -16,6 +18,8 @@ pub use dir::DirSink;
 pub use parse::{ParseError, Rebuilt, Record, Summary, parse};
 pub use record::{Facts, Key, Written, record};
 pub use shelf::{Place, Purged, Shelf, is_day};
+pub use streak::{SinkStreak, Tally as SinkTally};
+pub use writer::Writer;
 
 use std::collections::{BTreeMap, HashSet};
 

@@ -6,7 +6,7 @@
 
 use super::record::{BODY_BASE64, CLOUDEVENTS, EVENTGRID, Key, Names, SEQ};
 use crate::event::rules;
-use crate::journal::{Header, NewEvent};
+use crate::event::{Header, NewEvent};
 use base64::Engine;
 use bytes::Bytes;
 use serde_json::value::RawValue;
@@ -285,9 +285,9 @@ fn headers(h: &Map<String, Value>) -> Result<Vec<Header>, ParseError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Schema;
     use crate::deadletter::{Facts, Written, record};
-    use crate::policy::Reason;
+    use crate::event::Reason;
+    use crate::event::Schema;
 
     fn event(body: &'static [u8]) -> NewEvent {
         NewEvent {
@@ -309,7 +309,7 @@ mod tests {
     const FACTS: Facts = Facts {
         reason: Reason::NonRetriableStatus,
         attempts: 3,
-        last_outcome: "BadRequest",
+        last_outcome: crate::event::Outcome::BadRequest,
         last_status: Some(400),
         last_attempt_ms: Some(1_597_339_094_000),
     };

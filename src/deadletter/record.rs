@@ -32,27 +32,26 @@
 //! shape, at the top level, when `data` is JSON but not the body's bytes).
 
 use crate::clock::rfc3339;
-use crate::config::Schema;
-use crate::journal::{Fate, NewEvent};
-use crate::policy::Reason;
+use crate::event::Schema;
+use crate::event::{Fate, NewEvent, Outcome, Reason};
 use base64::Engine;
 use serde_json::{Map, Value, json};
 
 /// What delivery knows when it gives an event up.
-pub struct Facts<'a> {
+pub struct Facts {
     pub reason: Reason,
     pub attempts: u32,
-    pub last_outcome: &'a str,
+    pub last_outcome: Outcome,
     pub last_status: Option<u16>,
     pub last_attempt_ms: Option<u64>,
 }
 
-impl<'a> From<&'a Fate> for Facts<'a> {
-    fn from(f: &'a Fate) -> Self {
+impl From<&Fate> for Facts {
+    fn from(f: &Fate) -> Self {
         Facts {
             reason: f.reason,
             attempts: f.attempts,
-            last_outcome: &f.last_outcome,
+            last_outcome: f.last_outcome,
             last_status: f.last_status,
             last_attempt_ms: f.last_attempt_ms,
         }
@@ -173,7 +172,7 @@ fn event_record(e: &NewEvent, facts: &Facts, w: &Written, names: &Names) -> Opti
     for (name, value) in [
         (names.reason, json!(facts.reason.as_str())),
         (names.attempts, json!(facts.attempts)),
-        (names.outcome, json!(facts.last_outcome)),
+        (names.outcome, json!(facts.last_outcome.as_str())),
         (names.status, json!(facts.last_status)),
         (names.publish, json!(rfc3339(e.accepted_ms))),
         (
@@ -244,7 +243,7 @@ fn custom_record(e: &NewEvent, facts: &Facts, w: &Written) -> String {
         "metadataVersion": "1",
         "deadLetterReason": facts.reason.as_str(),
         "deliveryAttempts": facts.attempts,
-        "lastDeliveryOutcome": facts.last_outcome,
+        "lastDeliveryOutcome": facts.last_outcome.as_str(),
         "lastHttpStatusCode": facts.last_status,
         "publishTime": rfc3339(e.accepted_ms),
         "lastDeliveryAttemptTime": facts.last_attempt_ms.map(rfc3339),
@@ -322,11 +321,11 @@ mod tests {
         redact: &[],
     };
 
-    fn facts() -> Facts<'static> {
+    fn facts() -> Facts {
         Facts {
             reason: Reason::NonRetriableStatus,
             attempts: 1,
-            last_outcome: "BadRequest",
+            last_outcome: Outcome::BadRequest,
             last_status: Some(400),
             last_attempt_ms: Some(1_597_339_094_000),
         }
@@ -524,7 +523,7 @@ mod redaction {
         let facts = Facts {
             reason: Reason::NonRetriableStatus,
             attempts: 1,
-            last_outcome: "BadRequest",
+            last_outcome: Outcome::BadRequest,
             last_status: Some(400),
             last_attempt_ms: None,
         };

@@ -3,8 +3,8 @@
 //! answer cut off mid-body is a `SocketError` (the connection closed early),
 //! not the `Delivered` its status promised.
 
+use crate::event::Outcome;
 use crate::metrics;
-use crate::policy::Outcome;
 use bytes::Bytes;
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 use std::pin::Pin;

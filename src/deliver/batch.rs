@@ -12,7 +12,7 @@
 //!   load, and the journal already groups a burst into ready events).
 
 use crate::config::settings::BatchSettings;
-use crate::journal::StoredEvent;
+use crate::event::StoredEvent;
 use std::collections::VecDeque;
 
 /// What forming needs to know about an event.

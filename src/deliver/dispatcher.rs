@@ -27,9 +27,11 @@
 //! the ready queue holds at most one event of a key, and a batch too.
 
 use super::batch;
+use super::letters::{self, Doomed};
 use super::settle::{self, Ctx, Settled, Unit};
 use crate::clock;
-use crate::journal::{Change, DestinationState, LoadError, Reader, StoredEvent, Turns};
+use crate::event::StoredEvent;
+use crate::journal::{Change, DestinationState, LoadError, Reader, Turns};
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
@@ -82,7 +84,11 @@ pub struct Dispatcher {
     /// Cancelled at shutdown, or when a reload removes the destination.
     stop: CancellationToken,
     held: Held,
+    /// Attempts, and the changes `set_waiting` records.
     tasks: JoinSet<Settled>,
+    /// Dead-letter groups (`letters`): apart from `tasks`, so that a sink
+    /// that is down holds no attempt's place. `false`: the journal refused.
+    groups: JoinSet<bool>,
     slots: Arc<Slots>,
     /// Whether the index may hold due events this dispatcher has not read.
     look: bool,
@@ -120,8 +126,10 @@ enum Wake {
     Health,
     /// A slot was given back while every slot was taken.
     SlotFree,
-    /// An attempt or an expiry group ended (the first of those that did).
+    /// An attempt ended (the first of those that did).
     Settled(Result<(tokio::task::Id, Settled), tokio::task::JoinError>),
+    /// A dead-letter group ended.
+    Written(Result<(tokio::task::Id, bool), tokio::task::JoinError>),
     /// A reload handed over a new context.
     Reload,
     /// The fleet dropped its end: no reload will come.
@@ -157,6 +165,14 @@ struct Blocked {
     slots: bool,
 }
 
+/// A dead-letter group being written.
+struct Group {
+    seqs: Vec<i64>,
+    /// Its events came from a look for expired ones (`expire_overdue`):
+    /// more may be overdue behind them.
+    overdue: bool,
+}
+
 /// A unit in hand: its events' seqs, and their bytes.
 struct Running {
     seqs: Vec<i64>,
@@ -171,10 +187,11 @@ struct Held {
     running: HashMap<tokio::task::Id, Running>,
     /// The bytes of `running`'s events (`NewEvent::size`), for `IN_HAND_BYTES`.
     running_bytes: u64,
-    /// The tasks dead-lettering a group of expired events.
-    expiring: HashSet<tokio::task::Id>,
-    /// Taken from `ready` past their TTL, waiting for a group.
-    expired: VecDeque<StoredEvent>,
+    /// The dead-letter groups being written.
+    expiring: HashMap<tokio::task::Id, Group>,
+    /// Waiting for a group: taken from `ready` past their TTL, or fated
+    /// by their attempt.
+    expired: VecDeque<Doomed>,
     /// Read from the index while behind their ordering lane's head: their
     /// rows are to wait for its turn (`set_waiting`), not held ready.
     behind: Vec<i64>,
@@ -238,6 +255,7 @@ impl Dispatcher {
             stop,
             held: Held::default(),
             tasks: JoinSet::new(),
+            groups: JoinSet::new(),
             slots: Arc::new(Slots::default()),
             look: true,
             index_due: None,
@@ -256,11 +274,12 @@ impl Dispatcher {
             self.refill().await;
             let blocked = self.start_ready();
             self.expire().await;
-            if self.stop.is_cancelled() && self.tasks.is_empty() {
+            if self.stop.is_cancelled() && self.tasks.is_empty() && self.groups.is_empty() {
                 return;
             }
             match self.next_wake(&blocked).await {
                 Wake::Settled(first) => self.settled(first),
+                Wake::Written(first) => self.written(first),
                 Wake::Indexed => self.look = true,
                 Wake::Reload => self.reload(),
                 Wake::FleetGone => self.updates_open = false,
@@ -377,7 +396,7 @@ impl Dispatcher {
                 // Set aside for `expire_overdue`'s groups (not one task
                 // and sink write each); the live events behind it go on.
                 if let Some(ev) = self.held.ready.pop_front() {
-                    self.held.expired.push_back(ev);
+                    self.held.expired.push_back(Doomed::read(ev));
                 }
                 self.expiry = Expiry::Now;
                 continue;
@@ -425,17 +444,36 @@ impl Dispatcher {
         blocked
     }
 
-    /// Step 3: dead-letters a group of expired events when a deadline
-    /// passed and a group is free.
+    /// Step 3: while a group is free, starts one: of every expired event
+    /// when a deadline passed, else of those waiting for one.
     async fn expire(&mut self) {
+        if self.groups.len() >= EXPIRY_GROUPS || self.stop.is_cancelled() {
+            return;
+        }
         let overdue = match self.expiry {
             Expiry::Now => true,
             Expiry::At(t) => clock::now_ms() >= t,
             Expiry::Unknown => false,
         };
-        if overdue && self.held.expiring.len() < EXPIRY_GROUPS && !self.stop.is_cancelled() {
+        if overdue {
             self.expiry = self.expire_overdue().await;
+        } else if !self.held.expired.is_empty() {
+            let take = EXPIRY_GROUP.min(self.held.expired.len());
+            let group = self.held.expired.drain(..take).collect();
+            self.write_group(group, false);
         }
+    }
+
+    /// Hands a group to its own task; its events stay held until it ends.
+    fn write_group(&mut self, group: Vec<Doomed>, overdue: bool) {
+        let seqs = group.iter().map(|d| d.ev.seq).collect();
+        let ctx = self.ctx.clone();
+        let handle = self
+            .groups
+            .spawn(async move { letters::write(&ctx, group).await });
+        self.held
+            .expiring
+            .insert(handle.id(), Group { seqs, overdue });
     }
 
     /// Step 4: waits for the first thing that can let the loop make
@@ -451,7 +489,7 @@ impl Dispatcher {
         };
         // With every expiry group in flight, the next look waits for one to end.
         let expiry = match self.expiry {
-            _ if !live || self.held.expiring.len() >= EXPIRY_GROUPS => None,
+            _ if !live || self.groups.len() >= EXPIRY_GROUPS => None,
             Expiry::Now => Some(0),
             Expiry::At(t) => Some(t),
             Expiry::Unknown => None,
@@ -482,6 +520,9 @@ impl Dispatcher {
             Some(done) = self.tasks.join_next_with_id(), if !self.tasks.is_empty() => {
                 Wake::Settled(done)
             }
+            Some(done) = self.groups.join_next_with_id(), if !self.groups.is_empty() => {
+                Wake::Written(done)
+            }
             changed = self.updates.changed(), if self.updates_open && live => match changed {
                 Ok(()) => Wake::Reload,
                 Err(_) => Wake::FleetGone,
@@ -496,33 +537,58 @@ impl Dispatcher {
     fn settled(&mut self, first: Result<(tokio::task::Id, Settled), tokio::task::JoinError>) {
         let mut next = Some(first);
         while let Some(done) = next {
-            let (id, release) = match done {
+            let (id, release, doomed) = match done {
                 Ok((id, settled)) => {
                     self.look |= settled.rescheduled;
                     self.answering = !settled.rescheduled;
                     if settled.rescheduled && !self.held.parked.is_empty() {
                         self.spill(true);
                     }
-                    (id, settled.release)
+                    (id, settled.release, settled.doomed)
                 }
                 Err(e) => {
                     tracing::error!(destination = %self.ctx.dest.name, error = %e, "an attempt task failed");
                     self.look = true;
-                    (e.id(), true)
+                    (e.id(), true, Vec::new())
                 }
             };
-            // A group expired: more may be overdue behind it.
-            if self.held.expiring.remove(&id) {
-                self.expiry = Expiry::Now;
-            }
+            // Still held: their records are yet to be written.
+            let keep: HashSet<i64> = doomed.iter().map(|d| d.ev.seq).collect();
+            self.held.expired.extend(doomed);
             if let Some(seqs) = self.held.back(id)
                 && release
             {
-                for seq in seqs {
+                for seq in seqs.into_iter().filter(|seq| !keep.contains(seq)) {
                     self.held.seqs.remove(&seq);
                 }
             }
             next = self.tasks.try_join_next_with_id();
+        }
+    }
+
+    /// Takes back every dead-letter group that has ended.
+    fn written(&mut self, first: Result<(tokio::task::Id, bool), tokio::task::JoinError>) {
+        let mut next = Some(first);
+        while let Some(done) = next {
+            let (id, release) = match done {
+                Ok((id, release)) => (id, release),
+                Err(e) => {
+                    tracing::error!(destination = %self.ctx.dest.name, error = %e, "a dead-letter task failed");
+                    (e.id(), true)
+                }
+            };
+            if let Some(group) = self.held.expiring.remove(&id) {
+                // More may be overdue behind it.
+                if group.overdue {
+                    self.expiry = Expiry::Now;
+                }
+                if release {
+                    for seq in group.seqs {
+                        self.held.seqs.remove(&seq);
+                    }
+                }
+            }
+            next = self.groups.try_join_next_with_id();
         }
     }
 
@@ -697,7 +763,7 @@ impl Dispatcher {
         let mut waiting = VecDeque::with_capacity(self.held.ready.len());
         for ev in std::mem::take(&mut self.held.ready) {
             if expired.len() < EXPIRY_GROUP && self.for_the_sink(&ev, now) {
-                expired.push(ev);
+                expired.push(Doomed::read(ev));
             } else {
                 waiting.push_back(ev);
             }
@@ -712,7 +778,7 @@ impl Dispatcher {
                 .accepted_before(&dest.name, cutoff, want, &self.held.seqs)
                 .await
             {
-                Ok(rows) => expired.extend(self.claim(rows)),
+                Ok(rows) => expired.extend(self.claim(rows).into_iter().map(Doomed::read)),
                 Err(e) => failed = Some(self.read_failed(&e, now)),
             }
         }
@@ -720,13 +786,7 @@ impl Dispatcher {
         // Those taken from memory go even when the read failed: their seqs
         // are held, so nothing else would ever settle them.
         if !expired.is_empty() {
-            let running = Running::of(&expired);
-            let ctx = self.ctx.clone();
-            let handle = self
-                .tasks
-                .spawn(async move { Settled::done(settle::expire(&ctx, expired).await) });
-            self.held.hand(handle.id(), running);
-            self.held.expiring.insert(handle.id());
+            self.write_group(expired, true);
         }
         if let Some(retry) = failed {
             return Expiry::At(retry);

@@ -15,11 +15,10 @@ use super::dispatcher::Dispatcher;
 use super::health::{Health, PauseReason};
 use super::limit::Limit;
 use super::settle::{Ctx, LateCompleted};
-use super::sink_streak::{SinkStreak, Tally as SinkTally};
 use super::{Connector, HttpsClient, Passthrough, stack};
 use crate::bucket::Bucket;
 use crate::config::{DestinationSettings, Settings, SinkAt};
-use crate::deadletter::{BucketSink, DeadLetterSink, DirSink, Shelf};
+use crate::deadletter::{BucketSink, DeadLetterSink, DirSink, Shelf, SinkStreak, SinkTally};
 use crate::journal::{Journal, Reader};
 use crate::lifecycle::Lifecycle;
 use crate::metrics;
@@ -249,10 +248,7 @@ impl Fleet {
             let retiring = inner.retiring.remove(name);
             let running = self.start(dest, ctx, reader, retiring);
             inner.running.insert(name.clone(), running);
-            metrics::register(
-                name,
-                &crate::policy::limits::Reason::ALL.map(|r| r.as_str()),
-            );
+            metrics::register(name, &crate::event::Reason::ALL.map(|r| r.as_str()));
             added.push(name.clone());
         }
         Ok(added)

@@ -4,7 +4,7 @@
 //! before every attempt; every result goes through `record`.
 
 use crate::clock;
-use crate::policy::Outcome;
+use crate::event::Outcome;
 use crate::policy::probation::{Admit, Probation, ProbationPolicy};
 use crate::policy::rate::RateLimit;
 use std::collections::HashSet;

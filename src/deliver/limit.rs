@@ -11,8 +11,8 @@
 //! learnt; a changed block starts again from its `initial`.
 
 use crate::clock;
+use crate::event::Outcome;
 use crate::metrics;
-use crate::policy::Outcome;
 use crate::policy::adaptive::{Bounds, Limiter, Sample, Signal};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -8,6 +8,7 @@ mod client;
 mod dispatcher;
 mod fleet;
 pub mod health;
+mod letters;
 pub mod limit;
 mod outcome_log;
 mod passthrough;
@@ -15,14 +16,13 @@ mod request;
 mod resolver;
 mod settle;
 mod shape;
-mod sink_streak;
 mod slots;
 pub mod stack;
 #[cfg(test)]
 mod tests;
+mod verdict;
 
 pub use answer_body::AnswerBody;
 pub use client::{Connector, HttpsClient, build_connector};
 pub use fleet::{ApplyError, Fleet};
 pub use passthrough::{Passed, Passthrough};
-pub use sink_streak::Tally as SinkTally;

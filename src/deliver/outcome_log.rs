@@ -13,9 +13,9 @@
 
 use crate::clock;
 use crate::deadletter::Facts;
-use crate::journal::StoredEvent;
+use crate::event::Outcome;
+use crate::event::StoredEvent;
 use crate::logging;
-use crate::policy::Outcome;
 
 /// How a delivery was confirmed.
 pub(super) enum Confirmed {
@@ -60,7 +60,7 @@ macro_rules! given_up {
             id = %ev.event.id,
             attempts = facts.attempts,
             status = facts.last_status,
-            outcome = %facts.last_outcome,
+            outcome = %facts.last_outcome.as_str(),
             reason = %facts.reason.as_str(),
             since_accept_ms = since_accept(ev),
             batch = $batch,

@@ -13,7 +13,7 @@
 use super::shape::{self, Shaped};
 use crate::config::DestinationSettings;
 use crate::deliver::stack::Attempt;
-use crate::journal::{NewEvent, StoredEvent};
+use crate::event::{NewEvent, StoredEvent};
 use crate::telemetry::EventContexts;
 use bytes::Bytes;
 use http::{HeaderName, HeaderValue, Method, Request};

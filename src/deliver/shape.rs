@@ -4,7 +4,7 @@
 //! `cloudevents` is structured mode for one event and the batch format for
 //! several, `custom` is the body as received (a JSON array when batched).
 
-use crate::config::Schema;
+use crate::event::Schema;
 use bytes::{BufMut, Bytes, BytesMut};
 use http::HeaderValue;
 

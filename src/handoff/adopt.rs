@@ -23,7 +23,8 @@ use super::{DAMAGED, Handoff};
 use crate::bucket::{Created, GetError};
 use crate::config::Live;
 use crate::event::rules::{self, Limits, Refused};
-use crate::journal::{Carried, Journal, JournalError, NewEvent};
+use crate::event::{NewEvent, Outcome};
+use crate::journal::{Carried, Journal, JournalError};
 use crate::metrics;
 use bytes::Bytes;
 use futures::StreamExt;
@@ -412,7 +413,12 @@ fn check(e: &NewEvent, c: &Carried, limits: Limits) -> Result<(), Refused> {
         limits,
     )?;
     let short = |s: &Option<String>| s.as_ref().is_none_or(|s| s.len() <= rules::MAX_ID);
-    if c.attempts > MAX_ATTEMPTS || !short(&c.last_outcome) || !short(&c.batch) {
+    // An outcome not of courier's names would make the event's row unreadable.
+    let named = c
+        .last_outcome
+        .as_deref()
+        .is_none_or(|o| Outcome::parse(o).is_some());
+    if c.attempts > MAX_ATTEMPTS || !named || !short(&c.batch) {
         return Err(Refused::State);
     }
     Ok(())
@@ -602,6 +608,9 @@ mod tests {
         };
         let mut wild = event("POST", "/x", &[], 1);
         wild.1.attempts = MAX_ATTEMPTS + 1;
+        // Its row could not be read back: quarantined, never delivered.
+        let mut unnamed = event("POST", "/x", &[], 1);
+        unnamed.1.last_outcome = Some("Teapot".into());
         let events = vec![
             event("POST", "/x?y=1", &[("x-a", "1")], 10),
             event("POST", "@127.0.0.2:7411/steal", &[], 1),
@@ -610,6 +619,7 @@ mod tests {
             event("POST", "/x", &[("host", "evil.example")], 1),
             event("POST", "/x", &[], 11),
             wild,
+            unnamed,
             event("PUT", "", &[], 0),
         ];
         let (good, refused) = sort(events, limits);
@@ -617,7 +627,15 @@ mod tests {
         let reasons: Vec<&str> = refused.iter().map(|(_, _, r)| r.reason()).collect();
         assert_eq!(
             reasons,
-            ["path", "method", "path", "header", "too_large", "state"]
+            [
+                "path",
+                "method",
+                "path",
+                "header",
+                "too_large",
+                "state",
+                "state"
+            ]
         );
     }
 }

@@ -5,8 +5,9 @@
 //! and the events: a damaged object is refused whole, and left in the
 //! store for an operator, never adopted in part.
 
+use crate::event::NewEvent;
+use crate::journal::Carried;
 use crate::journal::intake::{self, Logged};
-use crate::journal::{Carried, NewEvent};
 use crate::seal::{self, Key, OpenError};
 
 const MAGIC: u32 = 0x4348_4f31; // "CHO1"

@@ -10,7 +10,7 @@
 //! of it, so that the index stays a few bytes a row.
 
 use super::step::{self, Attempt, State};
-use crate::policy::Reason;
+use crate::event::Reason;
 use rusqlite::{Connection, OpenFlags, OptionalExtension, Row as SqlRow, params};
 use std::path::{Path, PathBuf};
 

@@ -424,7 +424,7 @@ fn apply(r: &mut Record, s: &Step) {
             if let Some(a) = r.attempts.iter_mut().find(|a| a.number == *number) {
                 a.late = true;
                 a.status = Some(*status);
-                a.outcome = crate::policy::Outcome::Delivered;
+                a.outcome = crate::event::Outcome::Delivered;
                 a.took_ms = u32::try_from(at_ms.saturating_sub(a.at_ms)).unwrap_or(u32::MAX);
             }
             // A retry that went out since keeps the event pending.
@@ -469,8 +469,8 @@ fn apply(r: &mut Record, s: &Step) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::event::{Outcome, Reason};
     use crate::history::{Attempt, History};
-    use crate::policy::{Outcome, Reason};
 
     fn attempt(number: u32, outcome: Outcome, status: u16) -> Attempt {
         Attempt {

@@ -3,11 +3,10 @@
 //! about 8 bytes an attempt, so that a million delivered events fit the
 //! 200-bytes-an-event budget without a row per attempt).
 
-// An outcome's code in the encoding is its place in `classify::ALL`
+// An outcome's code in the encoding is its place in `Outcome::ALL`
 // (declaration order): new outcomes go at the end of the enum, so that
 // stored codes keep their meaning (a test pins them).
-use crate::policy::classify::ALL as OUTCOMES;
-use crate::policy::{Outcome, Reason};
+use crate::event::{Outcome, Reason};
 
 /// One attempt as history shows it (docs/history.md).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -117,7 +116,10 @@ pub fn encode(buf: &mut Vec<u8>, accepted_ms: u64, a: &Attempt) {
     varint(buf, a.at_ms.saturating_sub(accepted_ms));
     varint(buf, u64::from(a.took_ms));
     varint(buf, a.status.map_or(0, u64::from));
-    let code = OUTCOMES.iter().position(|o| *o == a.outcome).unwrap_or(0) as u8;
+    let code = Outcome::ALL
+        .iter()
+        .position(|o| *o == a.outcome)
+        .unwrap_or(0) as u8;
     buf.push(code | if a.late { LATE } else { 0 });
 }
 
@@ -136,7 +138,7 @@ pub fn decode(mut buf: &[u8], accepted_ms: u64) -> Vec<Attempt> {
             break;
         };
         buf = rest;
-        let Some(&outcome) = OUTCOMES.get(usize::from(code & !LATE)) else {
+        let Some(&outcome) = Outcome::ALL.get(usize::from(code & !LATE)) else {
             break;
         };
         out.push(Attempt {
@@ -208,7 +210,7 @@ mod tests {
     fn attempts_round_trip_for_every_outcome_with_and_without_status() {
         let accepted = 1_700_000_000_000;
         let mut all = Vec::new();
-        for (i, o) in OUTCOMES.iter().enumerate() {
+        for (i, o) in Outcome::ALL.iter().enumerate() {
             let mut a = attempt(i as u32 + 1, *o, (i % 2 == 0).then_some(500 + i as u16));
             a.late = i % 3 == 0;
             all.push(a);
@@ -227,7 +229,7 @@ mod tests {
 
     #[test]
     fn stored_outcome_codes_keep_their_meaning() {
-        let code = |o: Outcome| OUTCOMES.iter().position(|x| *x == o);
+        let code = |o: Outcome| Outcome::ALL.iter().position(|x| *x == o);
         assert_eq!(code(Outcome::Delivered), Some(0));
         assert_eq!(code(Outcome::TimedOut), Some(7));
         assert_eq!(code(Outcome::Probation), Some(13));

@@ -6,9 +6,11 @@
 use super::budget::Budget;
 use super::credits::{self, Credits};
 use super::{Body, forward, passed, rejection, reply, schema, topic};
-use crate::config::{DestinationSettings, Live, Mode, Schema, Settings, TopicSettings};
+use crate::config::{DestinationSettings, Live, Mode, Settings, TopicSettings};
 use crate::deliver::Fleet;
-use crate::journal::{Appended, Header, Journal, NewEvent};
+use crate::event::Schema;
+use crate::event::{Header, NewEvent};
+use crate::journal::{Appended, Journal};
 use crate::lifecycle::Lifecycle;
 use crate::metrics;
 use crate::server::{BODY_DEADLINE, RemoteAddr, guard};

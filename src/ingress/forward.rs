@@ -1,8 +1,8 @@
 //! Which of the app's headers travel with the event, and which id it gets.
 
-use crate::config::Schema;
 use crate::config::ingress_keys as keys;
-use crate::journal::Header;
+use crate::event::Header;
+use crate::event::Schema;
 use http::HeaderMap;
 use std::borrow::Cow;
 

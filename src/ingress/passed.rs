@@ -4,7 +4,7 @@
 use super::forward::{HOP_BY_HOP, connection_listed};
 use super::{Body, reply};
 use crate::deliver::Passed;
-use crate::policy::Outcome;
+use crate::event::Outcome;
 use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
 use http_body_util::Either;
 use serde_json::json;

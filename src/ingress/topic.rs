@@ -79,7 +79,7 @@ fn matches(s: &Subscription, event_type: &str, subject: Option<&str>) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Schema;
+    use crate::event::Schema;
     use bytes::Bytes;
 
     fn sub(

@@ -154,9 +154,9 @@ pub(super) fn read_at_least<F: LogFile + ?Sized>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::event::NewEvent;
     use crate::journal::disk::Real;
     use crate::journal::intake::{LogReader, LogWriter, Read, encode};
-    use crate::journal::record::NewEvent;
     use bytes::Bytes;
     use std::collections::BTreeSet;
 

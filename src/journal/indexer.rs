@@ -1333,7 +1333,7 @@ fn write(
                         fate.reason.as_str(),
                         fate.at_ms as i64,
                         fate.attempts,
-                        fate.last_outcome,
+                        fate.last_outcome.as_str(),
                         fate.last_status,
                         fate.last_attempt_ms.map(|t| t as i64)
                     ])?;

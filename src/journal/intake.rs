@@ -54,7 +54,8 @@
 //! the mark knows that acknowledged events are gone, and says so.
 
 use super::disk::{self, Disk, LogFile, Real};
-use super::record::{Carried, Header, NewEvent, decode_headers, encode_headers};
+use super::record::{Carried, decode_headers, encode_headers};
+use crate::event::{Header, NewEvent};
 use std::collections::BTreeSet;
 use std::io;
 use std::path::{Path, PathBuf};

@@ -39,14 +39,14 @@ pub use lanes::{LanesView, Turns};
 pub use pauses::Pause;
 pub use reader::Reader;
 pub use ready::ReadyQueue;
-pub use record::{Carried, Fate, Header, NewEvent, StoredEvent};
+pub use record::Carried;
 pub use store::{DestinationSummary, FILE, LoadError};
 
 use crate::clock;
 use crate::config::HistorySettings;
+use crate::event::{Fate, NewEvent, Outcome, StoredEvent};
 use crate::history::{Attempt, History, HistoryError, Step};
 use crate::metrics;
-use crate::policy::Outcome;
 use arc_swap::ArcSwap;
 use dedupe::{Check, Claim, Dedupe};
 use indexer::ToIndexer;

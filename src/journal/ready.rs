@@ -107,7 +107,7 @@ impl ReadyQueue {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::journal::NewEvent;
+    use crate::event::NewEvent;
 
     fn event(seq: i64, body: usize) -> StoredEvent {
         StoredEvent {

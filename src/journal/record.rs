@@ -3,66 +3,7 @@
 //! broken page structure, but not a flipped bit inside a body, and courier
 //! must never deliver a corrupted event as if it were the app's.
 
-use crate::policy::Reason;
-use bytes::Bytes;
-
-/// A header as forwarded: the name (lowercase) and the raw value bytes.
-pub type Header = (String, Vec<u8>);
-
-/// An event as ingress hands it to the journal.
-#[derive(Clone, Debug, PartialEq)]
-pub struct NewEvent {
-    pub id: String,
-    pub destination: String,
-    pub method: String,
-    /// The app's `/rest?query` after the destination name.
-    pub path: String,
-    pub headers: Vec<Header>,
-    pub body: Bytes,
-    pub accepted_ms: u64,
-}
-
-impl NewEvent {
-    /// What this event counts against `journal.max_bytes`.
-    pub fn size(&self) -> u64 {
-        let headers: usize = self
-            .headers
-            .iter()
-            .map(|(n, v)| n.len() + v.len() + 6)
-            .sum();
-        (self.body.len() + headers + self.path.len() + self.id.len()) as u64
-    }
-
-    pub fn crc(&self) -> u32 {
-        crc(
-            &self.id,
-            &self.destination,
-            &self.method,
-            &self.path,
-            &encode_headers(&self.headers),
-            &self.body,
-        )
-    }
-}
-
-/// A pending event as the dispatcher reads it back.
-#[derive(Clone, Debug, PartialEq)]
-pub struct StoredEvent {
-    pub seq: i64,
-    pub event: NewEvent,
-    pub attempts: u32,
-    pub next_due_ms: u64,
-    pub last_outcome: Option<String>,
-    pub last_status: Option<u16>,
-    pub last_attempt_ms: Option<u64>,
-    /// The batch this event was last attempted in: a failed batch is
-    /// retried as a whole, under the same id (its `webhook-id`).
-    pub batch: Option<String>,
-    /// Set when a run before this one decided to dead-letter the event
-    /// (`Change::DeadLetter`) and may not have finished: it is never
-    /// attempted again, only its record written (once).
-    pub fate: Option<Fate>,
-}
+use crate::event::{Header, StoredEvent};
 
 /// What an event handed off by another courier brings of its delivery so
 /// far (docs/object-storage.md): it goes on where it stopped, not from attempt 1. Kept
@@ -93,26 +34,12 @@ impl Carried {
             } else {
                 ev.next_due_ms
             },
-            last_outcome: ev.last_outcome.clone(),
+            last_outcome: ev.last_outcome.map(|o| o.as_str().to_string()),
             last_status: ev.last_status,
             last_attempt_ms: ev.last_attempt_ms,
             batch: ev.batch.clone(),
         }
     }
-}
-
-/// Why an event is dead-lettered and what its record says, recorded in the
-/// journal before the record is written, so that a restart writes the same
-/// record (or finds it written) instead of deciding again.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Fate {
-    pub reason: Reason,
-    pub attempts: u32,
-    pub last_outcome: String,
-    pub last_status: Option<u16>,
-    pub last_attempt_ms: Option<u64>,
-    /// The record's `deadLetterTime`, which also names its day's file.
-    pub at_ms: u64,
 }
 
 pub fn crc(
@@ -182,6 +109,8 @@ pub fn decode_headers(mut b: &[u8]) -> Result<Vec<Header>, DecodeError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::event::NewEvent;
+    use bytes::Bytes;
 
     #[test]
     fn headers_round_trip_including_binary_values() {
@@ -214,13 +143,17 @@ mod tests {
             body: Bytes::from_static(b"{}"),
             accepted_ms: 5,
         };
-        let base = e.crc();
+        let crc_of = |e: &NewEvent| {
+            let headers = encode_headers(&e.headers);
+            crc(&e.id, &e.destination, &e.method, &e.path, &headers, &e.body)
+        };
+        let base = crc_of(&e);
         let mut other = e.clone();
         other.body = Bytes::from_static(b"{ }");
-        assert_ne!(other.crc(), base);
+        assert_ne!(crc_of(&other), base);
         let mut other = e.clone();
         other.path = "/y".into();
-        assert_ne!(other.crc(), base);
+        assert_ne!(crc_of(&other), base);
         // field boundaries matter: ("ab","") differs from ("a","b")
         assert_ne!(
             crc("ab", "", "", "", &[], &[]),

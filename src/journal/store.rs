@@ -3,8 +3,9 @@
 
 use super::fetch::{Fetch, Log};
 use super::intake::Place;
-use super::record::{Fate, NewEvent, StoredEvent, decode_headers};
-use crate::policy::Reason;
+use super::record::decode_headers;
+use crate::event::Reason;
+use crate::event::{Fate, NewEvent, Outcome, StoredEvent};
 use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, params};
 use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
@@ -442,7 +443,18 @@ fn row(r: &Row, fetch: &mut Fetch) -> Result<Result<StoredEvent, StoreError>, Lo
         Ok(r.get::<_, Option<i64>>(i)?.map(|v| v.max(0) as u64))
     };
     let attempts = r.get::<_, i64>(9)?.clamp(0, u32::MAX as i64) as u32;
-    let last_outcome: Option<String> = r.get(11)?;
+    let last_outcome = match r.get::<_, Option<String>>(11)? {
+        None => None,
+        Some(name) => match Outcome::parse(&name) {
+            Some(o) => Some(o),
+            None => {
+                return Ok(Err(StoreError::Corrupt {
+                    seq,
+                    what: format!("unknown last delivery outcome {name:?}"),
+                }));
+            }
+        },
+    };
     let last_status = r
         .get::<_, Option<i64>>(12)?
         .and_then(|s| u16::try_from(s).ok());
@@ -455,10 +467,16 @@ fn row(r: &Row, fetch: &mut Fetch) -> Result<Result<StoredEvent, StoreError>, Lo
                     what: format!("unknown dead-letter reason {reason:?}"),
                 }));
             };
+            let Some(last_outcome) = last_outcome else {
+                return Ok(Err(StoreError::Corrupt {
+                    seq,
+                    what: "a dead-letter fate without its last delivery outcome".into(),
+                }));
+            };
             Some(Fate {
                 reason,
                 attempts,
-                last_outcome: last_outcome.clone().unwrap_or_default(),
+                last_outcome,
                 last_status,
                 last_attempt_ms,
                 at_ms,

@@ -730,7 +730,7 @@ async fn a_stored_batch_is_read_whole_even_when_the_scan_limit_cuts_it() {
         seq,
         attempts: 1,
         next_due_ms: 2_000,
-        outcome: crate::policy::Outcome::Busy,
+        outcome: crate::event::Outcome::Busy,
         took_ms: 0,
         status: Some(503),
         attempt_ms: 1_500,
@@ -971,9 +971,9 @@ async fn a_recorded_fate_comes_back_with_its_event_after_a_restart() {
         .await
         .expect("append");
     let fate = Fate {
-        reason: crate::policy::Reason::NonRetriableStatus,
+        reason: crate::event::Reason::NonRetriableStatus,
         attempts: 3,
-        last_outcome: "BadRequest".into(),
+        last_outcome: Outcome::BadRequest,
         last_status: Some(400),
         last_attempt_ms: Some(5_000),
         at_ms: 6_000,
@@ -1010,6 +1010,20 @@ async fn a_recorded_fate_comes_back_with_its_event_after_a_restart() {
     let seqs: Vec<i64> = rows.iter().map(|s| s.seq).collect();
     assert_eq!(seqs, [2], "the row with a fate it cannot read is left out");
     assert_eq!(quarantined(tmp.path()), [1]);
+    // So is one whose last outcome is not a name of this build.
+    let conn = Connection::open(tmp.path().join(FILE)).expect("open db");
+    conn.execute(
+        "UPDATE events SET last_outcome = 'Teapot' WHERE seq = 2",
+        [],
+    )
+    .expect("edit");
+    drop(conn);
+    let (journal, _) = reopen(tmp.path()).await;
+    assert!(
+        due(journal).await.is_empty(),
+        "the row with an unknown outcome is left out"
+    );
+    assert_eq!(quarantined(tmp.path()), [1, 2]);
 }
 
 /// Deliveries are settled by seq alone, and the journal frees what it

@@ -52,7 +52,7 @@
 //!
 //! The limit never leaves `min..=max`.
 
-use super::classify::Outcome;
+use crate::event::Outcome;
 use std::time::Duration;
 
 /// The limit's share kept on an overload signal. Above TCP Reno's half,

@@ -3,27 +3,9 @@
 //! with the minimum delay before the next attempt. Retry timing itself is
 //! `schedule`'s job; this only says "not before".
 
+use crate::event::Outcome;
 use std::ops::RangeInclusive;
 use std::time::{Duration, SystemTime};
-
-/// Event Grid's `lastDeliveryOutcome` names.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Outcome {
-    Delivered,
-    BadRequest,
-    Unauthorized,
-    Forbidden,
-    NotFound,
-    Gone,
-    PayloadTooLarge,
-    TimedOut,
-    Busy,
-    Failed,
-    SocketError,
-    ResolutionError,
-    TlsError,
-    Probation,
-}
 
 /// Attempts are counted per outcome.
 impl crate::metrics::Fixed for Outcome {
@@ -37,29 +19,6 @@ impl crate::metrics::Fixed for Outcome {
 }
 
 impl Outcome {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Outcome::Delivered => "Delivered",
-            Outcome::BadRequest => "BadRequest",
-            Outcome::Unauthorized => "Unauthorized",
-            Outcome::Forbidden => "Forbidden",
-            Outcome::NotFound => "NotFound",
-            Outcome::Gone => "Gone",
-            Outcome::PayloadTooLarge => "PayloadTooLarge",
-            Outcome::TimedOut => "TimedOut",
-            Outcome::Busy => "Busy",
-            Outcome::Failed => "Failed",
-            Outcome::SocketError => "SocketError",
-            Outcome::ResolutionError => "ResolutionError",
-            Outcome::TlsError => "TlsError",
-            Outcome::Probation => "Probation",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Outcome> {
-        ALL.iter().copied().find(|o| o.as_str() == s)
-    }
-
     /// The name of an HTTP status, whatever the verdict on it.
     pub fn of_status(status: u16) -> Outcome {
         match status {
@@ -76,24 +35,6 @@ impl Outcome {
         }
     }
 }
-
-/// Every outcome, in declaration order.
-pub const ALL: [Outcome; 14] = [
-    Outcome::Delivered,
-    Outcome::BadRequest,
-    Outcome::Unauthorized,
-    Outcome::Forbidden,
-    Outcome::NotFound,
-    Outcome::Gone,
-    Outcome::PayloadTooLarge,
-    Outcome::TimedOut,
-    Outcome::Busy,
-    Outcome::Failed,
-    Outcome::SocketError,
-    Outcome::ResolutionError,
-    Outcome::TlsError,
-    Outcome::Probation,
-];
 
 /// A failure below HTTP: no status to classify.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -459,7 +400,7 @@ mod tests {
 
     #[test]
     fn outcome_names_round_trip() {
-        for o in ALL {
+        for o in Outcome::ALL {
             assert_eq!(Outcome::parse(o.as_str()), Some(o));
         }
     }

@@ -47,7 +47,8 @@ impl Inline<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::{Outcome, StatusPolicy, Transport};
+    use crate::event::Outcome;
+    use crate::policy::{StatusPolicy, Transport};
     use rand::SeedableRng;
     use rand::rngs::StdRng;
 

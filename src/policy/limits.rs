@@ -3,42 +3,13 @@
 //! attempt would fall after its TTL expires at the TTL, not at that attempt.
 
 use super::schedule::{Phase, Schedule};
+use crate::event::Reason;
 use std::time::Duration;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Limits {
     pub max_attempts: u32,
     pub ttl: Duration,
-}
-
-/// Event Grid's `deadLetterReason`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Reason {
-    MaxDeliveryAttemptsExceeded,
-    TimeToLiveExceeded,
-    NonRetriableStatus,
-}
-
-impl Reason {
-    pub const ALL: [Reason; 3] = [
-        Reason::MaxDeliveryAttemptsExceeded,
-        Reason::TimeToLiveExceeded,
-        Reason::NonRetriableStatus,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Reason::MaxDeliveryAttemptsExceeded => "MaxDeliveryAttemptsExceeded",
-            Reason::TimeToLiveExceeded => "TimeToLiveExceeded",
-            Reason::NonRetriableStatus => "NonRetriableStatus",
-        }
-    }
-
-    /// The reason named `s` (as `as_str` spells it), e.g. read back from
-    /// the journal.
-    pub fn parse(s: &str) -> Option<Reason> {
-        Reason::ALL.into_iter().find(|r| r.as_str() == s)
-    }
 }
 
 /// What happens after a failed attempt that may be retried. Times are

@@ -11,6 +11,6 @@ pub mod rate;
 pub mod schedule;
 pub mod sns;
 
-pub use classify::{Classified, Outcome, StatusPolicy, Transport, Verdict};
-pub use limits::{Limits, Next, Plan, Reason};
+pub use classify::{Classified, StatusPolicy, Transport, Verdict};
+pub use limits::{Limits, Next, Plan};
 pub use schedule::{Phase, Schedule};

@@ -5,7 +5,7 @@
 //! follows a failed probe doubles, capped at an hour. Waiting is not an
 //! attempt, so a dead endpoint costs one attempt per probation period.
 
-use super::classify::Outcome;
+use crate::event::Outcome;
 use std::time::Duration;
 
 /// Consecutive failures that put an endpoint on probation.

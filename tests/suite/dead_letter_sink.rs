@@ -2,11 +2,13 @@
 //! events stay in the journal and their writes are retried, every failed
 //! write counts in `courier_dead_letter_write_failures_total`, and the log
 //! tells the streak in one ERROR line and one line when it ends, not a line
-//! per failure (200 ERROR lines for 100 events in 5 s before).
+//! per failure (200 ERROR lines for 100 events in 5 s before). A sink that
+//! is down holds no attempt's slot: live events of the destination go out
+//! while its dead letters wait (issue #45, item 2).
 
 use std::time::Duration;
 use support::{
-    Courier, Receiver, Reply, behavior, check, check_eq, config, dl_dir, metric, post,
+    Courier, Receiver, Reply, behavior, check, check_eq, config, dl_dir, fail, metric, post,
     wait_dead_letters, wait_metric,
 };
 
@@ -44,14 +46,15 @@ async fn a_failing_sink_is_one_error_line_per_streak_and_a_count_of_every_failed
         check_eq!(c, r.status, 202, "{}", r.text());
     }
     rx.wait_for(EVENTS, Duration::from_secs(10)).await;
-    // Each write is retried 1 s after it failed (then 2 s, 4 s...): wait
-    // for a second round.
+    // The dead letters go to the sink in groups (at most two written at
+    // once), each write retried 1 s after it failed (then 2 s, 4 s...):
+    // wait for a second round of both.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
-    while failures(&c).await < (2 * EVENTS) as f64 && tokio::time::Instant::now() < deadline {
+    while failures(&c).await < 4.0 && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let failed = failures(&c).await;
-    check!(c, failed >= (2 * EVENTS) as f64, "{failed} failed writes");
+    check!(c, failed >= 4.0, "{failed} failed writes");
     check_eq!(
         c,
         metric(&c.admin_url(), PENDING).await,
@@ -87,4 +90,117 @@ async fn a_failing_sink_is_one_error_line_per_streak_and_a_count_of_every_failed
         "the end of the streak tells its {failed} failures: {}",
         ended[0]
     );
+}
+
+/// A receiver that refuses events whose body says `dead`, and takes the rest.
+async fn refusing_the_dead() -> Receiver {
+    Receiver::start(behavior(|r, _| {
+        let dead = r.body.windows(4).any(|w| w == b"dead");
+        Reply::status(if dead { 400 } else { 200 })
+    }))
+    .await
+}
+
+/// Blocks the destination's dead-letter folder: a file stands in its place.
+fn block_sink(c: &Courier) -> std::path::PathBuf {
+    let sink = dl_dir(c, "orders");
+    if let Some(parent) = sink.parent() {
+        std::fs::create_dir_all(parent).expect("dead-letter root");
+    }
+    std::fs::write(&sink, b"not a folder").expect("block the sink");
+    sink
+}
+
+/// Posts a live event and asserts that it is delivered within `within`.
+async fn delivered_at_once(c: &Courier, rx: &Receiver, n: usize, within: Duration) {
+    let before = rx.count();
+    let sent = std::time::Instant::now();
+    let r = post(&c.url("orders"), format!(r#"{{"live":{n}}}"#), &[]).await;
+    check_eq!(c, r.status, 202, "{}", r.text());
+    let Some(got) = rx.try_wait_for(before + 1, within).await else {
+        fail!(
+            c,
+            "live event {n} not delivered within {within:?}: its destination waits for the dead-letter sink"
+        );
+    };
+    let last = got
+        .iter()
+        .max_by_key(|g| g.at)
+        .map(|g| g.at.duration_since(sent));
+    check!(
+        c,
+        last.is_some_and(|d| d < within),
+        "live event {n} took {last:?}"
+    );
+}
+
+/// Unblocks the sink and checks that each dead letter is written once,
+/// and that nothing is left pending.
+async fn unblock_and_drain(c: &Courier, sink: &std::path::Path, dead: usize) {
+    std::fs::remove_file(sink).expect("unblock the sink");
+    let (_, records) = wait_dead_letters(c, "orders", dead, Duration::from_secs(40)).await;
+    check_eq!(c, records.len(), dead, "dead letters written");
+    wait_metric(c, PENDING, 0.0, Duration::from_secs(10)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sink_that_is_down_holds_no_delivery_slot_one_dead_letter_a_second() {
+    let rx = refusing_the_dead().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    // Batched: a batch holds its slot until settled, so two dead letters
+    // waiting in their attempts' slots would stop the destination.
+    let extra = "concurrency: 2\nbatch: { max_events: 10 }";
+    let c = Courier::start(dir.path(), &config("orders", &rx.url(), extra)).await;
+    let sink = block_sink(&c);
+    const ROUNDS: usize = 4;
+    for n in 0..ROUNDS {
+        let seen = rx.count();
+        let r = post(&c.url("orders"), format!(r#"{{"dead":{n}}}"#), &[]).await;
+        check_eq!(c, r.status, 202, "{}", r.text());
+        rx.wait_for(seen + 1, Duration::from_secs(5)).await;
+        // Its dead letter fails to be written, and waits.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while failures(&c).await < (n + 1) as f64 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        delivered_at_once(&c, &rx, n, Duration::from_millis(1500)).await;
+    }
+    check!(
+        c,
+        failures(&c).await >= ROUNDS as f64,
+        "every dead letter met the blocked sink"
+    );
+    unblock_and_drain(&c, &sink, ROUNDS).await;
+    let live = rx
+        .received()
+        .iter()
+        .filter(|r| !r.body.windows(4).any(|w| w == b"dead"))
+        .count();
+    check_eq!(c, live, ROUNDS, "each live event delivered once");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sink_that_is_down_holds_no_delivery_slot_after_many_dead_letters() {
+    let rx = refusing_the_dead().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let c = Courier::start(dir.path(), &config("orders", &rx.url(), "concurrency: 2")).await;
+    let sink = block_sink(&c);
+    // More than the attempts a destination keeps in hand (16 a slot).
+    const DEAD: usize = 40;
+    for n in 0..DEAD {
+        let r = post(&c.url("orders"), format!(r#"{{"dead":{n}}}"#), &[]).await;
+        check_eq!(c, r.status, 202, "{}", r.text());
+    }
+    rx.wait_for(DEAD, Duration::from_secs(10)).await;
+    for n in 0..3 {
+        delivered_at_once(&c, &rx, n, Duration::from_millis(1500)).await;
+    }
+    check_eq!(
+        c,
+        metric(&c.admin_url(), PENDING).await,
+        Some(DEAD as f64),
+        "the dead letters wait in the journal"
+    );
+    unblock_and_drain(&c, &sink, DEAD).await;
 }

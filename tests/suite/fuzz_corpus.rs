@@ -6,8 +6,8 @@
 mod harness;
 
 use bytes::Bytes;
+use courier::event::NewEvent;
 use courier::fuzzing::{LogWriter, intake_encode};
-use courier::journal::NewEvent;
 use courier::journal::record::encode_headers;
 use std::path::{Path, PathBuf};
 

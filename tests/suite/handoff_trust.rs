@@ -9,8 +9,9 @@ use super::handoff::{
     BUCKET, KEY, KEY_ENV, PROMPT, all_delivered, config, endpoint, post_many, sealed, start,
     start_env, twice,
 };
+use courier::event::NewEvent;
 use courier::fuzzing::{HandoffBuilder, handoff_sealed};
-use courier::journal::{Carried, NewEvent};
+use courier::journal::Carried;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 use support::stores::{Moto, keys_at, put_files, put_object};

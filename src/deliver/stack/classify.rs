@@ -235,7 +235,8 @@ fn chain(err: &(dyn StdError + 'static)) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::{Outcome, Verdict};
+    use crate::event::Outcome;
+    use crate::policy::Verdict;
     use tower::ServiceExt;
 
     #[derive(Debug)]

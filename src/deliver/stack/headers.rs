@@ -18,8 +18,9 @@
 //! logged at debug level with the header and the path, never a value.
 
 use super::{Attempt, AttemptRequest, body_bytes};
+use crate::config::DestinationSettings;
 use crate::config::settings::{CustomHeader, HeaderSource, MAX_HEADER_VALUE};
-use crate::config::{DestinationSettings, Schema};
+use crate::event::Schema;
 use crate::event_path::{self, EventPath, Missing};
 use http::{HeaderMap, HeaderName, HeaderValue};
 use serde::Deserialize;

@@ -75,7 +75,7 @@ where
             span.finish(
                 a.status,
                 outcome.as_str(),
-                outcome == crate::policy::Outcome::Delivered,
+                outcome == crate::event::Outcome::Delivered,
             );
             Ok(answered)
         })

@@ -11,7 +11,7 @@ mod cloudevents;
 mod eventgrid;
 mod fields;
 
-use crate::config::Schema;
+use crate::event::Schema;
 use bytes::Bytes;
 use http::HeaderMap;
 use serde_json::value::RawValue;

@@ -1,0 +1,95 @@
+//! The names an attempt's end and a dead letter's cause are known by, as
+//! Event Grid spells them: kept typed wherever they are held, and spelt
+//! only where they are written (journal rows, records, metrics, the API).
+
+/// Event Grid's `lastDeliveryOutcome` names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Outcome {
+    Delivered,
+    BadRequest,
+    Unauthorized,
+    Forbidden,
+    NotFound,
+    Gone,
+    PayloadTooLarge,
+    TimedOut,
+    Busy,
+    Failed,
+    SocketError,
+    ResolutionError,
+    TlsError,
+    Probation,
+}
+
+impl Outcome {
+    /// Every outcome, in declaration order.
+    pub const ALL: [Outcome; 14] = [
+        Outcome::Delivered,
+        Outcome::BadRequest,
+        Outcome::Unauthorized,
+        Outcome::Forbidden,
+        Outcome::NotFound,
+        Outcome::Gone,
+        Outcome::PayloadTooLarge,
+        Outcome::TimedOut,
+        Outcome::Busy,
+        Outcome::Failed,
+        Outcome::SocketError,
+        Outcome::ResolutionError,
+        Outcome::TlsError,
+        Outcome::Probation,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Delivered => "Delivered",
+            Outcome::BadRequest => "BadRequest",
+            Outcome::Unauthorized => "Unauthorized",
+            Outcome::Forbidden => "Forbidden",
+            Outcome::NotFound => "NotFound",
+            Outcome::Gone => "Gone",
+            Outcome::PayloadTooLarge => "PayloadTooLarge",
+            Outcome::TimedOut => "TimedOut",
+            Outcome::Busy => "Busy",
+            Outcome::Failed => "Failed",
+            Outcome::SocketError => "SocketError",
+            Outcome::ResolutionError => "ResolutionError",
+            Outcome::TlsError => "TlsError",
+            Outcome::Probation => "Probation",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Outcome> {
+        Outcome::ALL.into_iter().find(|o| o.as_str() == s)
+    }
+}
+
+/// Event Grid's `deadLetterReason`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Reason {
+    MaxDeliveryAttemptsExceeded,
+    TimeToLiveExceeded,
+    NonRetriableStatus,
+}
+
+impl Reason {
+    pub const ALL: [Reason; 3] = [
+        Reason::MaxDeliveryAttemptsExceeded,
+        Reason::TimeToLiveExceeded,
+        Reason::NonRetriableStatus,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::MaxDeliveryAttemptsExceeded => "MaxDeliveryAttemptsExceeded",
+            Reason::TimeToLiveExceeded => "TimeToLiveExceeded",
+            Reason::NonRetriableStatus => "NonRetriableStatus",
+        }
+    }
+
+    /// The reason named `s` (as `as_str` spells it), e.g. read back from
+    /// the journal.
+    pub fn parse(s: &str) -> Option<Reason> {
+        Reason::ALL.into_iter().find(|r| r.as_str() == s)
+    }
+}
