@@ -2,36 +2,36 @@
 //! This file wires the parts together and owns the process life cycle.
 
 pub mod admin;
-pub mod bucket;
+mod bucket;
 pub mod clock;
 pub mod config;
-pub mod deadletter;
-pub mod deliver;
+mod deadletter;
+mod deliver;
 pub mod event;
-pub mod event_path;
+mod event_path;
 mod fd_limit;
 mod file_modes;
 #[doc(hidden)]
 pub mod fuzzing;
 mod handoff;
-pub mod history;
+mod history;
 mod ids;
 mod ingress;
 pub mod journal;
-pub mod lifecycle;
+mod lifecycle;
 pub mod logging;
-pub mod metrics;
+mod metrics;
 mod no_room;
-pub mod ordering;
+mod ordering;
 pub mod policy;
-pub mod reload;
+mod reload;
 pub mod rfc3339;
 mod seal;
-pub mod server;
-pub mod signature;
+mod server;
+mod signature;
 pub mod table;
 mod telemetry;
-pub mod tls;
+mod tls;
 
 /// A header map of `pairs`, in order, for unit tests.
 #[cfg(test)]

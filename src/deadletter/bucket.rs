@@ -77,10 +77,6 @@ impl BucketSink {
         BucketSink { bucket }
     }
 
-    pub fn url(&self) -> &str {
-        self.bucket.label()
-    }
-
     /// The objects directly in a day's folder: its parts, by name.
     fn listed(&self, destination: &str, day: &str) -> std::io::Result<Vec<(String, u64)>> {
         let prefix = self.bucket.path([destination, day]);

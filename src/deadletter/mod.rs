@@ -10,14 +10,12 @@ mod shelf;
 mod streak;
 mod writer;
 
-pub use browse::{
-    Cursor, Filter, Found, Item, Order, Page, Source, day_start_ms, find, page, unreplayed,
-};
+pub use browse::{Cursor, Filter, Order, Source, day_start_ms, find, page, unreplayed};
 pub use bucket::BucketSink;
 pub use dir::DirSink;
-pub use parse::{ParseError, Rebuilt, Record, Summary, parse};
+pub use parse::{Summary, parse};
 pub use record::{Facts, Key, Written, record};
-pub use shelf::{Place, Purged, Shelf, is_day};
+pub use shelf::{Place, Shelf, is_day};
 pub use streak::{SinkStreak, Tally as SinkTally};
 pub use writer::Writer;
 

@@ -274,7 +274,11 @@ impl Dispatcher {
             self.refill().await;
             let blocked = self.start_ready();
             self.expire().await;
-            if self.stop.is_cancelled() && self.tasks.is_empty() && self.groups.is_empty() {
+            if self.stop.is_cancelled()
+                && self.tasks.is_empty()
+                && self.groups.is_empty()
+                && self.held.expired.is_empty()
+            {
                 return;
             }
             match self.next_wake(&blocked).await {
@@ -444,20 +448,20 @@ impl Dispatcher {
         blocked
     }
 
-    /// Step 3: while a group is free, starts one: of every expired event
-    /// when a deadline passed, else of those waiting for one.
+    /// Step 3: while groups are free, starts them: of every expired event
+    /// when a deadline passed, else of those waiting for one. Once
+    /// stopping, only of those waiting (their fates are recorded: written
+    /// within the shutdown grace, or after the next start).
     async fn expire(&mut self) {
-        if self.groups.len() >= EXPIRY_GROUPS || self.stop.is_cancelled() {
-            return;
-        }
         let overdue = match self.expiry {
             Expiry::Now => true,
             Expiry::At(t) => clock::now_ms() >= t,
             Expiry::Unknown => false,
         };
-        if overdue {
+        if overdue && self.groups.len() < EXPIRY_GROUPS && !self.stop.is_cancelled() {
             self.expiry = self.expire_overdue().await;
-        } else if !self.held.expired.is_empty() {
+        }
+        while self.groups.len() < EXPIRY_GROUPS && !self.held.expired.is_empty() {
             let take = EXPIRY_GROUP.min(self.held.expired.len());
             let group = self.held.expired.drain(..take).collect();
             self.write_group(group, false);

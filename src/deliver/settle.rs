@@ -173,23 +173,22 @@ pub async fn run(ctx: &Arc<Ctx>, unit: Unit, probe: bool, slot: Slot) -> Settled
     out
 }
 
-/// Tells the destination's health of the answer, then records each
-/// event's end.
-async fn settle(
-    ctx: &Arc<Ctx>,
-    evs: Vec<StoredEvent>,
-    batch: Option<String>,
-    mut a: Attempted,
+/// What `inform` tells of an attempt besides its answer.
+struct Told<'a> {
+    /// The event's id, or the batch's.
+    id: &'a str,
+    events: usize,
+    number: u32,
     probe: bool,
-    slot: Slot,
-) -> Settled {
+    now: u64,
+}
+
+/// Tells the destination's health, adaptive limit, metrics and log of an
+/// attempt's answer; a 410 pauses the destination.
+async fn inform(ctx: &Ctx, a: &Attempted, t: Told<'_>) {
     let dest = &ctx.dest;
-    let n = evs.len() as u64;
-    // The attempt's number, which picks the schedule's delay.
-    let number = super::request::attempt_number(&evs);
     let outcome = a.classified.outcome;
-    let now = clock::now_ms();
-    ctx.metrics.attempt(outcome, a.took, n);
+    ctx.metrics.attempt(outcome, a.took, t.events as u64);
     // A Retry-After on 429 or 503 holds the whole destination, not just
     // this attempt's events. A batch is one attempt for probation too.
     let hold = a
@@ -200,27 +199,56 @@ async fn settle(
     // certificate): its reason goes where operators look, once per streak.
     let tls_streak_starts =
         outcome == Outcome::TlsError && ctx.health.view().last_outcome != Some(Outcome::TlsError);
-    if let Some(until) = ctx.health.record(outcome, hold, probe) {
+    if let Some(until) = ctx.health.record(outcome, hold, t.probe) {
         tracing::warn!(destination = %dest.name, outcome = %outcome.as_str(), until = %clock::rfc3339(until), "endpoint on probation: no attempts until then, then one probe");
     }
     // This attempt is no longer counted in flight; it was until its answer.
     let in_flight = ctx.health.in_flight.load(Ordering::Relaxed) + 1;
     ctx.limit.record(outcome, a.took, in_flight);
-    let id = batch.as_deref().unwrap_or(evs[0].event.id.as_str());
-    tracing::debug!(destination = %dest.name, id = %id, events = n, attempt = number, outcome = %outcome.as_str(), status = a.status, error = a.error.as_deref(), "attempt");
+    let (id, number) = (t.id, t.number);
+    tracing::debug!(destination = %dest.name, id = %id, events = t.events, attempt = number, outcome = %outcome.as_str(), status = a.status, error = a.error.as_deref(), "attempt");
     if tls_streak_starts {
         tracing::warn!(destination = %dest.name, id = %id, attempt = number, error = a.error.as_deref(), "TLS handshake failed: check the endpoint's certificate and this destination's tls files");
     }
-    let verdict = a.classified.verdict;
-    if verdict == Verdict::Pause {
+    if a.classified.verdict == Verdict::Pause {
         tracing::warn!(destination = %dest.name, "endpoint answered 410 Gone: destination paused until resumed");
-        if ctx.health.pause(PauseReason::Gone, now) {
-            record_gone(ctx, now).await;
+        if ctx.health.pause(PauseReason::Gone, t.now) {
+            record_gone(ctx, t.now).await;
         }
     }
+}
+
+/// Tells the destination's health of the answer, gives the slot back,
+/// then records each event's end.
+async fn settle(
+    ctx: &Arc<Ctx>,
+    evs: Vec<StoredEvent>,
+    batch: Option<String>,
+    mut a: Attempted,
+    probe: bool,
+    slot: Slot,
+) -> Settled {
+    let dest = &ctx.dest;
+    // The attempt's number, which picks the schedule's delay.
+    let number = super::request::attempt_number(&evs);
+    let now = clock::now_ms();
+    let id = batch.as_deref().unwrap_or(evs[0].event.id.as_str());
+    inform(
+        ctx,
+        &a,
+        Told {
+            id,
+            events: evs.len(),
+            number,
+            probe,
+            now,
+        },
+    )
+    .await;
     // Health knows the answer now (its hold, probation, a 410's pause): the
     // next attempt's gate sees it.
     drop(slot);
+    let verdict = a.classified.verdict;
     let answered = Answered {
         verdict,
         now_ms: now,
@@ -239,6 +267,7 @@ async fn settle(
             .is_some()
             .then(|| now + dest.late_answer_window.as_millis() as u64),
     };
+    let outcome = a.classified.outcome;
     // What history keeps of it, numbered per event.
     let tried = Attempt {
         number,

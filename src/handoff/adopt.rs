@@ -23,7 +23,7 @@ use super::{DAMAGED, Handoff};
 use crate::bucket::{Created, GetError};
 use crate::config::Live;
 use crate::event::rules::{self, Limits, Refused};
-use crate::event::{NewEvent, Outcome};
+use crate::event::{NewEvent, Reason};
 use crate::journal::{Carried, Journal, JournalError};
 use crate::metrics;
 use bytes::Bytes;
@@ -413,12 +413,11 @@ fn check(e: &NewEvent, c: &Carried, limits: Limits) -> Result<(), Refused> {
         limits,
     )?;
     let short = |s: &Option<String>| s.as_ref().is_none_or(|s| s.len() <= rules::MAX_ID);
-    // An outcome not of courier's names would make the event's row unreadable.
-    let named = c
-        .last_outcome
-        .as_deref()
-        .is_none_or(|o| Outcome::parse(o).is_some());
-    if c.attempts > MAX_ATTEMPTS || !named || !short(&c.batch) {
+    // A fate's reason not of courier's names would leave its row unreadable
+    // (an unknown last outcome reads as `Failed`).
+    let fate = c.fate.as_ref();
+    let named = fate.is_none_or(|f| Reason::parse(&f.reason).is_some());
+    if c.attempts > MAX_ATTEMPTS || !named || !short(&c.last_outcome) || !short(&c.batch) {
         return Err(Refused::State);
     }
     Ok(())
@@ -569,6 +568,7 @@ async fn forget_claims(h: &Handoff, name: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::journal::CarriedFate;
 
     fn event(
         method: &str,
@@ -596,6 +596,7 @@ mod tests {
                 last_status: Some(500),
                 last_attempt_ms: Some(4),
                 batch: None,
+                fate: None,
             },
         )
     }
@@ -609,8 +610,18 @@ mod tests {
         let mut wild = event("POST", "/x", &[], 1);
         wild.1.attempts = MAX_ATTEMPTS + 1;
         // Its row could not be read back: quarantined, never delivered.
-        let mut unnamed = event("POST", "/x", &[], 1);
-        unnamed.1.last_outcome = Some("Teapot".into());
+        let mut unreasoned = event("POST", "/x", &[], 1);
+        unreasoned.1.fate = Some(CarriedFate {
+            reason: "Bored".into(),
+            at_ms: 9,
+        });
+        // Dead-lettered by the courier that handed it off: adopted, to
+        // have its record written.
+        let mut fated = event("POST", "/x", &[], 1);
+        fated.1.fate = Some(CarriedFate {
+            reason: "NonRetriableStatus".into(),
+            at_ms: 9,
+        });
         let events = vec![
             event("POST", "/x?y=1", &[("x-a", "1")], 10),
             event("POST", "@127.0.0.2:7411/steal", &[], 1),
@@ -619,11 +630,12 @@ mod tests {
             event("POST", "/x", &[("host", "evil.example")], 1),
             event("POST", "/x", &[], 11),
             wild,
-            unnamed,
+            unreasoned,
+            fated,
             event("PUT", "", &[], 0),
         ];
         let (good, refused) = sort(events, limits);
-        assert_eq!(good.len(), 2);
+        assert_eq!(good.len(), 3);
         let reasons: Vec<&str> = refused.iter().map(|(_, _, r)| r.reason()).collect();
         assert_eq!(
             reasons,

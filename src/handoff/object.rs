@@ -153,6 +153,7 @@ pub fn decode(bytes: &[u8]) -> Result<Vec<(NewEvent, Carried)>, ObjectError> {
                 last_status: None,
                 last_attempt_ms: None,
                 batch: None,
+                fate: None,
             });
             (event, carried)
         })
@@ -181,6 +182,7 @@ mod tests {
                 last_status: Some(500),
                 last_attempt_ms: Some(8_000),
                 batch: i.is_multiple_of(2).then(|| format!("b{i}")),
+                fate: None,
             },
         )
     }

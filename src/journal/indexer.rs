@@ -1191,7 +1191,7 @@ fn write(
         )?;
         // An adopted event goes on where its delivery stood.
         let mut carry = conn.prepare_cached(
-            "UPDATE events SET attempts = ?2, next_due_ms = ?3, last_outcome = ?4, last_status = ?5, last_attempt_ms = ?6, batch = ?7 WHERE seq = ?1",
+            "UPDATE events SET attempts = ?2, next_due_ms = ?3, last_outcome = ?4, last_status = ?5, last_attempt_ms = ?6, batch = ?7, fate = ?8, fate_ms = ?9 WHERE seq = ?1",
         )?;
         for (i, l) in events.iter().enumerate().filter(|(i, _)| insert_mask[*i]) {
             let e = &l.event;
@@ -1226,7 +1226,9 @@ fn write(
                     c.last_outcome,
                     c.last_status,
                     c.last_attempt_ms.map(|t| t as i64),
-                    c.batch
+                    c.batch,
+                    c.fate.as_ref().map(|f| f.reason.as_str()),
+                    c.fate.as_ref().map(|f| f.at_ms as i64)
                 ])?;
             }
         }

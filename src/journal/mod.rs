@@ -39,7 +39,7 @@ pub use lanes::{LanesView, Turns};
 pub use pauses::Pause;
 pub use reader::Reader;
 pub use ready::ReadyQueue;
-pub use record::Carried;
+pub use record::{Carried, CarriedFate};
 pub use store::{DestinationSummary, FILE, LoadError};
 
 use crate::clock;
@@ -507,7 +507,12 @@ impl Shared {
             let before = unwaits.len();
             for c in changes {
                 match c {
-                    Change::Delete { seq, .. } | Change::Quarantine { seq } => {
+                    // A fated event is never attempted again: the next of
+                    // its lane goes on while its record waits for the sink,
+                    // as after a restart (`in_seq_order` leaves it out).
+                    Change::Delete { seq, .. }
+                    | Change::Quarantine { seq }
+                    | Change::DeadLetter { seq, .. } => {
                         if let Some(next) = lanes.finish(*seq) {
                             unwaits.push(Change::Unwait {
                                 seq: next,
@@ -1020,18 +1025,7 @@ impl Journal {
             }
         })?;
         if !turns.is_empty() {
-            let now = clock::now_ms() as i64;
-            conn.execute_batch("BEGIN IMMEDIATE")?;
-            let mut set =
-                conn.prepare_cached("UPDATE events SET next_due_ms = ?2 WHERE seq = ?1")?;
-            for (seq, wait) in &turns {
-                set.execute(rusqlite::params![
-                    seq,
-                    if *wait { store::WAITING } else { now }
-                ])?;
-            }
-            drop(set);
-            conn.execute_batch("COMMIT")?;
+            store::set_turns(&conn, &turns, clock::now_ms())?;
             tracing::info!(
                 destination = name,
                 rows = turns.len(),
@@ -1073,7 +1067,7 @@ fn spawn_checkpointer(shared: Arc<Shared>) -> std::io::Result<()> {
             };
             while !shared.closed.load(Ordering::Acquire) {
                 std::thread::sleep(Duration::from_millis(100));
-                if let Err(e) = conn.execute_batch("PRAGMA wal_checkpoint(PASSIVE)") {
+                if let Err(e) = store::checkpoint(&conn) {
                     tracing::warn!(error = %e, "journal checkpoint failed; will retry");
                 }
             }

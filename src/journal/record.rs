@@ -21,6 +21,20 @@ pub struct Carried {
     pub last_attempt_ms: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub batch: Option<String>,
+    /// Set when the courier that handed it off had dead-lettered it and
+    /// its record was still to be written (its sink down, or its shutdown
+    /// grace over): the adopter writes the record, and never sends the
+    /// event. Its other facts are the fields above. Absent in objects of
+    /// builds before it, which ignore it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fate: Option<CarriedFate>,
+}
+
+/// A carried event's `deadLetterReason` and `deadLetterTime`.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct CarriedFate {
+    pub reason: String,
+    pub at_ms: u64,
 }
 
 impl Carried {
@@ -38,6 +52,10 @@ impl Carried {
             last_status: ev.last_status,
             last_attempt_ms: ev.last_attempt_ms,
             batch: ev.batch.clone(),
+            fate: ev.fate.as_ref().map(|f| CarriedFate {
+                reason: f.reason.as_str().to_string(),
+                at_ms: f.at_ms,
+            }),
         }
     }
 }

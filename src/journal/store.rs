@@ -443,18 +443,14 @@ fn row(r: &Row, fetch: &mut Fetch) -> Result<Result<StoredEvent, StoreError>, Lo
         Ok(r.get::<_, Option<i64>>(i)?.map(|v| v.max(0) as u64))
     };
     let attempts = r.get::<_, i64>(9)?.clamp(0, u32::MAX as i64) as u32;
-    let last_outcome = match r.get::<_, Option<String>>(11)? {
-        None => None,
-        Some(name) => match Outcome::parse(&name) {
-            Some(o) => Some(o),
-            None => {
-                return Ok(Err(StoreError::Corrupt {
-                    seq,
-                    what: format!("unknown last delivery outcome {name:?}"),
-                }));
-            }
-        },
-    };
+    // Informational: a name this build does not know (a row from a later
+    // build) costs the event nothing.
+    let last_outcome = r.get::<_, Option<String>>(11)?.map(|name| {
+        Outcome::parse(&name).unwrap_or_else(|| {
+            tracing::warn!(seq, outcome = %name, "a journal row names a delivery outcome this build does not know: read as Failed");
+            Outcome::Failed
+        })
+    });
     let last_status = r
         .get::<_, Option<i64>>(12)?
         .and_then(|s| u16::try_from(s).ok());
@@ -467,16 +463,10 @@ fn row(r: &Row, fetch: &mut Fetch) -> Result<Result<StoredEvent, StoreError>, Lo
                     what: format!("unknown dead-letter reason {reason:?}"),
                 }));
             };
-            let Some(last_outcome) = last_outcome else {
-                return Ok(Err(StoreError::Corrupt {
-                    seq,
-                    what: "a dead-letter fate without its last delivery outcome".into(),
-                }));
-            };
             Some(Fate {
                 reason,
                 attempts,
-                last_outcome,
+                last_outcome: last_outcome.unwrap_or(Outcome::Failed),
                 last_status,
                 last_attempt_ms,
                 at_ms,
@@ -598,6 +588,27 @@ pub fn in_seq_order(
         }
     }
     Ok(())
+}
+
+/// Sets each row of `turns` (seq, whether it is to wait) to wait for its
+/// ordering lane's turn, or due at `now_ms`, in one transaction.
+pub fn set_turns(
+    conn: &Connection,
+    turns: &[(i64, bool)],
+    now_ms: u64,
+) -> Result<(), rusqlite::Error> {
+    conn.execute_batch("BEGIN IMMEDIATE")?;
+    let mut set = conn.prepare_cached("UPDATE events SET next_due_ms = ?2 WHERE seq = ?1")?;
+    for (seq, wait) in turns {
+        set.execute(params![seq, if *wait { WAITING } else { now_ms as i64 }])?;
+    }
+    drop(set);
+    conn.execute_batch("COMMIT")
+}
+
+/// Copies WAL frames into the main file without waiting for readers.
+pub fn checkpoint(conn: &Connection) -> Result<(), rusqlite::Error> {
+    conn.execute_batch("PRAGMA wal_checkpoint(PASSIVE)")
 }
 
 /// Seqs of the due events of one stored batch, in the batch's order.

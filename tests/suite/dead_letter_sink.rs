@@ -204,3 +204,29 @@ async fn a_sink_that_is_down_holds_no_delivery_slot_after_many_dead_letters() {
     );
     unblock_and_drain(&c, &sink, DEAD).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_lettered_head_lets_its_ordering_key_go_on_while_the_sink_is_down() {
+    let rx = refusing_the_dead().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let extra = "ordering: { key: { header: Ordering-Key } }";
+    let c = Courier::start(dir.path(), &config("orders", &rx.url(), extra)).await;
+    let sink = block_sink(&c);
+    let key = [("Ordering-Key", "k")];
+    let r = post(&c.url("orders"), r#"{"dead":0}"#.to_string(), &key).await;
+    check_eq!(c, r.status, 202, "{}", r.text());
+    rx.wait_for(1, Duration::from_secs(5)).await;
+    let r = post(&c.url("orders"), r#"{"live":0}"#.to_string(), &key).await;
+    check_eq!(c, r.status, 202, "{}", r.text());
+    // Its key's head is dead-lettered (its fate recorded), its record
+    // waiting for the sink: the next of the key goes.
+    let Some(got) = rx.try_wait_for(2, Duration::from_secs(3)).await else {
+        fail!(c, "the key's next event waits for its dead head's record");
+    };
+    check!(
+        c,
+        got[1].body.windows(4).any(|w| w == b"live"),
+        "the live event went second"
+    );
+    unblock_and_drain(&c, &sink, 1).await;
+}

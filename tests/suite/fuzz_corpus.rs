@@ -141,6 +141,7 @@ fn carried(i: u32) -> courier::journal::Carried {
         last_status: Some(503),
         last_attempt_ms: Some(1_764_000_050_000),
         batch: (i == 1).then(|| "batch-1".to_string()),
+        fate: None,
     }
 }
 

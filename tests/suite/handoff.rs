@@ -576,3 +576,57 @@ async fn ordering_keys_keep_their_order_through_a_hand_off() {
     }
     check_eq!(b, twice(&seen), 0, "events delivered twice");
 }
+
+/// A dead letter A decided but could not write (its sink blocked) goes
+/// with the hand-off: B writes its record, and never sends the event again
+/// (issue #45: the record is written apart from the attempt, so more of
+/// them wait at a shutdown than before).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_letter_its_sink_did_not_take_goes_with_the_hand_off_and_is_never_sent_again() {
+    const EVENTS: usize = 3;
+    let moto = Moto::start(BUCKET).await;
+    let rx = Receiver::start(behavior(|_, _| Reply::status(400))).await;
+    let (dir_a, dir_b) = (
+        tempfile::tempdir().expect("a"),
+        tempfile::tempdir().expect("b"),
+    );
+    let yaml = config(&rx, "1s", "5s")
+        .replace("destinations:", "dead_letter: { dir: ./dl }\ndestinations:");
+    let mut a = start(dir_a.path(), &yaml, &moto.endpoint()).await;
+    // A's dead-letter folder is a file: every write fails.
+    let sink = support::dl_dir(&a, "orders");
+    std::fs::create_dir_all(sink.parent().expect("dl root")).expect("dl root");
+    std::fs::write(&sink, b"not a folder").expect("block the sink");
+    post_events(&a, EVENTS, r#"{"order":1}"#).await;
+    rx.wait_for(EVENTS, PROMPT).await;
+    let failures = r#"courier_dead_letter_write_failures_total{destination="orders"}"#;
+    let deadline = tokio::time::Instant::now() + PROMPT;
+    // Bounded by the deadline.
+    while support::metric(&a.admin_url(), failures)
+        .await
+        .unwrap_or(0.0)
+        < 1.0
+    {
+        if tokio::time::Instant::now() >= deadline {
+            fail!(a, "no dead letter met the blocked sink");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let b = start(dir_b.path(), &yaml, &moto.endpoint()).await;
+    a.terminate_handing_off().await;
+    let (_, records) =
+        support::wait_dead_letters(&b, "orders", EVENTS, Duration::from_secs(30)).await;
+    check_eq!(b, records.len(), EVENTS, "B wrote each record once");
+    for r in &records {
+        check_eq!(b, r["deadLetterReason"], "NonRetriableStatus", "{r}");
+        check_eq!(b, r["deliveryAttempts"], 1, "{r}");
+    }
+    // Time for a wrongly adopted event to have gone out.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    check_eq!(
+        b,
+        rx.count(),
+        EVENTS,
+        "an event was sent again after its fate"
+    );
+}

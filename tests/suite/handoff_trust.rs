@@ -45,6 +45,7 @@ fn fresh() -> Carried {
         last_status: None,
         last_attempt_ms: None,
         batch: None,
+        fate: None,
     }
 }
 

@@ -17,7 +17,7 @@ pub use headers::HeadersLayer;
 pub use http::{HttpService, drain};
 pub use retry::{InlineRetry, Trail};
 pub use signing::SigningLayer;
-pub use timeout::{Deadline, LateAnswer, TimedOut, TimeoutLayer};
+pub use timeout::{Deadline, LateAnswer, TimeoutLayer};
 pub use trace::TraceLayer;
 
 use crate::config::DestinationSettings;
