@@ -34,8 +34,7 @@ use super::verdict::{self, Answered, End};
 use crate::clock;
 use crate::config::DestinationSettings;
 use crate::deadletter::{DeadLetterSink, SinkStreak};
-use crate::event::Outcome;
-use crate::event::StoredEvent;
+use crate::event::{Fate, Outcome, StoredEvent};
 use crate::history::{Attempt, Step};
 use crate::journal::{Change, Journal, JournalError, Pause};
 use crate::metrics;
@@ -277,43 +276,12 @@ async fn settle(
         outcome,
         late: false,
     };
-    let mut delivered = Vec::new();
-    let mut changes = Vec::new();
-    let mut waiting = Vec::new();
-    let mut dead = Vec::new();
-    for ev in evs {
-        let attempts = ev.attempts + 1;
-        match verdict::end(&answered, &dest.limits, ev.attempts, ev.event.accepted_ms) {
-            End::Delete => {
-                let (batch, attempt) = (
-                    batch.as_deref(),
-                    Attempt {
-                        number: attempts,
-                        ..tried.clone()
-                    },
-                );
-                outcome_log::delivered(&ev, attempts, a.status, batch, Confirmed::InTime);
-                delivered.push(delete(&ev, Some(Step::Delivered { attempt })));
-            }
-            End::Reschedule { due_ms, in_batch } => {
-                changes.push(Change::Reschedule {
-                    seq: ev.seq,
-                    attempts,
-                    next_due_ms: due_ms,
-                    outcome,
-                    status: a.status,
-                    attempt_ms: now,
-                    took_ms: tried.took_ms,
-                    batch: batch.clone().filter(|_| in_batch),
-                });
-                waiting.push((ev, attempts));
-            }
-            End::DeadLetter(reason) => {
-                let fate = verdict::attempted(&ev, reason, outcome, a.status, now);
-                dead.push((ev, fate));
-            }
-        }
-    }
+    let Ends {
+        delivered,
+        changes,
+        waiting,
+        dead,
+    } = ends(evs, &answered, &ctx.dest, &tried, batch.as_deref());
     let mut out = Settled::done(true);
     if !delivered.is_empty() {
         ctx.metrics.delivered(delivered.len() as u64);
@@ -334,6 +302,61 @@ async fn settle(
         }
     }
     out
+}
+
+/// An attempt's events sorted by their ends, as the journal records them.
+#[derive(Default)]
+struct Ends {
+    delivered: Vec<Change>,
+    changes: Vec<Change>,
+    /// Rescheduled, with their attempt counts: a late answer may complete them.
+    waiting: Vec<(StoredEvent, u32)>,
+    dead: Vec<(StoredEvent, Fate)>,
+}
+
+/// Each event's end after `answered` (`verdict::end`): its change, or its
+/// fate. `tried`: the attempt, as history keeps it.
+fn ends(
+    evs: Vec<StoredEvent>,
+    answered: &Answered,
+    dest: &DestinationSettings,
+    tried: &Attempt,
+    batch: Option<&str>,
+) -> Ends {
+    let mut e = Ends::default();
+    for ev in evs {
+        let attempts = ev.attempts + 1;
+        match verdict::end(answered, &dest.limits, ev.attempts, ev.event.accepted_ms) {
+            End::Delete => {
+                let attempt = Attempt {
+                    number: attempts,
+                    ..tried.clone()
+                };
+                outcome_log::delivered(&ev, attempts, tried.status, batch, Confirmed::InTime);
+                e.delivered
+                    .push(delete(&ev, Some(Step::Delivered { attempt })));
+            }
+            End::Reschedule { due_ms, in_batch } => {
+                e.changes.push(Change::Reschedule {
+                    seq: ev.seq,
+                    attempts,
+                    next_due_ms: due_ms,
+                    outcome: tried.outcome,
+                    status: tried.status,
+                    attempt_ms: answered.now_ms,
+                    took_ms: tried.took_ms,
+                    batch: batch.filter(|_| in_batch).map(str::to_string),
+                });
+                e.waiting.push((ev, attempts));
+            }
+            End::DeadLetter(reason) => {
+                let now = answered.now_ms;
+                let fate = verdict::attempted(&ev, reason, tried.outcome, tried.status, now);
+                e.dead.push((ev, fate));
+            }
+        }
+    }
+    e
 }
 
 /// A 410's pause, recorded so that a restart keeps it (the operator's is
