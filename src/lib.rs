@@ -8,7 +8,6 @@ pub mod config;
 mod deadletter;
 mod deliver;
 pub mod event;
-mod event_path;
 mod fd_limit;
 mod file_modes;
 #[doc(hidden)]
@@ -22,7 +21,6 @@ mod lifecycle;
 pub mod logging;
 mod metrics;
 mod no_room;
-mod ordering;
 pub mod policy;
 mod reload;
 pub mod rfc3339;

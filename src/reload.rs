@@ -433,7 +433,7 @@ destinations:
         assert_eq!(fixed, ["destinations.*.ordering"]);
         let key = |name: &str| kept.destination(name).and_then(|d| d.ordering.clone());
         assert_eq!(key("a"), None, "a keeps running unordered until a restart");
-        assert_eq!(key("b"), Some(crate::ordering::Key::Destination));
+        assert_eq!(key("b"), Some(crate::event::ordering::Key::Destination));
     }
 
     #[test]

@@ -18,7 +18,6 @@ const LAYERS: &[(&str, &[&str])] = &[
         &[
             "clock",
             "event",
-            "event_path",
             "fd_limit",
             "file_modes",
             "lifecycle",
@@ -32,7 +31,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     ),
     (
         "pure rules and plain edges",
-        &["bucket", "ids", "ordering", "policy", "server"],
+        &["bucket", "ids", "policy", "server"],
     ),
     ("the config", &["config"]),
     (

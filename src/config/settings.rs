@@ -6,7 +6,7 @@ use super::ingress_keys::IngressKeys;
 use super::schema::{LogFormat, Mode, SyncMode};
 use crate::bucket::StoreUrl;
 use crate::event::Schema;
-use crate::event_path::EventPath;
+use crate::event::path::EventPath;
 use crate::policy::adaptive::Bounds;
 use crate::policy::probation::ProbationPolicy;
 use crate::policy::{Limits, Schedule, StatusPolicy};
@@ -179,7 +179,7 @@ pub struct DestinationSettings {
     /// Extra CA and client certificate files (`crate::tls`).
     pub tls: Option<TlsFiles>,
     /// `ordering.key`: events of one key are delivered in accept order.
-    pub ordering: Option<crate::ordering::Key>,
+    pub ordering: Option<crate::event::ordering::Key>,
 }
 
 /// `batch`: how many ready events one attempt may carry (docs/batching.md).

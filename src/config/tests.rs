@@ -1879,7 +1879,7 @@ fn history_is_on_by_default_off_at_zero_and_its_ranges_are_checked() {
 
 #[test]
 fn ordering_keys_are_read_and_checked() {
-    use crate::ordering::Key;
+    use crate::event::ordering::Key;
     let key_of = |key: &str| {
         let text = format!("{GOOD}    ordering: {{ key: {key} }}\n");
         let loaded = parse("c.yaml", &text, ".".into(), Purpose::Run, &env()).expect("valid");

@@ -13,8 +13,8 @@ use super::units::{Dur, Size};
 use crate::bucket::StoreUrl;
 use crate::event::Outcome;
 use crate::event::Schema;
+use crate::event::path::EventPath;
 use crate::event::rules::valid_name;
-use crate::event_path::EventPath;
 use crate::policy::adaptive::Bounds;
 use crate::policy::classify::Codes;
 use crate::policy::probation::ProbationPolicy;
@@ -741,8 +741,12 @@ fn destination(
 }
 
 /// `ordering.key` at `path`.
-fn ordering(c: &mut Checker, path: &str, key: &OrderingKeySpec) -> Option<crate::ordering::Key> {
-    use crate::ordering::Key;
+fn ordering(
+    c: &mut Checker,
+    path: &str,
+    key: &OrderingKeySpec,
+) -> Option<crate::event::ordering::Key> {
+    use crate::event::ordering::Key;
     let kinds = "write `destination`, `{ header: NAME }` or `{ from_event: FIELD }`";
     match key {
         OrderingKeySpec::Keyword(k) if k == "destination" => Some(Key::Destination),

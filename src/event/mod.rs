@@ -2,7 +2,9 @@
 //! them, the journal keeps them, delivery, dead letters and hand-off read
 //! them; none of those needs another to name an event.
 
+pub mod ordering;
 mod outcome;
+pub mod path;
 pub mod rules;
 mod schema;
 

@@ -14,7 +14,7 @@
 //! Hand-written: the bookkeeping is a map and a queue per lane; the point
 //! is who may start, and that is the product's rule.
 
-use crate::ordering::{Key, Lane};
+use crate::event::ordering::{Key, Lane};
 use std::collections::{HashMap, VecDeque};
 
 pub struct Lanes {

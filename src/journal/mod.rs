@@ -988,8 +988,12 @@ impl Journal {
     /// it left while courier was down, or it waited under another key).
     /// Without a key every waiting row is due now. The key in force keeps
     /// its lanes as they are.
-    pub fn order(&self, name: &str, key: Option<crate::ordering::Key>) -> Result<(), LoadError> {
-        use crate::ordering::{Key, lane_of};
+    pub fn order(
+        &self,
+        name: &str,
+        key: Option<crate::event::ordering::Key>,
+    ) -> Result<(), LoadError> {
+        use crate::event::ordering::{Key, lane_of};
         let state = match self.shared.destination(name) {
             Some(state) => state,
             None => self.add_destination(name),

@@ -1304,7 +1304,7 @@ async fn events_behind_their_lanes_head_wait_in_the_index_until_their_turn() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let (journal, _) = open(tmp.path()).expect("open");
     journal
-        .order("orders", Some(crate::ordering::Key::Destination))
+        .order("orders", Some(crate::event::ordering::Key::Destination))
         .expect("order");
     journal
         .append((1..=3).map(event).collect())
@@ -1341,7 +1341,7 @@ async fn events_behind_their_lanes_head_wait_in_the_index_until_their_turn() {
     drop(conn);
     let (journal, _) = reopen(tmp.path()).await;
     journal
-        .order("orders", Some(crate::ordering::Key::Destination))
+        .order("orders", Some(crate::event::ordering::Key::Destination))
         .expect("order");
     assert_eq!(waiting(tmp.path()), vec![3], "2 heads its lane again");
     journal.order("orders", None).expect("unordered");

@@ -356,8 +356,8 @@ fn admit_to_lanes(group: &[Command], first_seq: i64, shared: &Shared) {
     });
     // Each destination's key, read once; lanes found outside the lock (a
     // key in the body is a JSON parse), then admitted in seq order.
-    let mut keys: Vec<(&str, Option<crate::ordering::Key>)> = Vec::new();
-    let mut found: Vec<(&Arc<DestinationState>, i64, crate::ordering::Lane)> = Vec::new();
+    let mut keys: Vec<(&str, Option<crate::event::ordering::Key>)> = Vec::new();
+    let mut found: Vec<(&Arc<DestinationState>, i64, crate::event::ordering::Lane)> = Vec::new();
     for (seq, e) in (first_seq..).zip(events) {
         let Some(state) = states.get(&e.destination) else {
             continue;
@@ -371,7 +371,7 @@ fn admit_to_lanes(group: &[Command], first_seq: i64, shared: &Shared) {
             }
         };
         if let Some(key) = &keys[at].1
-            && let Some(lane) = crate::ordering::lane_of(key, &e.headers, &e.body)
+            && let Some(lane) = crate::event::ordering::lane_of(key, &e.headers, &e.body)
         {
             found.push((state, seq, lane));
         }

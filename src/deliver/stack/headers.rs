@@ -12,7 +12,7 @@
 //! one header for all its events). They replace the app's of those names.
 //!
 //! `from_event` headers are evaluated here, per attempt, on the body about
-//! to be sent (see `crate::event_path` for which event and which values). A
+//! to be sent (see `crate::event::path` for which event and which values). A
 //! header without a value is left out, and so is any header of that name
 //! from the app: the configured header owns the name. Why it was left out is
 //! logged at debug level with the header and the path, never a value.
@@ -21,7 +21,7 @@ use super::{Attempt, AttemptRequest, body_bytes};
 use crate::config::DestinationSettings;
 use crate::config::settings::{CustomHeader, HeaderSource, MAX_HEADER_VALUE};
 use crate::event::Schema;
-use crate::event_path::{self, EventPath, Missing};
+use crate::event::path::{self, EventPath, Missing};
 use http::{HeaderMap, HeaderName, HeaderValue};
 use serde::Deserialize;
 use serde_json::Value;
@@ -117,7 +117,7 @@ where
         let event = bytes
             .as_ref()
             .filter(|_| reads_event)
-            .map(|b| event_path::parse_body(b));
+            .map(|b| path::parse_body(b));
         let (mut parts, body) = req.into_parts();
         let h = &mut parts.headers;
         let attempt = parts.extensions.get::<Attempt>();

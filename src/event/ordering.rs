@@ -8,7 +8,7 @@
 //! than asked for, never less. Digests are never stored (the lanes are
 //! rebuilt from the stored events at each start), so `std`'s hasher does.
 
-use crate::event_path::{EventPath, parse_body};
+use super::path::{EventPath, parse_body};
 use std::hash::{Hash, Hasher};
 
 /// What makes two events of a destination one lane (`ordering.key`).
