@@ -359,12 +359,13 @@ mod tests {
             body: bytes::Bytes::from_static(b"{}"),
             accepted_ms: 1_795_300_000_000,
         };
-        let facts = super::super::Facts {
+        let facts = crate::event::Fate {
             reason: crate::event::Reason::TimeToLiveExceeded,
             attempts: 0,
             last_outcome: crate::event::Outcome::Probation,
             last_status: None,
             last_attempt_ms: None,
+            at_ms,
         };
         let written = super::super::Written {
             at_ms,

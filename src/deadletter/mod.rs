@@ -14,7 +14,7 @@ pub use browse::{Cursor, Filter, Order, Source, day_start_ms, find, page, unrepl
 pub use bucket::BucketSink;
 pub use dir::DirSink;
 pub use parse::{Summary, parse};
-pub use record::{Facts, Key, Written, record};
+pub use record::{Key, Written, record};
 pub use shelf::{Place, Shelf, is_day};
 pub use streak::{SinkStreak, Tally as SinkTally};
 pub use writer::Writer;

@@ -285,7 +285,8 @@ fn headers(h: &Map<String, Value>) -> Result<Vec<Header>, ParseError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::deadletter::{Facts, Written, record};
+    use crate::deadletter::{Written, record};
+    use crate::event::Fate;
     use crate::event::Reason;
     use crate::event::Schema;
 
@@ -306,12 +307,13 @@ mod tests {
         }
     }
 
-    const FACTS: Facts = Facts {
+    const FACTS: Fate = Fate {
         reason: Reason::NonRetriableStatus,
         attempts: 3,
         last_outcome: crate::event::Outcome::BadRequest,
         last_status: Some(400),
         last_attempt_ms: Some(1_597_339_094_000),
+        at_ms: 1_597_339_095_000,
     };
 
     /// Writes a record, reads it back, rebuilds it for `into` at 42.

@@ -33,30 +33,9 @@
 
 use crate::clock::rfc3339;
 use crate::event::Schema;
-use crate::event::{Fate, NewEvent, Outcome, Reason};
+use crate::event::{Fate, NewEvent};
 use base64::Engine;
 use serde_json::{Map, Value, json};
-
-/// What delivery knows when it gives an event up.
-pub struct Facts {
-    pub reason: Reason,
-    pub attempts: u32,
-    pub last_outcome: Outcome,
-    pub last_status: Option<u16>,
-    pub last_attempt_ms: Option<u64>,
-}
-
-impl From<&Fate> for Facts {
-    fn from(f: &Fate) -> Self {
-        Facts {
-            reason: f.reason,
-            attempts: f.attempts,
-            last_outcome: f.last_outcome,
-            last_status: f.last_status,
-            last_attempt_ms: f.last_attempt_ms,
-        }
-    }
-}
 
 /// What identifies one dead-lettered event's record, whatever its shape:
 /// the event's journal seq, its id and its dead-letter time (ms). Seqs
@@ -132,7 +111,7 @@ pub struct Written<'a> {
 }
 
 /// One JSON line for a dead-lettered event of a destination of `schema`.
-pub fn record(schema: Schema, e: &NewEvent, facts: &Facts, w: &Written) -> String {
+pub fn record(schema: Schema, e: &NewEvent, facts: &Fate, w: &Written) -> String {
     let names = match schema {
         Schema::Custom => return custom_record(e, facts, w),
         Schema::Eventgrid => &EVENTGRID,
@@ -154,7 +133,7 @@ fn request_json(e: &NewEvent, w: &Written) -> Value {
     request
 }
 
-fn event_record(e: &NewEvent, facts: &Facts, w: &Written, names: &Names) -> Option<String> {
+fn event_record(e: &NewEvent, facts: &Fate, w: &Written, names: &Names) -> Option<String> {
     let Ok(Value::Object(mut event)) = serde_json::from_slice::<Value>(&e.body) else {
         return None;
     };
@@ -232,7 +211,7 @@ fn headers_json(e: &NewEvent, redact: &[String]) -> (Map<String, Value>, Vec<Str
     (headers, redacted)
 }
 
-fn custom_record(e: &NewEvent, facts: &Facts, w: &Written) -> String {
+fn custom_record(e: &NewEvent, facts: &Fate, w: &Written) -> String {
     let (headers, redacted) = headers_json(e, w.redact);
     let mut record = json!({
         "id": e.id,
@@ -297,6 +276,7 @@ fn base64_data(body: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::event::{Outcome, Reason};
     use bytes::Bytes;
 
     fn event(body: &'static [u8]) -> NewEvent {
@@ -321,13 +301,14 @@ mod tests {
         redact: &[],
     };
 
-    fn facts() -> Facts {
-        Facts {
+    fn facts() -> Fate {
+        Fate {
             reason: Reason::NonRetriableStatus,
             attempts: 1,
             last_outcome: Outcome::BadRequest,
             last_status: Some(400),
             last_attempt_ms: Some(1_597_339_094_000),
+            at_ms: W.at_ms,
         }
     }
 
@@ -399,7 +380,7 @@ mod tests {
     #[test]
     fn cloudevents_record_uses_lower_case_names() {
         let body = b"{\n \"specversion\": \"1.0\", \"id\": \"c1\", \"source\": \"/s\", \"type\": \"t\", \"data_base64\": \"AP8=\"\n}";
-        let f = Facts {
+        let f = Fate {
             last_status: None,
             last_attempt_ms: None,
             ..facts()
@@ -503,6 +484,7 @@ mod tests {
 #[cfg(test)]
 mod redaction {
     use super::*;
+    use crate::event::{Outcome, Reason};
     use bytes::Bytes;
 
     #[test]
@@ -520,12 +502,13 @@ mod redaction {
             body: Bytes::from_static(br#"{"id":"evt-9","specversion":"1.0"}"#),
             accepted_ms: 1_597_339_093_000,
         };
-        let facts = Facts {
+        let facts = Fate {
             reason: Reason::NonRetriableStatus,
             attempts: 1,
             last_outcome: Outcome::BadRequest,
             last_status: Some(400),
             last_attempt_ms: None,
+            at_ms: 1_597_339_095_000,
         };
         let redact = ["cookie".to_string()];
         let w = Written {

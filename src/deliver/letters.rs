@@ -12,7 +12,7 @@ use super::outcome_log;
 use super::settle::{Ctx, Durable, apply, delete};
 use super::verdict;
 use crate::clock;
-use crate::deadletter::{Facts, Key, Line, Writer, Written, record};
+use crate::deadletter::{Key, Line, Writer, Written, record};
 use crate::event::{Fate, StoredEvent};
 use crate::history::{Attempt, Step};
 use crate::journal::Change;
@@ -71,7 +71,7 @@ pub async fn write(ctx: &Ctx, mut group: Vec<Doomed>) -> bool {
     };
     writer.write(lines, check).await;
     for (ev, fate) in &items {
-        outcome_log::dead_lettered(ev, &fate.into(), ev.batch.as_deref());
+        outcome_log::dead_lettered(ev, fate, ev.batch.as_deref());
         metrics::dead_lettered(&ctx.dest.name, fate.reason.as_str());
     }
     let changes = items.iter().map(|(ev, _)| delete(ev, None)).collect();
@@ -118,7 +118,7 @@ async fn dropped(
     let changes = items
         .iter()
         .map(|(ev, fate)| {
-            outcome_log::dropped(ev, &fate.into(), batch.or(ev.batch.as_deref()));
+            outcome_log::dropped(ev, fate, batch.or(ev.batch.as_deref()));
             metrics::dropped(dest, fate.reason.as_str());
             let step = Step::Dropped {
                 reason: fate.reason,
@@ -169,6 +169,6 @@ fn line(ctx: &Ctx, ev: &StoredEvent, fate: &Fate) -> Line {
             id: ev.event.id.clone(),
             at_ms: fate.at_ms,
         },
-        text: record(ctx.dest.schema, &ev.event, &Facts::from(fate), &written),
+        text: record(ctx.dest.schema, &ev.event, fate, &written),
     }
 }

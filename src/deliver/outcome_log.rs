@@ -12,9 +12,7 @@
 //! of events given up (`dead-lettered`, `dropped`), where it helps.
 
 use crate::clock;
-use crate::deadletter::Facts;
-use crate::event::Outcome;
-use crate::event::StoredEvent;
+use crate::event::{Fate, Outcome, StoredEvent};
 use crate::logging;
 
 /// How a delivery was confirmed.
@@ -70,12 +68,12 @@ macro_rules! given_up {
     }};
 }
 
-pub(super) fn dead_lettered(ev: &StoredEvent, facts: &Facts, batch: Option<&str>) {
+pub(super) fn dead_lettered(ev: &StoredEvent, facts: &Fate, batch: Option<&str>) {
     given_up!(tracing::Level::INFO, "dead-lettered", ev, facts, batch);
 }
 
 /// Given up with no dead-letter sink: the event is gone, hence `warn`.
-pub(super) fn dropped(ev: &StoredEvent, facts: &Facts, batch: Option<&str>) {
+pub(super) fn dropped(ev: &StoredEvent, facts: &Fate, batch: Option<&str>) {
     given_up!(tracing::Level::WARN, "dropped", ev, facts, batch);
 }
 

@@ -8,8 +8,8 @@
 
 use std::time::Duration;
 use support::{
-    Courier, Receiver, Reply, behavior, check, check_eq, config, dl_dir, fail, metric, post,
-    wait_dead_letters, wait_metric,
+    Courier, Received, Receiver, Reply, behavior, block_sink, check, check_eq, config, fail,
+    metric, post, wait_dead_letters, wait_metric,
 };
 
 const EVENTS: usize = 100;
@@ -35,12 +35,7 @@ async fn a_failing_sink_is_one_error_line_per_streak_and_a_count_of_every_failed
         0.0,
         "the series exists from the start"
     );
-    // The destination's dead-letter folder is a file: every write fails.
-    let sink = dl_dir(&c, "orders");
-    if let Some(parent) = sink.parent() {
-        std::fs::create_dir_all(parent).expect("dead-letter root");
-    }
-    std::fs::write(&sink, b"not a folder").expect("block the sink");
+    let sink = block_sink(&c, "orders");
     for i in 0..EVENTS {
         let r = post(&c.url("orders"), format!(r#"{{"n":{i}}}"#), &[]).await;
         check_eq!(c, r.status, 202, "{}", r.text());
@@ -92,23 +87,23 @@ async fn a_failing_sink_is_one_error_line_per_streak_and_a_count_of_every_failed
     );
 }
 
-/// A receiver that refuses events whose body says `dead`, and takes the rest.
-async fn refusing_the_dead() -> Receiver {
-    Receiver::start(behavior(|r, _| {
-        let dead = r.body.windows(4).any(|w| w == b"dead");
-        Reply::status(if dead { 400 } else { 200 })
-    }))
-    .await
+/// Whether a request's body says `dead`.
+fn dead(r: &Received) -> bool {
+    r.body.windows(4).any(|w| w == b"dead")
 }
 
-/// Blocks the destination's dead-letter folder: a file stands in its place.
-fn block_sink(c: &Courier) -> std::path::PathBuf {
-    let sink = dl_dir(c, "orders");
-    if let Some(parent) = sink.parent() {
-        std::fs::create_dir_all(parent).expect("dead-letter root");
-    }
-    std::fs::write(&sink, b"not a folder").expect("block the sink");
-    sink
+/// A courier for `orders` (settings `extra`) whose receiver refuses events
+/// whose body says `dead` and takes the rest, with its dead-letter folder
+/// blocked; the folder's path, to unblock it.
+async fn blocked_sink(extra: &str) -> (Receiver, tempfile::TempDir, Courier, std::path::PathBuf) {
+    let rx = Receiver::start(behavior(|r, _| {
+        Reply::status(if dead(r) { 400 } else { 200 })
+    }))
+    .await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let c = Courier::start(dir.path(), &config("orders", &rx.url(), extra)).await;
+    let sink = block_sink(&c, "orders");
+    (rx, dir, c, sink)
 }
 
 /// Posts a live event and asserts that it is delivered within `within`.
@@ -145,13 +140,9 @@ async fn unblock_and_drain(c: &Courier, sink: &std::path::Path, dead: usize) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sink_that_is_down_holds_no_delivery_slot_one_dead_letter_a_second() {
-    let rx = refusing_the_dead().await;
-    let dir = tempfile::tempdir().expect("tempdir");
     // Batched: a batch holds its slot until settled, so two dead letters
     // waiting in their attempts' slots would stop the destination.
-    let extra = "concurrency: 2\nbatch: { max_events: 10 }";
-    let c = Courier::start(dir.path(), &config("orders", &rx.url(), extra)).await;
-    let sink = block_sink(&c);
+    let (rx, _dir, c, sink) = blocked_sink("concurrency: 2\nbatch: { max_events: 10 }").await;
     const ROUNDS: usize = 4;
     for n in 0..ROUNDS {
         let seen = rx.count();
@@ -172,20 +163,13 @@ async fn a_sink_that_is_down_holds_no_delivery_slot_one_dead_letter_a_second() {
         "every dead letter met the blocked sink"
     );
     unblock_and_drain(&c, &sink, ROUNDS).await;
-    let live = rx
-        .received()
-        .iter()
-        .filter(|r| !r.body.windows(4).any(|w| w == b"dead"))
-        .count();
+    let live = rx.received().iter().filter(|r| !dead(r)).count();
     check_eq!(c, live, ROUNDS, "each live event delivered once");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sink_that_is_down_holds_no_delivery_slot_after_many_dead_letters() {
-    let rx = refusing_the_dead().await;
-    let dir = tempfile::tempdir().expect("tempdir");
-    let c = Courier::start(dir.path(), &config("orders", &rx.url(), "concurrency: 2")).await;
-    let sink = block_sink(&c);
+    let (rx, _dir, c, sink) = blocked_sink("concurrency: 2").await;
     // More than the attempts a destination keeps in hand (16 a slot).
     const DEAD: usize = 40;
     for n in 0..DEAD {
@@ -204,11 +188,7 @@ async fn a_sink_that_is_down_holds_no_delivery_slot_after_many_dead_letters() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_lettered_head_lets_its_ordering_key_go_on_while_the_sink_is_down() {
-    let rx = refusing_the_dead().await;
-    let dir = tempfile::tempdir().expect("tempdir");
-    let extra = "ordering: { key: { header: Ordering-Key } }";
-    let c = Courier::start(dir.path(), &config("orders", &rx.url(), extra)).await;
-    let sink = block_sink(&c);
+    let (rx, _dir, c, sink) = blocked_sink("ordering: { key: { header: Ordering-Key } }").await;
     let key = [("Ordering-Key", "k")];
     let r = post(&c.url("orders"), r#"{"dead":0}"#.to_string(), &key).await;
     check_eq!(c, r.status, 202, "{}", r.text());
@@ -220,10 +200,6 @@ async fn a_dead_lettered_head_lets_its_ordering_key_go_on_while_the_sink_is_down
     let Some(got) = rx.try_wait_for(2, Duration::from_secs(3)).await else {
         fail!(c, "the key's next event waits for its dead head's record");
     };
-    check!(
-        c,
-        got[1].body.windows(4).any(|w| w == b"live"),
-        "the live event went second"
-    );
+    check!(c, !dead(&got[1]), "the live event went second");
     unblock_and_drain(&c, &sink, 1).await;
 }

@@ -593,10 +593,8 @@ async fn a_dead_letter_its_sink_did_not_take_goes_with_the_hand_off_and_is_never
     let yaml = config(&rx, "1s", "5s")
         .replace("destinations:", "dead_letter: { dir: ./dl }\ndestinations:");
     let mut a = start(dir_a.path(), &yaml, &moto.endpoint()).await;
-    // A's dead-letter folder is a file: every write fails.
-    let sink = support::dl_dir(&a, "orders");
-    std::fs::create_dir_all(sink.parent().expect("dl root")).expect("dl root");
-    std::fs::write(&sink, b"not a folder").expect("block the sink");
+    // A's dead-letter folder is blocked: every write fails.
+    support::block_sink(&a, "orders");
     post_events(&a, EVENTS, r#"{"order":1}"#).await;
     rx.wait_for(EVENTS, PROMPT).await;
     let failures = r#"courier_dead_letter_write_failures_total{destination="orders"}"#;

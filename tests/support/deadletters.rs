@@ -21,6 +21,17 @@ pub fn dl_dir(c: &Courier, destination: &str) -> PathBuf {
     c.dir().join("dl").join(destination)
 }
 
+/// Blocks `destination`'s dead-letter folder: a file stands in its place,
+/// so every write to it fails until the file is removed. Its path.
+pub fn block_sink(c: &Courier, destination: &str) -> PathBuf {
+    let sink = dl_dir(c, destination);
+    if let Some(parent) = sink.parent() {
+        std::fs::create_dir_all(parent).expect("dead-letter root");
+    }
+    std::fs::write(&sink, b"not a folder").expect("block the sink");
+    sink
+}
+
 /// Every complete line of every `*.jsonl` file in `dir` (not the
 /// `<day>.replayed` marks beside them), parsed, with the file names.
 pub fn read_dead_letters(c: &Courier, dir: &Path) -> (Vec<String>, Vec<Value>) {
