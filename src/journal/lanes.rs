@@ -11,14 +11,22 @@
 //! failing head, however many; the head's end makes the next one due
 //! (`finish` says which). `waiting` remembers which rows are so marked.
 //!
+//! An event's lane is found on the publisher's task (`place`), before its
+//! append is queued: the writer thread, which every append goes through,
+//! only admits it (a key in the body is a JSON parse per event).
+//!
 //! Hand-written: the bookkeeping is a map and a queue per lane; the point
 //! is who may start, and that is the product's rule.
 
-use crate::event::ordering::{Key, Lane};
+use super::{NewEvent, Shared};
+use crate::event::ordering::{Key, Lane, lane_of};
 use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
 
 pub struct Lanes {
-    key: Key,
+    /// Shared with the events placed under it (`Placed`): one placed under
+    /// lanes since rebuilt is known by the pointer.
+    key: Arc<Key>,
     lanes: HashMap<Lane, Queue>,
     /// Every event in a lane, by seq.
     of: HashMap<i64, Member>,
@@ -33,6 +41,51 @@ pub struct Lanes {
 /// Turns kept for the dispatcher: a burst of deliveries between two of its
 /// looks, not a whole backlog (a lane's next event is then in the index).
 const TURNS: usize = 16_384;
+
+/// An event's lane under the key its destination had when it was placed.
+#[derive(Debug)]
+pub(crate) struct Placed {
+    key: Arc<Key>,
+    lane: Option<Lane>,
+}
+
+#[cfg(test)]
+impl Placed {
+    pub(super) fn lane(&self) -> Option<Lane> {
+        self.lane
+    }
+}
+
+/// The lane of each of `events` whose destination has lanes, one entry per
+/// event; empty when none has. Each key is read once, and the bodies are
+/// parsed outside the lanes' lock, which dispatchers take.
+pub(super) fn place(shared: &Shared, events: &[NewEvent]) -> Vec<Option<Placed>> {
+    let mut keys: Vec<(&str, Option<Arc<Key>>)> = Vec::new();
+    let mut placed = Vec::new();
+    for (i, e) in events.iter().enumerate() {
+        let at = match keys.iter().position(|(d, _)| *d == e.destination) {
+            Some(at) => at,
+            None => {
+                let key = shared
+                    .destination(&e.destination)
+                    .and_then(|state| state.lanes().as_ref().map(|l| l.key.clone()));
+                keys.push((e.destination.as_str(), key));
+                keys.len() - 1
+            }
+        };
+        let Some(key) = &keys[at].1 else {
+            continue;
+        };
+        if placed.is_empty() {
+            placed.resize_with(events.len(), || None);
+        }
+        placed[i] = Some(Placed {
+            key: key.clone(),
+            lane: lane_of(key, &e.headers, &e.body),
+        });
+    }
+    placed
+}
 
 /// What `Lanes::take_turns` gives the dispatcher.
 #[derive(Debug, PartialEq, Eq)]
@@ -74,7 +127,7 @@ pub struct LanesView {
 impl Lanes {
     pub fn new(key: Key) -> Lanes {
         Lanes {
-            key,
+            key: Arc::new(key),
             lanes: HashMap::new(),
             of: HashMap::new(),
             turned: Vec::new(),
@@ -84,6 +137,16 @@ impl Lanes {
 
     pub fn key(&self) -> &Key {
         &self.key
+    }
+
+    /// The lane of `event`, placed as `placed` says: an event placed under
+    /// lanes since rebuilt (its destination removed, then added again with
+    /// another key, while the append was queued) is placed again here.
+    pub(super) fn lane(&self, placed: Option<&Placed>, event: &NewEvent) -> Option<Lane> {
+        match placed {
+            Some(p) if Arc::ptr_eq(&p.key, &self.key) => p.lane,
+            _ => lane_of(&self.key, &event.headers, &event.body),
+        }
     }
 
     /// `seq` was accepted in `lane`; seqs come in ascending order.
@@ -209,6 +272,35 @@ mod tests {
         }
         assert_eq!(l.take_turns(), Turns::All);
         assert_eq!(l.take_turns(), Turns::Some(vec![]), "then as before");
+    }
+
+    #[test]
+    fn an_event_keeps_the_lane_placed_under_these_lanes_and_is_placed_again_under_others() {
+        let key = Key::Header("ordering-key".into());
+        let l = Lanes::new(key.clone());
+        let event = NewEvent {
+            id: "e".into(),
+            destination: "d".into(),
+            method: "POST".into(),
+            path: String::new(),
+            headers: vec![("Ordering-Key".into(), b"a".to_vec())],
+            body: bytes::Bytes::new(),
+            accepted_ms: 0,
+        };
+        let found = lane_of(&key, &event.headers, &event.body);
+        assert!(found.is_some_and(|lane| lane != 5));
+        let here = Placed {
+            key: l.key.clone(),
+            lane: Some(5),
+        };
+        assert_eq!(l.lane(Some(&here), &event), Some(5), "not parsed again");
+        // The same key, but another lanes' (a destination added again).
+        let elsewhere = Placed {
+            key: Arc::new(key),
+            lane: Some(5),
+        };
+        assert_eq!(l.lane(Some(&elsewhere), &event), found);
+        assert_eq!(l.lane(None, &event), found, "never placed");
     }
 
     fn lanes(members: &[(i64, Lane)]) -> Lanes {

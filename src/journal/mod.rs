@@ -695,6 +695,9 @@ pub(crate) enum Command {
         /// is a group, and a record, of its own ("CRC1"), and its events
         /// wait in the index for their due time, never in memory.
         carried: Option<Vec<Carried>>,
+        /// Each event's ordering lane (`lanes::place`); empty when no
+        /// destination of these events has lanes.
+        placed: Vec<Option<lanes::Placed>>,
         reply: oneshot::Sender<Result<(), JournalError>>,
     },
     Close {
@@ -838,11 +841,13 @@ impl Journal {
         // Once queued, the writer gives the room back if the write fails,
         // even when this request's caller has gone away.
         self.shared.reserve(&events)?;
+        let placed = lanes::place(&self.shared, &events);
         let (reply, rx) = oneshot::channel();
         if let Err((e, cmd)) = self.send(Command::Append {
             events,
             claims,
             carried,
+            placed,
             reply,
         }) {
             if let Command::Append { events, .. } = &cmd {

@@ -603,6 +603,7 @@ async fn a_group_of_appends_is_one_record_and_every_waiter_hears() {
         events: first,
         claims: Vec::new(),
         carried: None,
+        placed: Vec::new(),
         reply,
     });
     assert!(queued_first.is_ok(), "queue the first append");
@@ -1294,6 +1295,40 @@ async fn adoptions_racing_appends_keep_their_own_records_and_states() {
 /// The rows waiting for their ordering lane's turn.
 fn waiting(dir: &Path) -> Vec<i64> {
     parked_at(dir, store::WAITING)
+}
+
+/// Lanes are found before an append is queued, for the destinations that
+/// have lanes only, under the key in force.
+#[test]
+fn an_append_is_placed_in_its_lanes_before_it_reaches_the_writer() {
+    use crate::event::ordering::Key;
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let (journal, _) = open(tmp.path()).expect("open");
+    let unordered = vec![to("orders", 1), to("other", 2)];
+    assert!(lanes::place(&journal.shared, &unordered).is_empty());
+    journal
+        .order("orders", Some(Key::Header("k".into())))
+        .expect("order");
+    let keyed = |i, k: &str| NewEvent {
+        headers: vec![("K".into(), k.as_bytes().to_vec())],
+        ..to("orders", i)
+    };
+    let events = vec![
+        keyed(1, "a"),
+        to("other", 2),
+        keyed(3, "a"),
+        keyed(4, "b"),
+        to("orders", 5),
+    ];
+    let placed = lanes::place(&journal.shared, &events);
+    let lanes: Vec<Option<Option<u64>>> = placed
+        .iter()
+        .map(|p| p.as_ref().map(|p| p.lane()))
+        .collect();
+    assert_eq!(lanes.len(), 5);
+    assert_eq!(lanes[1], None, "other has no lanes");
+    assert_eq!(lanes[4], Some(None), "no key: in no lane");
+    assert!(lanes[0].flatten().is_some() && lanes[0] == lanes[2] && lanes[0] != lanes[3]);
 }
 
 /// Ordering lanes in the journal: rows behind their lane's head wait (a

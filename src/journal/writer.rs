@@ -133,6 +133,7 @@ impl Writer {
                 reply,
                 claims,
                 carried,
+                ..
             } = cmd
             {
                 adopted |= carried.is_some();
@@ -347,38 +348,36 @@ fn account(group: &[Command], shared: &Shared) {
 /// Puts each durable event of a destination with an ordering key in its
 /// lane, in seq order. Before the log's end is published: the indexer,
 /// which decides whether a row waits, and the dispatchers must find every
-/// event in its lane.
+/// event in its lane. The lanes were found before the append was queued
+/// (`lanes::place`); only an event whose destination got lanes since is
+/// placed here.
 fn admit_to_lanes(group: &[Command], first_seq: i64, shared: &Shared) {
     let states = shared.destinations.load();
-    let events = group.iter().flat_map(|cmd| match cmd {
-        Command::Append { events, .. } => events.as_slice(),
-        Command::Close { .. } => &[],
-    });
-    // Each destination's key, read once; lanes found outside the lock (a
-    // key in the body is a JSON parse), then admitted in seq order.
-    let mut keys: Vec<(&str, Option<crate::event::ordering::Key>)> = Vec::new();
-    let mut found: Vec<(&Arc<DestinationState>, i64, crate::event::ordering::Lane)> = Vec::new();
-    for (seq, e) in (first_seq..).zip(events) {
-        let Some(state) = states.get(&e.destination) else {
+    // Each destination's state, when it has lanes, looked up once.
+    let mut ordered: Vec<(&str, Option<&Arc<DestinationState>>)> = Vec::new();
+    let mut seq = first_seq;
+    for cmd in group {
+        let Command::Append { events, placed, .. } = cmd else {
             continue;
         };
-        let at = match keys.iter().position(|(d, _)| *d == e.destination) {
-            Some(at) => at,
-            None => {
-                let key = state.lanes().as_ref().map(|l| l.key().clone());
-                keys.push((e.destination.as_str(), key));
-                keys.len() - 1
+        for (i, e) in events.iter().enumerate() {
+            let at = match ordered.iter().position(|(d, _)| *d == e.destination) {
+                Some(at) => at,
+                None => {
+                    let state = states
+                        .get(&e.destination)
+                        .filter(|state| state.lanes().is_some());
+                    ordered.push((e.destination.as_str(), state));
+                    ordered.len() - 1
+                }
+            };
+            if let Some(state) = ordered[at].1
+                && let Some(lanes) = state.lanes().as_mut()
+                && let Some(lane) = lanes.lane(placed.get(i).and_then(Option::as_ref), e)
+            {
+                lanes.admit(seq, lane);
             }
-        };
-        if let Some(key) = &keys[at].1
-            && let Some(lane) = crate::event::ordering::lane_of(key, &e.headers, &e.body)
-        {
-            found.push((state, seq, lane));
-        }
-    }
-    for (state, seq, lane) in found {
-        if let Some(lanes) = state.lanes().as_mut() {
-            lanes.admit(seq, lane);
+            seq += 1;
         }
     }
 }
