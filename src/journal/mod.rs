@@ -843,13 +843,14 @@ impl Journal {
         self.shared.reserve(&events)?;
         let placed = lanes::place(&self.shared, &events);
         let (reply, rx) = oneshot::channel();
-        if let Err((e, cmd)) = self.send(Command::Append {
+        if let Err(refused) = self.send(Command::Append {
             events,
             claims,
             carried,
             placed,
             reply,
         }) {
+            let (e, cmd) = *refused;
             if let Command::Append { events, .. } = &cmd {
                 self.shared.unreserve(events);
             }
@@ -922,10 +923,10 @@ impl Journal {
     }
 
     /// Queues `cmd` for the writer; a refused one comes back with why.
-    fn send(&self, cmd: Command) -> Result<(), (JournalError, Command)> {
+    fn send(&self, cmd: Command) -> Result<(), Box<(JournalError, Command)>> {
         self.tx.try_send(cmd).map_err(|e| match e {
-            mpsc::error::TrySendError::Full(cmd) => (JournalError::Busy, cmd),
-            mpsc::error::TrySendError::Closed(cmd) => (JournalError::Closed, cmd),
+            mpsc::error::TrySendError::Full(cmd) => Box::new((JournalError::Busy, cmd)),
+            mpsc::error::TrySendError::Closed(cmd) => Box::new((JournalError::Closed, cmd)),
         })
     }
 

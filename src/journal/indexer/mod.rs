@@ -14,15 +14,22 @@
 //! callers hear back (with `sync: always`): a dead letter already written
 //! must not come back after a crash as an event to send or write again.
 
+mod chores;
+mod history;
+mod spill;
+
 use super::disk::Disk;
-use super::fetch::{Fetch, Log};
 use super::intake::{LogReader, Logged, Read, ReadError, SyncError};
-use super::store::{self, Pin, QUARANTINED};
+use super::store::commit::{self as transaction, Freed, Rows};
+use super::store::{self, Pin};
 use super::{Change, DiskError, JournalError, Shared};
-use crate::history::{Accepted, Recorder, Step};
-use rusqlite::{Connection, OptionalExtension, params};
+use crate::history::{Recorder, Step};
+use chores::{CHECKPOINT_EVERY, Checkpoints, Seen};
+use history::HistoryJob;
+use rusqlite::Connection;
+use spill::{Segments, Spill};
 use std::cell::Cell;
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashSet, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -66,8 +73,6 @@ impl Pace {
         }
     }
 }
-/// How often the indexer checkpoints, which lets the WAL restart.
-const CHECKPOINT_EVERY: Duration = Duration::from_secs(1);
 /// How long after a commit the next one gathers unsynced state changes
 /// (deliveries, reschedules): a commit writes every page it touched into
 /// the WAL (and the checkpoint copies them again), so a drain's commits of
@@ -86,15 +91,8 @@ const CHUNK_EVENTS: usize = 8192;
 const CHUNK_BYTES: u64 = 32 * 1024 * 1024;
 /// On a full disk: each commit's WAL growth must fit what is left.
 const FULL_CHUNK_BYTES: u64 = 256 * 1024;
-/// How often dedupe keys older than the window leave the `seen` table.
-const EXPIRE_SEEN_EVERY: Duration = Duration::from_secs(10);
-/// How often the segments rows point into are looked at for a spill.
-pub(super) const SPILL_EVERY: Duration = Duration::from_secs(1);
-/// The longest a segment waits for a spill while its events go on going
-/// out: a slow trickle (retries delivered one by one from many old
-/// segments) must not keep every such segment on the volume for hours.
-/// A drain of 800 events/s empties half a segment of 1 KiB events within it.
-const SPILL_WAITS_AT_MOST: Duration = Duration::from_secs(10);
+#[cfg(test)]
+pub(super) use spill::SPILL_EVERY;
 
 type Reply = oneshot::Sender<Result<(), JournalError>>;
 /// Changes, whether they must be synced before the reply, and the reply.
@@ -226,49 +224,68 @@ pub(super) enum ToIndexer {
     },
 }
 
+/// The loop steps through its jobs (`run`); what they share is here:
+/// the connection, the log's reader, the pins, and the positions.
 pub(super) struct Indexer {
     conn: Connection,
     reader: LogReader,
     /// The intake log's disk, which `reader` reads too.
     disk: Arc<dyn Disk>,
     dir: PathBuf,
-    /// Rows pointing into each log segment, by its start: as committed.
-    pins: BTreeMap<u64, Pin>,
-    /// Whether `pins` changed since they were last published.
-    pins_changed: bool,
-    /// With `sync: os`: the lsn up to which the log is known on disk.
-    log_synced: u64,
-    last_spill: Instant,
-    /// Segments a spill could not copy anything out of (every row left is
-    /// unreadable), with their row count then: passed over until it
-    /// changes, so one damaged event does not hold back every later spill.
-    unspillable: HashMap<u64, i64>,
-    /// Segments a spill could take: their count of waiting events, since
-    /// when it has stayed so, and since when they could be taken.
-    settling: HashMap<u64, (i64, Instant, Instant)>,
+    pins: Pins,
     /// The lsn up to which rows are in SQLite.
     indexed: u64,
-    /// The lsn up to which they are synced.
-    durable: u64,
     /// Every event up to this seq is a row, or was delivered and skipped.
     rows_through: i64,
-    full_sync: bool,
+    durability: Durability,
     pace: Pace,
-    /// `ingress.dedupe_window` in ms: the keys of indexed events go to `seen`.
-    dedupe_ms: Option<u64>,
-    last_durable: Instant,
-    /// Changes committed since the last sync.
-    dirty: bool,
-    last_checkpoint: Instant,
-    last_expiry: Instant,
     last_commit: Instant,
     /// When a transient error was last logged: retries come every 100 ms.
     last_strain: Option<Instant>,
+    spill: Spill,
+    checkpoints: Checkpoints,
+    /// With `ingress.dedupe_window`.
+    seen: Option<Seen>,
     /// Event history, recorded in each commit before the journal's own
     /// transaction (`crate::history`).
-    history: Option<Recorder>,
-    /// When a history error was last logged.
-    history_strain: Option<Instant>,
+    history: Option<HistoryJob>,
+}
+
+/// Rows pointing into each log segment, by its start: as committed.
+#[derive(Default)]
+struct Pins {
+    by_segment: BTreeMap<u64, Pin>,
+    /// Changed since last published.
+    changed: bool,
+}
+
+impl Pins {
+    fn add(&mut self, deltas: BTreeMap<u64, Pin>) {
+        for (segment, d) in deltas {
+            let pin = self.by_segment.entry(segment).or_default();
+            pin.events += d.events;
+            pin.bytes += d.bytes;
+            if pin.events <= 0 {
+                self.by_segment.remove(&segment);
+            }
+            self.changed = true;
+        }
+    }
+}
+
+/// What is synced: SQLite's rows and changes, and (with `sync: os`) the
+/// log under them.
+struct Durability {
+    /// `sync: always`: the writer fdatasyncs the log, and changes asked
+    /// to be synced are committed with synchronous=FULL.
+    full_sync: bool,
+    /// With `sync: os`: the lsn up to which the log is known on disk.
+    log_synced: u64,
+    /// The lsn up to which rows are synced.
+    durable: u64,
+    /// Changes committed since the last sync.
+    dirty: bool,
+    last_durable: Instant,
 }
 
 /// Why indexing stopped.
@@ -321,32 +338,32 @@ impl Indexer {
         history: Option<Recorder>,
     ) -> Result<Indexer, rusqlite::Error> {
         let indexed = store::intake_pos(&conn)?;
-        let pins = store::load_pins(&conn)?;
+        let pins = Pins {
+            by_segment: store::load_pins(&conn)?,
+            changed: true,
+        };
         Ok(Indexer {
             conn,
             reader: LogReader::on(disk.clone(), dir),
             disk,
             dir: dir.to_path_buf(),
             pins,
-            pins_changed: true,
-            log_synced: 0,
-            last_spill: Instant::now(),
-            unspillable: HashMap::new(),
-            settling: HashMap::new(),
             indexed,
-            durable: indexed,
             rows_through: 0,
-            full_sync,
+            durability: Durability {
+                full_sync,
+                log_synced: 0,
+                durable: indexed,
+                dirty: false,
+                last_durable: Instant::now(),
+            },
             pace,
-            dedupe_ms,
-            last_durable: Instant::now(),
-            dirty: false,
-            last_checkpoint: Instant::now(),
-            last_expiry: Instant::now(),
             last_commit: Instant::now(),
             last_strain: None,
-            history,
-            history_strain: None,
+            spill: Spill::new(),
+            checkpoints: Checkpoints::new(),
+            seen: dedupe_ms.map(Seen::new),
+            history: history.map(HistoryJob::new),
         })
     }
 
@@ -356,7 +373,7 @@ impl Indexer {
 
     /// The segments rows point into, by start.
     pub fn pinned(&self) -> BTreeSet<u64> {
-        self.pins.keys().copied().collect()
+        self.pins.by_segment.keys().copied().collect()
     }
 
     /// Tells the writer which segments it may recycle: those wholly before
@@ -364,18 +381,20 @@ impl Indexer {
     /// committed change is synced: a delete not yet synced comes back after
     /// a crash, and its row must still find its event.
     fn publish(&mut self, shared: &Shared) {
-        if self.dirty {
+        if self.durability.dirty {
             return;
         }
-        if self.pins_changed
+        if self.pins.changed
             && let Ok(mut pinned) = shared.pinned.lock()
         {
             *pinned = Arc::new(self.pinned());
-            self.pins_changed = false;
+            self.pins.changed = false;
         }
         // After the pins: the writer reads the position first, so what it
         // recycles by it was unpinned in pins at least as new.
-        shared.durable_pos.store(self.durable, Ordering::Release);
+        shared
+            .durable_pos
+            .store(self.durability.durable, Ordering::Release);
     }
 
     /// After recovery: every event below `next_seq` is a row or gone.
@@ -469,14 +488,16 @@ impl Indexer {
         if insert.iter().any(|i| *i) {
             self.sync_log(end)?;
         }
-        let full = self.full_sync && sync;
-        self.record_history(events, delivered, changes, full);
+        let full = self.durability.full_sync && sync;
+        if let Some(h) = self.history.as_mut() {
+            h.record(events, delivered, changes, full);
+        }
         if full {
             store::set_full_sync(&self.conn, true)?;
         }
-        let result = write(
+        let result = transaction::commit(
             &self.conn,
-            &self.pins,
+            &self.pins.by_segment,
             Rows {
                 events,
                 insert,
@@ -484,19 +505,19 @@ impl Indexer {
             },
             changes,
             end,
-            self.dedupe_ms.is_some(),
+            self.seen.is_some(),
         );
         if result.is_err() {
-            let _ = self.conn.execute_batch("ROLLBACK");
+            store::commit::rollback(&self.conn);
             if full {
                 let _ = store::set_full_sync(&self.conn, false);
             }
         }
         let (freed, pins) = result?;
-        self.add_pins(pins);
+        self.pins.add(pins);
         self.indexed = end;
         self.last_commit = Instant::now();
-        self.dirty |= !changes.is_empty();
+        self.durability.dirty |= !changes.is_empty();
         if full {
             self.synced();
             if let Err(e) = store::set_full_sync(&self.conn, false) {
@@ -506,153 +527,14 @@ impl Indexer {
         Ok(freed)
     }
 
-    fn add_pins(&mut self, deltas: BTreeMap<u64, Pin>) {
-        for (segment, d) in deltas {
-            let pin = self.pins.entry(segment).or_default();
-            pin.events += d.events;
-            pin.bytes += d.bytes;
-            if pin.events <= 0 {
-                self.pins.remove(&segment);
-            }
-            self.pins_changed = true;
-        }
-    }
-
-    /// Copies the events of the rows still pointing into one segment the
-    /// writer has left, and that is less than half live, into their rows:
-    /// one event retried for hours must not keep 16 MiB of delivered ones
-    /// on the volume. A segment mostly live (a paused destination's
-    /// backlog) stays: copying it would only double its bytes for a while.
-    /// Nor, for a while, one whose events are still going out (`settled`):
-    /// a drain frees it, and copying its rest would write those events
-    /// twice for nothing (benches/RESULTS.md).
-    /// Returns whether another segment may be waiting: the caller looks
-    /// again at its next turn.
-    fn spill(&mut self) -> Result<bool, IndexError> {
-        let sizes = super::intake::segments_on(&*self.disk, &self.dir).map_err(ReadError::Io)?;
-        let now = Instant::now();
-        let mut candidates = HashMap::new();
-        let mut found = None;
-        for &(start, size, _) in &sizes {
-            let Some(pin) = self.pins.get(&start) else {
-                continue;
-            };
-            if start + size > self.durable
-                || (pin.bytes.max(0) as u64) * 2 >= size
-                || self.unspillable.get(&start) == Some(&pin.events)
-            {
-                continue;
-            }
-            let (since, first) = match self.settling.get(&start) {
-                Some(&(events, since, first)) if events == pin.events => (since, first),
-                Some(&(_, _, first)) => (now, first),
-                None => (now, now),
-            };
-            candidates.insert(start, (pin.events, since, first));
-            if found.is_none() && settled(now - since, now - first) {
-                found = Some((start, size));
-            }
-        }
-        self.settling = candidates;
-        let Some((start, size)) = found else {
-            return Ok(false);
-        };
-        self.unspillable.retain(|s, _| self.pins.contains_key(s));
-        let events = self.pins.get(&start).map_or(0, |p| p.events);
-        let seqs = seqs_in(&self.disk, &self.dir, start, size);
-        let placed = store::placed_in(&self.conn, start, start + size, seqs)?;
-        let mut fetch = Fetch::new(Log {
-            disk: &*self.disk,
-            dir: &self.dir,
-        });
-        let mut moved = Vec::with_capacity(placed.len());
-        for (seq, place) in placed {
-            // A row whose event cannot be read keeps the segment: it stays
-            // for an operator, and the row is quarantined when it is due.
-            match fetch.event(place, seq) {
-                Ok(Some(l)) => moved.push((l, place)),
-                Ok(None) => {}
-                Err(e) => {
-                    self.unspillable.insert(start, events);
-                    return Err(ReadError::Io(e).into());
-                }
-            }
-        }
-        if moved.is_empty() {
-            self.unspillable.insert(start, events);
-            return Ok(true);
-        }
-        self.conn.execute_batch("BEGIN IMMEDIATE")?;
-        let result = (|| {
-            let mut update = self.conn.prepare_cached(
-                "UPDATE events SET id = ?2, path = ?3, headers = ?4, body = ?5, crc = ?6, at = NULL, len = NULL
-                 WHERE seq = ?1 AND at = ?7",
-            )?;
-            let mut pin = Pin::default();
-            for (l, place) in &moved {
-                let e = &l.event;
-                let crc = super::record::crc(
-                    &e.id,
-                    &e.destination,
-                    &e.method,
-                    &e.path,
-                    &l.encoded_headers,
-                    &e.body,
-                );
-                let n = update.execute(params![
-                    l.seq,
-                    e.id,
-                    e.path,
-                    l.encoded_headers,
-                    &e.body[..],
-                    crc,
-                    place.at as i64
-                ])?;
-                if n == 1 {
-                    pin.events -= 1;
-                    pin.bytes -= i64::from(place.len);
-                }
-            }
-            let deltas = BTreeMap::from([(start, pin)]);
-            store::add_pins(&self.conn, &deltas)?;
-            self.conn.execute_batch("COMMIT")?;
-            Ok::<_, rusqlite::Error>(deltas)
-        })();
-        match result {
-            Ok(deltas) => {
-                self.add_pins(deltas);
-                // Synced before the writer may free the segment (`publish`).
-                self.dirty = true;
-                tracing::debug!(
-                    segment = start,
-                    events = moved.len(),
-                    "copied waiting events out of an intake log segment"
-                );
-                Ok(true)
-            }
-            Err(e) => {
-                let _ = self.conn.execute_batch("ROLLBACK");
-                Err(e.into())
-            }
-        }
-    }
-
     /// A synced commit: everything indexed so far survives a power loss.
     /// History first, so that it is never behind what the journal made
     /// durable.
     fn sync(&mut self) -> Result<(), IndexError> {
-        self.sync_history();
-        store::set_full_sync(&self.conn, true)?;
-        let result = (|| {
-            self.conn.execute_batch("BEGIN IMMEDIATE")?;
-            store::set_intake_pos(&self.conn, self.indexed)?;
-            self.conn.execute_batch("COMMIT")
-        })();
-        if result.is_err() {
-            let _ = self.conn.execute_batch("ROLLBACK");
+        if let Some(h) = self.history.as_mut() {
+            h.sync();
         }
-        store::set_full_sync(&self.conn, false)?;
-        result?;
+        transaction::sync_position(&self.conn, self.indexed)?;
         self.synced();
         Ok(())
     }
@@ -663,28 +545,27 @@ impl Indexer {
     /// disk, or a power loss could keep rows whose events never got there.
     /// One fdatasync per commit of rows, not per request.
     fn sync_log(&mut self, end: u64) -> Result<(), IndexError> {
-        if self.full_sync || end <= self.log_synced {
+        if self.durability.full_sync || end <= self.durability.log_synced {
             return Ok(());
         }
-        super::intake::sync_segments(&*self.disk, &self.dir, self.log_synced, end).map_err(
-            |e| match e {
-                SyncError::Find(e) => IndexError::Log(ReadError::Io(e)),
-                SyncError::Sync(e) => IndexError::LogSync(e),
-            },
-        )?;
-        self.log_synced = end;
+        let from = self.durability.log_synced;
+        super::intake::sync_segments(&*self.disk, &self.dir, from, end).map_err(|e| match e {
+            SyncError::Find(e) => IndexError::Log(ReadError::Io(e)),
+            SyncError::Sync(e) => IndexError::LogSync(e),
+        })?;
+        self.durability.log_synced = end;
         Ok(())
     }
 
     fn synced(&mut self) {
-        self.durable = self.indexed;
-        self.dirty = false;
-        self.last_durable = Instant::now();
+        self.durability.durable = self.indexed;
+        self.durability.dirty = false;
+        self.durability.last_durable = Instant::now();
     }
 
     /// Rows or changes committed but not yet synced.
     fn unsynced(&self) -> bool {
-        self.durable < self.indexed || self.dirty
+        self.durability.durable < self.indexed || self.durability.dirty
     }
 
     pub fn spawn(self, rx: Receiver<ToIndexer>, shared: Arc<Shared>) -> std::io::Result<()> {
@@ -698,7 +579,7 @@ impl Indexer {
     }
 
     /// Each turn: `sleep_for -> receive -> Written::due -> step ->
-    /// sync_if_due -> spill_if_due -> checkpoint -> expire_seen`, and
+    /// sync_if_due -> spill_if_due -> checkpoints -> seen -> history`, and
     /// `finish` at the close.
     fn run(mut self, rx: Receiver<ToIndexer>, shared: Arc<Shared>) {
         let mut written = Written::new(self.indexed);
@@ -729,9 +610,14 @@ impl Indexer {
             if !retry {
                 self.spill_if_due(&shared);
             }
-            self.checkpoint(retry, &shared);
-            self.expire_seen();
-            self.maintain_history();
+            let full = shared.disk_full.load(Ordering::Acquire) && !retry;
+            self.checkpoints.turn(&self.conn, full);
+            if let Some(seen) = self.seen.as_mut() {
+                seen.turn(&self.conn);
+            }
+            if let Some(h) = self.history.as_mut() {
+                h.maintain(&self.conn);
+            }
             if let Some(reply) = inbox.close {
                 self.finish(target, &shared);
                 let _ = reply.send(());
@@ -750,7 +636,7 @@ impl Indexer {
         } else if self.unsynced() {
             self.pace
                 .durable_every
-                .saturating_sub(self.last_durable.elapsed())
+                .saturating_sub(self.durability.last_durable.elapsed())
         } else {
             CHECKPOINT_EVERY
         };
@@ -776,7 +662,7 @@ impl Indexer {
     /// full disk or a passing error leaves it to retry shortly (the log
     /// still holds the rows).
     fn sync_if_due(&mut self, shared: &Shared) -> bool {
-        if !self.unsynced() || self.last_durable.elapsed() < self.pace.durable_every {
+        if !self.unsynced() || self.durability.last_durable.elapsed() < self.pace.durable_every {
             return false;
         }
         match self.sync() {
@@ -802,123 +688,31 @@ impl Indexer {
     /// Not on a full disk: a spill grows journal.db before the segment it
     /// frees goes back.
     fn spill_if_due(&mut self, shared: &Shared) {
-        if shared.disk_full.load(Ordering::Acquire) || self.last_spill.elapsed() < SPILL_EVERY {
+        if shared.disk_full.load(Ordering::Acquire) || !self.spill.due() {
             return;
         }
-        match self.spill() {
+        let segments = Segments {
+            conn: &self.conn,
+            disk: &self.disk,
+            dir: &self.dir,
+            pins: &self.pins.by_segment,
+            durable: self.durability.durable,
+        };
+        match self.spill.once(segments) {
             // Another may be waiting: look again at the next turn.
-            Ok(true) => {}
-            Ok(false) => self.last_spill = Instant::now(),
+            Ok(Some(deltas)) => {
+                if !deltas.is_empty() {
+                    self.pins.add(deltas);
+                    // Synced before the writer may free the segment (`publish`).
+                    self.durability.dirty = true;
+                }
+            }
+            Ok(None) => self.spill.rest(),
             Err(e) => {
                 tracing::warn!(error = %e, "cannot copy waiting events out of an intake log segment; it stays until its rows change");
-                self.last_spill = Instant::now();
+                self.spill.rest();
             }
         }
-    }
-
-    fn checkpoint(&mut self, retry: bool, shared: &Shared) {
-        if shared.disk_full.load(Ordering::Acquire) && !retry {
-            // On a full disk the pages of delivered events and the WAL
-            // must go back to the volume, or they keep the room the
-            // intake log needs.
-            let _ = self.conn.execute_batch("PRAGMA incremental_vacuum");
-            let _ = self.conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)");
-            self.last_checkpoint = Instant::now();
-        } else if self.last_checkpoint.elapsed() >= CHECKPOINT_EVERY {
-            // Under sustained load the background checkpointer never
-            // catches up, so the WAL could never restart; from here no
-            // frame can arrive during the checkpoint.
-            if let Err(e) = self.conn.execute_batch("PRAGMA wal_checkpoint(PASSIVE)") {
-                tracing::warn!(error = %e, "journal checkpoint failed; will retry");
-            }
-            self.last_checkpoint = Instant::now();
-        }
-    }
-
-    /// Records in history what a commit makes durable. A failure is said
-    /// (at most every 10 s) and never stops the journal: history serves
-    /// operators, the journal the events.
-    fn record_history(
-        &mut self,
-        events: &[Logged],
-        delivered: &[Option<Step>],
-        changes: &[Change],
-        full: bool,
-    ) {
-        let Some(h) = self.history.as_mut() else {
-            return;
-        };
-        let accepted: Vec<Accepted<'_>> = events
-            .iter()
-            .enumerate()
-            .map(|(i, l)| Accepted {
-                seq: l.seq,
-                id: &l.event.id,
-                destination: &l.event.destination,
-                accepted_ms: l.event.accepted_ms,
-                prior: l.carried.as_ref().map_or(0, |c| c.attempts),
-                next_due_ms: l.carried.as_ref().map(|c| c.next_due_ms),
-                delivered: delivered.get(i).and_then(Option::as_ref),
-            })
-            .collect();
-        let steps: Vec<(i64, Step)> = changes
-            .iter()
-            .filter_map(|c| c.step().map(|s| (c.seq(), s)))
-            .collect();
-        let steps: Vec<(i64, &Step)> = steps.iter().map(|(seq, s)| (*seq, s)).collect();
-        let result = h.record(&accepted, &steps);
-        if let Err(e) = result {
-            self.history_failed(&e.to_string());
-        } else if full {
-            self.sync_history();
-        }
-    }
-
-    fn sync_history(&mut self) {
-        if let Some(h) = self.history.as_mut()
-            && let Err(e) = h.sync()
-        {
-            self.history_failed(&e.to_string());
-        }
-    }
-
-    /// Rolls history's partitions and drops old ones; an event still in
-    /// the journal keeps its record.
-    fn maintain_history(&mut self) {
-        let Some(h) = self.history.as_mut() else {
-            return;
-        };
-        let conn = &self.conn;
-        let in_journal = |seq: i64| store::holds(conn, seq).unwrap_or(true);
-        if let Err(e) = h.maintain(&in_journal) {
-            let e = e.to_string();
-            self.history_failed(&e);
-        }
-    }
-
-    fn history_failed(&mut self, error: &str) {
-        if self
-            .history_strain
-            .is_none_or(|at| at.elapsed() >= Duration::from_secs(10))
-        {
-            tracing::warn!(error, "cannot record event history; deliveries go on");
-            self.history_strain = Some(Instant::now());
-        }
-    }
-
-    /// Dedupe keys older than the window go.
-    fn expire_seen(&mut self) {
-        let Some(window) = self.dedupe_ms else {
-            return;
-        };
-        if self.last_expiry.elapsed() < EXPIRE_SEEN_EVERY {
-            return;
-        }
-        let cutoff = crate::clock::now_ms().saturating_sub(window);
-        if let Err(e) = store::expire_seen(&self.conn, cutoff) {
-            tracing::warn!(error = %e, "cannot expire dedupe keys; will retry");
-        }
-        self.last_expiry = Instant::now();
     }
 
     /// The writer has stopped: index what it wrote, sync, and fold the WAL
@@ -933,7 +727,7 @@ impl Indexer {
         if self.sync().is_ok() {
             self.publish(shared);
         }
-        let _ = self.conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)");
+        let _ = store::fold_wal(&self.conn);
     }
 
     /// Indexes up to `target` and applies `applies`; false when a full disk
@@ -1024,7 +818,7 @@ impl Indexer {
                         skip.committed(self.rows_through);
                     }
                     account(&events, &insert, freed, shared);
-                    if self.durable == self.indexed {
+                    if self.durability.durable == self.indexed {
                         self.publish(shared);
                     }
                     if done {
@@ -1131,13 +925,6 @@ pub(super) fn seqs_in(
     from..to
 }
 
-/// Whether a segment a spill could take is taken: once its count of
-/// waiting events has stayed the same for `SPILL_EVERY` (nothing goes out
-/// of it any more), or once it has waited `SPILL_WAITS_AT_MOST`.
-fn settled(unchanged_for: Duration, waited: Duration) -> bool {
-    unchanged_for >= SPILL_EVERY || waited >= SPILL_WAITS_AT_MOST
-}
-
 /// Indexing and checkpoints are catch-up work: under a burst the threads
 /// that answer the app go first, and the intake log holds the difference.
 pub(super) fn lower_priority() {
@@ -1145,293 +932,6 @@ pub(super) fn lower_priority() {
     unsafe {
         let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
         libc::setpriority(libc::PRIO_PROCESS, tid, 10);
-    }
-}
-
-/// A commit's events read from the log: which to insert as rows (the
-/// others were delivered from memory), and which of those wait behind
-/// their ordering lane's head (`hold_in_lanes`; none when shorter).
-#[derive(Clone, Copy)]
-struct Rows<'a> {
-    events: &'a [Logged],
-    insert: &'a [bool],
-    waits: &'a [bool],
-}
-
-impl Rows<'_> {
-    const NONE: Rows<'static> = Rows {
-        events: &[],
-        insert: &[],
-        waits: &[],
-    };
-}
-
-/// Returns what the deletes freed, for the counters, and
-/// what the commit added to the pins of each segment (`pins`: as before).
-fn write(
-    conn: &Connection,
-    pins: &BTreeMap<u64, Pin>,
-    Rows {
-        events,
-        insert: insert_mask,
-        waits,
-    }: Rows<'_>,
-    changes: &[Change],
-    end: u64,
-    dedupe: bool,
-) -> Result<(Freed, BTreeMap<u64, Pin>), IndexError> {
-    let mut tally = Tally::default();
-    conn.execute_batch("BEGIN IMMEDIATE")?;
-    {
-        // The row keeps the event's place in the log, not the event; its
-        // id stays, for an operator's query.
-        let mut insert = conn.prepare_cached(
-            "INSERT INTO events (seq, id, destination, method, path, headers, body, accepted_ms, crc, attempts, next_due_ms, at, len)
-             VALUES (?1, ?8, ?2, ?3, '', x'', x'', ?4, ?5, 0, ?9, ?6, ?7)",
-        )?;
-        // An adopted event goes on where its delivery stood.
-        let mut carry = conn.prepare_cached(
-            "UPDATE events SET attempts = ?2, next_due_ms = ?3, last_outcome = ?4, last_status = ?5, last_attempt_ms = ?6, batch = ?7, fate = ?8, fate_ms = ?9 WHERE seq = ?1",
-        )?;
-        for (i, l) in events.iter().enumerate().filter(|(i, _)| insert_mask[*i]) {
-            let e = &l.event;
-            // Behind its lane's head: due only when the head leaves.
-            let waits = waits.get(i).copied().unwrap_or(false);
-            let due = if waits {
-                store::WAITING
-            } else {
-                e.accepted_ms as i64
-            };
-            let bytes = e.body.len() + l.encoded_headers.len() + e.path.len() + e.id.len();
-            add(&mut tally.totals, &e.destination, 1, bytes as i64);
-            let pin = tally.pinned.entry(l.segment).or_default();
-            pin.events += 1;
-            pin.bytes += i64::from(l.place.len);
-            insert.execute(params![
-                l.seq,
-                e.destination,
-                e.method,
-                e.accepted_ms as i64,
-                l.place.crc,
-                l.place.at as i64,
-                l.place.len,
-                e.id,
-                due
-            ])?;
-            if let Some(c) = &l.carried {
-                carry.execute(params![
-                    l.seq,
-                    c.attempts,
-                    if waits { due } else { c.next_due_ms as i64 },
-                    c.last_outcome,
-                    c.last_status,
-                    c.last_attempt_ms.map(|t| t as i64),
-                    c.batch,
-                    c.fate.as_ref().map(|f| f.reason.as_str()),
-                    c.fate.as_ref().map(|f| f.at_ms as i64)
-                ])?;
-            }
-        }
-        if dedupe {
-            let mut seen =
-                conn.prepare_cached("INSERT OR REPLACE INTO seen (key, seen_ms) VALUES (?1, ?2)")?;
-            for Logged { event: e, .. } in events {
-                seen.execute(params![
-                    super::dedupe::key(&e.destination, &e.id),
-                    e.accepted_ms as i64
-                ])?;
-            }
-        }
-        // Read, then deleted by its key: `DELETE … RETURNING` builds a
-        // temporary table per statement, which cost more than the read it
-        // saves (benches/RESULTS.md).
-        let mut doomed = conn.prepare_cached(&format!(
-            "SELECT destination, {}, at, len FROM events WHERE seq = ?1 AND attempts = ?2",
-            store::ROW_BYTES
-        ))?;
-        let mut delete = conn.prepare_cached("DELETE FROM events WHERE seq = ?1")?;
-        let mut reschedule = conn.prepare_cached(
-            "UPDATE events SET attempts = ?2, next_due_ms = ?3, last_outcome = ?4, last_status = ?5, last_attempt_ms = ?6, batch = ?7 WHERE seq = ?1",
-        )?;
-        let mut quarantine =
-            conn.prepare_cached("UPDATE events SET next_due_ms = ?2 WHERE seq = ?1")?;
-        let mut wait = conn.prepare_cached(
-            "UPDATE events SET next_due_ms = ?2 WHERE seq = ?1 AND next_due_ms < ?2",
-        )?;
-        let mut unwait = conn.prepare_cached(
-            "UPDATE events SET next_due_ms = ?2 WHERE seq = ?1 AND next_due_ms = ?3",
-        )?;
-        // Due at once, out of any batch: after a restart the dispatcher
-        // reads it first thing, and hands it to the sink, never the endpoint.
-        let mut fated = conn.prepare_cached(
-            "UPDATE events SET fate = ?2, fate_ms = ?3, next_due_ms = ?3, attempts = ?4, last_outcome = ?5, last_status = ?6, last_attempt_ms = ?7, batch = NULL WHERE seq = ?1",
-        )?;
-        // Unconditional deletes go after the other changes, in runs: the
-        // end state is the same (a reschedule or quarantine of a row that
-        // is deleted too leaves nothing behind), and a run of consecutive
-        // seqs, a drain's usual commit, is one range read and one range
-        // delete instead of two statements a row.
-        let mut unconditional: Vec<i64> = Vec::new();
-        for c in changes {
-            match c {
-                Change::Delete {
-                    seq,
-                    only_if_attempts: None,
-                    ..
-                } => unconditional.push(*seq),
-                Change::Delete {
-                    seq,
-                    only_if_attempts: Some(attempts),
-                    ..
-                } => {
-                    // The row's own destination and bytes: what its insert added.
-                    let gone = doomed
-                        .query_row(params![seq, attempts], |r| {
-                            Ok((
-                                r.get::<_, String>(0)?,
-                                r.get::<_, i64>(1)?,
-                                r.get::<_, Option<i64>>(2)?,
-                                r.get::<_, Option<i64>>(3)?,
-                            ))
-                        })
-                        .optional()?;
-                    if let Some((destination, bytes, at, len)) = gone {
-                        delete.execute([seq])?;
-                        tally.forget(pins, &destination, bytes, at, len);
-                    }
-                }
-                Change::Reschedule {
-                    seq,
-                    attempts,
-                    next_due_ms,
-                    outcome,
-                    status,
-                    attempt_ms,
-                    batch,
-                    ..
-                } => {
-                    reschedule.execute(params![
-                        seq,
-                        attempts,
-                        *next_due_ms as i64,
-                        outcome.as_str(),
-                        status,
-                        *attempt_ms as i64,
-                        batch
-                    ])?;
-                }
-                Change::Quarantine { seq } => {
-                    quarantine.execute(params![seq, QUARANTINED])?;
-                }
-                Change::Wait { seq } => {
-                    wait.execute(params![seq, store::WAITING])?;
-                }
-                Change::Unwait { seq, at_ms } => {
-                    unwait.execute(params![seq, *at_ms as i64, store::WAITING])?;
-                }
-                Change::DeadLetter { seq, fate, .. } => {
-                    fated.execute(params![
-                        seq,
-                        fate.reason.as_str(),
-                        fate.at_ms as i64,
-                        fate.attempts,
-                        fate.last_outcome.as_str(),
-                        fate.last_status,
-                        fate.last_attempt_ms.map(|t| t as i64)
-                    ])?;
-                }
-            }
-        }
-        unconditional.sort_unstable();
-        unconditional.dedup();
-        // Every seq of a run is one of its deletes (the run has no gap), so
-        // the range read finds exactly the rows to delete.
-        let mut doomed_run = conn.prepare_cached(&format!(
-            "SELECT destination, {}, at, len FROM events WHERE seq BETWEEN ?1 AND ?2",
-            store::ROW_BYTES
-        ))?;
-        let mut delete_run =
-            conn.prepare_cached("DELETE FROM events WHERE seq BETWEEN ?1 AND ?2")?;
-        for run in unconditional.chunk_by(|a, b| *b == a + 1) {
-            let (first, last) = (run[0], run[run.len() - 1]);
-            let mut rows = doomed_run.query(params![first, last])?;
-            while let Some(r) = rows.next()? {
-                let destination = r.get_ref(0)?.as_str().map_err(rusqlite::Error::from)?;
-                tally.forget(pins, destination, r.get(1)?, r.get(2)?, r.get(3)?);
-            }
-            delete_run.execute(params![first, last])?;
-        }
-        store::add_totals(conn, &tally.totals)?;
-        store::add_pins(conn, &tally.pinned)?;
-        store::set_intake_pos(conn, end)?;
-    }
-    conn.execute_batch("COMMIT")?;
-    Ok((tally.freed, tally.pinned))
-}
-
-/// Per destination: the events and bytes a commit's deletes removed.
-pub(super) type Freed = HashMap<String, (u64, u64)>;
-
-/// What one commit changes in the totals and the pins, and what its
-/// deletes free.
-#[derive(Default)]
-struct Tally {
-    /// Per destination: events and bytes this commit adds (negative: removes).
-    totals: HashMap<String, (i64, i64)>,
-    freed: Freed,
-    pinned: BTreeMap<u64, Pin>,
-}
-
-impl Tally {
-    /// A deleted row, counted once however many changes named it (a late
-    /// answer's delete and a retry's may share a commit: the second finds
-    /// no row): `bytes` are its own (what its insert added), `at` and
-    /// `len` its event's place in the log, when it points there.
-    fn forget(
-        &mut self,
-        pins: &BTreeMap<u64, Pin>,
-        destination: &str,
-        bytes: i64,
-        at: Option<i64>,
-        len: Option<i64>,
-    ) {
-        add(&mut self.totals, destination, -1, -bytes);
-        match self.freed.get_mut(destination) {
-            Some((n, b)) => {
-                *n += 1;
-                *b += bytes.max(0) as u64;
-            }
-            None => {
-                self.freed
-                    .insert(destination.to_string(), (1, bytes.max(0) as u64));
-            }
-        }
-        if let (Some(at), Some(len)) = (at, len)
-            && let Some(segment) = segment_of(pins, &self.pinned, at.max(0) as u64)
-        {
-            let pin = self.pinned.entry(segment).or_default();
-            pin.events -= 1;
-            pin.bytes -= len;
-        }
-    }
-}
-
-/// The segment holding the event at `at`: the last one starting at or
-/// before it among those rows point into (committed, or by this commit's
-/// inserts). The row pointing there keeps it among them.
-fn segment_of(pins: &BTreeMap<u64, Pin>, adding: &BTreeMap<u64, Pin>, at: u64) -> Option<u64> {
-    let last = |m: &BTreeMap<u64, Pin>| m.range(..=at).next_back().map(|(s, _)| *s);
-    last(pins).max(last(adding))
-}
-
-/// Adds to `destination`'s totals, allocating its name once per commit
-/// rather than once per event.
-fn add(totals: &mut HashMap<String, (i64, i64)>, destination: &str, events: i64, bytes: i64) {
-    match totals.get_mut(destination) {
-        Some(t) => *t = (t.0 + events, t.1 + bytes),
-        None => {
-            totals.insert(destination.to_string(), (events, bytes));
-        }
     }
 }
 
@@ -1523,17 +1023,5 @@ mod tests {
             "a change to an event not a row yet"
         );
         assert_eq!(w.due(false, false, hour), 40, "the target never goes back");
-    }
-
-    #[test]
-    fn a_spill_waits_while_events_go_out_but_not_for_ever() {
-        let ms = Duration::from_millis;
-        // Nothing went out of it for a look's time: taken.
-        assert!(settled(SPILL_EVERY, SPILL_EVERY));
-        // Still going out: left to free itself...
-        assert!(!settled(SPILL_EVERY - ms(1), SPILL_EVERY));
-        assert!(!settled(ms(200), SPILL_WAITS_AT_MOST - ms(1)));
-        // ...up to a bound.
-        assert!(settled(ms(200), SPILL_WAITS_AT_MOST));
     }
 }

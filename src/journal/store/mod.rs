@@ -10,6 +10,8 @@ use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, params};
 use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
 
+pub mod commit;
+
 pub const FILE: &str = "journal.db";
 
 const SCHEMA: &str = "
@@ -609,6 +611,18 @@ pub fn set_turns(
 /// Copies WAL frames into the main file without waiting for readers.
 pub fn checkpoint(conn: &Connection) -> Result<(), rusqlite::Error> {
     conn.execute_batch("PRAGMA wal_checkpoint(PASSIVE)")
+}
+
+/// Folds the WAL into the main file and truncates it.
+pub fn fold_wal(conn: &Connection) -> Result<(), rusqlite::Error> {
+    conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)")
+}
+
+/// Gives free pages and the WAL back to the volume (a full disk).
+pub fn give_back(conn: &Connection) -> Result<(), rusqlite::Error> {
+    let vacuumed = conn.execute_batch("PRAGMA incremental_vacuum");
+    let folded = fold_wal(conn);
+    vacuumed.and(folded)
 }
 
 /// Seqs of the due events of one stored batch, in the batch's order.
