@@ -412,33 +412,18 @@ pub(crate) struct Shared {
     /// The intake log's disk, which readers read events from too.
     disk: Arc<dyn disk::Disk>,
     path: PathBuf,
-    /// The intake log's position up to which SQLite has synced the rows:
-    /// segments before it may be recycled, unless `pinned`.
-    durable_pos: AtomicU64,
-    /// Starts of the log segments synced rows point into; published before
-    /// `durable_pos`, so it is never older than the position read first.
-    pinned: Mutex<Arc<BTreeSet<u64>>>,
-    /// The intake log's end after the writer's last group.
-    written_end: AtomicU64,
-    /// The indexer sleeps with nothing to index: the next group wakes it.
-    indexer_idle: AtomicBool,
-    max_bytes: u64,
-    pending_bytes: AtomicU64,
+    /// Set by the writer thread.
+    by_writer: ByWriter,
+    /// Set by the indexer thread.
+    by_indexer: ByIndexer,
+    /// Room for events: taken by appends, given back by deletes.
+    space: Space,
+    /// Whether writes are taken.
+    gate: Gate,
     dedupe: Option<Arc<Mutex<Dedupe>>>,
-    failed: Mutex<Option<String>>,
-    /// Set at ENOSPC: ingress answers 507 without touching the disk until
-    /// the reserve can be taken back.
-    disk_full: AtomicBool,
-    disk_turn: Mutex<()>,
-    reserve: Reserve,
     /// Deliveries of events the indexer has not reached, and the counters
     /// and size each event in memory was handed out with.
     skip: Mutex<Skip<Handed>>,
-    closed: AtomicBool,
-    /// Set before a hand-off reads what is pending: no event comes in
-    /// after it (appends, replays and adoptions answer `Closed`), while
-    /// deletes and the index go on.
-    sealed: AtomicBool,
     /// Copied on write: a reload adds a destination rarely, every group
     /// commit reads the map.
     destinations: ArcSwap<HashMap<String, Arc<DestinationState>>>,
@@ -447,18 +432,56 @@ pub(crate) struct Shared {
     history: Option<History>,
 }
 
+struct ByWriter {
+    /// The intake log's end after the writer's last group.
+    written_end: AtomicU64,
+}
+
+struct ByIndexer {
+    /// The intake log's position up to which SQLite has synced the rows:
+    /// segments before it may be recycled, unless `pinned`.
+    durable_pos: AtomicU64,
+    /// Starts of the log segments synced rows point into; published before
+    /// `durable_pos`, so it is never older than the position read first.
+    pinned: Mutex<Arc<BTreeSet<u64>>>,
+    /// The indexer sleeps with nothing to index: the writer's next group
+    /// wakes it.
+    idle: AtomicBool,
+}
+
+struct Space {
+    max_bytes: u64,
+    pending_bytes: AtomicU64,
+    /// Set at ENOSPC: ingress answers 507 without touching the disk until
+    /// the reserve can be taken back.
+    disk_full: AtomicBool,
+    /// One transition of `disk_full` at a time.
+    disk_turn: Mutex<()>,
+    reserve: Reserve,
+}
+
+struct Gate {
+    /// Why a commit failed: writes are refused until restart.
+    failed: Mutex<Option<String>>,
+    closed: AtomicBool,
+    /// Set before a hand-off reads what is pending: no event comes in
+    /// after it (appends, replays and adoptions answer `Closed`), while
+    /// deletes and the index go on.
+    sealed: AtomicBool,
+}
+
 impl Shared {
     /// The disk is full: stop taking events, give SQLite the reserve.
     fn full(&self) {
-        let Ok(_turn) = self.disk_turn.lock() else {
+        let Ok(_turn) = self.space.disk_turn.lock() else {
             return;
         };
-        if !self.disk_full.swap(true, Ordering::AcqRel) {
-            self.reserve.release();
+        if !self.space.disk_full.swap(true, Ordering::AcqRel) {
+            self.space.reserve.release();
             tracing::warn!(
                 dir = %self.dir.display(),
-                released = self.reserve.size(),
-                needed = self.reserve.needed(),
+                released = self.space.reserve.size(),
+                needed = self.space.reserve.needed(),
                 "the journal's disk is full: ingress answers 507 until `needed` bytes are free; deliveries go on in the released reserve"
             );
         }
@@ -466,21 +489,21 @@ impl Shared {
 
     /// Whether ingress may write again: only once the reserve is back.
     fn room(&self) -> bool {
-        if !self.disk_full.load(Ordering::Acquire) {
+        if !self.space.disk_full.load(Ordering::Acquire) {
             return true;
         }
         // One transition at a time: a `full` from the indexer between the
         // take and the flag would otherwise leave no reserve and no flag.
-        let Ok(_turn) = self.disk_turn.lock() else {
+        let Ok(_turn) = self.space.disk_turn.lock() else {
             return false;
         };
-        if !self.disk_full.load(Ordering::Acquire) {
+        if !self.space.disk_full.load(Ordering::Acquire) {
             return true;
         }
-        if matches!(self.reserve.take(), reserve::Taken::NoRoom { .. }) {
+        if matches!(self.space.reserve.take(), reserve::Taken::NoRoom { .. }) {
             return false;
         }
-        self.disk_full.store(false, Ordering::Release);
+        self.space.disk_full.store(false, Ordering::Release);
         tracing::info!(dir = %self.dir.display(), "the journal's disk has room again: accepting events");
         true
     }
@@ -534,6 +557,7 @@ impl Shared {
     /// Writes are refused after a failed commit, and once closing.
     fn writable(&self) -> Result<(), JournalError> {
         if let Some(reason) = self
+            .gate
             .failed
             .lock()
             .map_err(|_| JournalError::Closed)?
@@ -541,7 +565,7 @@ impl Shared {
         {
             return Err(JournalError::Failed(reason.clone()));
         }
-        if self.closed.load(Ordering::Acquire) {
+        if self.gate.closed.load(Ordering::Acquire) {
             return Err(JournalError::Closed);
         }
         Ok(())
@@ -550,7 +574,7 @@ impl Shared {
     /// Whether new events may come in: writable and not sealed.
     fn admits(&self) -> Result<(), JournalError> {
         self.writable()?;
-        if self.sealed.load(Ordering::Acquire) {
+        if self.gate.sealed.load(Ordering::Acquire) {
             return Err(JournalError::Closed);
         }
         Ok(())
@@ -558,7 +582,7 @@ impl Shared {
 
     /// `events` of `bytes` in all left the journal: their bytes are free.
     fn forget(&self, destination: Option<&DestinationState>, events: u64, bytes: u64) {
-        sub(&self.pending_bytes, bytes);
+        sub(&self.space.pending_bytes, bytes);
         if let Some(d) = destination {
             sub(&d.pending, events);
             sub(&d.bytes, bytes);
@@ -575,7 +599,7 @@ impl Shared {
     fn reserve(&self, events: &[NewEvent]) -> Result<(), JournalError> {
         let sizes = by_destination(events);
         let size: u64 = sizes.iter().map(|(_, n)| n).sum();
-        let limit = self.max_bytes;
+        let limit = self.space.max_bytes;
         let states = self.destinations.load();
         let mut taken: Vec<(&DestinationState, u64)> = Vec::with_capacity(sizes.len());
         let give_back = |taken: &[(&DestinationState, u64)]| {
@@ -597,7 +621,7 @@ impl Shared {
                 give_back(&taken);
                 // When the total refuses too, a full journal is the answer
                 // (for a lone destination the share is the whole journal).
-                let total = self.pending_bytes.load(Ordering::Acquire);
+                let total = self.space.pending_bytes.load(Ordering::Acquire);
                 if total + size > limit {
                     return Err(JournalError::Full {
                         pending: total,
@@ -612,11 +636,12 @@ impl Shared {
             }
             taken.push((d, own));
         }
-        let fits = self
-            .pending_bytes
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |p| {
-                (p + size <= limit).then_some(p + size)
-            });
+        let fits =
+            self.space
+                .pending_bytes
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |p| {
+                    (p + size <= limit).then_some(p + size)
+                });
         if let Err(pending) = fits {
             give_back(&taken);
             return Err(JournalError::Full { pending, limit });
@@ -629,7 +654,7 @@ impl Shared {
         let states = self.destinations.load();
         for e in events {
             let size = e.size();
-            sub(&self.pending_bytes, size);
+            sub(&self.space.pending_bytes, size);
             // Every destination an event can name has counters before
             // ingress routes to it (`set_share`), and counters are never
             // removed: those found here are those `reserve` charged.
@@ -822,7 +847,7 @@ impl Journal {
         for (e, _) in &events {
             if self.shared.destination(&e.destination).is_none() {
                 self.add_destination(&e.destination);
-                self.set_share(&e.destination, self.shared.max_bytes);
+                self.set_share(&e.destination, self.shared.space.max_bytes);
             }
         }
         let (events, carried): (Vec<NewEvent>, Vec<Carried>) = events.into_iter().unzip();
@@ -875,7 +900,7 @@ impl Journal {
     /// answer `Closed`): what is pending can then be read whole, and
     /// handed off, while deliveries' deletes still go on.
     pub fn seal(&self) {
-        self.shared.sealed.store(true, Ordering::Release);
+        self.shared.gate.sealed.store(true, Ordering::Release);
     }
 
     /// Has the indexer make rows of every event the log holds, synced:
@@ -932,7 +957,7 @@ impl Journal {
 
     /// Commits what is queued, then stops the writer: later writes get `Closed`.
     pub async fn close(&self) {
-        self.shared.closed.store(true, Ordering::Release);
+        self.shared.gate.closed.store(true, Ordering::Release);
         let (reply, rx) = oneshot::channel();
         if self.tx.send(Command::Close { reply }).await.is_ok() {
             let _ = rx.await;
@@ -941,7 +966,7 @@ impl Journal {
 
     /// True after a failed commit: writes are refused until restart.
     pub fn failed(&self) -> bool {
-        self.shared.failed.lock().map_or(true, |f| f.is_some())
+        self.shared.gate.failed.lock().map_or(true, |f| f.is_some())
     }
 
     pub fn destination(&self, name: &str) -> Option<Arc<DestinationState>> {
@@ -1075,7 +1100,7 @@ fn spawn_checkpointer(shared: Arc<Shared>) -> std::io::Result<()> {
             let Ok(conn) = Connection::open(&shared.path) else {
                 return;
             };
-            while !shared.closed.load(Ordering::Acquire) {
+            while !shared.gate.closed.load(Ordering::Acquire) {
                 std::thread::sleep(Duration::from_millis(100));
                 if let Err(e) = store::checkpoint(&conn) {
                     tracing::warn!(error = %e, "journal checkpoint failed; will retry");

@@ -12,7 +12,10 @@ use super::reserve::{self, Reserve};
 use super::skip::Skip;
 use super::store::{self, DestinationSummary, FILE};
 use super::writer::{self, Writer};
-use super::{DestinationState, DiskError, Journal, OpenError, QUEUE, Shared, spawn_checkpointer};
+use super::{
+    ByIndexer, ByWriter, DestinationState, DiskError, Gate, Journal, OpenError, QUEUE, Shared,
+    Space, spawn_checkpointer,
+};
 use crate::clock;
 use crate::config::HistorySettings;
 use crate::history::{History, Recorder};
@@ -74,20 +77,28 @@ impl Journal {
             dir: dir.to_path_buf(),
             disk: o.disk.clone(),
             path: o.path.clone(),
-            durable_pos: AtomicU64::new(resume),
-            written_end: AtomicU64::new(0),
-            indexer_idle: AtomicBool::new(false),
-            pinned: Mutex::new(Arc::new(pinned)),
-            max_bytes,
-            pending_bytes: AtomicU64::new(total),
+            by_writer: ByWriter {
+                written_end: AtomicU64::new(0),
+            },
+            by_indexer: ByIndexer {
+                durable_pos: AtomicU64::new(resume),
+                pinned: Mutex::new(Arc::new(pinned)),
+                idle: AtomicBool::new(false),
+            },
+            space: Space {
+                max_bytes,
+                pending_bytes: AtomicU64::new(total),
+                disk_full: AtomicBool::new(without_room),
+                disk_turn: Mutex::new(()),
+                reserve,
+            },
+            gate: Gate {
+                failed: Mutex::new(None),
+                closed: AtomicBool::new(false),
+                sealed: AtomicBool::new(false),
+            },
             dedupe,
-            failed: Mutex::new(None),
-            disk_full: AtomicBool::new(without_room),
-            disk_turn: Mutex::new(()),
-            reserve,
             skip: Mutex::new(Skip::new(next_seq - 1)),
-            closed: AtomicBool::new(false),
-            sealed: AtomicBool::new(false),
             history,
             destinations: ArcSwap::from_pointee(states),
             pauses,

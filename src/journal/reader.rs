@@ -97,7 +97,7 @@ impl Reader {
             && let Some(shared) = self.shared.upgrade()
         {
             tracing::error!(error = %reason, dir = %self.dir.display(), "journal read failed; refusing writes until restart");
-            if let Ok(mut f) = shared.failed.lock() {
+            if let Ok(mut f) = shared.gate.failed.lock() {
                 f.get_or_insert(reason);
             }
         }

@@ -587,11 +587,11 @@ async fn a_group_of_appends_is_one_record_and_every_waiter_hears() {
     let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
     let shared = journal.shared.clone();
     let holder = std::thread::spawn(move || {
-        let turn = shared.disk_turn.lock().expect("disk turn");
-        shared.disk_full.store(true, Ordering::Release);
+        let turn = shared.space.disk_turn.lock().expect("disk turn");
+        shared.space.disk_full.store(true, Ordering::Release);
         held_tx.send(()).expect("say held");
         let _ = go_rx.recv();
-        shared.disk_full.store(false, Ordering::Release);
+        shared.space.disk_full.store(false, Ordering::Release);
         drop(turn);
     });
     held_rx.recv().expect("the writer is held");
@@ -1089,7 +1089,10 @@ async fn a_delivery_settled_by_seq_frees_what_the_journal_counted() {
         .await
         .expect("settle");
     assert_eq!((state.pending(), state.bytes()), (0, 0));
-    assert_eq!(journal.shared.pending_bytes.load(Ordering::Relaxed), 0);
+    assert_eq!(
+        journal.shared.space.pending_bytes.load(Ordering::Relaxed),
+        0
+    );
     journal.close().await;
     drop(journal);
     let (journal, summary) = reopen(tmp.path()).await;

@@ -87,9 +87,15 @@ impl Writer {
         if group.is_empty() {
             return;
         }
-        let durable = self.shared.durable_pos.load(Ordering::Acquire);
-        let keep = !self.shared.disk_full.load(Ordering::Acquire);
-        let pinned = self.shared.pinned.lock().ok().map(|p| Arc::clone(&p));
+        let durable = self.shared.by_indexer.durable_pos.load(Ordering::Acquire);
+        let keep = !self.shared.space.disk_full.load(Ordering::Acquire);
+        let pinned = self
+            .shared
+            .by_indexer
+            .pinned
+            .lock()
+            .ok()
+            .map(|p| Arc::clone(&p));
         // A poisoned lock frees nothing: segments may be pinned.
         let recycled = match &pinned {
             Some(pinned) => self.log.recycle(durable, keep, pinned),
@@ -119,7 +125,10 @@ impl Writer {
         // log (the indexer reads this end after the change), or the change
         // would be committed before the event's row exists and be lost.
         if let Ok(end) = result {
-            self.shared.written_end.store(end, Ordering::SeqCst);
+            self.shared
+                .by_writer
+                .written_end
+                .store(end, Ordering::SeqCst);
         }
         // The answers go next: every app waits for its group's turn, and
         // what follows only hands the events on.
@@ -150,7 +159,7 @@ impl Writer {
         }
         if result.is_ok() {
             // The indexer is woken only when it sleeps with nothing to index.
-            if self.shared.indexer_idle.swap(false, Ordering::SeqCst) {
+            if self.shared.by_indexer.idle.swap(false, Ordering::SeqCst) {
                 let _ = self.indexer.send(ToIndexer::Wake);
             }
             // Adopted events wait in the index for their due time.
@@ -162,7 +171,7 @@ impl Writer {
 
     /// Writes the group as one record and syncs it; returns the log's end.
     fn write(&mut self, group: &[Command], payload: &mut Vec<u8>) -> Result<u64, JournalError> {
-        if let Some(reason) = self.shared.failed.lock().ok().and_then(|f| f.clone()) {
+        if let Some(reason) = self.shared.gate.failed.lock().ok().and_then(|f| f.clone()) {
             return Err(JournalError::Failed(reason));
         }
         if !self.shared.room() || !self.sqlite_keeps_room(group) {
@@ -239,7 +248,7 @@ impl Writer {
         let Ok((_, free)) = reserve::space(&self.shared.dir) else {
             return true;
         };
-        let durable = self.shared.durable_pos.load(Ordering::Acquire);
+        let durable = self.shared.by_indexer.durable_pos.load(Ordering::Acquire);
         let backlog = self.log.end().saturating_sub(durable);
         let wal =
             std::fs::metadata(self.shared.path.with_extension("db-wal")).map_or(0, |m| m.len());
@@ -254,7 +263,7 @@ impl Writer {
 
     fn fail(&self, reason: String) -> JournalError {
         tracing::error!(error = %reason, dir = %self.shared.dir.display(), "journal write failed; refusing writes until restart");
-        if let Ok(mut f) = self.shared.failed.lock() {
+        if let Ok(mut f) = self.shared.gate.failed.lock() {
             f.get_or_insert(reason.clone());
         }
         JournalError::Failed(reason)

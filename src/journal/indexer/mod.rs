@@ -125,7 +125,7 @@ fn receive(
         Err(RecvTimeoutError::Timeout) => None,
         Err(RecvTimeoutError::Disconnected) => return None,
     };
-    shared.indexer_idle.store(false, Ordering::SeqCst);
+    shared.by_indexer.idle.store(false, Ordering::SeqCst);
     let linger = Cell::new(matches!(&first, Some(ToIndexer::Apply { sync: false, .. })));
     let more = std::iter::from_fn(|| {
         let left = linger_until.saturating_duration_since(Instant::now());
@@ -385,7 +385,7 @@ impl Indexer {
             return;
         }
         if self.pins.changed
-            && let Ok(mut pinned) = shared.pinned.lock()
+            && let Ok(mut pinned) = shared.by_indexer.pinned.lock()
         {
             *pinned = Arc::new(self.pinned());
             self.pins.changed = false;
@@ -393,6 +393,7 @@ impl Indexer {
         // After the pins: the writer reads the position first, so what it
         // recycles by it was unpinned in pins at least as new.
         shared
+            .by_indexer
             .durable_pos
             .store(self.durability.durable, Ordering::Release);
     }
@@ -591,7 +592,7 @@ impl Indexer {
             };
             // After the messages: a change to an event, or the close, was
             // sent after the writer published the end that holds it.
-            written.saw(shared.written_end.load(Ordering::SeqCst));
+            written.saw(shared.by_writer.written_end.load(Ordering::SeqCst));
             // A change may concern an event the indexer has not made a row
             // yet (an attempt sent from the ready queue): catch up with the
             // log first. Changes to rows, e.g. a retry read from the index,
@@ -610,7 +611,7 @@ impl Indexer {
             if !retry {
                 self.spill_if_due(&shared);
             }
-            let full = shared.disk_full.load(Ordering::Acquire) && !retry;
+            let full = shared.space.disk_full.load(Ordering::Acquire) && !retry;
             self.checkpoints.turn(&self.conn, full);
             if let Some(seen) = self.seen.as_mut() {
                 seen.turn(&self.conn);
@@ -649,8 +650,8 @@ impl Indexer {
                     .min(due.saturating_duration_since(Instant::now()));
             }
             None => {
-                shared.indexer_idle.store(true, Ordering::SeqCst);
-                if shared.written_end.load(Ordering::SeqCst) > written.seen {
+                shared.by_indexer.idle.store(true, Ordering::SeqCst);
+                if shared.by_writer.written_end.load(Ordering::SeqCst) > written.seen {
                     wait = Duration::ZERO;
                 }
             }
@@ -688,7 +689,7 @@ impl Indexer {
     /// Not on a full disk: a spill grows journal.db before the segment it
     /// frees goes back.
     fn spill_if_due(&mut self, shared: &Shared) {
-        if shared.disk_full.load(Ordering::Acquire) || !self.spill.due() {
+        if shared.space.disk_full.load(Ordering::Acquire) || !self.spill.due() {
             return;
         }
         let segments = Segments {
@@ -737,12 +738,12 @@ impl Indexer {
     /// reached (an attempt sent from the ready queue): it is committed with
     /// the chunk that reaches `target`, once its row exists, never before.
     fn step(&mut self, target: u64, applies: Vec<Apply>, shared: &Shared) -> bool {
-        let failed = shared.failed.lock().ok().and_then(|f| f.clone());
+        let failed = shared.gate.failed.lock().ok().and_then(|f| f.clone());
         if let Some(reason) = failed {
             reply_all(applies, &Err(JournalError::Failed(reason)));
             return true;
         }
-        let full = shared.disk_full.load(Ordering::Acquire);
+        let full = shared.space.disk_full.load(Ordering::Acquire);
         let chunk = if full { FULL_CHUNK_BYTES } else { CHUNK_BYTES };
         let mut applies = applies;
         if full {
@@ -897,7 +898,7 @@ impl Indexer {
     fn failure(&self, e: &IndexError, shared: &Shared) -> JournalError {
         let reason = e.to_string();
         tracing::error!(error = %reason, dir = %shared.dir.display(), "journal commit failed; refusing writes until restart");
-        if let Ok(mut f) = shared.failed.lock() {
+        if let Ok(mut f) = shared.gate.failed.lock() {
             f.get_or_insert(reason.clone());
         }
         JournalError::Failed(reason)
