@@ -26,207 +26,242 @@ impl Rows<'_> {
     };
 }
 
-/// Returns what the deletes freed, for the counters, and
-/// what the commit added to the pins of each segment (`pins`: as before).
+/// One transaction: the rows of `rows` marked to insert, the `changes`,
+/// the totals and pins they change, and the log position `end`. Returns
+/// what the deletes freed, for the counters, and what the commit added to
+/// the pins of each segment (`pins`: as before). The caller rolls back on
+/// an error.
 pub fn commit(
     conn: &Connection,
     pins: &BTreeMap<u64, Pin>,
-    Rows {
-        events,
-        insert: insert_mask,
-        waits,
-    }: Rows<'_>,
+    rows: Rows<'_>,
     changes: &[Change],
     end: u64,
     dedupe: bool,
 ) -> Result<(Freed, BTreeMap<u64, Pin>), rusqlite::Error> {
     let mut tally = Tally::default();
     conn.execute_batch("BEGIN IMMEDIATE")?;
-    {
-        // The row keeps the event's place in the log, not the event; its
-        // id stays, for an operator's query.
-        let mut insert = conn.prepare_cached(
-            "INSERT INTO events (seq, id, destination, method, path, headers, body, accepted_ms, crc, attempts, next_due_ms, at, len)
-             VALUES (?1, ?8, ?2, ?3, '', x'', x'', ?4, ?5, 0, ?9, ?6, ?7)",
-        )?;
-        // An adopted event goes on where its delivery stood.
-        let mut carry = conn.prepare_cached(
-            "UPDATE events SET attempts = ?2, next_due_ms = ?3, last_outcome = ?4, last_status = ?5, last_attempt_ms = ?6, batch = ?7, fate = ?8, fate_ms = ?9 WHERE seq = ?1",
-        )?;
-        for (i, l) in events.iter().enumerate().filter(|(i, _)| insert_mask[*i]) {
-            let e = &l.event;
-            // Behind its lane's head: due only when the head leaves.
-            let waits = waits.get(i).copied().unwrap_or(false);
-            let due = if waits {
-                super::WAITING
-            } else {
-                e.accepted_ms as i64
-            };
-            let bytes = e.body.len() + l.encoded_headers.len() + e.path.len() + e.id.len();
-            add(&mut tally.totals, &e.destination, 1, bytes as i64);
-            let pin = tally.pinned.entry(l.segment).or_default();
-            pin.events += 1;
-            pin.bytes += i64::from(l.place.len);
-            insert.execute(params![
-                l.seq,
-                e.destination,
-                e.method,
-                e.accepted_ms as i64,
-                l.place.crc,
-                l.place.at as i64,
-                l.place.len,
-                e.id,
-                due
-            ])?;
-            if let Some(c) = &l.carried {
-                carry.execute(params![
-                    l.seq,
-                    c.attempts,
-                    if waits { due } else { c.next_due_ms as i64 },
-                    c.last_outcome,
-                    c.last_status,
-                    c.last_attempt_ms.map(|t| t as i64),
-                    c.batch,
-                    c.fate.as_ref().map(|f| f.reason.as_str()),
-                    c.fate.as_ref().map(|f| f.at_ms as i64)
-                ])?;
-            }
-        }
-        if dedupe {
-            let mut seen =
-                conn.prepare_cached("INSERT OR REPLACE INTO seen (key, seen_ms) VALUES (?1, ?2)")?;
-            for Logged { event: e, .. } in events {
-                seen.execute(params![
-                    crate::journal::dedupe::key(&e.destination, &e.id),
-                    e.accepted_ms as i64
-                ])?;
-            }
-        }
-        // Read, then deleted by its key: `DELETE … RETURNING` builds a
-        // temporary table per statement, which cost more than the read it
-        // saves (benches/RESULTS.md).
-        let mut doomed = conn.prepare_cached(&format!(
-            "SELECT destination, {}, at, len FROM events WHERE seq = ?1 AND attempts = ?2",
-            super::ROW_BYTES
-        ))?;
-        let mut delete = conn.prepare_cached("DELETE FROM events WHERE seq = ?1")?;
-        let mut reschedule = conn.prepare_cached(
-            "UPDATE events SET attempts = ?2, next_due_ms = ?3, last_outcome = ?4, last_status = ?5, last_attempt_ms = ?6, batch = ?7 WHERE seq = ?1",
-        )?;
-        let mut quarantine =
-            conn.prepare_cached("UPDATE events SET next_due_ms = ?2 WHERE seq = ?1")?;
-        let mut wait = conn.prepare_cached(
-            "UPDATE events SET next_due_ms = ?2 WHERE seq = ?1 AND next_due_ms < ?2",
-        )?;
-        let mut unwait = conn.prepare_cached(
-            "UPDATE events SET next_due_ms = ?2 WHERE seq = ?1 AND next_due_ms = ?3",
-        )?;
-        // Due at once, out of any batch: after a restart the dispatcher
-        // reads it first thing, and hands it to the sink, never the endpoint.
-        let mut fated = conn.prepare_cached(
-            "UPDATE events SET fate = ?2, fate_ms = ?3, next_due_ms = ?3, attempts = ?4, last_outcome = ?5, last_status = ?6, last_attempt_ms = ?7, batch = NULL WHERE seq = ?1",
-        )?;
-        // Unconditional deletes go after the other changes, in runs: the
-        // end state is the same (a reschedule or quarantine of a row that
-        // is deleted too leaves nothing behind), and a run of consecutive
-        // seqs, a drain's usual commit, is one range read and one range
-        // delete instead of two statements a row.
-        let mut unconditional: Vec<i64> = Vec::new();
-        for c in changes {
-            match c {
-                Change::Delete {
-                    seq,
-                    only_if_attempts: None,
-                    ..
-                } => unconditional.push(*seq),
-                Change::Delete {
-                    seq,
-                    only_if_attempts: Some(attempts),
-                    ..
-                } => {
-                    // The row's own destination and bytes: what its insert added.
-                    let gone = doomed
-                        .query_row(params![seq, attempts], |r| {
-                            Ok((
-                                r.get::<_, String>(0)?,
-                                r.get::<_, i64>(1)?,
-                                r.get::<_, Option<i64>>(2)?,
-                                r.get::<_, Option<i64>>(3)?,
-                            ))
-                        })
-                        .optional()?;
-                    if let Some((destination, bytes, at, len)) = gone {
-                        delete.execute([seq])?;
-                        tally.forget(pins, &destination, bytes, at, len);
-                    }
-                }
-                Change::Reschedule {
-                    seq,
-                    attempts,
-                    next_due_ms,
-                    outcome,
-                    status,
-                    attempt_ms,
-                    batch,
-                    ..
-                } => {
-                    reschedule.execute(params![
-                        seq,
-                        attempts,
-                        *next_due_ms as i64,
-                        outcome.as_str(),
-                        status,
-                        *attempt_ms as i64,
-                        batch
-                    ])?;
-                }
-                Change::Quarantine { seq } => {
-                    quarantine.execute(params![seq, QUARANTINED])?;
-                }
-                Change::Wait { seq } => {
-                    wait.execute(params![seq, super::WAITING])?;
-                }
-                Change::Unwait { seq, at_ms } => {
-                    unwait.execute(params![seq, *at_ms as i64, super::WAITING])?;
-                }
-                Change::DeadLetter { seq, fate, .. } => {
-                    fated.execute(params![
-                        seq,
-                        fate.reason.as_str(),
-                        fate.at_ms as i64,
-                        fate.attempts,
-                        fate.last_outcome.as_str(),
-                        fate.last_status,
-                        fate.last_attempt_ms.map(|t| t as i64)
-                    ])?;
-                }
-            }
-        }
-        unconditional.sort_unstable();
-        unconditional.dedup();
-        // Every seq of a run is one of its deletes (the run has no gap), so
-        // the range read finds exactly the rows to delete.
-        let mut doomed_run = conn.prepare_cached(&format!(
-            "SELECT destination, {}, at, len FROM events WHERE seq BETWEEN ?1 AND ?2",
-            super::ROW_BYTES
-        ))?;
-        let mut delete_run =
-            conn.prepare_cached("DELETE FROM events WHERE seq BETWEEN ?1 AND ?2")?;
-        for run in unconditional.chunk_by(|a, b| *b == a + 1) {
-            let (first, last) = (run[0], run[run.len() - 1]);
-            let mut rows = doomed_run.query(params![first, last])?;
-            while let Some(r) = rows.next()? {
-                let destination = r.get_ref(0)?.as_str().map_err(rusqlite::Error::from)?;
-                tally.forget(pins, destination, r.get(1)?, r.get(2)?, r.get(3)?);
-            }
-            delete_run.execute(params![first, last])?;
-        }
-        super::add_totals(conn, &tally.totals)?;
-        super::add_pins(conn, &tally.pinned)?;
-        super::set_intake_pos(conn, end)?;
+    insert(conn, rows, &mut tally)?;
+    if dedupe {
+        seen(conn, rows.events)?;
     }
+    let unconditional = change(conn, pins, changes, &mut tally)?;
+    delete_runs(conn, pins, unconditional, &mut tally)?;
+    super::add_totals(conn, &tally.totals)?;
+    super::add_pins(conn, &tally.pinned)?;
+    super::set_intake_pos(conn, end)?;
     conn.execute_batch("COMMIT")?;
     Ok((tally.freed, tally.pinned))
+}
+
+/// The rows of the events to insert.
+fn insert(
+    conn: &Connection,
+    Rows {
+        events,
+        insert: insert_mask,
+        waits,
+    }: Rows<'_>,
+    tally: &mut Tally,
+) -> Result<(), rusqlite::Error> {
+    // The row keeps the event's place in the log, not the event; its
+    // id stays, for an operator's query.
+    let mut insert = conn.prepare_cached(
+        "INSERT INTO events (seq, id, destination, method, path, headers, body, accepted_ms, crc, attempts, next_due_ms, at, len)
+         VALUES (?1, ?8, ?2, ?3, '', x'', x'', ?4, ?5, 0, ?9, ?6, ?7)",
+    )?;
+    // An adopted event goes on where its delivery stood.
+    let mut carry = conn.prepare_cached(
+        "UPDATE events SET attempts = ?2, next_due_ms = ?3, last_outcome = ?4, last_status = ?5, last_attempt_ms = ?6, batch = ?7, fate = ?8, fate_ms = ?9 WHERE seq = ?1",
+    )?;
+    for (i, l) in events.iter().enumerate().filter(|(i, _)| insert_mask[*i]) {
+        let e = &l.event;
+        // Behind its lane's head: due only when the head leaves.
+        let waits = waits.get(i).copied().unwrap_or(false);
+        let due = if waits {
+            super::WAITING
+        } else {
+            e.accepted_ms as i64
+        };
+        let bytes = e.body.len() + l.encoded_headers.len() + e.path.len() + e.id.len();
+        add(&mut tally.totals, &e.destination, 1, bytes as i64);
+        let pin = tally.pinned.entry(l.segment).or_default();
+        pin.events += 1;
+        pin.bytes += i64::from(l.place.len);
+        insert.execute(params![
+            l.seq,
+            e.destination,
+            e.method,
+            e.accepted_ms as i64,
+            l.place.crc,
+            l.place.at as i64,
+            l.place.len,
+            e.id,
+            due
+        ])?;
+        if let Some(c) = &l.carried {
+            carry.execute(params![
+                l.seq,
+                c.attempts,
+                if waits { due } else { c.next_due_ms as i64 },
+                c.last_outcome,
+                c.last_status,
+                c.last_attempt_ms.map(|t| t as i64),
+                c.batch,
+                c.fate.as_ref().map(|f| f.reason.as_str()),
+                c.fate.as_ref().map(|f| f.at_ms as i64)
+            ])?;
+        }
+    }
+    Ok(())
+}
+
+/// The dedupe keys of the events read, whether inserted or delivered.
+fn seen(conn: &Connection, events: &[Logged]) -> Result<(), rusqlite::Error> {
+    let mut seen =
+        conn.prepare_cached("INSERT OR REPLACE INTO seen (key, seen_ms) VALUES (?1, ?2)")?;
+    for Logged { event: e, .. } in events {
+        seen.execute(params![
+            crate::journal::dedupe::key(&e.destination, &e.id),
+            e.accepted_ms as i64
+        ])?;
+    }
+    Ok(())
+}
+
+/// Applies `changes` but the unconditional deletes, which it returns.
+fn change(
+    conn: &Connection,
+    pins: &BTreeMap<u64, Pin>,
+    changes: &[Change],
+    tally: &mut Tally,
+) -> Result<Vec<i64>, rusqlite::Error> {
+    // Read, then deleted by its key: `DELETE … RETURNING` builds a
+    // temporary table per statement, which cost more than the read it
+    // saves (benches/RESULTS.md).
+    let mut doomed = conn.prepare_cached(&format!(
+        "SELECT destination, {}, at, len FROM events WHERE seq = ?1 AND attempts = ?2",
+        super::ROW_BYTES
+    ))?;
+    let mut delete = conn.prepare_cached("DELETE FROM events WHERE seq = ?1")?;
+    let mut reschedule = conn.prepare_cached(
+        "UPDATE events SET attempts = ?2, next_due_ms = ?3, last_outcome = ?4, last_status = ?5, last_attempt_ms = ?6, batch = ?7 WHERE seq = ?1",
+    )?;
+    let mut quarantine =
+        conn.prepare_cached("UPDATE events SET next_due_ms = ?2 WHERE seq = ?1")?;
+    let mut wait = conn
+        .prepare_cached("UPDATE events SET next_due_ms = ?2 WHERE seq = ?1 AND next_due_ms < ?2")?;
+    let mut unwait = conn
+        .prepare_cached("UPDATE events SET next_due_ms = ?2 WHERE seq = ?1 AND next_due_ms = ?3")?;
+    // Due at once, out of any batch: after a restart the dispatcher
+    // reads it first thing, and hands it to the sink, never the endpoint.
+    let mut fated = conn.prepare_cached(
+        "UPDATE events SET fate = ?2, fate_ms = ?3, next_due_ms = ?3, attempts = ?4, last_outcome = ?5, last_status = ?6, last_attempt_ms = ?7, batch = NULL WHERE seq = ?1",
+    )?;
+    let mut unconditional: Vec<i64> = Vec::new();
+    for c in changes {
+        match c {
+            Change::Delete {
+                seq,
+                only_if_attempts: None,
+                ..
+            } => unconditional.push(*seq),
+            Change::Delete {
+                seq,
+                only_if_attempts: Some(attempts),
+                ..
+            } => {
+                // The row's own destination and bytes: what its insert added.
+                let gone = doomed
+                    .query_row(params![seq, attempts], |r| {
+                        Ok((
+                            r.get::<_, String>(0)?,
+                            r.get::<_, i64>(1)?,
+                            r.get::<_, Option<i64>>(2)?,
+                            r.get::<_, Option<i64>>(3)?,
+                        ))
+                    })
+                    .optional()?;
+                if let Some((destination, bytes, at, len)) = gone {
+                    delete.execute([seq])?;
+                    tally.forget(pins, &destination, bytes, at, len);
+                }
+            }
+            Change::Reschedule {
+                seq,
+                attempts,
+                next_due_ms,
+                outcome,
+                status,
+                attempt_ms,
+                batch,
+                ..
+            } => {
+                reschedule.execute(params![
+                    seq,
+                    attempts,
+                    *next_due_ms as i64,
+                    outcome.as_str(),
+                    status,
+                    *attempt_ms as i64,
+                    batch
+                ])?;
+            }
+            Change::Quarantine { seq } => {
+                quarantine.execute(params![seq, QUARANTINED])?;
+            }
+            Change::Wait { seq } => {
+                wait.execute(params![seq, super::WAITING])?;
+            }
+            Change::Unwait { seq, at_ms } => {
+                unwait.execute(params![seq, *at_ms as i64, super::WAITING])?;
+            }
+            Change::DeadLetter { seq, fate, .. } => {
+                fated.execute(params![
+                    seq,
+                    fate.reason.as_str(),
+                    fate.at_ms as i64,
+                    fate.attempts,
+                    fate.last_outcome.as_str(),
+                    fate.last_status,
+                    fate.last_attempt_ms.map(|t| t as i64)
+                ])?;
+            }
+        }
+    }
+    Ok(unconditional)
+}
+
+/// Unconditional deletes go after the other changes, in runs: the end
+/// state is the same (a reschedule or quarantine of a row that is deleted
+/// too leaves nothing behind), and a run of consecutive seqs, a drain's
+/// usual commit, is one range read and one range delete instead of two
+/// statements a row.
+fn delete_runs(
+    conn: &Connection,
+    pins: &BTreeMap<u64, Pin>,
+    mut unconditional: Vec<i64>,
+    tally: &mut Tally,
+) -> Result<(), rusqlite::Error> {
+    unconditional.sort_unstable();
+    unconditional.dedup();
+    // Every seq of a run is one of its deletes (the run has no gap), so
+    // the range read finds exactly the rows to delete.
+    let mut doomed_run = conn.prepare_cached(&format!(
+        "SELECT destination, {}, at, len FROM events WHERE seq BETWEEN ?1 AND ?2",
+        super::ROW_BYTES
+    ))?;
+    let mut delete_run = conn.prepare_cached("DELETE FROM events WHERE seq BETWEEN ?1 AND ?2")?;
+    for run in unconditional.chunk_by(|a, b| *b == a + 1) {
+        let (first, last) = (run[0], run[run.len() - 1]);
+        let mut rows = doomed_run.query(params![first, last])?;
+        while let Some(r) = rows.next()? {
+            let destination = r.get_ref(0)?.as_str().map_err(rusqlite::Error::from)?;
+            tally.forget(pins, destination, r.get(1)?, r.get(2)?, r.get(3)?);
+        }
+        delete_run.execute(params![first, last])?;
+    }
+    Ok(())
 }
 
 /// Per destination: the events and bytes a commit's deletes removed.
