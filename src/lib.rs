@@ -2,13 +2,11 @@
 //! This file wires the parts together and owns the process life cycle.
 
 pub mod admin;
-mod bucket;
 pub mod clock;
 pub mod config;
 mod deadletter;
 mod deliver;
 pub mod event;
-mod fd_limit;
 mod file_modes;
 #[doc(hidden)]
 pub mod fuzzing;
@@ -23,11 +21,9 @@ mod metrics;
 mod no_room;
 pub mod policy;
 mod reload;
-pub mod rfc3339;
 mod seal;
 mod server;
-mod signature;
-pub mod table;
+mod storage;
 mod telemetry;
 mod tls;
 
@@ -85,7 +81,7 @@ pub struct ConfigSource {
 
 /// Runs courier until SIGTERM or SIGINT, then shuts down gracefully.
 pub async fn run(settings: Settings, source: ConfigSource) -> Result<(), RunError> {
-    fd_limit::raise();
+    lifecycle::fd_limit::raise();
     file_modes::private_umask();
     let hangups = reload::hangups();
     let prometheus = metrics::install(&[server::Edge::INGRESS.name, server::Edge::ADMIN.name])?;

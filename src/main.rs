@@ -734,7 +734,7 @@ fn inspect(dir: &Path) -> ExitCode {
             ]
         })
         .collect();
-    o.push_str(&courier::table::render(
+    o.push_str(&courier::admin::table::render(
         &["destination", "pending", "bytes", "quarantined", "oldest"],
         rows,
         &[1, 2, 3],

@@ -18,20 +18,16 @@ const LAYERS: &[(&str, &[&str])] = &[
         &[
             "clock",
             "event",
-            "fd_limit",
             "file_modes",
             "lifecycle",
             "metrics",
-            "rfc3339",
             "seal",
-            "signature",
-            "table",
             "tls",
         ],
     ),
     (
         "pure rules and plain edges",
-        &["bucket", "ids", "policy", "server"],
+        &["ids", "policy", "server", "storage"],
     ),
     ("the config", &["config"]),
     (

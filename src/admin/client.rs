@@ -281,7 +281,7 @@ pub fn table(items: &[DeadLetterItem]) -> String {
             ]
         })
         .collect();
-    crate::table::render(&head, rows, &[])
+    crate::admin::table::render(&head, rows, &[])
 }
 
 /// Events of a history page as a table, newest first as the API gives them.
@@ -314,7 +314,7 @@ pub fn events_table(items: &[EventItem]) -> String {
             ]
         })
         .collect();
-    crate::table::render(&head, rows, &[3])
+    crate::admin::table::render(&head, rows, &[3])
 }
 
 /// "Where is my webhook?" read top to bottom: per destination, its state,

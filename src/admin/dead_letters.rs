@@ -94,7 +94,7 @@ pub(super) fn time_ms(key: &str, value: &str) -> Result<u64, ApiError> {
     let ms = if is_day(value) {
         day_start_ms(value)
     } else {
-        crate::rfc3339::parse_ms_utc_default(value)
+        crate::clock::rfc3339::parse_ms_utc_default(value)
     };
     ms.ok_or_else(|| {
         bad(format!(

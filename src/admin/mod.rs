@@ -5,6 +5,7 @@ pub mod api;
 pub mod client;
 mod dead_letters;
 mod events;
+pub mod table;
 
 use crate::clock;
 use crate::config::{Live, Settings, SinkAt};

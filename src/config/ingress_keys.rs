@@ -149,7 +149,7 @@ fn base64_decode(s: &str) -> Option<Vec<u8>> {
 /// Python's `str(datetime)` (`2026-11-23 13:00:00+00:00`, with or without a
 /// fraction or an offset) or as RFC 3339; a time without an offset is UTC.
 fn expiry_ms(s: &str) -> Option<u64> {
-    crate::rfc3339::parse_ms_utc_default(s.trim())
+    crate::clock::rfc3339::parse_ms_utc_default(s.trim())
 }
 
 #[cfg(test)]

@@ -4,13 +4,13 @@
 use super::admin_token::AdminToken;
 use super::ingress_keys::IngressKeys;
 use super::schema::{LogFormat, Mode, SyncMode};
-use crate::bucket::StoreUrl;
 use crate::event::Schema;
 use crate::event::path::EventPath;
+use crate::event::signature::Secret;
 use crate::policy::adaptive::Bounds;
 use crate::policy::probation::ProbationPolicy;
 use crate::policy::{Limits, Schedule, StatusPolicy};
-use crate::signature::Secret;
+use crate::storage::StoreUrl;
 use crate::tls::TlsFiles;
 use http::uri::{Authority, Scheme};
 use http::{HeaderName, HeaderValue, Uri};

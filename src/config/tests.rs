@@ -1,6 +1,6 @@
 use super::*;
-use crate::bucket::StoreUrl;
 use crate::event::Schema;
+use crate::storage::StoreUrl;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -12,7 +12,7 @@ impl Env for FakeEnv {
     }
 }
 
-/// `WHSEC_A`/`WHSEC_B`: the vector secret of `crate::signature`'s tests and
+/// `WHSEC_A`/`WHSEC_B`: the vector secret of `crate::event::signature`'s tests and
 /// an unprefixed one; `WHSEC_BAD` is not base64.
 fn env() -> FakeEnv {
     FakeEnv(HashMap::from([
@@ -367,7 +367,7 @@ fn signing_secrets_are_read_and_never_printed() {
     assert_eq!(d.signing.len(), 2);
     assert_eq!(
         d.signing[0],
-        crate::signature::Secret::parse("MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw").expect("valid")
+        crate::event::signature::Secret::parse("MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw").expect("valid")
     );
     assert!(
         loaded

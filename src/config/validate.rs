@@ -10,16 +10,16 @@ use super::schema::{
 };
 use super::settings::*;
 use super::units::{Dur, Size};
-use crate::bucket::StoreUrl;
 use crate::event::Outcome;
 use crate::event::Schema;
 use crate::event::path::EventPath;
 use crate::event::rules::valid_name;
+use crate::event::signature::Secret;
 use crate::policy::adaptive::Bounds;
 use crate::policy::classify::Codes;
 use crate::policy::probation::ProbationPolicy;
 use crate::policy::{Limits, StatusPolicy};
-use crate::signature::Secret;
+use crate::storage::StoreUrl;
 use crate::tls::{TlsFileError, TlsFiles};
 use http::{HeaderName, HeaderValue};
 use std::net::SocketAddr;

@@ -40,7 +40,7 @@ const DAY_MS: u64 = 86_400_000;
 
 /// Midnight UTC at the start of `day` (`yyyy-mm-dd`).
 pub fn day_start_ms(day: &str) -> Option<u64> {
-    crate::rfc3339::parse_ms(&format!("{day}T00:00:00Z"))
+    crate::clock::rfc3339::parse_ms(&format!("{day}T00:00:00Z"))
 }
 
 /// When a record was dead-lettered; records from before `deadLetterTime`
@@ -443,9 +443,9 @@ mod tests {
             Kind::Dir => Arc::new(DirSink::new(root.to_path_buf())),
             Kind::Bucket => {
                 let url = format!("file://{}", root.display());
-                let url = crate::bucket::StoreUrl::parse(&url).expect("url");
+                let url = crate::storage::StoreUrl::parse(&url).expect("url");
                 Arc::new(BucketSink::new(
-                    crate::bucket::Bucket::open(&url).expect("open"),
+                    crate::storage::Bucket::open(&url).expect("open"),
                 ))
             }
         }

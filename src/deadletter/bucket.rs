@@ -18,7 +18,7 @@
 
 use super::shelf::{Place, Purged, Shelf, days_of, is_day};
 use super::{DeadLetterSink, Key, Line, keys_by_day};
-use crate::bucket::Bucket;
+use crate::storage::Bucket;
 use bytes::Bytes;
 use std::collections::HashSet;
 use std::future::Future;

@@ -111,7 +111,7 @@ impl Record {
     /// When it was dead-lettered (ms since the epoch), when it says so.
     pub fn dead_lettered_ms(&self) -> Option<u64> {
         let at = self.fields.get(self.names().dead_lettered)?.as_str()?;
-        crate::rfc3339::parse_ms(at)
+        crate::clock::rfc3339::parse_ms(at)
     }
 
     /// The record's key; `None` for one written before records had their

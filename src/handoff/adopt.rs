@@ -20,12 +20,12 @@
 
 use super::object;
 use super::{DAMAGED, Handoff};
-use crate::bucket::{Created, GetError};
 use crate::config::Live;
 use crate::event::rules::{self, Limits, Refused};
 use crate::event::{NewEvent, Reason};
 use crate::journal::{Carried, Journal, JournalError};
 use crate::metrics;
+use crate::storage::{Created, GetError};
 use bytes::Bytes;
 use futures::StreamExt;
 use object_store::ObjectMeta;

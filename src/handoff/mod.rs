@@ -27,8 +27,8 @@ pub use adopt::adopt_loop;
 pub(crate) use adopt::sort;
 pub use write::hand_off;
 
-use crate::bucket::Bucket;
 use crate::config::HandoffSettings;
+use crate::storage::Bucket;
 use object_store::path::Path;
 
 const PENDING: &str = "pending";

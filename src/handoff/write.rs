@@ -203,11 +203,11 @@ async fn probe(h: &Handoff) -> Result<(), String> {
     let name = format!("{}.probe", uuid::Uuid::now_v7().simple());
     let path = h.bucket.path([super::CLAIMS, name.as_str()]);
     match h.bucket.create(&path, Bytes::from_static(b"probe")).await {
-        Ok(crate::bucket::Created::Won) => {
+        Ok(crate::storage::Created::Won) => {
             let _ = h.bucket.delete(&path).await;
             Ok(())
         }
-        Ok(crate::bucket::Created::Exists) => Err("a new object's conditional create lost".into()),
+        Ok(crate::storage::Created::Exists) => Err("a new object's conditional create lost".into()),
         Err(e) => Err(e.to_string()),
     }
 }

@@ -163,7 +163,7 @@ async fn each_outcome_has_its_state_attempts_and_timeline() {
 
 /// Milliseconds of an RFC 3339 UTC time as courier writes it.
 fn chrono_ms(s: &str) -> u64 {
-    courier::rfc3339::parse_ms_utc_default(s).unwrap_or(0)
+    courier::clock::rfc3339::parse_ms_utc_default(s).unwrap_or(0)
 }
 
 /// Bytes under `dir`, recursively.

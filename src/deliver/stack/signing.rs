@@ -10,7 +10,7 @@
 //! same stack shape.
 
 use super::{AttemptRequest, body_bytes};
-use crate::signature::{Secret, signature_header};
+use crate::event::signature::{Secret, signature_header};
 use http::{HeaderName, HeaderValue};
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -95,7 +95,7 @@ mod tests {
     use tower::ServiceExt;
 
     fn secret(key: &[u8]) -> Secret {
-        Secret::parse(&crate::signature::encode(key)).expect("valid secret")
+        Secret::parse(&crate::event::signature::encode(key)).expect("valid secret")
     }
 
     fn request(body: &'static [u8]) -> AttemptRequest {

@@ -2,7 +2,7 @@
 //! refuses.
 
 use super::{Problem, SchemaError};
-use crate::rfc3339;
+use crate::clock::rfc3339;
 use serde_json::{Map, Value};
 
 /// Longest event id accepted, as for the `custom` id headers: the id

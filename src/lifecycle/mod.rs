@@ -1,6 +1,8 @@
 //! Process state shared by the servers and dispatchers: ready, draining
 //! (SIGTERM received: refuse new work, finish in-flight), stopped.
 
+pub(crate) mod fd_limit;
+
 use std::sync::atomic::{AtomicBool, Ordering};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;

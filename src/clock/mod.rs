@@ -1,6 +1,8 @@
 //! Wall-clock time as the journal stores it: milliseconds since the Unix
 //! epoch, so due times and TTLs survive a restart.
 
+pub mod rfc3339;
+
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 #[cfg(not(test))]
