@@ -5,7 +5,7 @@
 //! Not an API: hidden from the docs and free to change with the fuzzers.
 
 pub use crate::handoff::object::{Builder as HandoffBuilder, decode as handoff_decode};
-pub use crate::ingress::schema::{Event, SchemaError, parse as ingress_schema};
+pub use crate::ingress::schema::{Event, parse as ingress_schema};
 pub use crate::journal::intake::{
     LogReader, LogWriter, Logged, Read, decode as intake_decode, encode as intake_encode,
 };

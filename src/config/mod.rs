@@ -17,7 +17,7 @@ mod validate;
 
 pub use schema::{LogFormat, Mode, SyncMode};
 pub use settings::{
-    DestinationSettings, HandoffSettings, HistorySettings, Settings, SinkAt, Subscription, Target,
+    DestinationSettings, HandoffSettings, HistorySettings, Settings, SinkAt, Subscription,
     TopicSettings, TracingSettings,
 };
 pub use state_dir::STATE_DIR_ENV;

@@ -551,9 +551,10 @@ fn show(v: &Value) -> String {
 #[cfg(test)]
 mod tests {
     use crate::config::{Env, Loaded, Purpose, parse};
+    use crate::policy::Schedule;
     use crate::policy::limits::{Limits, Plan};
+    use crate::policy::schedule::Phase;
     use crate::policy::sns::SnsPolicy;
-    use crate::policy::{Phase, Schedule};
     use std::time::Duration;
 
     struct NoEnv;

@@ -568,7 +568,7 @@ async fn forget_claims(h: &Handoff, name: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::journal::CarriedFate;
+    use crate::journal::record::CarriedFate;
 
     fn event(
         method: &str,

@@ -34,12 +34,12 @@ mod store;
 mod unindexed;
 mod writer;
 
-pub use inspect::{Inspection, inspect};
+pub use inspect::inspect;
 pub use lanes::{LanesView, Turns};
 pub use pauses::Pause;
 pub use reader::Reader;
 pub use ready::ReadyQueue;
-pub use record::{Carried, CarriedFate};
+pub use record::Carried;
 pub use store::{DestinationSummary, FILE, LoadError};
 
 use crate::clock;

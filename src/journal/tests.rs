@@ -790,7 +790,7 @@ async fn a_stored_batch_is_read_whole_even_when_the_scan_limit_cuts_it() {
 }
 
 /// `inspect` once the closed journal's threads have let go of the lock.
-async fn inspect_closed(dir: &Path) -> Inspection {
+async fn inspect_closed(dir: &Path) -> inspect::Inspection {
     for _ in 0..100 {
         match inspect(dir) {
             Err(OpenError::Locked(..)) => tokio::time::sleep(Duration::from_millis(20)).await,

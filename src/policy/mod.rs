@@ -13,4 +13,4 @@ pub mod sns;
 
 pub use classify::{Classified, StatusPolicy, Transport, Verdict};
 pub use limits::{Limits, Next, Plan};
-pub use schedule::{Phase, Schedule};
+pub use schedule::Schedule;
