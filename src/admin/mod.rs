@@ -25,7 +25,7 @@ use serde_json::{Value, json};
 use std::sync::Arc;
 use std::time::Duration;
 
-pub struct Admin {
+pub(crate) struct Admin {
     pub settings: Arc<Live>,
     pub journal: Journal,
     pub lifecycle: Arc<Lifecycle>,
@@ -64,7 +64,7 @@ fn refuse(settings: &Settings, req: &Request<Incoming>) -> Option<Response<Body>
 /// (`crate::no_room`): the process lives, so `/healthz` is 200; it is not
 /// ready, so `/readyz` is 503; the scrape works; the API, which reads the
 /// journal, answers 503 `disk_full`.
-pub fn waiting(
+pub(crate) fn waiting(
     settings: &Settings,
     prometheus: &PrometheusHandle,
     req: &Request<Incoming>,

@@ -35,7 +35,7 @@ use crate::config::HistorySettings;
 use partition::Name;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 
 /// The folder under `journal.dir`: history shares the journal's fate (an
@@ -119,13 +119,14 @@ impl History {
     }
 
     /// Every record retained, and the bytes of the files holding them.
-    pub fn size(&self) -> (u64, u64) {
+    #[cfg(test)]
+    pub(crate) fn size(&self) -> (u64, u64) {
         let records = self
             .shared
             .counts
             .lock()
             .map(|c| c.values().flat_map(|v| v.iter()).sum())
             .unwrap_or(0);
-        (records, self.shared.bytes.load(Ordering::Relaxed))
+        (records, self.shared.bytes.load(std::sync::atomic::Ordering::Relaxed))
     }
 }

@@ -35,12 +35,12 @@ mod unindexed;
 mod writer;
 
 pub use inspect::inspect;
-pub use lanes::{LanesView, Turns};
-pub use pauses::Pause;
-pub use reader::Reader;
-pub use ready::ReadyQueue;
+pub(crate) use lanes::{LanesView, Turns};
+pub(crate) use pauses::Pause;
+pub(crate) use reader::Reader;
+pub(crate) use ready::ReadyQueue;
 pub use record::Carried;
-pub use store::{DestinationSummary, FILE, LoadError};
+pub(crate) use store::{DestinationSummary, FILE, LoadError};
 
 use crate::clock;
 use crate::config::HistorySettings;
@@ -66,14 +66,14 @@ use unindexed::Unindexed;
 
 /// What `append` did beyond storing.
 #[derive(Debug, Default, Clone, PartialEq)]
-pub struct Appended {
+pub(crate) struct Appended {
     /// Indexes (in the request) of events left out as duplicates.
     pub duplicates: Vec<usize>,
 }
 
 /// Why a write was refused; each maps to one ingress status.
 #[derive(Debug, Clone, thiserror::Error, PartialEq)]
-pub enum JournalError {
+pub(crate) enum JournalError {
     #[error(
         "the journal holds {pending} bytes of pending events; its limit (journal.max_bytes) is {limit}"
     )]
@@ -178,7 +178,7 @@ impl DiskError for rusqlite::Error {
 /// seq alone: the journal knows each event's destination and size, and
 /// keeps its counters from what it recorded, not from what a caller says.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Change {
+pub(crate) enum Change {
     /// Delivered or dead-lettered: the event leaves the journal. With
     /// `only_if_attempts`, only if no later attempt was recorded since.
     Delete {
@@ -252,7 +252,7 @@ impl Change {
         }
     }
 
-    pub fn seq(&self) -> i64 {
+    pub(crate) fn seq(&self) -> i64 {
         match self {
             Change::Delete { seq, .. }
             | Change::Reschedule { seq, .. }
@@ -268,7 +268,7 @@ impl Change {
 /// that admission and metrics never query the file, and its fast path.
 /// Only the journal writes them; a dispatcher takes events, says whether
 /// it is delivering (the pacing signal), and waits for news.
-pub struct DestinationState {
+pub(crate) struct DestinationState {
     pending: AtomicU64,
     /// Counted from admission, as the journal's total is: taken before the
     /// write (so that concurrent requests cannot all pass the share), given
@@ -317,29 +317,29 @@ impl Default for DestinationState {
 
 impl DestinationState {
     /// Events pending: durable and not yet delivered or dead-lettered.
-    pub fn pending(&self) -> u64 {
+    pub(crate) fn pending(&self) -> u64 {
         self.pending.load(Ordering::Relaxed)
     }
 
     /// Their bytes, with those of appends under way.
-    pub fn bytes(&self) -> u64 {
+    pub(crate) fn bytes(&self) -> u64 {
         self.bytes.load(Ordering::Relaxed)
     }
 
     /// Resolves after a commit that made rows of this destination's events.
-    pub fn indexed(&self) -> Notified<'_> {
+    pub(crate) fn indexed(&self) -> Notified<'_> {
         self.indexed.notified()
     }
 
     /// Resolves when the writer put events in the ready queue.
-    pub fn fresh(&self) -> Notified<'_> {
+    pub(crate) fn fresh(&self) -> Notified<'_> {
         self.fresh.notified()
     }
 
     /// Takes up to `n` durable events from memory, oldest first, and no
     /// more once they hold `max_bytes` (at least one); paced appends
     /// waiting for room are woken.
-    pub fn take_ready(&self, n: usize, max_bytes: u64) -> Vec<StoredEvent> {
+    pub(crate) fn take_ready(&self, n: usize, max_bytes: u64) -> Vec<StoredEvent> {
         let taken = match self.ready.lock() {
             Ok(mut ready) => ready.take(n, max_bytes),
             Err(_) => return Vec::new(),
@@ -352,7 +352,7 @@ impl DestinationState {
 
     /// `seqs` were read from the index: their copies in memory go, so that
     /// no event is handed out twice.
-    pub fn read_from_index(&self, seqs: impl IntoIterator<Item = i64>) {
+    pub(crate) fn read_from_index(&self, seqs: impl IntoIterator<Item = i64>) {
         if let Ok(mut ready) = self.ready.lock() {
             ready.remove(seqs);
         }
@@ -365,18 +365,18 @@ impl DestinationState {
 
     /// Whether the event `seq` may be attempted now: it has no ordering
     /// lane, or every earlier event of its lane has left the journal.
-    pub fn may_start(&self, seq: i64) -> bool {
+    pub(crate) fn may_start(&self, seq: i64) -> bool {
         self.lanes().as_ref().is_none_or(|l| l.may_start(seq))
     }
 
     /// Whether `seq` waits behind its lane's head; if so, it is marked to
     /// be named when its turn comes (its row is to wait: `Change::Wait`).
-    pub fn hold(&self, seq: i64) -> bool {
+    pub(crate) fn hold(&self, seq: i64) -> bool {
         self.lanes().as_mut().is_some_and(|l| l.hold(seq))
     }
 
     /// The events whose turn came since the last call (`Lanes::take_turns`).
-    pub fn take_turns(&self) -> Turns {
+    pub(crate) fn take_turns(&self) -> Turns {
         match self.lanes().as_mut() {
             Some(l) => l.take_turns(),
             None => Turns::Some(Vec::new()),
@@ -384,19 +384,19 @@ impl DestinationState {
     }
 
     /// Whether `seq` waits behind a head that is being retried.
-    pub fn stalled(&self, seq: i64) -> bool {
+    pub(crate) fn stalled(&self, seq: i64) -> bool {
         self.lanes().as_ref().is_some_and(|l| l.stalled(seq))
     }
 
     /// Its lanes, when it has an ordering key.
-    pub fn lanes_view(&self) -> Option<LanesView> {
+    pub(crate) fn lanes_view(&self) -> Option<LanesView> {
         self.lanes().as_ref().map(Lanes::view)
     }
 
     /// The backpressure signal: whether this destination is delivering as
     /// fast as it can (neither held back nor failing), so that ingress
     /// should keep pace with it rather than fill the journal.
-    pub fn pace(&self, delivering: bool) {
+    pub(crate) fn pace(&self, delivering: bool) {
         self.delivering.store(delivering, Ordering::Relaxed);
     }
 }
@@ -732,7 +732,7 @@ pub(crate) enum Command {
 
 /// A handle to the journal; cheap to clone.
 #[derive(Clone)]
-pub struct Journal {
+pub(crate) struct Journal {
     tx: mpsc::Sender<Command>,
     indexer: std::sync::mpsc::Sender<ToIndexer>,
     shared: Arc<Shared>,
@@ -749,7 +749,7 @@ impl Journal {
     /// Opens the journal in `dir`, checks it, and recovers the counters of
     /// every pending event. `destinations` are the configured names; rows of
     /// other destinations are kept and reported, never dropped.
-    pub fn open(
+    pub(crate) fn open(
         dir: &Path,
         full_sync: bool,
         max_bytes: u64,
@@ -769,14 +769,14 @@ impl Journal {
     }
 
     /// The event history this journal records, when on.
-    pub fn history(&self) -> Option<&History> {
+    pub(crate) fn history(&self) -> Option<&History> {
         self.shared.history.as_ref()
     }
 
     /// Stores `events` durably (per `journal.sync`); returns once committed.
     /// With a dedupe window, events whose id this destination already
     /// stored within it are left out, and reported.
-    pub async fn append(&self, events: Vec<NewEvent>) -> Result<Appended, JournalError> {
+    pub(crate) async fn append(&self, events: Vec<NewEvent>) -> Result<Appended, JournalError> {
         self.shared.admits()?;
         backpressure::keep_pace(&self.shared, &events).await;
         let Some(dedupe) = &self.shared.dedupe else {
@@ -832,7 +832,7 @@ impl Journal {
 
     /// Stores dead letters put back by an operator, durably, past the
     /// dedupe window: a replay is meant to be delivered again.
-    pub async fn replay(&self, events: Vec<NewEvent>) -> Result<(), JournalError> {
+    pub(crate) async fn replay(&self, events: Vec<NewEvent>) -> Result<(), JournalError> {
         self.shared.admits()?;
         backpressure::keep_pace(&self.shared, &events).await;
         self.store(events, Vec::new(), None).await
@@ -842,7 +842,7 @@ impl Journal {
     /// its delivery so far (docs/object-storage.md), past the dedupe window (an adopted
     /// event was accepted once already). A destination this courier does
     /// not know gets counters, and its events wait as orphaned ones do.
-    pub async fn adopt(&self, events: Vec<(NewEvent, Carried)>) -> Result<(), JournalError> {
+    pub(crate) async fn adopt(&self, events: Vec<(NewEvent, Carried)>) -> Result<(), JournalError> {
         self.shared.admits()?;
         for (e, _) in &events {
             if self.shared.destination(&e.destination).is_none() {
@@ -887,7 +887,7 @@ impl Journal {
     /// Applies changes that must survive a crash once this returns (with
     /// `sync: always`): a dead letter's fate and its delete, a quarantine. They go
     /// straight to the indexer, never behind a burst of ingress.
-    pub async fn apply(&self, changes: &[Change]) -> Result<(), JournalError> {
+    pub(crate) async fn apply(&self, changes: &[Change]) -> Result<(), JournalError> {
         self.shared.writable()?;
         let (unwaits, woken) = self.shared.pass_turns(changes);
         let all = changes.iter().cloned().chain(unwaits).collect();
@@ -899,13 +899,13 @@ impl Journal {
     /// Takes no new event from now on (appends, replays and adoptions
     /// answer `Closed`): what is pending can then be read whole, and
     /// handed off, while deliveries' deletes still go on.
-    pub fn seal(&self) {
+    pub(crate) fn seal(&self) {
         self.shared.gate.sealed.store(true, Ordering::Release);
     }
 
     /// Has the indexer make rows of every event the log holds, synced:
     /// then a reader sees every pending event (a hand-off reads them all).
-    pub async fn index_all(&self) -> Result<(), JournalError> {
+    pub(crate) async fn index_all(&self) -> Result<(), JournalError> {
         self.shared.writable()?;
         to_indexer(&self.indexer, Vec::new(), true).await
     }
@@ -918,7 +918,7 @@ impl Journal {
     /// not reached costs no write.
     /// Takes the changes by reference so that a caller can try again
     /// without a copy made each time for a failure that seldom comes.
-    pub async fn settle(&self, changes: &[Change]) -> Result<(), JournalError> {
+    pub(crate) async fn settle(&self, changes: &[Change]) -> Result<(), JournalError> {
         self.shared.writable()?;
         let (mut rest, woken) = self.shared.pass_turns(changes);
         {
@@ -956,7 +956,7 @@ impl Journal {
     }
 
     /// Commits what is queued, then stops the writer: later writes get `Closed`.
-    pub async fn close(&self) {
+    pub(crate) async fn close(&self) {
         self.shared.gate.closed.store(true, Ordering::Release);
         let (reply, rx) = oneshot::channel();
         if self.tx.send(Command::Close { reply }).await.is_ok() {
@@ -965,22 +965,22 @@ impl Journal {
     }
 
     /// True after a failed commit: writes are refused until restart.
-    pub fn failed(&self) -> bool {
+    pub(crate) fn failed(&self) -> bool {
         self.shared.gate.failed.lock().map_or(true, |f| f.is_some())
     }
 
-    pub fn destination(&self, name: &str) -> Option<Arc<DestinationState>> {
+    pub(crate) fn destination(&self, name: &str) -> Option<Arc<DestinationState>> {
         self.shared.destination(name)
     }
 
     /// The pause recorded for `destination` by this or an earlier run.
-    pub fn pause(&self, destination: &str) -> Option<Pause> {
+    pub(crate) fn pause(&self, destination: &str) -> Option<Pause> {
         self.shared.pauses.get(destination)
     }
 
     /// Records (`Some`) or lifts (`None`) a pause, durably: a restart,
     /// even after SIGKILL, keeps what this returned `Ok` for.
-    pub async fn set_pause(&self, destination: &str, pause: Option<Pause>) -> std::io::Result<()> {
+    pub(crate) async fn set_pause(&self, destination: &str, pause: Option<Pause>) -> std::io::Result<()> {
         let shared = self.shared.clone();
         let destination = destination.to_string();
         tokio::task::spawn_blocking(move || shared.pauses.set(&destination, pause))
@@ -990,7 +990,7 @@ impl Journal {
 
     /// The counters of `name`, created for a destination added by a reload
     /// before any event of it can be accepted.
-    pub fn add_destination(&self, name: &str) -> Arc<DestinationState> {
+    pub(crate) fn add_destination(&self, name: &str) -> Arc<DestinationState> {
         self.shared.destinations.rcu(|map| {
             let mut map = HashMap::clone(map);
             map.entry(name.to_string()).or_default();
@@ -1003,7 +1003,7 @@ impl Journal {
     /// counters created if need be: at start and at each reload, before
     /// ingress routes to it. A share below what it holds refuses its
     /// events until deliveries bring it under.
-    pub fn set_share(&self, name: &str, share: u64) {
+    pub(crate) fn set_share(&self, name: &str, share: u64) {
         let state = match self.shared.destination(name) {
             Some(state) => state,
             None => self.add_destination(name),
@@ -1019,7 +1019,7 @@ impl Journal {
     /// it left while courier was down, or it waited under another key).
     /// Without a key every waiting row is due now. The key in force keeps
     /// its lanes as they are.
-    pub fn order(
+    pub(crate) fn order(
         &self,
         name: &str,
         key: Option<crate::event::ordering::Key>,
@@ -1073,17 +1073,13 @@ impl Journal {
 
     /// Every destination the journal has counters for: configured now, or
     /// holding events from an earlier config.
-    pub fn destination_names(&self) -> Vec<String> {
+    pub(crate) fn destination_names(&self) -> Vec<String> {
         self.shared.destinations.load().keys().cloned().collect()
     }
 
     /// A read connection for one dispatcher.
-    pub fn reader(&self) -> Result<Reader, rusqlite::Error> {
+    pub(crate) fn reader(&self) -> Result<Reader, rusqlite::Error> {
         Reader::open(&self.shared, self.indexer.clone())
-    }
-
-    pub fn path(&self) -> &Path {
-        &self.shared.path
     }
 }
 

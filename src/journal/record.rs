@@ -39,7 +39,7 @@ pub struct CarriedFate {
 
 impl Carried {
     /// The delivery state of `ev`, to carry to another journal.
-    pub fn of(ev: &StoredEvent) -> Carried {
+    pub(crate) fn of(ev: &StoredEvent) -> Carried {
         Carried {
             attempts: ev.attempts,
             // One waiting for its lane's turn: the adopter's lanes decide.
@@ -60,7 +60,7 @@ impl Carried {
     }
 }
 
-pub fn crc(
+pub(crate) fn crc(
     id: &str,
     destination: &str,
     method: &str,
