@@ -20,6 +20,8 @@ pub use settings::{
     DestinationSettings, HandoffSettings, HistorySettings, Settings, SinkAt, Subscription,
     TopicSettings, TracingSettings,
 };
+// Used by tests/suite/deploy alone.
+#[cfg_attr(dead_code_check, allow(unused_imports))]
 pub use state_dir::STATE_DIR_ENV;
 pub use validate::{Env, ProcessEnv, Purpose};
 

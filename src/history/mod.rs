@@ -127,6 +127,9 @@ impl History {
             .lock()
             .map(|c| c.values().flat_map(|v| v.iter()).sum())
             .unwrap_or(0);
-        (records, self.shared.bytes.load(std::sync::atomic::Ordering::Relaxed))
+        (
+            records,
+            self.shared.bytes.load(std::sync::atomic::Ordering::Relaxed),
+        )
     }
 }
