@@ -7,7 +7,7 @@ mod outcome;
 pub mod path;
 pub mod rules;
 mod schema;
-pub mod signature;
+pub(crate) mod signature;
 
 pub use outcome::{Outcome, Reason};
 pub use schema::Schema;

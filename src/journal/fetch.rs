@@ -8,7 +8,7 @@
 //! cost of a drain (benches/RESULTS.md). A row now holds the event's id,
 //! destination, method and place in the log; the log's segments stay while
 //! a row points into them (`pins`), and a segment mostly delivered has its
-//! few waiting events copied into their rows (`Indexer::spill`) so that it
+//! few waiting events copied into their rows (`Spill::once` (indexer/spill.rs)) so that it
 //! can go.
 
 use super::disk::{Disk, LogFile};

@@ -10,7 +10,7 @@
 //! next due). A row keeps its event's place in the log, not a copy
 //! (`fetch`): segments stay while rows point into them, and one mostly
 //! delivered has its last waiting events copied into their rows so that
-//! it can go (`Indexer::spill`). Reads go through their own connections,
+//! it can go (`Spill::once` (indexer/spill.rs)). Reads go through their own connections,
 //! which WAL lets run beside the indexer. On start, whatever the log holds
 //! beyond SQLite's last synced commit is indexed again before anything
 //! else runs.
@@ -980,7 +980,11 @@ impl Journal {
 
     /// Records (`Some`) or lifts (`None`) a pause, durably: a restart,
     /// even after SIGKILL, keeps what this returned `Ok` for.
-    pub(crate) async fn set_pause(&self, destination: &str, pause: Option<Pause>) -> std::io::Result<()> {
+    pub(crate) async fn set_pause(
+        &self,
+        destination: &str,
+        pause: Option<Pause>,
+    ) -> std::io::Result<()> {
         let shared = self.shared.clone();
         let destination = destination.to_string();
         tokio::task::spawn_blocking(move || shared.pauses.set(&destination, pause))

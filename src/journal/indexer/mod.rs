@@ -211,7 +211,7 @@ impl Written {
 
 pub(super) enum ToIndexer {
     /// The writer wrote while the indexer slept with nothing to index:
-    /// where the log ends is in `Shared::written_end`.
+    /// where the log ends is in `Shared::by_writer`.
     Wake,
     Apply {
         changes: Vec<Change>,
