@@ -357,6 +357,28 @@ pub struct Destination {
     pub dead_letter: Option<DeadLetterChoice>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ordering: Option<OrderingSpec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoints: Option<EndpointsSpec>,
+}
+
+/// `endpoints:` (SPEC §11). Of its keys, the address guard's are read so
+/// far; the others (`url: per_event`'s) are refused as unknown until then.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct EndpointsSpec {
+    /// `on` or `off` (a YAML boolean too); off for a fixed url by default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guard: Option<Toggle>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allow_cidrs: Vec<String>,
+}
+
+/// `on`/`off`, or a YAML boolean.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(untagged)]
+pub enum Toggle {
+    Bool(bool),
+    Word(String),
 }
 
 /// `ordering: { key: ... }`: events of one key are delivered in accept order.

@@ -180,6 +180,9 @@ pub struct DestinationSettings {
     pub tls: Option<TlsFiles>,
     /// `ordering.key`: events of one key are delivered in accept order.
     pub ordering: Option<crate::event::ordering::Key>,
+    /// `endpoints.guard`: the addresses this destination may connect to;
+    /// `None` when off.
+    pub guard: Option<Arc<crate::policy::address::Guard>>,
 }
 
 /// `batch`: how many ready events one attempt may carry (docs/batching.md).

@@ -1984,3 +1984,60 @@ fn tracing_is_off_unless_configured_and_its_keys_are_checked() {
         "an unknown key is named: {e:#?}"
     );
 }
+
+#[test]
+fn the_address_guard_is_off_for_a_fixed_url_unless_asked_and_its_ranges_are_checked() {
+    let dest =
+        |extra: &str| format!("destinations:\n  d:\n    url: https://hooks.example/x\n{extra}");
+    let parsed = |text: &str| {
+        parse("c.yaml", text, ".".into(), Purpose::Run, &env())
+            .expect("valid")
+            .settings
+    };
+    assert_eq!(parsed(&dest("")).destinations[0].guard, None);
+    for on in ["on", "true"] {
+        let s = parsed(&dest(&format!("    endpoints: {{ guard: {on} }}\n")));
+        let guard = s.destinations[0].guard.as_ref().expect("on");
+        assert!(!guard.allows("10.0.0.1".parse().expect("ip")));
+    }
+    let s = parsed(&dest(
+        "    endpoints: { guard: on, allow_cidrs: [10.20.0.0/16, 192.168.1.7] }\n",
+    ));
+    let guard = s.destinations[0].guard.as_ref().expect("on");
+    assert!(guard.allows("10.20.3.4".parse().expect("ip")));
+    assert!(
+        guard.allows("192.168.1.7".parse().expect("ip")),
+        "a bare address is its own range"
+    );
+    assert!(!guard.allows("192.168.1.8".parse().expect("ip")));
+
+    let e = one_error(&dest(
+        "    endpoints: { guard: on, allow_cidrs: [10.0.0.0/33] }\n",
+    ));
+    assert!(
+        e.contains("destinations.d.endpoints.allow_cidrs[0]") && e.contains("10.0.0.0/33"),
+        "{e}"
+    );
+    let e = one_error(&dest("    endpoints: { allow_cidrs: [10.0.0.0/8] }\n"));
+    assert!(
+        e.contains("destinations.d.endpoints.allow_cidrs") && e.contains("guard: on"),
+        "{e}"
+    );
+    let e = one_error(&dest("    endpoints: { guard: maybe }\n"));
+    assert!(
+        e.contains("destinations.d.endpoints.guard") && e.contains("`maybe`"),
+        "{e}"
+    );
+    let e = one_error(
+        "destinations:\n  d:\n    url: http://169.254.169.254/latest\n    endpoints: { guard: on }\n",
+    );
+    assert!(
+        e.contains("destinations.d.url") && e.contains("169.254.169.254"),
+        "{e}"
+    );
+    let e = one_error(&dest("    endpoints: { header: Courier-Endpoint }\n"));
+    assert!(
+        e.contains("header"),
+        "a key of url: per_event, not read yet: {e}"
+    );
+}

@@ -707,6 +707,7 @@ fn destination(
         .ordering
         .as_ref()
         .and_then(|o| ordering(c, &format!("{p}.ordering.key"), &o.key));
+    let guard = guard(c, &p, d.endpoints.as_ref(), &d.url);
     DestinationSettings {
         name: name.to_string(),
         target,
@@ -737,7 +738,71 @@ fn destination(
         ),
         tls,
         ordering,
+        guard,
     }
+}
+
+/// `endpoints`' address guard: off for a fixed url unless `guard: on`; a
+/// guarded url whose host is an IP literal the guard refuses could never
+/// be delivered, so it is refused here.
+fn guard(
+    c: &mut Checker,
+    p: &str,
+    spec: Option<&super::schema::EndpointsSpec>,
+    url: &str,
+) -> Option<Arc<crate::policy::address::Guard>> {
+    use super::schema::Toggle;
+    let spec = spec?;
+    let on = match &spec.guard {
+        None => false,
+        Some(Toggle::Bool(on)) => *on,
+        Some(Toggle::Word(w)) if w == "on" => true,
+        Some(Toggle::Word(w)) if w == "off" => false,
+        Some(Toggle::Word(w)) => {
+            c.err(
+                format!("{p}.endpoints.guard"),
+                format!("`{w}` is not a switch: allowed on, off"),
+            );
+            false
+        }
+    };
+    let mut allow = Vec::new();
+    for (i, cidr) in spec.allow_cidrs.iter().enumerate() {
+        let net = cidr
+            .parse::<ipnet::IpNet>()
+            .or_else(|_| cidr.parse::<std::net::IpAddr>().map(ipnet::IpNet::from));
+        match net {
+            Ok(net) => allow.push(net),
+            Err(_) => c.err(
+                format!("{p}.endpoints.allow_cidrs[{i}]"),
+                format!("`{cidr}` is not a CIDR range: expected an address and a prefix length, e.g. 10.20.0.0/16 or fd00::/64"),
+            ),
+        }
+    }
+    if !on {
+        if !allow.is_empty() {
+            c.err(
+                format!("{p}.endpoints.allow_cidrs"),
+                "opens ranges of the address guard, which is off for this destination: add `guard: on`",
+            );
+        }
+        return None;
+    }
+    let guard = crate::policy::address::Guard::new(allow);
+    let literal = url
+        .parse::<http::Uri>()
+        .ok()
+        .and_then(|u| u.host().map(str::to_string))
+        .and_then(|h| h.trim_start_matches('[').trim_end_matches(']').parse().ok());
+    if let Some(ip) = literal
+        && !guard.allows(ip)
+    {
+        c.err(
+            format!("{p}.url"),
+            format!("the address guard (endpoints.guard: on) refuses {ip}, a private or reserved address: open it with endpoints.allow_cidrs"),
+        );
+    }
+    Some(Arc::new(guard))
 }
 
 /// `ordering.key` at `path`.
@@ -1020,7 +1085,7 @@ fn probation(c: &mut Checker, path: &str, spec: &super::schema::ProbationSpec) -
     for (name, d) in &spec.durations {
         let p = format!("{path}.durations.{name}");
         match Outcome::parse(name) {
-            Some(Outcome::BadRequest | Outcome::PayloadTooLarge) => c.err(
+            Some(Outcome::BadRequest | Outcome::PayloadTooLarge | Outcome::AddressNotAllowed) => c.err(
                 p,
                 format!("`{name}` never starts a probation: it says the event is bad, not the endpoint"),
             ),

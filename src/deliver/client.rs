@@ -11,7 +11,9 @@
 //! unbounded pool for 90 s. Now a connection beyond `concurrency` idle ones
 //! is closed as soon as it is free.
 
+use super::guard::Guarded;
 use super::resolver::Resolver;
+use crate::policy::address::Guard;
 use crate::tls::{TlsFileError, TlsFiles};
 use bytes::Bytes;
 use http_body_util::Full;
@@ -24,7 +26,7 @@ use rustls::crypto::CryptoProvider;
 use std::sync::Arc;
 use std::time::Duration;
 
-pub type HttpsClient = Client<HttpsConnector<HttpConnector<Resolver>>, Full<Bytes>>;
+pub type HttpsClient = Client<HttpsConnector<Guarded>, Full<Bytes>>;
 
 /// How long an idle connection is kept: below the keep-alive timeouts of
 /// common servers and proxies (AWS ALB 60 s, nginx 75 s), so that courier,
@@ -38,24 +40,29 @@ const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 pub struct Connector {
     system: Arc<RootCertStore>,
     provider: Arc<CryptoProvider>,
-    plain: HttpsConnector<HttpConnector<Resolver>>,
+    /// The TLS setup of destinations without a `tls` key.
+    tls: rustls::ClientConfig,
+    /// Their connector, without the address guard.
+    plain: HttpsConnector<Guarded>,
 }
 
 impl Connector {
     /// A pool for one destination: at most `max_idle` idle connections;
-    /// its own TLS setup when it has `tls` files.
+    /// its own TLS setup when it has `tls` files; every address it dials
+    /// checked by `guard` when on.
     pub fn client(
         &self,
         max_idle: usize,
         tls: Option<&TlsFiles>,
+        guard: Option<&Arc<Guard>>,
     ) -> Result<HttpsClient, TlsFileError> {
-        let connector = match tls {
-            None => self.plain.clone(),
-            Some(files) => https(crate::tls::client_config(
-                &self.system,
-                files,
-                &self.provider,
-            )?),
+        let connector = match (tls, guard) {
+            (None, None) => self.plain.clone(),
+            (None, Some(_)) => https(self.tls.clone(), guard.cloned()),
+            (Some(files), _) => https(
+                crate::tls::client_config(&self.system, files, &self.provider)?,
+                guard.cloned(),
+            ),
         };
         Ok(Client::builder(TokioExecutor::new())
             // Without a timer the pool closes nothing: an idle connection
@@ -87,13 +94,14 @@ pub fn build_connector() -> Result<Connector, rustls::Error> {
     Ok(Connector {
         system,
         provider,
-        plain: https(tls),
+        plain: https(tls.clone(), None),
+        tls,
     })
 }
 
 /// HTTP/1.1 and HTTP/2 (by ALPN) over `tls`, or plain HTTP.
-fn https(tls: rustls::ClientConfig) -> HttpsConnector<HttpConnector<Resolver>> {
-    let mut http = HttpConnector::new_with_resolver(Resolver::new());
+fn https(tls: rustls::ClientConfig, guard: Option<Arc<Guard>>) -> HttpsConnector<Guarded> {
+    let mut http = HttpConnector::new_with_resolver(Resolver::new(guard.clone()));
     http.enforce_http(false);
     http.set_nodelay(true);
     http.set_connect_timeout(Some(Duration::from_secs(10)));
@@ -102,5 +110,5 @@ fn https(tls: rustls::ClientConfig) -> HttpsConnector<HttpConnector<Resolver>> {
         .https_or_http()
         .enable_http1()
         .enable_http2()
-        .wrap_connector(http)
+        .wrap_connector(Guarded::new(http, guard))
 }

@@ -21,6 +21,7 @@ use crate::deadletter::{BucketSink, DeadLetterSink, DirSink, Shelf, SinkStreak, 
 use crate::journal::{Journal, Reader};
 use crate::lifecycle::Lifecycle;
 use crate::metrics;
+use crate::policy::address::Guard;
 use crate::storage::Bucket;
 use crate::telemetry::Tracer;
 use crate::tls::{TlsFileError, TlsFiles};
@@ -82,12 +83,13 @@ struct Kept {
 struct Pool {
     concurrency: usize,
     tls: Option<TlsFiles>,
+    guard: Option<Arc<Guard>>,
     client: HttpsClient,
 }
 
 impl Pool {
     fn fits(&self, dest: &DestinationSettings) -> bool {
-        self.concurrency == dest.concurrency && self.tls == dest.tls
+        self.concurrency == dest.concurrency && self.tls == dest.tls && self.guard == dest.guard
     }
 }
 
@@ -164,9 +166,10 @@ impl Fleet {
                 _ => Pool {
                     concurrency: dest.concurrency,
                     tls: dest.tls.clone(),
+                    guard: dest.guard.clone(),
                     client: self
                         .connector
-                        .client(dest.concurrency, dest.tls.as_ref())
+                        .client(dest.concurrency, dest.tls.as_ref(), dest.guard.as_ref())
                         .map_err(|e| ApplyError::Tls(dest.name.clone(), e))?,
                 },
             };

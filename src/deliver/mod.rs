@@ -7,6 +7,7 @@ mod batch;
 mod client;
 mod dispatcher;
 mod fleet;
+mod guard;
 pub mod health;
 mod letters;
 pub mod limit;

@@ -40,6 +40,7 @@ pub fn end(answered: &Answered, limits: &Limits, attempts: u32, accepted_ms: u64
     match answered.verdict {
         Verdict::Delivered => End::Delete,
         Verdict::DeadLetter => End::DeadLetter(Reason::NonRetriableStatus),
+        Verdict::Refused => End::DeadLetter(Reason::AddressNotAllowed),
         // The receiver asked to be disabled: its events wait (due again at
         // once, for when it is resumed) and expire only at their TTL.
         Verdict::Pause => {

@@ -19,11 +19,14 @@ pub enum Outcome {
     ResolutionError,
     TlsError,
     Probation,
+    /// The address guard refused every address of the endpoint (SPEC §11).
+    AddressNotAllowed,
 }
 
 impl Outcome {
     /// Every outcome, in declaration order.
-    pub const ALL: [Outcome; 14] = [
+    /// In the order of history's codes: new ones go last.
+    pub const ALL: [Outcome; 15] = [
         Outcome::Delivered,
         Outcome::BadRequest,
         Outcome::Unauthorized,
@@ -38,6 +41,7 @@ impl Outcome {
         Outcome::ResolutionError,
         Outcome::TlsError,
         Outcome::Probation,
+        Outcome::AddressNotAllowed,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -56,6 +60,7 @@ impl Outcome {
             Outcome::ResolutionError => "ResolutionError",
             Outcome::TlsError => "TlsError",
             Outcome::Probation => "Probation",
+            Outcome::AddressNotAllowed => "AddressNotAllowed",
         }
     }
 
@@ -70,13 +75,17 @@ pub enum Reason {
     MaxDeliveryAttemptsExceeded,
     TimeToLiveExceeded,
     NonRetriableStatus,
+    /// The address guard refused the endpoint's addresses (SPEC §11).
+    AddressNotAllowed,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 3] = [
+    /// In the order of history's codes: new ones go last.
+    pub const ALL: [Reason; 4] = [
         Reason::MaxDeliveryAttemptsExceeded,
         Reason::TimeToLiveExceeded,
         Reason::NonRetriableStatus,
+        Reason::AddressNotAllowed,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -84,6 +93,7 @@ impl Reason {
             Reason::MaxDeliveryAttemptsExceeded => "MaxDeliveryAttemptsExceeded",
             Reason::TimeToLiveExceeded => "TimeToLiveExceeded",
             Reason::NonRetriableStatus => "NonRetriableStatus",
+            Reason::AddressNotAllowed => "AddressNotAllowed",
         }
     }
 

@@ -47,6 +47,9 @@ pub enum Transport {
     Resolution,
     /// The TLS handshake or certificate check failed.
     Tls,
+    /// The address guard refused every address of the endpoint: nothing
+    /// was sent.
+    AddressRefused,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -58,6 +61,9 @@ pub enum Verdict {
     },
     /// Never retried: dead-letter now.
     DeadLetter,
+    /// The endpoint's address is refused (the address guard): dead-letter
+    /// now, with that reason.
+    Refused,
     /// The receiver asked to be disabled (410): pause the destination.
     Pause,
 }
@@ -192,16 +198,15 @@ impl StatusPolicy {
     }
 
     pub fn classify_transport(&self, error: Transport) -> Classified {
-        let (outcome, min_delay) = match error {
-            Transport::TimedOut => (Outcome::TimedOut, DEFAULT_MIN_DELAY),
-            Transport::Socket => (Outcome::SocketError, Duration::ZERO),
-            Transport::Resolution => (Outcome::ResolutionError, Duration::ZERO),
-            Transport::Tls => (Outcome::TlsError, Duration::ZERO),
+        let retry = |min_delay| Verdict::Retry { min_delay };
+        let (outcome, verdict) = match error {
+            Transport::TimedOut => (Outcome::TimedOut, retry(DEFAULT_MIN_DELAY)),
+            Transport::Socket => (Outcome::SocketError, retry(Duration::ZERO)),
+            Transport::Resolution => (Outcome::ResolutionError, retry(Duration::ZERO)),
+            Transport::Tls => (Outcome::TlsError, retry(Duration::ZERO)),
+            Transport::AddressRefused => (Outcome::AddressNotAllowed, Verdict::Refused),
         };
-        Classified {
-            outcome,
-            verdict: Verdict::Retry { min_delay },
-        }
+        Classified { outcome, verdict }
     }
 }
 

@@ -3,6 +3,7 @@
 //! unit tested exhaustively.
 
 pub mod adaptive;
+pub mod address;
 pub mod classify;
 pub mod inline;
 pub mod limits;

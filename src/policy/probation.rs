@@ -60,18 +60,23 @@ pub fn base_duration(outcome: Outcome) -> Duration {
         Outcome::Delivered
         | Outcome::Probation
         | Outcome::BadRequest
-        | Outcome::PayloadTooLarge => 10,
+        | Outcome::PayloadTooLarge
+        | Outcome::AddressNotAllowed => 10,
     };
     Duration::from_secs(secs)
 }
 
 /// 400 and 413 say the event is bad, not the endpoint (docs/delivery.md lists
 /// neither): a run of malformed events is dead-lettered one by one and must
-/// not put a healthy endpoint on probation. Such an answer neither counts
+/// not put a healthy endpoint on probation. So does a refused address: no
+/// connection was made, the URL is what is wrong. Such an answer neither counts
 /// toward the threshold nor breaks a run of failures, but a probe answered
 /// so has found the endpoint answering, which ends the probation.
 fn blames_the_event(outcome: Outcome) -> bool {
-    matches!(outcome, Outcome::BadRequest | Outcome::PayloadTooLarge)
+    matches!(
+        outcome,
+        Outcome::BadRequest | Outcome::PayloadTooLarge | Outcome::AddressNotAllowed
+    )
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]

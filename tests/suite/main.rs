@@ -8,6 +8,7 @@
 //! loopback receivers (`support::Receiver`).
 
 mod adaptive;
+mod address_guard;
 mod admin;
 mod azure_blob;
 mod backlog;

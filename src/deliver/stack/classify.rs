@@ -4,6 +4,7 @@
 //! layer only extracts status, Retry-After and the kind of transport failure.
 
 use super::timeout::{LateAnswer, LateSlot, TimedOut};
+use crate::deliver::guard::AddressRefused;
 use crate::deliver::resolver::ResolveError;
 use crate::policy::classify::parse_retry_after;
 use crate::policy::{Classified, StatusPolicy, Transport};
@@ -183,6 +184,9 @@ pub fn transport_kind(err: &(dyn StdError + 'static)) -> Transport {
         }
         if e.is::<ResolveError>() {
             return Transport::Resolution;
+        }
+        if e.is::<AddressRefused>() {
+            return Transport::AddressRefused;
         }
         cur = e.source();
     }
