@@ -1334,6 +1334,43 @@ fn an_append_is_placed_in_its_lanes_before_it_reaches_the_writer() {
     assert!(lanes[0].flatten().is_some() && lanes[0] == lanes[2] && lanes[0] != lanes[3]);
 }
 
+/// An append placed under lanes that were rebuilt before its write (the
+/// destination removed, then added again with another key) is placed
+/// again by the writer, under the key in force.
+#[tokio::test]
+async fn an_append_placed_under_lanes_since_rebuilt_is_placed_again_when_written() {
+    use crate::event::ordering::Key;
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let (journal, _) = open(tmp.path()).expect("open");
+    journal
+        .order("orders", Some(Key::Header("k".into())))
+        .expect("order");
+    let keyed = |i, k: &str| NewEvent {
+        headers: vec![("K".into(), k.as_bytes().to_vec())],
+        ..to("orders", i)
+    };
+    let events = vec![keyed(1, "a"), keyed(2, "b")];
+    // Two keys: two lanes, each event the head of its own.
+    let placed = lanes::place(&journal.shared, &events);
+    journal
+        .order("orders", Some(Key::Destination))
+        .expect("rebuilt");
+    journal.shared.reserve(&events).expect("room");
+    let (reply, heard) = oneshot::channel();
+    let queued = journal.send(Command::Append {
+        events,
+        claims: Vec::new(),
+        carried: None,
+        placed,
+        reply,
+    });
+    assert!(queued.is_ok(), "queued");
+    heard.await.expect("answer").expect("written");
+    let state = journal.destination("orders").expect("state");
+    assert!(state.may_start(1), "the head of the destination's one lane");
+    assert!(!state.may_start(2), "behind 1 under the key in force");
+}
+
 /// Ordering lanes in the journal: rows behind their lane's head wait (a
 /// due read never sees them), the head's end makes the next one due, and a
 /// start rebuilds the lanes from the rows, making due a head left waiting.
