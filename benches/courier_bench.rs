@@ -1,7 +1,7 @@
 //! courier against nginx under the same wrk load, in one invocation:
 //!
 //! `cargo bench --bench courier_bench [-- --seconds 10 --connections 50
-//!  --steps nhabcdekpqxotylgr --scale 1 --compare PATH --rounds 1 --write-results]`
+//!  --steps nhabcdekpqxotylgru --scale 1 --compare PATH --rounds 1 --write-results]`
 //!
 //! n. baselines, run as their users run them: wrk against an nginx answering
 //!    200 to every POST (`direct`: the receiver, which courier delivers to
@@ -99,6 +99,10 @@
 //!    1.0`, exporting to a loopback OTLP sink in this process that answers
 //!    200 and discards), in the order off, on, on, off, with CPU per
 //!    event. Budget: on ≥ 0.9× off.
+//! u. the address guard (issue #46, `courier_bench/guard.rs`): step b with
+//!    `endpoints: { guard: on }` (loopback opened by `allow_cidrs`) and
+//!    without, in the order off, on, on, off, with CPU per event. Budget:
+//!    on ≥ 0.95× off.
 //!
 //! Steps o and t start their own `moto_server` (PyPI `moto[server]`, in
 //! `tests/py/requirements.txt`) on a free loopback port and kill it at
@@ -128,6 +132,8 @@
 mod adaptive;
 #[path = "courier_bench/floor.rs"]
 mod floor;
+#[path = "courier_bench/guard.rs"]
+mod guard;
 #[path = "courier_bench/history.rs"]
 mod history;
 #[path = "courier_bench/objects.rs"]
@@ -157,7 +163,7 @@ const PENDING: &str = r#"courier_events_pending{destination="bench"}"#;
 const ACCEPTED: &str = r#"courier_events_accepted_total{destination="bench"}"#;
 const DELIVERED: &str = r#"courier_events_delivered_total{destination="bench"}"#;
 /// Every step, run by default; `--steps` picks some.
-const STEPS: &str = "nhabcdekpqxotylgr";
+const STEPS: &str = "nhabcdekpqxotylgru";
 /// Step c's backlog and step d's, before `--scale`.
 const DRAIN_BACKLOG: f64 = 100_000.0;
 /// Step h's client: as many connections as courier's `concurrency: 64`.
@@ -174,7 +180,7 @@ const POLL: Duration = Duration::from_millis(20);
 /// Step e waits this long after the start before reading RSS.
 const IDLE: Duration = Duration::from_secs(2);
 const MIB: f64 = 1024.0 * 1024.0;
-const USAGE: &str = "usage: cargo bench --bench courier_bench [-- --seconds N --connections N --steps nhabcdekpqxotylgr --scale F --compare PATH --rounds N --write-results]";
+const USAGE: &str = "usage: cargo bench --bench courier_bench [-- --seconds N --connections N --steps nhabcdekpqxotylgru --scale F --compare PATH --rounds N --write-results]";
 
 #[derive(Clone)]
 struct Args {
@@ -1975,6 +1981,13 @@ async fn courier_steps(
                     budgets,
                     &history::budget_names(args),
                 ),
+            },
+            'u' => match guard::guard(label, bin, rx, args).await {
+                Ok(m) => {
+                    budgets.extend(guard::budgets(label, &m));
+                    rows.extend(m.rows);
+                }
+                Err(e) => failed("u. guard", e, rows, budgets, &[guard::budget_name()]),
             },
             'r' => match tracing::tracing(label, bin, rx, args).await {
                 Ok(m) => {
