@@ -35,6 +35,10 @@ pub struct Received {
     /// unanswered, when the connection was cut before the answer was written,
     /// or when recording was off. See [`Receiver::answered_within_life`].
     pub answered: Option<Instant>,
+    /// When that write began: no client can have had the answer sooner,
+    /// however late this receiver's task ran after the write (a thread
+    /// descheduled on its way back from the syscall stamps `answered` late).
+    pub answer_began: Option<Instant>,
 }
 
 impl Received {
@@ -634,6 +638,7 @@ async fn handle(
         headers: parts.headers,
         body,
         answered: None,
+        answer_began: None,
     };
     let (index, slot) = if state.recording.load(Ordering::SeqCst) {
         let mut records = state.records();
@@ -739,7 +744,7 @@ struct Stamping {
 }
 
 impl Stamping {
-    fn stamp(&self) {
+    fn stamp(&self, began: Instant) {
         let slots = std::mem::take(&mut *unwritten(&self.unwritten));
         if slots.is_empty() {
             return;
@@ -749,13 +754,14 @@ impl Stamping {
         for slot in slots {
             if let Some(r) = records.get_mut(slot) {
                 r.answered = Some(now);
+                r.answer_began = Some(began);
             }
         }
     }
 
-    fn stamp_if_written(&self, result: &Poll<std::io::Result<usize>>) {
+    fn stamp_if_written(&self, result: &Poll<std::io::Result<usize>>, began: Instant) {
         if matches!(result, Poll::Ready(Ok(n)) if *n > 0) {
-            self.stamp();
+            self.stamp(began);
         }
     }
 }
@@ -777,8 +783,9 @@ impl AsyncWrite for Stamping {
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
         let this = self.get_mut();
+        let began = Instant::now();
         let result = Pin::new(&mut this.inner).poll_write(cx, buf);
-        this.stamp_if_written(&result);
+        this.stamp_if_written(&result, began);
         result
     }
 
@@ -788,8 +795,9 @@ impl AsyncWrite for Stamping {
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
         let this = self.get_mut();
+        let began = Instant::now();
         let result = Pin::new(&mut this.inner).poll_write_vectored(cx, bufs);
-        this.stamp_if_written(&result);
+        this.stamp_if_written(&result, began);
         result
     }
 
