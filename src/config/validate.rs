@@ -792,8 +792,7 @@ fn guard(
     let literal = url
         .parse::<http::Uri>()
         .ok()
-        .and_then(|u| u.host().map(str::to_string))
-        .and_then(|h| h.trim_start_matches('[').trim_end_matches(']').parse().ok());
+        .and_then(|u| u.host().and_then(crate::policy::address::literal));
     if let Some(ip) = literal
         && !guard.allows(ip)
     {

@@ -8,7 +8,7 @@
 //! followed: hyper's client does not follow them.
 
 use super::resolver::Resolver;
-use crate::policy::address::Guard;
+use crate::policy::address::{self, Guard};
 use http::Uri;
 use hyper_util::client::legacy::connect::HttpConnector;
 use std::future::Future;
@@ -71,11 +71,7 @@ impl Guarded {
     fn refuses(&self, uri: &Uri) -> Option<AddressRefused> {
         let guard = self.guard.as_ref()?;
         let host = uri.host()?;
-        let ip: IpAddr = host
-            .trim_start_matches('[')
-            .trim_end_matches(']')
-            .parse()
-            .ok()?;
+        let ip = address::literal(host)?;
         (!guard.allows(ip)).then(|| AddressRefused::new(host, &[ip]))
     }
 }

@@ -57,23 +57,22 @@ impl Placed {
 }
 
 /// The lane of each of `events` whose destination has lanes, one entry per
-/// event; empty when none has. Each key is read once, and the bodies are
+/// event; empty when none has. Called for every append: the destination's
+/// key is read once per run of its events (a request's events share one),
+/// nothing is allocated for an unordered destination, and the bodies are
 /// parsed outside the lanes' lock, which dispatchers take.
 pub(super) fn place(shared: &Shared, events: &[NewEvent]) -> Vec<Option<Placed>> {
-    let mut keys: Vec<(&str, Option<Arc<Key>>)> = Vec::new();
+    let states = shared.destinations.load();
+    let mut last: Option<(&str, Option<Arc<Key>>)> = None;
     let mut placed = Vec::new();
     for (i, e) in events.iter().enumerate() {
-        let at = match keys.iter().position(|(d, _)| *d == e.destination) {
-            Some(at) => at,
-            None => {
-                let key = shared
-                    .destination(&e.destination)
-                    .and_then(|state| state.lanes().as_ref().map(|l| l.key.clone()));
-                keys.push((e.destination.as_str(), key));
-                keys.len() - 1
-            }
-        };
-        let Some(key) = &keys[at].1 else {
+        if last.as_ref().is_none_or(|(d, _)| *d != e.destination) {
+            let key = states
+                .get(&e.destination)
+                .and_then(|state| state.lanes().as_ref().map(|l| l.key.clone()));
+            last = Some((e.destination.as_str(), key));
+        }
+        let Some((_, Some(key))) = &last else {
             continue;
         };
         if placed.is_empty() {

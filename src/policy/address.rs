@@ -43,6 +43,16 @@ impl Guard {
     }
 }
 
+/// The address a url's host names when it is an IP literal (`[v6]` without
+/// its brackets), read as hyper-util's connector reads it: such a host
+/// skips DNS, so the guard must judge it before a connection is tried.
+pub fn literal(host: &str) -> Option<IpAddr> {
+    host.trim_start_matches('[')
+        .trim_end_matches(']')
+        .parse()
+        .ok()
+}
+
 fn refused_v4(a: Ipv4Addr) -> bool {
     let [o0, o1, o2, _] = a.octets();
     o0 == 0 // "this network", 0.0.0.0 included
@@ -108,6 +118,14 @@ mod tests {
 
     fn ip(s: &str) -> IpAddr {
         s.parse().expect("address")
+    }
+
+    #[test]
+    fn a_literal_host_is_read_as_the_connector_reads_it() {
+        assert_eq!(literal("10.0.0.1"), Some(ip("10.0.0.1")));
+        assert_eq!(literal("[::1]"), Some(ip("::1")));
+        assert_eq!(literal("hooks.example"), None);
+        assert_eq!(literal("127.1"), None, "a short form goes to DNS");
     }
 
     #[test]

@@ -508,11 +508,8 @@ impl Indexer {
             end,
             self.seen.is_some(),
         );
-        if result.is_err() {
-            store::commit::rollback(&self.conn);
-            if full {
-                let _ = store::set_full_sync(&self.conn, false);
-            }
+        if result.is_err() && full {
+            let _ = store::set_full_sync(&self.conn, false);
         }
         let (freed, pins) = result?;
         self.pins.add(pins);

@@ -5,7 +5,7 @@
 use super::{Pin, QUARANTINED};
 use crate::journal::Change;
 use crate::journal::intake::{Logged, Place};
-use rusqlite::{Connection, OptionalExtension, params};
+use rusqlite::{Connection, OptionalExtension, Transaction, TransactionBehavior, params};
 use std::collections::{BTreeMap, HashMap};
 
 /// A commit's events read from the log: which to insert as rows (the
@@ -29,8 +29,8 @@ impl Rows<'_> {
 /// One transaction: the rows of `rows` marked to insert, the `changes`,
 /// the totals and pins they change, and the log position `end`. Returns
 /// what the deletes freed, for the counters, and what the commit added to
-/// the pins of each segment (`pins`: as before). The caller rolls back on
-/// an error.
+/// the pins of each segment (`pins`: as before). Rolled back on an error,
+/// as the spill's and the position's transactions are.
 pub fn commit(
     conn: &Connection,
     pins: &BTreeMap<u64, Pin>,
@@ -39,19 +39,25 @@ pub fn commit(
     end: u64,
     dedupe: bool,
 ) -> Result<(Freed, BTreeMap<u64, Pin>), rusqlite::Error> {
+    let tx = immediate(conn)?;
     let mut tally = Tally::default();
-    conn.execute_batch("BEGIN IMMEDIATE")?;
-    insert(conn, rows, &mut tally)?;
+    insert(&tx, rows, &mut tally)?;
     if dedupe {
-        seen(conn, rows.events)?;
+        seen(&tx, rows.events)?;
     }
-    let unconditional = change(conn, pins, changes, &mut tally)?;
-    delete_runs(conn, pins, unconditional, &mut tally)?;
-    super::add_totals(conn, &tally.totals)?;
-    super::add_pins(conn, &tally.pinned)?;
-    super::set_intake_pos(conn, end)?;
-    conn.execute_batch("COMMIT")?;
+    let unconditional = change(&tx, pins, changes, &mut tally)?;
+    delete_runs(&tx, pins, unconditional, &mut tally)?;
+    super::add_totals(&tx, &tally.totals)?;
+    super::add_pins(&tx, &tally.pinned)?;
+    super::set_intake_pos(&tx, end)?;
+    tx.commit()?;
     Ok((tally.freed, tally.pinned))
+}
+
+/// A `BEGIN IMMEDIATE` transaction on the indexer's connection, which it
+/// holds alone: rolled back when dropped uncommitted (an error's `?`).
+pub(in crate::journal) fn immediate(conn: &Connection) -> Result<Transaction<'_>, rusqlite::Error> {
+    Transaction::new_unchecked(conn, TransactionBehavior::Immediate)
 }
 
 /// The rows of the events to insert.
@@ -338,65 +344,51 @@ pub fn spill(
     start: u64,
     moved: &[(Logged, Place)],
 ) -> Result<BTreeMap<u64, Pin>, rusqlite::Error> {
-    conn.execute_batch("BEGIN IMMEDIATE")?;
-    let result = (|| {
-        let mut update = conn.prepare_cached(
-            "UPDATE events SET id = ?2, path = ?3, headers = ?4, body = ?5, crc = ?6, at = NULL, len = NULL
-             WHERE seq = ?1 AND at = ?7",
-        )?;
-        let mut pin = Pin::default();
-        for (l, place) in moved {
-            let e = &l.event;
-            let crc = crate::journal::record::crc(
-                &e.id,
-                &e.destination,
-                &e.method,
-                &e.path,
-                &l.encoded_headers,
-                &e.body,
-            );
-            let n = update.execute(params![
-                l.seq,
-                e.id,
-                e.path,
-                l.encoded_headers,
-                &e.body[..],
-                crc,
-                place.at as i64
-            ])?;
-            if n == 1 {
-                pin.events -= 1;
-                pin.bytes -= i64::from(place.len);
-            }
+    let tx = immediate(conn)?;
+    let mut update = tx.prepare_cached(
+        "UPDATE events SET id = ?2, path = ?3, headers = ?4, body = ?5, crc = ?6, at = NULL, len = NULL
+         WHERE seq = ?1 AND at = ?7",
+    )?;
+    let mut pin = Pin::default();
+    for (l, place) in moved {
+        let e = &l.event;
+        let crc = crate::journal::record::crc(
+            &e.id,
+            &e.destination,
+            &e.method,
+            &e.path,
+            &l.encoded_headers,
+            &e.body,
+        );
+        let n = update.execute(params![
+            l.seq,
+            e.id,
+            e.path,
+            l.encoded_headers,
+            &e.body[..],
+            crc,
+            place.at as i64
+        ])?;
+        if n == 1 {
+            pin.events -= 1;
+            pin.bytes -= i64::from(place.len);
         }
-        let deltas = BTreeMap::from([(start, pin)]);
-        super::add_pins(conn, &deltas)?;
-        conn.execute_batch("COMMIT")?;
-        Ok(deltas)
-    })();
-    if result.is_err() {
-        rollback(conn);
     }
-    result
+    let deltas = BTreeMap::from([(start, pin)]);
+    super::add_pins(&tx, &deltas)?;
+    drop(update);
+    tx.commit()?;
+    Ok(deltas)
 }
 
 /// A synced commit of the log position alone: everything committed
 /// before it survives a power loss.
 pub fn sync_position(conn: &Connection, lsn: u64) -> Result<(), rusqlite::Error> {
     super::set_full_sync(conn, true)?;
-    let result = (|| {
-        conn.execute_batch("BEGIN IMMEDIATE")?;
-        super::set_intake_pos(conn, lsn)?;
-        conn.execute_batch("COMMIT")
-    })();
-    if result.is_err() {
-        rollback(conn);
-    }
+    let result = immediate(conn).and_then(|tx| {
+        super::set_intake_pos(&tx, lsn)?;
+        tx.commit()
+    });
     super::set_full_sync(conn, false)?;
     result
-}
-
-/// Ends a failed transaction; one never begun makes this a no-op.
-pub fn rollback(conn: &Connection) {
-    let _ = conn.execute_batch("ROLLBACK");
 }

@@ -599,13 +599,13 @@ pub fn set_turns(
     turns: &[(i64, bool)],
     now_ms: u64,
 ) -> Result<(), rusqlite::Error> {
-    conn.execute_batch("BEGIN IMMEDIATE")?;
-    let mut set = conn.prepare_cached("UPDATE events SET next_due_ms = ?2 WHERE seq = ?1")?;
+    let tx = commit::immediate(conn)?;
+    let mut set = tx.prepare_cached("UPDATE events SET next_due_ms = ?2 WHERE seq = ?1")?;
     for (seq, wait) in turns {
         set.execute(params![seq, if *wait { WAITING } else { now_ms as i64 }])?;
     }
     drop(set);
-    conn.execute_batch("COMMIT")
+    tx.commit()
 }
 
 /// Copies WAL frames into the main file without waiting for readers.
