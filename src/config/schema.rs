@@ -361,7 +361,7 @@ pub struct Destination {
     pub endpoints: Option<EndpointsSpec>,
 }
 
-/// `endpoints:` (SPEC §11). Of its keys, the address guard's are read so
+/// `endpoints:` (docs/delivery.md, "The address guard"). Of its keys, the address guard's are read so
 /// far; the others (`url: per_event`'s) are refused as unknown until then.
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]

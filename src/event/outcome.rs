@@ -19,7 +19,8 @@ pub enum Outcome {
     ResolutionError,
     TlsError,
     Probation,
-    /// The address guard refused every address of the endpoint (SPEC §11).
+    /// The address guard refused every address of the endpoint
+    /// (docs/delivery.md, "The address guard").
     AddressNotAllowed,
 }
 
@@ -75,7 +76,7 @@ pub enum Reason {
     MaxDeliveryAttemptsExceeded,
     TimeToLiveExceeded,
     NonRetriableStatus,
-    /// The address guard refused the endpoint's addresses (SPEC §11).
+    /// The address guard refused the endpoint's addresses.
     AddressNotAllowed,
 }
 

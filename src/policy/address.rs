@@ -1,4 +1,4 @@
-//! The address guard (SPEC §11): which addresses courier may connect to
+//! The address guard (docs/delivery.md): which addresses courier may connect to
 //! for an endpoint whose URL it did not choose. An app that sends to its
 //! customers' URLs hands courier untrusted input; without the guard, a URL
 //! naming `169.254.169.254` or a name resolving to `10.0.0.5` makes courier
