@@ -130,6 +130,8 @@
 
 #[path = "courier_bench/adaptive.rs"]
 mod adaptive;
+#[path = "courier_bench/alternated.rs"]
+mod alternated;
 #[path = "courier_bench/floor.rs"]
 mod floor;
 #[path = "courier_bench/guard.rs"]

@@ -31,6 +31,7 @@ use rand::Rng;
 use support::client::{find_metric, try_get};
 use support::load;
 
+use super::alternated::{Alternated, TURNS};
 use super::{
     Args, Budget, Check, DEADLINE, DELIVERED, DESTINATION, MIB, PENDING, POLL, Row, Run, backlog,
     budget, config, cpu_seconds, disk_bytes, end_to_end_with, events_to, metric, per_thread,
@@ -65,10 +66,8 @@ const RSS_OVER_MIB: f64 = 10.0;
 pub struct Measured {
     pub rows: Vec<Row>,
     events: u64,
-    /// End to end, history off and on: the mean of each side's two loads
-    /// (events/s), and CPU per event over both (µs).
-    rate: [f64; 2],
-    us: [f64; 2],
+    /// End to end, history off and on.
+    end_to_end: Alternated,
     /// The history's files, allocated bytes.
     disk: u64,
     p50_ms: f64,
@@ -91,18 +90,11 @@ pub fn budget_names(args: &Args) -> [String; 4] {
 
 pub fn budgets(label: &str, m: &Measured, args: &Args) -> Vec<Budget> {
     let [rate, disk, lookup, rss] = budget_names(args).map(|name| format!("{label} {name}"));
-    let ratio = m.rate[1] / m.rate[0].max(1e-9);
     let per_event = m.disk as f64 / m.events as f64;
     let over = (m.rss[1] as f64 - m.rss[0] as f64) / MIB;
     vec![
-        budget(
-            rate,
-            vec![Check::at_least(ratio, RATE_RATIO, "x off")],
-            format!(
-                "on {:.0}/s at {:.1} µs/event, off {:.0}/s at {:.1} µs/event (means of two loads each): {ratio:.3}x (≥ {RATE_RATIO})",
-                m.rate[1], m.us[1], m.rate[0], m.us[0]
-            ),
-        ),
+        m.end_to_end
+            .budget(rate, RATE_RATIO, ["off", "on"], "x off"),
         budget(
             disk,
             vec![Check::at_most(per_event, BYTES_PER_EVENT, " bytes/event")],
@@ -140,27 +132,17 @@ pub async fn history(label: &str, bin: &Path, rx: &str, args: &Args) -> Result<M
     let on = config(rx, "");
     let off = format!("{on}{OFF}");
     let yaml = |history: bool| if history { &on } else { &off };
-    let mut rows = Vec::new();
-    // Per side (off, on): rates, CPU seconds, events accepted.
-    let mut rates = [Vec::new(), Vec::new()];
-    let mut cpu = [0.0; 2];
-    let mut accepted = [0.0; 2];
-    for history in [false, true, true, false] {
-        let i = usize::from(history);
+    let mut end_to_end = Alternated::default();
+    for history in TURNS {
         let target = format!(
             "{label} y. end-to-end, history {} ({})",
             side(history),
-            rates[i].len() + 1
+            end_to_end.next(history)
         );
         let row = end_to_end_with(target, bin, yaml(history), true, args).await?;
-        rates[i].push(row.rate.unwrap_or(0.0));
-        cpu[i] += row.cpu.unwrap_or(0.0);
-        accepted[i] += row.events.unwrap_or(0.0);
-        rows.push(row);
+        end_to_end.push(history, row);
     }
-    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
-    let rate = [mean(&rates[0]), mean(&rates[1])];
-    let us = [0, 1].map(|i| cpu[i] * 1e6 / accepted[i].max(1.0));
+    let mut rows = std::mem::take(&mut end_to_end.rows);
 
     let events = backlog(HISTORY_EVENTS, args);
     // History on, with its lookups; then off, in a courier of its own.
@@ -197,8 +179,7 @@ pub async fn history(label: &str, bin: &Path, rx: &str, args: &Args) -> Result<M
     Ok(Measured {
         rows,
         events,
-        rate,
-        us,
+        end_to_end,
         disk,
         p50_ms: looked.p50_ms,
         p99_ms: looked.p99_ms,

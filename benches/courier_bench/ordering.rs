@@ -16,9 +16,10 @@
 
 use std::path::Path;
 
+use super::alternated::{Alternated, TURNS};
 use super::{
-    Args, Budget, Check, DESTINATION, Row, admin_action, budget, config, cpu_seconds, drained,
-    end_to_end_keyed, metric, proc_status, start_yaml, wrk_keyed,
+    Args, Budget, DESTINATION, Row, admin_action, config, cpu_seconds, drained, end_to_end_keyed,
+    metric, proc_status, start_yaml, wrk_keyed,
 };
 
 /// Ordering keys, taken in turn by the load's requests.
@@ -26,41 +27,26 @@ const KEYS: usize = 1000;
 const RATE_RATIO: f64 = 0.8;
 const ORDERED: &str = "    ordering: { key: { header: Ordering-Key } }\n";
 
-/// What step l measured, for its budget.
-pub struct Measured {
-    pub rows: Vec<Row>,
-    /// Unordered and ordered: the mean of each side's two loads (events/s),
-    /// and CPU per event over both (µs).
-    rate: [f64; 2],
-    us: [f64; 2],
-}
-
 pub fn budget_name() -> String {
     format!("ordering on {KEYS} keys end-to-end")
 }
 
-pub fn budgets(label: &str, m: &Measured) -> Vec<Budget> {
-    let ratio = m.rate[1] / m.rate[0].max(1e-9);
-    vec![budget(
-        format!("{label} {}", budget_name()),
-        vec![Check::at_least(ratio, RATE_RATIO, "x unordered")],
-        format!(
-            "ordered {:.0}/s at {:.1} µs/event, unordered {:.0}/s at {:.1} µs/event (means of two loads each): {ratio:.3}x (≥ {RATE_RATIO})",
-            m.rate[1], m.us[1], m.rate[0], m.us[0]
-        ),
-    )]
+pub fn budgets(label: &str, m: &Alternated) -> Vec<Budget> {
+    let name = format!("{label} {}", budget_name());
+    vec![m.budget(name, RATE_RATIO, ["unordered", "ordered"], "x unordered")]
 }
 
 /// Step l.
-pub async fn ordering(label: &str, bin: &Path, rx: &str, args: &Args) -> Result<Measured, String> {
+pub async fn ordering(
+    label: &str,
+    bin: &Path,
+    rx: &str,
+    args: &Args,
+) -> Result<Alternated, String> {
     let unordered = config(rx, "");
     let ordered = config(rx, ORDERED);
-    let mut rows = Vec::new();
-    let mut rates = [Vec::new(), Vec::new()];
-    let mut cpu = [0.0; 2];
-    let mut accepted = [0.0; 2];
-    for lanes in [false, true, true, false] {
-        let i = usize::from(lanes);
+    let mut m = Alternated::default();
+    for lanes in TURNS {
         let (name, yaml) = if lanes {
             ("ordered", &ordered)
         } else {
@@ -68,16 +54,13 @@ pub async fn ordering(label: &str, bin: &Path, rx: &str, args: &Args) -> Result<
         };
         let target = format!(
             "{label} l. end-to-end, {KEYS} keys, {name} ({})",
-            rates[i].len() + 1
+            m.next(lanes)
         );
         let row = end_to_end_keyed(target, bin, yaml, true, Some(KEYS), args).await?;
-        rates[i].push(row.rate.unwrap_or(0.0));
-        cpu[i] += row.cpu.unwrap_or(0.0);
-        accepted[i] += row.events.unwrap_or(0.0);
-        rows.push(row);
+        m.push(lanes, row);
     }
     for (name, yaml) in [("unordered", &unordered), ("ordered", &ordered)] {
-        rows.push(
+        m.rows.push(
             drain(
                 format!("{label} l. backlog drain, {KEYS} keys, {name}"),
                 bin,
@@ -87,12 +70,7 @@ pub async fn ordering(label: &str, bin: &Path, rx: &str, args: &Args) -> Result<
             .await?,
         );
     }
-    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
-    Ok(Measured {
-        rows,
-        rate: [mean(&rates[0]), mean(&rates[1])],
-        us: [0, 1].map(|i| cpu[i] * 1e6 / accepted[i].max(1.0)),
-    })
+    Ok(m)
 }
 
 /// A backlog accepted while paused (wrk, half of `--seconds`), timed from

@@ -23,36 +23,21 @@ use http_body_util::{BodyExt, Full};
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 
-use super::{Args, Budget, Check, Row, budget, config, end_to_end_env, start_yaml};
+use super::alternated::{Alternated, TURNS};
+use super::{Args, Budget, config, end_to_end_env, start_yaml};
 
 const RATIO: f64 = 0.9;
 const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
 /// Read by `end_to_end_env` into each row's note.
 pub const DROPPED: &str = "courier_trace_spans_dropped_total";
 
-/// What step r measured, for its budget.
-pub struct Measured {
-    pub rows: Vec<Row>,
-    /// Off and on: the mean of each side's two loads (events/s), and CPU
-    /// per event over both (µs).
-    rate: [f64; 2],
-    us: [f64; 2],
-}
-
 pub fn budget_name() -> String {
     "tracing on (sample_ratio 1.0) end-to-end".to_string()
 }
 
-pub fn budgets(label: &str, m: &Measured) -> Vec<Budget> {
-    let ratio = m.rate[1] / m.rate[0].max(1e-9);
-    vec![budget(
-        format!("{label} {}", budget_name()),
-        vec![Check::at_least(ratio, RATIO, "x off")],
-        format!(
-            "on {:.0}/s at {:.1} µs/event, off {:.0}/s at {:.1} µs/event (means of two loads each): {ratio:.3}x (≥ {RATIO})",
-            m.rate[1], m.us[1], m.rate[0], m.us[0]
-        ),
-    )]
+pub fn budgets(label: &str, m: &Alternated) -> Vec<Budget> {
+    let name = format!("{label} {}", budget_name());
+    vec![m.budget(name, RATIO, ["off", "on"], "x off")]
 }
 
 /// A loopback OTLP/HTTP sink: 200 to every request, body read and
@@ -116,7 +101,7 @@ impl Drop for Sink {
 }
 
 /// Step r.
-pub async fn tracing(label: &str, bin: &Path, rx: &str, args: &Args) -> Result<Measured, String> {
+pub async fn tracing(label: &str, bin: &Path, rx: &str, args: &Args) -> Result<Alternated, String> {
     let sink = Sink::start().await?;
     let off = config(rx, "");
     let on = format!(
@@ -128,16 +113,12 @@ pub async fn tracing(label: &str, bin: &Path, rx: &str, args: &Args) -> Result<M
     // row of `on` measuring `off`.
     drop(start_yaml(bin, &on, &[]).await?);
     let env = [("COURIER_BENCH_TRACEPARENT", TRACEPARENT.to_string())];
-    let mut rows = Vec::new();
-    let mut rates = [Vec::new(), Vec::new()];
-    let mut cpu = [0.0; 2];
-    let mut accepted = [0.0; 2];
-    for traced in [false, true, true, false] {
-        let i = usize::from(traced);
+    let mut m = Alternated::default();
+    for traced in TURNS {
         let (name, yaml) = if traced { ("on", &on) } else { ("off", &off) };
         let target = format!(
             "{label} r. end-to-end, traceparent, tracing {name} ({})",
-            rates[i].len() + 1
+            m.next(traced)
         );
         let before = (
             sink.requests.load(Ordering::Relaxed),
@@ -154,15 +135,7 @@ pub async fn tracing(label: &str, bin: &Path, rx: &str, args: &Args) -> Result<M
                 row.note.trim()
             );
         }
-        rates[i].push(row.rate.unwrap_or(0.0));
-        cpu[i] += row.cpu.unwrap_or(0.0);
-        accepted[i] += row.events.unwrap_or(0.0);
-        rows.push(row);
+        m.push(traced, row);
     }
-    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
-    Ok(Measured {
-        rows,
-        rate: [mean(&rates[0]), mean(&rates[1])],
-        us: [0, 1].map(|i| cpu[i] * 1e6 / accepted[i].max(1.0)),
-    })
+    Ok(m)
 }
