@@ -38,6 +38,7 @@ pub const PANICS: &str = "courier_http_panics_total";
 pub const CONNECTIONS_REFUSED: &str = "courier_http_connections_refused_total";
 pub const OLDEST_PENDING_AGE: &str = "courier_oldest_pending_age_seconds";
 pub const ORDERING_LANES_BLOCKED: &str = "courier_ordering_lanes_blocked";
+pub const ENDPOINTS: &str = "courier_endpoints";
 pub const DEAD_LETTER_WRITE_FAILURES: &str = "courier_dead_letter_write_failures_total";
 pub const BUILD_INFO: &str = "courier_build_info";
 pub const OBJECT_STORE_REQUESTS: &str = "courier_object_store_requests_total";
@@ -150,6 +151,10 @@ pub fn install(listeners: &[&'static str]) -> Result<PrometheusHandle, BuildErro
     metrics::describe_gauge!(
         OLDEST_PENDING_AGE,
         "Age of the destination's oldest pending event (since its 202), 0 when none is pending."
+    );
+    metrics::describe_gauge!(
+        ENDPOINTS,
+        "Endpoints of a url: per_event destination held in memory, by state (no label per endpoint)."
     );
     metrics::describe_gauge!(
         ORDERING_LANES_BLOCKED,
@@ -432,6 +437,13 @@ pub fn journal_max_bytes(bytes: u64) {
 
 pub fn max_pending_bytes(destination: &str, bytes: u64) {
     gauge!(MAX_PENDING_BYTES, "destination" => destination.to_string()).set(bytes as f64);
+}
+
+/// Set for `url: per_event` destinations only: endpoints by state.
+pub fn endpoints(destination: &str, states: [(&'static str, usize); 4]) {
+    for (state, n) in states {
+        gauge!(ENDPOINTS, "destination" => destination.to_string(), "state" => state).set(n as f64);
+    }
 }
 
 /// Set for destinations with an ordering key only.

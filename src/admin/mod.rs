@@ -235,6 +235,9 @@ impl Admin {
                 if let Some(lanes) = state.lanes_view() {
                     metrics::ordering_lanes_blocked(&name, lanes.blocked);
                 }
+                if let Some(endpoints) = self.fleet.endpoints(&name) {
+                    metrics::endpoints(&name, endpoints.census().by_state());
+                }
             }
             // A failed read leaves the last age: the journal is failed now,
             // which `/healthz` says.

@@ -312,6 +312,9 @@ pub struct TlsSpec {
     pub client_key: Option<String>,
 }
 
+/// `url: per_event`: each event names its endpoint (docs/endpoints.md).
+pub const PER_EVENT: &str = "per_event";
+
 #[derive(Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Destination {
@@ -361,16 +364,55 @@ pub struct Destination {
     pub endpoints: Option<EndpointsSpec>,
 }
 
-/// `endpoints:` (docs/delivery.md, "The address guard"). Of its keys, the address guard's are read so
-/// far; the others (`url: per_event`'s) are refused as unknown until then.
-#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+/// `endpoints:`: the address guard (docs/delivery.md, "The address guard")
+/// for any destination, and for `url: per_event` where each event's
+/// endpoint comes from and how endpoints are kept apart (docs/endpoints.md).
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct EndpointsSpec {
-    /// `on` or `off` (a YAML boolean too); off for a fixed url by default.
+    /// `on` or `off` (a YAML boolean too); off for a fixed url by default,
+    /// on for `per_event`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub guard: Option<Toggle>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub allow_cidrs: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub header: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret_header: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schemes: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrency: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tracked: Option<u64>,
+    /// Read so that a config written from the docs gets a clear "not yet"
+    /// rather than "unknown field" (`validate::per_event`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_pending_bytes: Option<Size>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disable_after: Option<Dur>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub notify: Option<String>,
+}
+
+impl EndpointsSpec {
+    /// The keys given that only `url: per_event` reads.
+    pub fn per_event_keys(&self) -> Vec<&'static str> {
+        [
+            ("header", self.header.is_some()),
+            ("secret_header", self.secret_header.is_some()),
+            ("schemes", self.schemes.is_some()),
+            ("concurrency", self.concurrency.is_some()),
+            ("max_tracked", self.max_tracked.is_some()),
+            ("max_pending_bytes", self.max_pending_bytes.is_some()),
+            ("disable_after", self.disable_after.is_some()),
+            ("notify", self.notify.is_some()),
+        ]
+        .into_iter()
+        .filter_map(|(k, given)| given.then_some(k))
+        .collect()
+    }
 }
 
 /// `on`/`off`, or a YAML boolean.

@@ -183,6 +183,24 @@ pub struct DestinationSettings {
     /// `endpoints.guard`: the addresses this destination may connect to;
     /// `None` when off.
     pub guard: Option<Arc<crate::policy::address::Guard>>,
+    /// `url: per_event`: each event names its endpoint (docs/endpoints.md);
+    /// `target` is then unused.
+    pub per_event: Option<Arc<PerEvent>>,
+}
+
+/// `url: per_event`'s settings (`endpoints:`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PerEvent {
+    /// The app's header that names the endpoint's URL (lowercase).
+    pub header: HeaderName,
+    /// The app's header that carries the endpoint's secrets (lowercase).
+    pub secret_header: HeaderName,
+    /// Schemes a named URL may have (lowercase).
+    pub schemes: Vec<String>,
+    /// Attempts in flight to one endpoint, within the destination's.
+    pub concurrency: usize,
+    /// Endpoints whose state is kept in memory at once.
+    pub max_tracked: usize,
 }
 
 /// `batch`: how many ready events one attempt may carry (docs/batching.md).

@@ -2037,7 +2037,108 @@ fn the_address_guard_is_off_for_a_fixed_url_unless_asked_and_its_ranges_are_chec
     );
     let e = one_error(&dest("    endpoints: { header: Courier-Endpoint }\n"));
     assert!(
-        e.contains("header"),
-        "a key of url: per_event, not read yet: {e}"
+        e.contains("destinations.d.endpoints.header") && e.contains("per_event only"),
+        "a key of url: per_event on a fixed url: {e}"
+    );
+}
+
+#[test]
+fn url_per_event_reads_its_endpoint_keys_with_defaults_and_refuses_what_cannot_follow() {
+    let dest = |extra: &str| format!("destinations:\n  c:\n    url: per_event\n{extra}");
+    let parsed = |text: &str| {
+        parse("c.yaml", text, ".".into(), Purpose::Run, &env())
+            .expect("valid")
+            .settings
+    };
+    let s = parsed(&dest(""));
+    let d = &s.destinations[0];
+    let p = d.per_event.as_ref().expect("per_event");
+    assert_eq!(p.header.as_str(), "courier-endpoint");
+    assert_eq!(p.secret_header.as_str(), "courier-endpoint-secret");
+    assert_eq!(p.schemes, ["https"]);
+    assert_eq!((p.concurrency, p.max_tracked), (4, 100_000));
+    let guard = d
+        .guard
+        .as_ref()
+        .expect("the guard is on by default for per_event");
+    assert!(!guard.allows("127.0.0.1".parse().expect("ip")));
+
+    let s = parsed(&dest(
+        "    concurrency: 8\n    endpoints: { header: X-Target, schemes: [HTTPS, http], concurrency: 2, max_tracked: 10, guard: off }\n",
+    ));
+    let d = &s.destinations[0];
+    let p = d.per_event.as_ref().expect("per_event");
+    assert_eq!(p.header.as_str(), "x-target");
+    assert_eq!(p.schemes, ["https", "http"]);
+    assert_eq!((p.concurrency, p.max_tracked), (2, 10));
+    assert_eq!(d.guard, None, "turned off by the operator");
+
+    for (extra, key, words) in [
+        (
+            "    endpoints: { schemes: [ftp] }\n",
+            "endpoints.schemes[0]",
+            "`ftp`",
+        ),
+        (
+            "    endpoints: { header: \"bad header\" }\n",
+            "endpoints.header",
+            "`bad header`",
+        ),
+        (
+            "    endpoints: { secret_header: courier-endpoint }\n",
+            "endpoints.secret_header",
+            "also endpoints.header",
+        ),
+        (
+            "    concurrency: 2\n    endpoints: { concurrency: 3 }\n",
+            "endpoints.concurrency",
+            "more than the destination's",
+        ),
+        (
+            "    endpoints: { max_tracked: 0 }\n",
+            "endpoints.max_tracked",
+            "out of range",
+        ),
+        (
+            "    endpoints: { disable_after: 5d }\n",
+            "endpoints.disable_after",
+            "not supported by this build yet",
+        ),
+        (
+            "    endpoints: { notify: ops }\n",
+            "endpoints.notify",
+            "not supported by this build yet",
+        ),
+        (
+            "    endpoints: { max_pending_bytes: 16MiB }\n",
+            "endpoints.max_pending_bytes",
+            "not supported by this build yet",
+        ),
+        (
+            "    batch: { max_events: 10 }\n",
+            "batch.max_events",
+            "one endpoint",
+        ),
+        (
+            "    mode: passthrough\n    schema: custom\n",
+            "mode",
+            "durable",
+        ),
+    ] {
+        let errors = errors(&dest(extra));
+        assert!(
+            errors
+                .iter()
+                .any(|e| e.contains(&format!("destinations.c.{key}")) && e.contains(words)),
+            "{extra}: {errors:?}"
+        );
+    }
+    let topic = "destinations:\n  c:\n    url: per_event\n    schema: eventgrid\ntopics:\n  t:\n    schema: eventgrid\n    subscribers: { c: {} }\n";
+    let errors = errors(topic);
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.contains("topics.t.subscribers.c") && e.contains("fixed url")),
+        "{errors:?}"
     );
 }

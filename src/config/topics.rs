@@ -8,7 +8,7 @@
 //! schema. A `custom` destination would get an envelope it never asked for,
 //! and a cloudevents one an Event Grid event; courier does not convert.
 
-use super::schema::{Destination, Mode, Subscriber, Topic};
+use super::schema::{Destination, Mode, PER_EVENT, Subscriber, Topic};
 use super::settings::{Subscription, TopicSettings};
 use super::validate::{Checker, NAME_RULE, eventgrid_topic};
 use crate::event::Schema;
@@ -80,6 +80,14 @@ fn topic(
                     &sp,
                     format!(
                         "destination `{dest}` is passthrough: a topic's copies are journaled and answered 202 at once, so a subscriber must be mode durable"
+                    ),
+                );
+            }
+            Some(d) if d.url == PER_EVENT => {
+                c.err(
+                    &sp,
+                    format!(
+                        "destination `{dest}` has url per_event: a topic's copies name no endpoint, so a subscriber needs a fixed url"
                     ),
                 );
             }

@@ -6,7 +6,7 @@ use super::admin_token::AdminToken;
 use super::ingress_keys::IngressKeys;
 use super::schema::{
     Concurrency, DeadLetterChoice, DeadLetterSpec, Destination, HeaderSpec, KeySource, Mode,
-    OrderingKeySpec, RawConfig, SigningSpec, StatusKey, TlsSpec,
+    OrderingKeySpec, PER_EVENT, RawConfig, SigningSpec, StatusKey, TlsSpec,
 };
 use super::settings::*;
 use super::units::{Dur, Size};
@@ -614,7 +614,11 @@ fn destination(
         c.err(&p, format!("name `{name}` {NAME_RULE}"));
     }
     let max_pending_bytes = shares.check(c, &p, d.max_pending_bytes);
-    let target = target(c, &format!("{p}.url"), &d.url);
+    let target = if d.url == PER_EVENT {
+        Target::new(String::new(), String::new(), None)
+    } else {
+        target(c, &format!("{p}.url"), &d.url)
+    };
     let timeout = c.range_dur(
         &format!("{p}.timeout"),
         d.timeout,
@@ -708,6 +712,15 @@ fn destination(
         .as_ref()
         .and_then(|o| ordering(c, &format!("{p}.ordering.key"), &o.key));
     let guard = guard(c, &p, d.endpoints.as_ref(), &d.url);
+    let per_event = (d.url == PER_EVENT).then(|| per_event(c, &p, d, concurrency, &batch));
+    if let (None, Some(spec)) = (&per_event, &d.endpoints) {
+        for key in spec.per_event_keys() {
+            c.err(
+                format!("{p}.endpoints.{key}"),
+                "applies to url: per_event only: this destination's url is fixed",
+            );
+        }
+    }
     DestinationSettings {
         name: name.to_string(),
         target,
@@ -739,7 +752,120 @@ fn destination(
         tls,
         ordering,
         guard,
+        per_event,
     }
+}
+
+/// `url: per_event`'s `endpoints` keys. What the destination does that
+/// cannot follow one endpoint per event is refused here: a batch (one
+/// request, so one endpoint), passthrough (the app waits on one answer
+/// from a fixed place); the keys not built yet are refused by name.
+fn per_event(
+    c: &mut Checker,
+    p: &str,
+    d: &Destination,
+    concurrency: usize,
+    batch: &BatchSettings,
+) -> Arc<PerEvent> {
+    let spec = d.endpoints.clone().unwrap_or_default();
+    let e = format!("{p}.endpoints");
+    let header_name = |c: &mut Checker, key: &str, given: Option<&str>, default: &'static str| {
+        let name = given.unwrap_or(default);
+        match HeaderName::from_bytes(name.as_bytes()) {
+            Ok(h) if !crate::event::rules::HOP_BY_HOP.contains(&h.as_str()) => h,
+            _ => {
+                c.err(
+                    format!("{e}.{key}"),
+                    format!("`{name}` is not a header name an app can send: letters, digits and `-`, not a hop-by-hop header"),
+                );
+                HeaderName::from_static(default)
+            }
+        }
+    };
+    let header = header_name(c, "header", spec.header.as_deref(), "courier-endpoint");
+    let secret_header = header_name(
+        c,
+        "secret_header",
+        spec.secret_header.as_deref(),
+        "courier-endpoint-secret",
+    );
+    if header == secret_header {
+        c.err(
+            format!("{e}.secret_header"),
+            format!("`{secret_header}` is also endpoints.header: the URL and the secret need a header each"),
+        );
+    }
+    let schemes: Vec<String> = spec
+        .schemes
+        .clone()
+        .unwrap_or_else(|| vec!["https".into()])
+        .into_iter()
+        .map(|s| s.to_ascii_lowercase())
+        .collect();
+    if schemes.is_empty() {
+        c.err(
+            format!("{e}.schemes"),
+            "at least one scheme is needed: https, http",
+        );
+    }
+    for (i, s) in schemes.iter().enumerate() {
+        if s != "https" && s != "http" {
+            c.err(
+                format!("{e}.schemes[{i}]"),
+                format!("`{s}` is not a scheme courier sends with: allowed https, http"),
+            );
+        }
+    }
+    let per_endpoint = c.range_u64(
+        &format!("{e}.concurrency"),
+        spec.concurrency.unwrap_or(4),
+        1,
+        MAX_CONCURRENCY,
+    ) as usize;
+    if per_endpoint > concurrency && spec.concurrency.is_some() {
+        c.err(
+            format!("{e}.concurrency"),
+            format!("{per_endpoint} is more than the destination's concurrency ({concurrency}): one endpoint's attempts are within the destination's"),
+        );
+    }
+    let max_tracked = c.range_u64(
+        &format!("{e}.max_tracked"),
+        spec.max_tracked.unwrap_or(100_000),
+        1,
+        10_000_000,
+    ) as usize;
+    let not_yet = [
+        ("max_pending_bytes", spec.max_pending_bytes.is_some()),
+        ("disable_after", spec.disable_after.is_some()),
+        ("notify", spec.notify.is_some()),
+    ];
+    for (key, given) in not_yet {
+        if given {
+            c.err(
+                format!("{e}.{key}"),
+                "is not supported by this build yet (docs/endpoints.md, \"Not yet\"): remove it",
+            );
+        }
+    }
+    if batch.enabled() {
+        c.err(
+            format!("{p}.batch.max_events"),
+            "a batch is one request to one endpoint: a per_event destination sends each event alone (max_events: 1)",
+        );
+    }
+    if d.mode == Mode::Passthrough {
+        c.err(
+            format!("{p}.mode"),
+            "passthrough answers the app with one fixed endpoint's answer: a per_event destination is durable",
+        );
+    }
+    Arc::new(PerEvent {
+        header,
+        secret_header,
+        schemes,
+        concurrency: per_endpoint.min(concurrency),
+        max_tracked,
+    })
 }
 
 /// `endpoints`' address guard: off for a fixed url unless `guard: on`; a
@@ -752,9 +878,15 @@ fn guard(
     url: &str,
 ) -> Option<Arc<crate::policy::address::Guard>> {
     use super::schema::Toggle;
-    let spec = spec?;
+    let per_event = url == PER_EVENT;
+    let default = super::schema::EndpointsSpec::default();
+    let spec = match spec {
+        Some(spec) => spec,
+        None if per_event => &default,
+        None => return None,
+    };
     let on = match &spec.guard {
-        None => false,
+        None => per_event,
         Some(Toggle::Bool(on)) => *on,
         Some(Toggle::Word(w)) if w == "on" => true,
         Some(Toggle::Word(w)) if w == "off" => false,

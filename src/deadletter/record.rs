@@ -193,6 +193,10 @@ fn headers_json(e: &NewEvent, redact: &[String]) -> (Map<String, Value>, Vec<Str
     let mut headers = Map::new();
     let mut redacted: Vec<String> = Vec::new();
     for (name, value) in &e.headers {
+        // An endpoint's secret is never written, not even by name.
+        if name == crate::event::endpoint::SECRET_HEADER {
+            continue;
+        }
         if redact.contains(name) {
             if !redacted.contains(name) {
                 redacted.push(name.clone());

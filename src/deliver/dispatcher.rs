@@ -27,10 +27,12 @@
 //! the ready queue holds at most one event of a key, and a batch too.
 
 use super::batch;
+use super::endpoints::{Endpoints, Turn};
 use super::letters::{self, Doomed};
-use super::settle::{self, Ctx, Settled, Unit};
+use super::settle::{self, Ctx, EndpointTurn, Settled, Unit};
 use crate::clock;
 use crate::event::StoredEvent;
+use crate::event::endpoint;
 use crate::journal::{Change, DestinationState, LoadError, Reader, Turns};
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
@@ -372,6 +374,9 @@ impl Dispatcher {
     /// Step 2: starts attempts from the front of the ready queue while
     /// slots are free and the gate lets them; says what stopped it.
     fn start_ready(&mut self) -> Blocked {
+        if let Some(endpoints) = self.ctx.endpoints.clone() {
+            return self.start_by_endpoint(&endpoints);
+        }
         let concurrency = self.ctx.dest.concurrency;
         let batching = self.ctx.dest.batch;
         let in_hand = if batching.enabled() {
@@ -417,6 +422,7 @@ impl Dispatcher {
                 Unit {
                     events: vec![ev],
                     batch: None,
+                    endpoint: None,
                 }
             } else {
                 let mut events = batch::take(&mut self.held.ready, batching);
@@ -431,6 +437,7 @@ impl Dispatcher {
                 Unit {
                     events,
                     batch: Some(id),
+                    endpoint: None,
                 }
             };
             let running = Running::of(&unit.events);
@@ -446,6 +453,132 @@ impl Dispatcher {
             journal_ok && self.answering && blocked.gate.is_none() && !self.stop.is_cancelled();
         self.state.pace(flowing);
         blocked
+    }
+
+    /// Step 2 of a `url: per_event` destination: goes through the ready
+    /// queue oldest first and starts each event whose endpoint takes one
+    /// more attempt (`Endpoints::start`) while the destination's slots
+    /// and gate let it. An endpoint that cannot take its events now keeps
+    /// at most `endpoints.concurrency` of them ready (busy: they go when
+    /// one of its attempts ends); the rest go back to the index, due when
+    /// it can take them (`defer`). So one endpoint's backlog or sickness
+    /// never fills the window the others are read into.
+    fn start_by_endpoint(&mut self, endpoints: &Arc<Endpoints>) -> Blocked {
+        let concurrency = self.ctx.dest.concurrency;
+        let cap = self
+            .ctx
+            .dest
+            .per_event
+            .as_ref()
+            .map_or(1, |p| p.concurrency);
+        let in_hand = concurrency * IN_HAND;
+        let mut blocked = Blocked::default();
+        let journal_ok = !self.ctx.journal.failed();
+        let now = clock::now_ms();
+        // Per endpoint met in this pass: what it said, and how many of its
+        // events stay ready or go back.
+        let mut met: HashMap<Arc<str>, (Turn, usize)> = HashMap::new();
+        let mut back: Vec<(StoredEvent, u64)> = Vec::new();
+        let mut kept = VecDeque::with_capacity(self.held.ready.len());
+        while let Some(ev) = self.held.ready.pop_front() {
+            let room = journal_ok
+                && !self.stop.is_cancelled()
+                && blocked.gate.is_none()
+                && (self.tasks.len() < concurrency
+                    || (self.tasks.len() < in_hand && self.held.running_bytes < IN_HAND_BYTES));
+            if !room || self.slots.taken() >= self.ctx.limit.current() {
+                blocked.slots |= room;
+                kept.push_back(ev);
+                continue;
+            }
+            if self.for_the_sink(&ev, now) {
+                self.held.expired.push_back(Doomed::read(ev));
+                self.expiry = Expiry::Now;
+                continue;
+            }
+            let origin: Arc<str> = endpoint::url_of(&ev.event)
+                .and_then(endpoint::origin)
+                .unwrap_or_default()
+                .into();
+            let said = match met.get(&origin) {
+                // Once busy or held in this pass, it stays so.
+                Some((turn, _)) if !matches!(turn, Turn::Go { .. }) => *turn,
+                _ => endpoints.start(&origin, cap),
+            };
+            let Turn::Go { probe } = said else {
+                let (_, n) = met.entry(origin.clone()).or_insert((said, 0));
+                let k = *n;
+                *n += 1;
+                match said {
+                    Turn::Busy if k < cap => kept.push_back(ev),
+                    Turn::Busy => {
+                        // Spaced as the endpoint can take them.
+                        let pace = endpoints.pace_ms(&origin);
+                        let rounds = ((k - cap) / cap + 1) as u64;
+                        back.push((ev, now + rounds * pace));
+                    }
+                    Turn::WaitUntil(t) => back.push((ev, t)),
+                    _ => back.push((ev, now + self.ctx.dest.timeout.as_millis().max(1000) as u64)),
+                }
+                continue;
+            };
+            met.insert(origin.clone(), (said, 0));
+            let turn = EndpointTurn::new(endpoints.clone(), origin, probe);
+            // The destination's own gate: an operator's pause, the rate limit.
+            let gate = self.ctx.health.gate();
+            if !matches!(gate, Gate::Go { .. }) {
+                drop(turn);
+                blocked.gate = Some(gate);
+                kept.push_back(ev);
+                continue;
+            }
+            let unit = Unit {
+                events: vec![ev],
+                batch: None,
+                endpoint: Some(turn),
+            };
+            let running = Running::of(&unit.events);
+            let ctx = self.ctx.clone();
+            let slot = self.slots.take();
+            let handle = self
+                .tasks
+                .spawn(async move { settle::run(&ctx, unit, false, slot).await });
+            self.held.hand(handle.id(), running);
+        }
+        self.held.ready = kept;
+        self.defer(back);
+        let flowing =
+            journal_ok && self.answering && blocked.gate.is_none() && !self.stop.is_cancelled();
+        self.state.pace(flowing);
+        blocked
+    }
+
+    /// Gives events back to the index, due again at their times; they stay
+    /// held until that is committed, so no read takes them again.
+    fn defer(&mut self, back: Vec<(StoredEvent, u64)>) {
+        if back.is_empty() {
+            return;
+        }
+        let seqs: Vec<i64> = back.iter().map(|(ev, _)| ev.seq).collect();
+        let changes: Vec<Change> = back
+            .iter()
+            .map(|(ev, due)| Change::Defer {
+                seq: ev.seq,
+                due_ms: *due,
+            })
+            .collect();
+        let journal = self.ctx.journal.clone();
+        let name = self.ctx.dest.name.clone();
+        let handle = self.tasks.spawn(async move {
+            if let Err(e) = journal.settle(&changes).await {
+                tracing::warn!(destination = %name, error = %e, "cannot put events back for their endpoint's turn");
+            }
+            Settled {
+                deferred: true,
+                ..Settled::done(true)
+            }
+        });
+        self.held.hand(handle.id(), Running { seqs, bytes: 0 });
     }
 
     /// Step 3: while groups are free, starts them: of every expired event
@@ -543,8 +676,10 @@ impl Dispatcher {
         while let Some(done) = next {
             let (id, release, doomed) = match done {
                 Ok((id, settled)) => {
-                    self.look |= settled.rescheduled;
-                    self.answering = !settled.rescheduled;
+                    self.look |= settled.rescheduled || settled.deferred;
+                    if !settled.deferred {
+                        self.answering = !settled.rescheduled;
+                    }
                     if settled.rescheduled && !self.held.parked.is_empty() {
                         self.spill(true);
                     }

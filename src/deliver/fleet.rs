@@ -12,6 +12,7 @@
 //! reason.
 
 use super::dispatcher::Dispatcher;
+use super::endpoints::Endpoints;
 use super::health::{Health, PauseReason};
 use super::limit::Limit;
 use super::settle::{Ctx, LateCompleted};
@@ -74,6 +75,8 @@ struct Inner {
 #[derive(Clone)]
 struct Kept {
     health: Arc<Health>,
+    /// `url: per_event`'s endpoints, made when the destination first has it.
+    endpoints: Option<Arc<Endpoints>>,
     limit: Arc<Limit>,
     late: Arc<LateCompleted>,
     sink_streak: Arc<Mutex<SinkStreak>>,
@@ -198,25 +201,34 @@ impl Fleet {
             let name = &dest.name;
             // Only a limit: a changed share holds from the next request.
             self.journal.set_share(name, dest.max_pending_bytes);
+            let kept = inner.healths.entry(name.clone()).or_insert_with(|| {
+                let health = Health::new(dest.probation.clone(), dest.rate_limit_per_second);
+                restore_pause(&self.journal, name, &health);
+                Kept {
+                    health: Arc::new(health),
+                    endpoints: None,
+                    limit: Arc::new(Limit::new(name, dest.concurrency, dest.adaptive)),
+                    late: Arc::default(),
+                    sink_streak: Arc::default(),
+                }
+            });
+            if let Some(per_event) = &dest.per_event {
+                let endpoints = kept.endpoints.get_or_insert_with(|| {
+                    Arc::new(Endpoints::new(
+                        dest.probation.clone(),
+                        per_event.max_tracked,
+                    ))
+                });
+                endpoints.reconfigure(&dest.probation, per_event.max_tracked);
+            }
             let Kept {
                 health,
+                endpoints,
                 limit,
                 late,
                 sink_streak,
-            } = inner
-                .healths
-                .entry(name.clone())
-                .or_insert_with(|| {
-                    let health = Health::new(dest.probation.clone(), dest.rate_limit_per_second);
-                    restore_pause(&self.journal, name, &health);
-                    Kept {
-                        health: Arc::new(health),
-                        limit: Arc::new(Limit::new(name, dest.concurrency, dest.adaptive)),
-                        late: Arc::default(),
-                        sink_streak: Arc::default(),
-                    }
-                })
-                .clone();
+            } = kept.clone();
+            let endpoints = endpoints.filter(|_| dest.per_event.is_some());
             health.reconfigure(&dest.probation, dest.rate_limit_per_second);
             limit.reconfigure(dest.concurrency, dest.adaptive);
             let sink = dest
@@ -236,6 +248,7 @@ impl Fleet {
                 passthrough: stack::build_passthrough(dest, client.clone(), self.tracer.as_ref()),
                 stack: stack::build(dest, stack::HttpService::new(client), self.tracer.as_ref()),
                 health,
+                endpoints,
                 limit,
                 late,
                 sink_streak,
@@ -325,6 +338,15 @@ impl Fleet {
             .running
             .contains_key(name)
             .then(|| inner.healths.get(name).map(|k| k.health.clone()))?
+    }
+
+    /// The endpoints of a configured `url: per_event` destination.
+    pub fn endpoints(&self, name: &str) -> Option<Arc<Endpoints>> {
+        let inner = self.lock();
+        inner
+            .running
+            .contains_key(name)
+            .then(|| inner.healths.get(name).and_then(|k| k.endpoints.clone()))?
     }
 
     /// The concurrency limit of a configured destination.

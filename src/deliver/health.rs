@@ -163,6 +163,14 @@ impl Health {
         started
     }
 
+    /// An attempt whose health is its endpoint's (`url: per_event`): the
+    /// destination's view shows it as the last, its probation is untouched.
+    pub fn note(&self, outcome: Outcome) {
+        let mut s = self.lock();
+        s.last_outcome = Some(outcome);
+        s.last_attempt_ms = Some(clock::now_ms());
+    }
+
     /// The probe's event needed no attempt after all: let another probe.
     pub fn probe_cancelled(&self) {
         self.lock().probation.probe_cancelled();

@@ -6,6 +6,7 @@ mod answer_body;
 mod batch;
 mod client;
 mod dispatcher;
+pub mod endpoints;
 mod fleet;
 mod guard;
 pub mod health;

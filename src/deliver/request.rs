@@ -12,8 +12,8 @@
 
 use super::shape::{self, Shaped};
 use crate::config::DestinationSettings;
-use crate::deliver::stack::Attempt;
-use crate::event::{NewEvent, StoredEvent};
+use crate::deliver::stack::{Attempt, EndpointSecrets};
+use crate::event::{NewEvent, StoredEvent, endpoint};
 use crate::telemetry::EventContexts;
 use bytes::Bytes;
 use http::{HeaderName, HeaderValue, Method, Request};
@@ -27,6 +27,10 @@ pub enum BuildError {
     Url(#[from] crate::config::settings::UrlError),
     #[error("a batch without events")]
     Empty,
+    #[error(
+        "the event names no endpoint, and its destination delivers to the one each event names"
+    )]
+    NoEndpoint,
 }
 
 pub fn build(
@@ -89,15 +93,29 @@ fn assemble(
         None => (e.path.as_str(), None),
     };
     let method = Method::from_bytes(e.method.as_bytes()).unwrap_or(Method::POST);
+    // The endpoint an event names is whole: the app's path and query
+    // after the destination's name are not appended to it.
+    let uri = match &dest.per_event {
+        None => dest.target.uri(rest, query)?,
+        Some(_) => endpoint::url_of(e)
+            .ok_or(BuildError::NoEndpoint)?
+            .parse::<http::Uri>()
+            .map_err(http::Error::from)?,
+    };
     let mut req = Request::builder()
         .method(method)
-        .uri(dest.target.uri(rest, query)?)
+        .uri(uri)
         .body(Full::new(shaped.body))?;
+    if dest.per_event.is_some()
+        && let Some(secrets) = endpoint::secrets_of(e)
+    {
+        req.extensions_mut().insert(EndpointSecrets(secrets.into()));
+    }
     let headers = req.headers_mut();
     // The app's, a content type, and the attempt's own (`HeadersLayer`).
     headers.reserve(e.headers.len() + 4);
     for (name, value) in &e.headers {
-        if skip.contains(&name.as_str()) {
+        if skip.contains(&name.as_str()) || endpoint::is_own(name) {
             continue;
         }
         if let (Ok(n), Ok(v)) = (

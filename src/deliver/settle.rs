@@ -23,6 +23,7 @@
 //! under the same `webhook-id`; an event that leaves (dead-lettered, or
 //! waiting for its TTL) leaves the batch.
 
+use super::endpoints::{Ended, Endpoints};
 use super::health::{Health, PauseReason};
 use super::letters::{self, Doomed};
 use super::limit::Limit;
@@ -59,6 +60,9 @@ pub struct Ctx {
     /// settings before a reload finds it under those after.
     pub passthrough: PassthroughService,
     pub health: Arc<Health>,
+    /// `url: per_event`: each endpoint's health and attempts in flight,
+    /// kept like `health` across reloads.
+    pub endpoints: Option<Arc<Endpoints>>,
     /// Attempts that may be in flight, kept like `health` across reloads.
     pub limit: Arc<Limit>,
     /// Shared by every version of the context a reload makes, so that a
@@ -76,6 +80,58 @@ pub struct Unit {
     /// `None`: one event, sent as without batching. `Some`: a batch under
     /// this id (its `webhook-id`), sent in the batch shape.
     pub batch: Option<String>,
+    /// `url: per_event`: the endpoint's turn, whose health the answer
+    /// tells instead of the destination's.
+    pub endpoint: Option<EndpointTurn>,
+}
+
+/// An attempt an endpoint let go (`Endpoints::start`): counted in flight
+/// there until it ends, also when its task ends early (dropped).
+pub struct EndpointTurn {
+    pub endpoints: Arc<Endpoints>,
+    pub origin: Arc<str>,
+    pub probe: bool,
+    done: bool,
+}
+
+impl EndpointTurn {
+    pub fn new(endpoints: Arc<Endpoints>, origin: Arc<str>, probe: bool) -> EndpointTurn {
+        EndpointTurn {
+            endpoints,
+            origin,
+            probe,
+            done: false,
+        }
+    }
+
+    fn end(&mut self, outcome: Option<Outcome>, a: Option<&Attempted>, gone: bool) -> Option<u64> {
+        self.done = true;
+        self.endpoints.ended(
+            &self.origin,
+            Ended {
+                outcome,
+                took: a.map_or(Duration::ZERO, |a| a.took),
+                hold: a.and_then(hold_of),
+                probe: self.probe,
+                gone,
+            },
+        )
+    }
+}
+
+impl Drop for EndpointTurn {
+    fn drop(&mut self) {
+        if !self.done {
+            self.end(None, None, false);
+        }
+    }
+}
+
+/// A Retry-After on 429 or 503: it holds the endpoint, not just this
+/// attempt's events.
+fn hold_of(a: &Attempted) -> Option<Duration> {
+    a.retry_after
+        .filter(|_| matches!(a.status, Some(429 | 503)))
 }
 
 /// How a unit's turn ended, for its dispatcher.
@@ -86,6 +142,9 @@ pub struct Settled {
     pub release: bool,
     /// Some event got a later due time: the index has news for the timer.
     pub rescheduled: bool,
+    /// Events went back to the index for their endpoint's turn: news for
+    /// the timer, but no attempt's answer.
+    pub deferred: bool,
     /// Events for the dispatcher's dead-letter groups: still held, as
     /// their records are still to be written.
     pub doomed: Vec<Doomed>,
@@ -105,12 +164,18 @@ impl Settled {
 /// the answer is in and has told the destination's health (a Retry-After
 /// hold, probation, a 410's pause), before the outcome is recorded.
 pub async fn run(ctx: &Arc<Ctx>, unit: Unit, probe: bool, slot: Slot) -> Settled {
-    let no_attempt = || {
-        if probe {
-            ctx.health.probe_cancelled();
+    let Unit {
+        events,
+        batch,
+        mut endpoint,
+    } = unit;
+    let mut no_attempt = || match endpoint.as_mut() {
+        Some(turn) => {
+            turn.end(None, None, false);
         }
+        None if probe => ctx.health.probe_cancelled(),
+        None => {}
     };
-    let Unit { events, batch } = unit;
     let now = clock::now_ms();
     let mut out = Settled::done(true);
     let mut live = Vec::with_capacity(events.len());
@@ -165,7 +230,7 @@ pub async fn run(ctx: &Arc<Ctx>, unit: Unit, probe: bool, slot: Slot) -> Settled
     let Ok(attempted) = ctx.stack.clone().oneshot(request).await;
     ctx.health.attempting(seqs(), false);
     ctx.health.in_flight.fetch_sub(1, Ordering::Relaxed);
-    let settled = settle(ctx, live, batch, attempted, probe, slot).await;
+    let settled = settle(ctx, live, batch, attempted, probe, slot, endpoint).await;
     out.release &= settled.release;
     out.rescheduled = settled.rescheduled;
     out.doomed.extend(settled.doomed);
@@ -182,17 +247,30 @@ struct Told<'a> {
     now: u64,
 }
 
-/// Tells the destination's health, adaptive limit, metrics and log of an
-/// attempt's answer; a 410 pauses the destination.
-async fn inform(ctx: &Ctx, a: &Attempted, t: Told<'_>) {
+/// Tells the health (the endpoint's with `url: per_event`, else the
+/// destination's), adaptive limit, metrics and log of an attempt's answer;
+/// a 410 pauses the destination, or its endpoint alone.
+async fn inform(ctx: &Ctx, a: &Attempted, t: Told<'_>, endpoint: Option<&mut EndpointTurn>) {
     let dest = &ctx.dest;
     let outcome = a.classified.outcome;
     ctx.metrics.attempt(outcome, a.took, t.events as u64);
+    let gone = a.classified.verdict == Verdict::Pause;
+    if let Some(turn) = endpoint {
+        if let Some(until) = turn.end(Some(outcome), Some(a), gone) {
+            tracing::warn!(destination = %dest.name, endpoint = %turn.origin, outcome = %outcome.as_str(), until = %clock::rfc3339(until), "endpoint on probation: no attempts to it until then, then one probe");
+        }
+        if gone {
+            tracing::warn!(destination = %dest.name, endpoint = %turn.origin, "endpoint answered 410 Gone: no attempts to it until courier restarts");
+        }
+        ctx.health.note(outcome);
+        let in_flight = ctx.health.in_flight.load(Ordering::Relaxed) + 1;
+        ctx.limit.record(outcome, a.took, in_flight);
+        tracing::debug!(destination = %dest.name, endpoint = %turn.origin, id = %t.id, attempt = t.number, outcome = %outcome.as_str(), status = a.status, error = a.error.as_deref(), "attempt");
+        return;
+    }
     // A Retry-After on 429 or 503 holds the whole destination, not just
     // this attempt's events. A batch is one attempt for probation too.
-    let hold = a
-        .retry_after
-        .filter(|_| matches!(a.status, Some(429 | 503)));
+    let hold = hold_of(a);
     // Unlike a busy endpoint, a failed handshake is a setup to fix (an
     // unknown CA, an expired or misnamed certificate, a refused client
     // certificate): its reason goes where operators look, once per streak.
@@ -209,7 +287,7 @@ async fn inform(ctx: &Ctx, a: &Attempted, t: Told<'_>) {
     if tls_streak_starts {
         tracing::warn!(destination = %dest.name, id = %id, attempt = number, error = a.error.as_deref(), "TLS handshake failed: check the endpoint's certificate and this destination's tls files");
     }
-    if a.classified.verdict == Verdict::Pause {
+    if gone {
         tracing::warn!(destination = %dest.name, "endpoint answered 410 Gone: destination paused until resumed");
         if ctx.health.pause(PauseReason::Gone, t.now) {
             record_gone(ctx, t.now).await;
@@ -226,6 +304,7 @@ async fn settle(
     mut a: Attempted,
     probe: bool,
     slot: Slot,
+    mut endpoint: Option<EndpointTurn>,
 ) -> Settled {
     let dest = &ctx.dest;
     // The attempt's number, which picks the schedule's delay.
@@ -242,6 +321,7 @@ async fn settle(
             probe,
             now,
         },
+        endpoint.as_mut(),
     )
     .await;
     // Health knows the answer now (its hold, probation, a 410's pause): the

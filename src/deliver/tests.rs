@@ -155,6 +155,7 @@ fn context(
             std::future::pending()
         })),
         health: health.clone(),
+        endpoints: None,
         limit: limit.clone(),
         late: Arc::default(),
         sink_streak: Arc::default(),

@@ -2,6 +2,7 @@
 //! them, the journal keeps them, delivery, dead letters and hand-off read
 //! them; none of those needs another to name an event.
 
+pub mod endpoint;
 pub mod ordering;
 mod outcome;
 pub mod path;

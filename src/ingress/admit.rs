@@ -6,10 +6,11 @@
 use super::budget::Budget;
 use super::credits::{self, Credits};
 use super::{Body, forward, passed, rejection, reply, schema, topic};
+use crate::config::settings::PerEvent;
 use crate::config::{DestinationSettings, Live, Mode, Settings, TopicSettings};
 use crate::deliver::Fleet;
 use crate::event::Schema;
-use crate::event::{Header, NewEvent};
+use crate::event::{Header, NewEvent, endpoint};
 use crate::journal::{Appended, Journal};
 use crate::lifecycle::Lifecycle;
 use crate::metrics;
@@ -185,6 +186,11 @@ impl Ingress {
         let custom_id = custom_id(&route, req.headers())?;
         let keyed = settings.ingress.keys.is_some();
         let mut admitted = Admitted::describe(&route, keyed, rest, &req);
+        if let Route::Destination(dest) = &route
+            && let Some(per_event) = &dest.per_event
+        {
+            admitted.name_endpoint(dest, per_event, req.headers())?;
+        }
         if let Some(a) = accept.as_deref() {
             a.stamp(&mut admitted.headers);
         }
@@ -571,6 +577,41 @@ impl Admitted {
             }
         }
         events
+    }
+
+    /// `url: per_event`: the endpoint the request names, checked, kept with
+    /// its events as courier's own headers (`event::endpoint`); the app's
+    /// two headers do not travel.
+    fn name_endpoint(
+        &mut self,
+        dest: &DestinationSettings,
+        per_event: &PerEvent,
+        headers: &http::HeaderMap,
+    ) -> Result<(), Refused> {
+        let refused = |e: endpoint::Refused| {
+            let msg = format!("{e}; nothing was stored");
+            refuse(&dest.name, StatusCode::BAD_REQUEST, e.reason(), msg)
+        };
+        let url = headers
+            .get(&per_event.header)
+            .ok_or_else(|| endpoint::Refused::Missing(per_event.header.to_string()))
+            .and_then(|v| endpoint::check(v.as_bytes(), &per_event.schemes, dest.guard.as_deref()))
+            .map_err(refused)?;
+        let secrets = headers
+            .get(&per_event.secret_header)
+            .map(|v| endpoint::check_secrets(v.as_bytes()))
+            .transpose()
+            .map_err(refused)?;
+        self.headers.retain(|(n, _)| {
+            n != per_event.header.as_str() && n != per_event.secret_header.as_str()
+        });
+        self.headers
+            .push((endpoint::URL_HEADER.to_string(), url.into_bytes()));
+        if let Some(secrets) = secrets {
+            self.headers
+                .push((endpoint::SECRET_HEADER.to_string(), secrets.into_bytes()));
+        }
+        Ok(())
     }
 
     fn event(&self, id: String, destination: &str, body: Bytes) -> NewEvent {

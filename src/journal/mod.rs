@@ -207,6 +207,9 @@ pub(crate) enum Change {
     Wait { seq: i64 },
     /// The head of its lane left: a waiting event is due at `at_ms`.
     Unwait { seq: i64, at_ms: u64 },
+    /// Its endpoint cannot take it now (`url: per_event`): due again at
+    /// `due_ms`, no attempt counted. A waiting or quarantined row stays so.
+    Defer { seq: i64, due_ms: u64 },
     /// The event will be dead-lettered: its fate, recorded (and synced)
     /// before the sink is written, so that a crash between the record and
     /// the delete neither sends the event again nor writes a second record.
@@ -243,7 +246,10 @@ impl Change {
                 },
                 next_due_ms: *next_due_ms,
             }),
-            Change::Quarantine { .. } | Change::Wait { .. } | Change::Unwait { .. } => None,
+            Change::Quarantine { .. }
+            | Change::Wait { .. }
+            | Change::Unwait { .. }
+            | Change::Defer { .. } => None,
             Change::DeadLetter { fate, attempt, .. } => Some(Step::DeadLettered {
                 reason: fate.reason,
                 at_ms: fate.at_ms,
@@ -259,6 +265,7 @@ impl Change {
             | Change::Quarantine { seq }
             | Change::Wait { seq }
             | Change::Unwait { seq, .. }
+            | Change::Defer { seq, .. }
             | Change::DeadLetter { seq, .. } => *seq,
         }
     }

@@ -1,8 +1,10 @@
 """Verifies courier's deliveries with the reference `standardwebhooks` library.
 
 stdin: {"secrets": ["whsec_..."], "requests": [{"headers": {name: value},
-"body_b64": "..."}]}. Each request is verified with each secret ALONE (a
-receiver in the middle of a rotation holds only one of them).
+"body_b64": "...", "secrets": [...]?}]}. Each request is verified with each
+secret ALONE (a receiver in the middle of a rotation holds only one of
+them): the request's own `secrets` when it has them (each endpoint its
+own), else the top-level ones.
 
 stdout: {"results": [[{"ok": bool, "error": str|null}, ...per secret], ...per
 request]}. Rejections are results, not failures: the caller asserts which
@@ -30,7 +32,8 @@ def main():
     results = []
     for req in spec["requests"]:
         body = base64.b64decode(req["body_b64"])
-        results.append([verify(s, req["headers"], body) for s in spec["secrets"]])
+        secrets = req.get("secrets", spec.get("secrets", []))
+        results.append([verify(s, req["headers"], body) for s in secrets])
     json.dump({"results": results}, sys.stdout)
 
 

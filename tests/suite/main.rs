@@ -32,6 +32,7 @@ mod deploy;
 mod disk;
 mod docs;
 mod edges;
+mod endpoints;
 mod fuzz_corpus;
 mod handoff;
 mod handoff_trust;

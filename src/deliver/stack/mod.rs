@@ -16,7 +16,7 @@ pub use classify::{Answered, Attempted, ClassifyLayer};
 pub use headers::HeadersLayer;
 pub use http::{HttpService, drain};
 pub use retry::{InlineRetry, Trail};
-pub use signing::SigningLayer;
+pub use signing::{EndpointSecrets, SigningLayer};
 pub use timeout::{Deadline, LateAnswer, TimeoutLayer};
 pub use trace::TraceLayer;
 

@@ -7,7 +7,9 @@
 //! afresh: receivers reject timestamps older than a few minutes.
 //!
 //! Without secrets the layer is a pass-through, so every destination has the
-//! same stack shape.
+//! same stack shape. An event that names its endpoint may carry that
+//! endpoint's own secrets (`EndpointSecrets`): they sign in place of the
+//! destination's.
 
 use super::{AttemptRequest, body_bytes};
 use crate::event::signature::{Secret, signature_header};
@@ -15,6 +17,11 @@ use http::{HeaderName, HeaderValue};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use tower::{Layer, Service};
+
+/// A request extension: the secrets of the endpoint an event names, which
+/// sign its attempt instead of the destination's `signing` secrets.
+#[derive(Clone)]
+pub struct EndpointSecrets(pub Arc<[Secret]>);
 
 #[derive(Clone)]
 pub struct SigningLayer {
@@ -58,9 +65,13 @@ where
     }
 
     fn call(&mut self, mut req: AttemptRequest) -> S::Future {
-        if !self.secrets.is_empty() {
+        let secrets = match req.extensions_mut().remove::<EndpointSecrets>() {
+            Some(EndpointSecrets(own)) => own,
+            None => self.secrets.clone(),
+        };
+        if !secrets.is_empty() {
             let timestamp = crate::clock::now_ms() / 1000;
-            sign(&mut req, &self.secrets, timestamp);
+            sign(&mut req, &secrets, timestamp);
         }
         self.inner.call(req)
     }
@@ -142,6 +153,33 @@ mod tests {
         assert_eq!(
             h["webhook-signature"],
             secret(b"k").sign(b"evt-1", ts, b"payload").as_str()
+        );
+    }
+
+    #[tokio::test]
+    async fn an_endpoints_own_secrets_sign_instead_of_the_destinations() {
+        let mut req = request(b"x");
+        let own = secret(b"endpoint key");
+        req.extensions_mut()
+            .insert(EndpointSecrets(vec![own.clone()].into()));
+        let (h, _) = send(SigningLayer::new(vec![secret(b"destination key")]), req).await;
+        let ts: u64 = h["webhook-timestamp"]
+            .to_str()
+            .ok()
+            .and_then(|t| t.parse().ok())
+            .expect("numeric timestamp");
+        assert_eq!(
+            h["webhook-signature"],
+            own.sign(b"evt-1", ts, b"x").as_str(),
+            "signed with the endpoint's secret alone"
+        );
+        let mut req = request(b"x");
+        req.extensions_mut()
+            .insert(EndpointSecrets(vec![own.clone()].into()));
+        let (h, _) = send(SigningLayer::new(Vec::new()), req).await;
+        assert!(
+            h.get("webhook-signature").is_some(),
+            "signed without destination secrets"
         );
     }
 

@@ -157,6 +157,9 @@ fn change(
         conn.prepare_cached("UPDATE events SET next_due_ms = ?2 WHERE seq = ?1")?;
     let mut wait = conn
         .prepare_cached("UPDATE events SET next_due_ms = ?2 WHERE seq = ?1 AND next_due_ms < ?2")?;
+    let mut defer = conn.prepare_cached(
+        "UPDATE events SET next_due_ms = ?2 WHERE seq = ?1 AND next_due_ms < ?3 AND fate IS NULL",
+    )?;
     let mut unwait = conn
         .prepare_cached("UPDATE events SET next_due_ms = ?2 WHERE seq = ?1 AND next_due_ms = ?3")?;
     // Due at once, out of any batch: after a restart the dispatcher
@@ -218,6 +221,10 @@ fn change(
             }
             Change::Wait { seq } => {
                 wait.execute(params![seq, super::WAITING])?;
+            }
+            Change::Defer { seq, due_ms } => {
+                let due = (*due_ms).min(super::WAITING as u64 - 1) as i64;
+                defer.execute(params![seq, due, super::WAITING])?;
             }
             Change::Unwait { seq, at_ms } => {
                 unwait.execute(params![seq, *at_ms as i64, super::WAITING])?;

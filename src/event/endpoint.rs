@@ -1,0 +1,269 @@
+//! The endpoint an event names itself (`url: per_event`, docs/endpoints.md):
+//! the URL checked at ingress, and how it is kept with the event.
+//!
+//! The URL and the endpoint's secrets are kept as two stored headers under
+//! courier's own names (`courier-*` never travels from the app, so only
+//! ingress sets them): the journal, hand-off objects and dead-letter
+//! records then carry them with no change to their formats, and a
+//! replayed dead letter goes back to its endpoint. The request builder
+//! takes the URL as the attempt's target and sends neither header; the
+//! secret header is left out of every record a person reads.
+
+use super::NewEvent;
+use super::signature::{Secret, SecretError};
+use crate::policy::address::{Guard, literal};
+use http::Uri;
+use http::uri::Scheme;
+use std::net::IpAddr;
+
+/// The stored header that holds the endpoint's URL.
+pub const URL_HEADER: &str = "courier-endpoint";
+/// The stored header that holds the endpoint's secrets, space-separated.
+pub const SECRET_HEADER: &str = "courier-endpoint-secret";
+/// The longest URL accepted: browsers and proxies stop near 8 KiB.
+pub const MAX_URL: usize = 8 * 1024;
+/// The most secrets one event may carry: a rotation needs two.
+pub const MAX_SECRETS: usize = 4;
+
+/// Why a named endpoint is refused; each names the rule it broke, and the
+/// message says what to send instead.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum Refused {
+    #[error("no endpoint: this destination delivers to the URL named in header {0}")]
+    Missing(String),
+    #[error("the endpoint URL is longer than {MAX_URL} bytes")]
+    TooLong,
+    #[error("the endpoint URL is not an absolute URL: expected https://host[:port]/path")]
+    NotAbsolute,
+    #[error("the endpoint URL's scheme `{0}` is not allowed here: allowed {1}")]
+    Scheme(String, String),
+    #[error("the endpoint URL carries credentials (user:password@): put them in a header")]
+    Userinfo,
+    #[error(
+        "the endpoint URL names {0}, a private or reserved address that the address guard refuses"
+    )]
+    Address(IpAddr),
+    #[error("the endpoint secret {0}")]
+    Secret(SecretError),
+    #[error("more than {MAX_SECRETS} endpoint secrets")]
+    TooManySecrets,
+}
+
+impl Refused {
+    /// The `reason` of the 400 answer.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Refused::Missing(_) => "endpoint_missing",
+            Refused::TooLong | Refused::NotAbsolute => "endpoint_invalid",
+            Refused::Scheme(..) => "endpoint_scheme",
+            Refused::Userinfo => "endpoint_userinfo",
+            Refused::Address(_) => "endpoint_address",
+            Refused::Secret(_) | Refused::TooManySecrets => "endpoint_secret",
+        }
+    }
+}
+
+/// Checks a named endpoint's URL; `schemes` are those allowed, `guard`
+/// judges an IP literal (a name is judged after DNS, at connect time).
+/// Returns the URL as it is stored and sent.
+pub fn check(value: &[u8], schemes: &[String], guard: Option<&Guard>) -> Result<String, Refused> {
+    if value.len() > MAX_URL {
+        return Err(Refused::TooLong);
+    }
+    let text = std::str::from_utf8(value).map_err(|_| Refused::NotAbsolute)?;
+    let uri: Uri = text.trim().parse().map_err(|_| Refused::NotAbsolute)?;
+    let (Some(scheme), Some(authority)) = (uri.scheme_str(), uri.authority()) else {
+        return Err(Refused::NotAbsolute);
+    };
+    if !schemes.iter().any(|s| s.eq_ignore_ascii_case(scheme)) {
+        return Err(Refused::Scheme(scheme.to_string(), schemes.join(", ")));
+    }
+    if authority.as_str().contains('@') {
+        return Err(Refused::Userinfo);
+    }
+    if authority.host().is_empty() {
+        return Err(Refused::NotAbsolute);
+    }
+    if let (Some(guard), Some(ip)) = (guard, literal(authority.host()))
+        && !guard.allows(ip)
+    {
+        return Err(Refused::Address(ip));
+    }
+    Ok(uri.to_string())
+}
+
+/// Checks an endpoint's secrets (`whsec_…`, space-separated) and returns
+/// them as stored: the value itself, trimmed.
+pub fn check_secrets(value: &[u8]) -> Result<String, Refused> {
+    let text = std::str::from_utf8(value)
+        .map_err(|_| Refused::Secret(SecretError::NotBase64))?
+        .trim();
+    let secrets = parse_secrets(text).map_err(Refused::Secret)?;
+    if secrets.is_empty() {
+        return Err(Refused::Secret(SecretError::Empty));
+    }
+    if secrets.len() > MAX_SECRETS {
+        return Err(Refused::TooManySecrets);
+    }
+    Ok(text.to_string())
+}
+
+fn parse_secrets(text: &str) -> Result<Vec<Secret>, SecretError> {
+    text.split_ascii_whitespace().map(Secret::parse).collect()
+}
+
+/// The URL an event names, as stored.
+pub fn url_of(e: &NewEvent) -> Option<&str> {
+    stored(e, URL_HEADER).and_then(|v| std::str::from_utf8(v).ok())
+}
+
+/// The secrets an event carries for its endpoint; `None` when it carries
+/// none (the destination's own, if any, sign it then). A stored value that
+/// no longer parses (edited by hand) signs with none of it.
+pub fn secrets_of(e: &NewEvent) -> Option<Vec<Secret>> {
+    let text = std::str::from_utf8(stored(e, SECRET_HEADER)?).ok()?;
+    parse_secrets(text).ok().filter(|s| !s.is_empty())
+}
+
+fn stored<'e>(e: &'e NewEvent, name: &str) -> Option<&'e [u8]> {
+    e.headers
+        .iter()
+        .find(|(n, _)| n == name)
+        .map(|(_, v)| v.as_slice())
+}
+
+/// Whether a stored header is courier's own for the endpoint, never sent.
+pub fn is_own(name: &str) -> bool {
+    name == URL_HEADER || name == SECRET_HEADER
+}
+
+/// An endpoint's origin (scheme, host, port): what its health, its share
+/// and its place in the fair turn are kept by. The port is always written
+/// so that `https://a` and `https://a:443` are one endpoint.
+pub fn origin(url: &str) -> Option<String> {
+    let uri: Uri = url.parse().ok()?;
+    let scheme = uri.scheme()?;
+    let authority = uri.authority()?;
+    let port = authority.port_u16().or(if *scheme == Scheme::HTTPS {
+        Some(443)
+    } else if *scheme == Scheme::HTTP {
+        Some(80)
+    } else {
+        None
+    })?;
+    let host = authority.host().to_ascii_lowercase();
+    Some(format!("{}://{host}:{port}", scheme.as_str()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn https() -> Vec<String> {
+        vec!["https".to_string()]
+    }
+
+    #[test]
+    fn a_url_is_refused_by_the_rule_it_breaks() {
+        let guard = Guard::default();
+        let check = |url: &str| check(url.as_bytes(), &https(), Some(&guard));
+        assert_eq!(
+            check("https://hooks.acme.example/x?a=1").as_deref(),
+            Ok("https://hooks.acme.example/x?a=1")
+        );
+        assert_eq!(check("/x"), Err(Refused::NotAbsolute));
+        assert_eq!(check("hooks.acme.example/x"), Err(Refused::NotAbsolute));
+        assert_eq!(check("not a url"), Err(Refused::NotAbsolute));
+        assert_eq!(
+            check("http://hooks.acme.example/x"),
+            Err(Refused::Scheme("http".into(), "https".into()))
+        );
+        assert_eq!(
+            check("https://u:p@hooks.acme.example/x"),
+            Err(Refused::Userinfo)
+        );
+        for (url, ip) in [
+            ("https://127.0.0.1/x", "127.0.0.1"),
+            ("https://10.0.0.1/x", "10.0.0.1"),
+            ("https://169.254.169.254/latest", "169.254.169.254"),
+            ("https://[::1]/x", "::1"),
+            ("https://[::ffff:127.0.0.1]/x", "::ffff:127.0.0.1"),
+            ("https://[64:ff9b::7f00:1]/x", "64:ff9b::7f00:1"),
+        ] {
+            let want: IpAddr = ip.parse().expect("an address");
+            assert_eq!(check(url), Err(Refused::Address(want)), "{url}");
+        }
+        let long = format!("https://a.example/{}", "x".repeat(MAX_URL));
+        assert_eq!(check(&long), Err(Refused::TooLong));
+    }
+
+    #[test]
+    fn without_a_guard_or_with_a_range_opened_a_literal_passes() {
+        let open = Guard::new(vec!["127.0.0.0/8".parse().expect("a range")]);
+        let url = b"https://127.0.0.5:8443/x";
+        assert!(check(url, &https(), Some(&open)).is_ok());
+        assert!(check(url, &https(), None).is_ok());
+        let both = vec!["http".to_string(), "https".to_string()];
+        assert!(check(b"http://127.0.0.1/", &both, Some(&open)).is_ok());
+    }
+
+    #[test]
+    fn secrets_are_checked_and_kept_as_given() {
+        let a = crate::event::signature::encode(b"key a");
+        let b = crate::event::signature::encode(b"key b");
+        let two = format!(" {a} {b} ");
+        assert_eq!(check_secrets(two.as_bytes()), Ok(format!("{a} {b}")));
+        assert_eq!(
+            check_secrets(b"whsec_***"),
+            Err(Refused::Secret(SecretError::NotBase64))
+        );
+        assert_eq!(
+            check_secrets(b"  "),
+            Err(Refused::Secret(SecretError::Empty))
+        );
+        let five = [a.as_str(); 5].join(" ");
+        assert_eq!(check_secrets(five.as_bytes()), Err(Refused::TooManySecrets));
+    }
+
+    #[test]
+    fn an_origin_always_has_its_port() {
+        assert_eq!(
+            origin("https://Hooks.Acme.example/x").as_deref(),
+            Some("https://hooks.acme.example:443")
+        );
+        assert_eq!(
+            origin("https://hooks.acme.example:443/y").as_deref(),
+            Some("https://hooks.acme.example:443")
+        );
+        assert_eq!(
+            origin("http://127.0.0.1:9000/").as_deref(),
+            Some("http://127.0.0.1:9000")
+        );
+        assert_eq!(
+            origin("https://[::1]:8443/").as_deref(),
+            Some("https://[::1]:8443")
+        );
+        assert_eq!(origin("/x"), None);
+    }
+
+    #[test]
+    fn the_stored_headers_give_back_url_and_secrets() {
+        let secret = crate::event::signature::encode(b"k");
+        let e = NewEvent {
+            id: "e".into(),
+            destination: "d".into(),
+            method: "POST".into(),
+            path: String::new(),
+            headers: vec![
+                ("x-a".into(), b"1".to_vec()),
+                (URL_HEADER.into(), b"https://a.example/h".to_vec()),
+                (SECRET_HEADER.into(), secret.into_bytes()),
+            ],
+            body: bytes::Bytes::new(),
+            accepted_ms: 0,
+        };
+        assert_eq!(url_of(&e), Some("https://a.example/h"));
+        assert_eq!(secrets_of(&e).map(|s| s.len()), Some(1));
+        assert!(is_own(URL_HEADER) && is_own(SECRET_HEADER) && !is_own("x-a"));
+    }
+}

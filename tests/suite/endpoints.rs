@@ -1,0 +1,523 @@
+//! `url: per_event` (docs/endpoints.md): the app names each event's
+//! endpoint in `Courier-Endpoint`; ingress checks it, courier delivers to
+//! it whole, signs with the endpoint's own secret (judged by the reference
+//! `standardwebhooks` library), keeps each endpoint's trouble to that
+//! endpoint, and never lets the secret out of the journal.
+//!
+//! Distinct endpoints are distinct loopback addresses: Linux routes all of
+//! 127.0.0.0/8 to `lo`, so a receiver binds `127.0.x.y` with no setup.
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD;
+use serde_json::{Value, json};
+use std::collections::HashSet;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+use support::python::check_with;
+use support::{
+    Courier, Received, Receiver, Reply, behavior, check, check_eq, get, post, quiet, requests,
+    wait_dead_letters, wait_metric,
+};
+
+const WAIT: Duration = Duration::from_secs(30);
+
+/// A courier with one `url: per_event` destination `customers`, loopback
+/// opened to its guard, plain http allowed.
+fn yaml(extra: &str) -> String {
+    let mut y = String::from(
+        "listen: 127.0.0.1:0\n\
+         admin_listen: 127.0.0.1:0\n\
+         log: { level: debug }\n\
+         journal: { dir: ./journal }\n\
+         dead_letter: { dir: ./dl }\n\
+         destinations:\n  \
+           customers:\n    \
+             url: per_event\n    \
+             headers: { X-Sender: { value: acme-saas } }\n",
+    );
+    for line in extra.lines().map(str::trim).filter(|l| !l.is_empty()) {
+        y.push_str("    ");
+        y.push_str(line);
+        y.push('\n');
+    }
+    y
+}
+
+const OPEN: &str = "endpoints: { schemes: [http], allow_cidrs: [127.0.0.0/8] }";
+
+/// The loopback address of endpoint `i`: 127.0.x.y, never 127.0.0.1.
+fn address(i: usize) -> Ipv4Addr {
+    Ipv4Addr::new(127, 0, (i / 250 + 1) as u8, (i % 250 + 1) as u8)
+}
+
+async fn receivers(n: usize, reply: impl Fn() -> support::Behavior) -> Vec<Receiver> {
+    let mut all = Vec::with_capacity(n);
+    for i in 0..n {
+        all.push(Receiver::start_on(SocketAddr::from((address(i), 0)), reply()).await);
+    }
+    all
+}
+
+/// Endpoint `i`'s secret: its own key.
+fn secret(i: usize) -> String {
+    format!("whsec_{}", STANDARD.encode(format!("endpoint key {i}")))
+}
+
+/// Posts one event named `id` for the endpoint at `url`.
+async fn publish(c: &Courier, id: &str, url: &str, secrets: Option<&str>) {
+    let mut headers = vec![("idempotency-key", id), ("courier-endpoint", url)];
+    if let Some(s) = secrets {
+        headers.push(("courier-endpoint-secret", s));
+    }
+    // The app's path and query are not appended to the named URL.
+    let resp = post(
+        &c.url("customers/ignored?also=ignored"),
+        format!(r#"{{"id":"{id}"}}"#),
+        &headers,
+    )
+    .await;
+    check_eq!(c, resp.status, 202, "POST for {url}: {}", resp.text());
+}
+
+/// What the reference library is given of one request.
+fn wire(r: &Received, secrets: &[String]) -> Value {
+    let headers: serde_json::Map<String, Value> = r
+        .headers
+        .iter()
+        .filter_map(|(k, v)| Some((k.to_string(), Value::from(v.to_str().ok()?))))
+        .collect();
+    json!({"headers": headers, "body_b64": STANDARD.encode(&r.body), "secrets": secrets})
+}
+
+/// Per request, per secret: whether the library verified it.
+fn verified(reqs: Vec<Value>) -> Vec<Vec<bool>> {
+    let input = json!({"requests": reqs}).to_string();
+    let out = check_with("verify_signatures.py", &[], input.as_bytes());
+    let out: Value = serde_json::from_str(&out).expect("the checker prints JSON");
+    out["results"]
+        .as_array()
+        .expect("results")
+        .iter()
+        .map(|per| {
+            per.as_array()
+                .expect("a result per secret")
+                .iter()
+                .map(|r| r["ok"].as_bool() == Some(true))
+                .collect()
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_endpoints_each_get_their_event_signed_with_their_own_secret() {
+    const N: usize = 1000;
+    let rxs = receivers(N, || behavior(|_, _| Reply::status(200))).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let c = Courier::start(dir.path(), &yaml(&format!("concurrency: 64\n{OPEN}"))).await;
+    // Every tenth endpoint is rotating: two secrets, each must verify.
+    let secrets_of = |i: usize| -> Vec<String> {
+        if i.is_multiple_of(10) {
+            vec![secret(i), secret(N + i)]
+        } else {
+            vec![secret(i)]
+        }
+    };
+    let urls: Vec<String> = rxs
+        .iter()
+        .enumerate()
+        .map(|(i, rx)| format!("http://{}/hooks/{i}?tenant={i}", rx.addr()))
+        .collect();
+    for chunk in (0..N).collect::<Vec<_>>().chunks(50) {
+        let posts = chunk.iter().map(|&i| {
+            let (c, url, secrets) = (&c, &urls[i], secrets_of(i).join(" "));
+            async move { publish(c, &format!("evt-{i}"), url, Some(&secrets)).await }
+        });
+        futures::future::join_all(posts).await;
+    }
+    let mut wires = Vec::with_capacity(N + 1);
+    for (i, rx) in rxs.iter().enumerate() {
+        let got = requests(&c, rx, 1, WAIT).await;
+        let r = &got[0];
+        check_eq!(
+            c,
+            r.path_and_query,
+            format!("/hooks/{i}?tenant={i}"),
+            "the named URL, whole"
+        );
+        check_eq!(
+            c,
+            r.webhook_id(),
+            format!("evt-{i}"),
+            "endpoint {i} got its own event"
+        );
+        check_eq!(
+            c,
+            r.header("x-sender"),
+            Some("acme-saas"),
+            "the destination's headers"
+        );
+        for own in ["courier-endpoint", "courier-endpoint-secret"] {
+            check!(
+                c,
+                r.header(own).is_none(),
+                "{own} was forwarded to endpoint {i}"
+            );
+        }
+        wires.push(wire(r, &secrets_of(i)));
+    }
+    // A stranger's secret (the next endpoint's) must not verify.
+    let first = requests(&c, &rxs[1], 1, WAIT).await;
+    wires.push(wire(&first[0], &[secret(2)]));
+    let results = verified(wires);
+    for (i, per) in results.iter().take(N).enumerate() {
+        check!(
+            c,
+            per.iter().all(|ok| *ok),
+            "endpoint {i}: each of its secrets must verify: {per:?}"
+        );
+    }
+    check_eq!(
+        c,
+        results[N],
+        vec![false],
+        "another endpoint's secret verified"
+    );
+    for rx in &rxs {
+        quiet(&c, rx, 1, Duration::from_millis(1)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ingress_refuses_a_url_by_the_rule_it_breaks_and_stores_nothing() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // The defaults: https only, the guard on, no range open.
+    let c = Courier::start(dir.path(), &yaml("")).await;
+    let cases: Vec<(Option<&str>, Option<&str>, &str)> = vec![
+        (None, None, "endpoint_missing"),
+        (Some("/relative/path"), None, "endpoint_invalid"),
+        (Some("not a url"), None, "endpoint_invalid"),
+        (Some("http://hooks.acme.example/x"), None, "endpoint_scheme"),
+        (
+            Some("https://u:p@hooks.acme.example/x"),
+            None,
+            "endpoint_userinfo",
+        ),
+        (Some("https://127.0.0.1/x"), None, "endpoint_address"),
+        (Some("https://10.0.0.1/x"), None, "endpoint_address"),
+        (
+            Some("https://169.254.169.254/latest/meta-data"),
+            None,
+            "endpoint_address",
+        ),
+        (Some("https://[::1]/x"), None, "endpoint_address"),
+        (
+            Some("https://[::ffff:127.0.0.1]/x"),
+            None,
+            "endpoint_address",
+        ),
+        (
+            Some("https://[64:ff9b::7f00:1]/x"),
+            None,
+            "endpoint_address",
+        ),
+        (
+            Some("https://hooks.acme.example/x"),
+            Some("whsec_!!!"),
+            "endpoint_secret",
+        ),
+    ];
+    for (url, secret, reason) in cases {
+        let mut headers = vec![];
+        if let Some(u) = url {
+            headers.push(("courier-endpoint", u));
+        }
+        if let Some(s) = secret {
+            headers.push(("courier-endpoint-secret", s));
+        }
+        let resp = post(&c.url("customers"), r#"{"n":1}"#, &headers).await;
+        check_eq!(c, resp.status, 400, "{url:?}: {}", resp.text());
+        let body = resp.json();
+        check_eq!(c, body["reason"], reason, "{url:?}: {body}");
+        check!(
+            c,
+            body["error"]
+                .as_str()
+                .is_some_and(|e| e.contains("nothing was stored")),
+            "{body}"
+        );
+    }
+    let events = get(&format!(
+        "{}/v1/events?destination=customers",
+        c.admin_url()
+    ))
+    .await
+    .json();
+    check_eq!(c, events["events"], json!([]), "nothing stored: {events}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_name_that_resolves_to_loopback_is_refused_at_connect_time() {
+    let rx = Receiver::ok().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let c = Courier::start(dir.path(), &yaml("endpoints: { schemes: [http] }")).await;
+    let url = format!("http://localhost:{}/x", rx.addr().port());
+    publish(&c, "evt-local", &url, None).await;
+    let (_, records) = wait_dead_letters(&c, "customers", 1, WAIT).await;
+    check_eq!(
+        c,
+        records[0]["deadLetterReason"],
+        "AddressNotAllowed",
+        "{}",
+        records[0]
+    );
+    check_eq!(
+        c,
+        records[0]["headers"]["courier-endpoint"],
+        url.as_str(),
+        "the record names the endpoint: {}",
+        records[0]
+    );
+    quiet(&c, &rx, 0, Duration::from_millis(300)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_sick_endpoint_goes_on_probation_alone_and_delays_no_other() {
+    const HEALTHY: usize = 20;
+    const EACH: usize = 5;
+    const BACKLOG: usize = 400;
+    let sick = Receiver::start_on(
+        SocketAddr::from((address(999), 0)),
+        behavior(|_, _| Reply::hang()),
+    )
+    .await;
+    let rxs = receivers(HEALTHY, || behavior(|_, _| Reply::status(200))).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let c = Courier::start(
+        dir.path(),
+        &yaml(&format!(
+            "concurrency: 16\ntimeout: 200ms\nlate_answer_window: 0s\n\
+             retry: {{ schedule: [50ms], max_attempts: 30 }}\n\
+             probation: {{ after_failures: 3 }}\n{OPEN}"
+        )),
+    )
+    .await;
+    // The sick endpoint's backlog first: older than every healthy event.
+    let sick_url = format!("http://{}/hook", sick.addr());
+    for chunk in (0..BACKLOG).collect::<Vec<_>>().chunks(50) {
+        let posts = chunk.iter().map(|&i| {
+            let (c, url) = (&c, &sick_url);
+            async move { publish(c, &format!("sick-{i}"), url, None).await }
+        });
+        futures::future::join_all(posts).await;
+    }
+    let started = tokio::time::Instant::now();
+    for round in 0..EACH {
+        for (i, rx) in rxs.iter().enumerate() {
+            let url = format!("http://{}/h", rx.addr());
+            publish(&c, &format!("ok-{i}-{round}"), &url, None).await;
+        }
+    }
+    for rx in &rxs {
+        requests(&c, rx, EACH, Duration::from_secs(10)).await;
+    }
+    let took = started.elapsed();
+    // 100 events to fast endpoints: seconds would mean they waited behind
+    // the sick one's 200 ms timeouts, 4 at a time.
+    check!(
+        c,
+        took < Duration::from_secs(5),
+        "healthy endpoints waited {took:?}"
+    );
+    wait_metric(
+        &c,
+        r#"courier_endpoints{destination="customers",state="probation"}"#,
+        1.0,
+        WAIT,
+    )
+    .await;
+    let body = get(&format!("{}/v1/destinations", c.admin_url()))
+        .await
+        .json();
+    let state = body["destinations"]
+        .as_array()
+        .and_then(|l| l.iter().find(|d| d["name"] == "customers"))
+        .map(|d| d["state"].clone());
+    check_eq!(
+        c,
+        state,
+        Some(json!("healthy")),
+        "one endpoint's sickness is its own: {body}"
+    );
+    check!(
+        c,
+        sick.count() <= 4 * 3,
+        "the sick endpoint got {} attempts: at most its cap (4) per probation's start",
+        sick.count()
+    );
+}
+
+/// Events for 500 endpoints pending across a SIGKILL: every one reaches
+/// its own URL after the restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_for_500_endpoints_survive_sigkill_each_to_its_own_url() {
+    const N: usize = 500;
+    let open = Arc::new(AtomicBool::new(false));
+    let rxs = receivers(N, || {
+        let open = open.clone();
+        behavior(move |_, _| {
+            if open.load(Ordering::SeqCst) {
+                Reply::status(200)
+            } else {
+                Reply::status(503)
+            }
+        })
+    })
+    .await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut c = Courier::start(
+        dir.path(),
+        &yaml(&format!(
+            "concurrency: 64\nretry: {{ schedule: [200ms], max_attempts: 30 }}\nstatus: {{ min_delay: {{ 503: 0s }} }}\n\
+             probation: {{ after_failures: 0 }}\n{OPEN}"
+        )),
+    )
+    .await;
+    for chunk in (0..N).collect::<Vec<_>>().chunks(50) {
+        let posts = chunk.iter().map(|&i| {
+            let url = format!("http://{}/e/{i}", rxs[i].addr());
+            let secret = secret(i);
+            let c = &c;
+            async move { publish(c, &format!("evt-{i}"), &url, Some(&secret)).await }
+        });
+        futures::future::join_all(posts).await;
+    }
+    // Nothing was delivered before the kill: every endpoint answered 503.
+    c.kill();
+    open.store(true, Ordering::SeqCst);
+    c.restart().await;
+    // Delivered means answered 200, after the restart: wait for the last.
+    wait_metric(
+        &c,
+        r#"courier_events_pending{destination="customers"}"#,
+        0.0,
+        WAIT,
+    )
+    .await;
+    let mut wires = Vec::with_capacity(N);
+    for (i, rx) in rxs.iter().enumerate() {
+        let got = rx.received();
+        check!(c, !got.is_empty(), "endpoint {i} got nothing");
+        for r in &got {
+            check_eq!(
+                c,
+                r.webhook_id(),
+                format!("evt-{i}"),
+                "endpoint {i} got another's event"
+            );
+            check_eq!(c, r.path_and_query, format!("/e/{i}"), "its own URL");
+        }
+        wires.push(wire(&got[got.len() - 1], &[secret(i)]));
+    }
+    let results = verified(wires);
+    check!(
+        c,
+        results.iter().all(|per| per == &[true]),
+        "each signed with its own secret after the restart"
+    );
+}
+
+/// Every file under `dir` outside the journal's own files, as text.
+fn files_outside_the_journal(dir: &Path) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    let mut seen = HashSet::new();
+    while let Some(d) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let p = e.path();
+            if !seen.insert(p.clone()) {
+                continue;
+            }
+            let journal_file = p.parent() == Some(&dir.join("journal"))
+                && p.file_name().is_some_and(|n| n != "history");
+            if p.is_dir() {
+                if !journal_file {
+                    stack.push(p);
+                }
+            } else if !journal_file {
+                let text =
+                    String::from_utf8_lossy(&std::fs::read(&p).unwrap_or_default()).into_owned();
+                out.push((p.display().to_string(), text));
+            }
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_secret_never_leaves_the_journal() {
+    let rx = Receiver::start_on(
+        SocketAddr::from((address(7), 0)),
+        behavior(|_, _| Reply::status(400)),
+    )
+    .await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let c = Courier::start(dir.path(), &yaml(OPEN)).await;
+    let secret = secret(7);
+    let key = secret.trim_start_matches("whsec_").to_string();
+    let url = format!("http://{}/x", rx.addr());
+    publish(&c, "evt-secret", &url, Some(&secret)).await;
+    // 400: dead-lettered at its first attempt.
+    let (_, records) = wait_dead_letters(&c, "customers", 1, WAIT).await;
+    let got = requests(&c, &rx, 1, WAIT).await;
+    let sent: String = got[0]
+        .headers
+        .iter()
+        .map(|(k, v)| format!("{k}: {}\n", v.to_str().unwrap_or("")))
+        .collect();
+    let mut answers = String::new();
+    for path in [
+        "/v1/destinations",
+        "/v1/events?destination=customers",
+        "/v1/events/evt-secret",
+        "/v1/dead-letters?destination=customers",
+        "/metrics",
+    ] {
+        answers.push_str(&get(&format!("{}{path}", c.admin_url())).await.text());
+    }
+    let logs = c.settled_logs().await;
+    check!(
+        c,
+        logs.contains("evt-secret"),
+        "the debug log names the event"
+    );
+    for (what, text) in [
+        ("the endpoint's request", sent),
+        ("a dead-letter record", records[0].to_string()),
+        ("the /v1 and /metrics answers", answers),
+        ("the log", logs),
+    ] {
+        check!(c, !text.contains(&key), "the secret is in {what}");
+    }
+    for (file, text) in files_outside_the_journal(dir.path()) {
+        check!(c, !text.contains(&key), "the secret is in {file}");
+    }
+    check!(
+        c,
+        !records[0].to_string().contains("courier-endpoint-secret"),
+        "the secret header is not even named: {}",
+        records[0]
+    );
+    check_eq!(
+        c,
+        records[0]["headers"]["courier-endpoint"],
+        url.as_str(),
+        "{}",
+        records[0]
+    );
+}
