@@ -27,7 +27,7 @@ pub const MAX_SECRETS: usize = 4;
 
 /// Why a named endpoint is refused; each names the rule it broke, and the
 /// message says what to send instead.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
 pub enum Refused {
     #[error("no endpoint: this destination delivers to the URL named in header {0}")]
     Missing(String),

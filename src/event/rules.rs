@@ -5,6 +5,7 @@
 //! can write there must not be able to send a method, a path, a header or a
 //! body that ingress would have refused (docs/object-storage.md).
 
+use super::endpoint;
 use http::uri::PathAndQuery;
 
 /// The methods an app may publish with.
@@ -79,6 +80,8 @@ pub enum Refused {
     Destination(String),
     #[error("its delivery state is not one a courier writes")]
     State,
+    #[error("its endpoint: {0}")]
+    Endpoint(super::endpoint::Refused),
 }
 
 impl Refused {
@@ -92,6 +95,7 @@ impl Refused {
             Refused::Id => "id",
             Refused::Destination(_) => "destination",
             Refused::State => "state",
+            Refused::Endpoint(_) => "endpoint",
         }
     }
 }
@@ -157,7 +161,8 @@ pub struct Limits {
 }
 
 /// Checks an event read from outside the process against what ingress
-/// admits. `destination` must be a name a config could hold (an unknown one
+/// admits; the endpoint's own headers (`url: per_event`) are checked as
+/// ingress checked them. `destination` must be a name a config could hold (an unknown one
 /// is kept as orphaned by the journal, as after a reload removed it).
 pub fn check(
     id: &str,
@@ -188,6 +193,17 @@ pub fn check(
             || http::HeaderValue::from_bytes(value).is_err()
         {
             return Err(Refused::BadHeader);
+        }
+        if endpoint::is_own(name) {
+            // Set by ingress for `url: per_event`; checked again as a URL
+            // (its address is judged when courier connects) or secrets.
+            let checked = if name == endpoint::URL_HEADER {
+                endpoint::check(value, &["http".into(), "https".into()], None).map(drop)
+            } else {
+                endpoint::check_secrets(value).map(drop)
+            };
+            checked.map_err(Refused::Endpoint)?;
+            continue;
         }
         if !header_travels(name, &[], limits.keyed) {
             return Err(Refused::Header(name.clone()));
@@ -299,13 +315,32 @@ mod tests {
             "transfer-encoding",
             "connection",
             "aeg-sas-key",
-            "courier-endpoint",
+            "courier-delivery-attempt",
             "webhook-signature",
         ] {
             assert_eq!(
                 event("POST", "/x", &[(name, b"v")], 1),
                 Err(Refused::Header(name.into())),
                 "{name}"
+            );
+        }
+        // The endpoint's own headers pass only as ingress would store them.
+        let secret = crate::event::signature::encode(b"k");
+        let own: &[(&str, &[u8])] = &[
+            ("courier-endpoint", b"https://hooks.acme.example/x"),
+            ("courier-endpoint-secret", secret.as_bytes()),
+        ];
+        assert_eq!(event("POST", "", own, 1), Ok(()));
+        for (name, bad) in [
+            ("courier-endpoint", &b"ftp://h.example/x"[..]),
+            ("courier-endpoint", b"https://u:p@h.example/"),
+            ("courier-endpoint", b"/relative"),
+            ("courier-endpoint-secret", b"whsec_!!"),
+        ] {
+            assert_eq!(
+                event("POST", "", &[(name, bad)], 1).map_err(|e| e.reason()),
+                Err("endpoint"),
+                "{name}: {bad:?}"
             );
         }
         assert_eq!(

@@ -29,7 +29,7 @@ const LENIENT: GeneralPurpose = GeneralPurpose::new(
 
 /// Why an environment value is not a signing secret. The messages never
 /// repeat the value: it is a secret even when malformed.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
 pub enum SecretError {
     #[error("is empty: expected whsec_ followed by base64")]
     Empty,

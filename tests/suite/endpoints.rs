@@ -520,4 +520,109 @@ async fn the_secret_never_leaves_the_journal() {
         "{}",
         records[0]
     );
+    // A replay goes back to the endpoint the record names, without the
+    // secret the record does not hold.
+    let replay = support::admin_post(
+        &format!("{}/v1/dead-letters/replay", c.admin_url()),
+        json!({"destination": "customers", "ids": ["evt-secret"]}).to_string(),
+        &[("content-type", "application/json")],
+    )
+    .await;
+    check_eq!(c, replay.json()["replayed_count"], 1, "{}", replay.text());
+    let got = requests(&c, &rx, 2, WAIT).await;
+    check_eq!(
+        c,
+        got[1].path_and_query,
+        "/x",
+        "the replay went to its endpoint"
+    );
+    check_eq!(c, got[1].webhook_id(), "evt-secret");
+    check!(
+        c,
+        got[1].header("webhook-signature").is_none(),
+        "no secret to sign with"
+    );
+}
+
+/// A rolling deploy: courier A hands its pending events off to a bucket
+/// (`moto_server`), courier B adopts them, and each still goes to its own
+/// URL signed with its own secret.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hand_off_keeps_each_events_url_and_secret() {
+    use support::stores::{Moto, s3_env};
+    const N: usize = 20;
+    let moto = Moto::start("courier").await;
+    let open = Arc::new(AtomicBool::new(false));
+    let rxs = receivers(N, || {
+        let open = open.clone();
+        behavior(move |_, _| {
+            Reply::status(if open.load(Ordering::SeqCst) {
+                200
+            } else {
+                503
+            })
+        })
+    })
+    .await;
+    let yaml = yaml(&format!(
+        "retry: {{ schedule: [200ms], max_attempts: 30 }}\n\
+         status: {{ min_delay: {{ 503: 0s }} }}\n\
+         probation: {{ after_failures: 0 }}\n{OPEN}"
+    ))
+    .replace(
+        "journal: { dir: ./journal }\n",
+        "journal: { dir: ./journal }\nshutdown_grace: 1s\nhandoff: { url: s3://courier/handoff, poll: 200ms, claim_timeout: 5s }\n",
+    );
+    let env = s3_env(&moto.endpoint());
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let (dir_a, dir_b) = (
+        tempfile::tempdir().expect("a"),
+        tempfile::tempdir().expect("b"),
+    );
+    let mut a = Courier::start_with_env(support::courier_bin(), dir_a.path(), &yaml, &env).await;
+    for (i, rx) in rxs.iter().enumerate() {
+        let url = format!("http://{}/h/{i}", rx.addr());
+        publish(&a, &format!("evt-{i}"), &url, Some(&secret(i))).await;
+    }
+    for rx in &rxs {
+        requests(&a, rx, 1, WAIT).await;
+    }
+    let b = Courier::start_with_env(support::courier_bin(), dir_b.path(), &yaml, &env).await;
+    a.terminate_handing_off().await;
+    let before: Vec<usize> = rxs.iter().map(Receiver::count).collect();
+    open.store(true, Ordering::SeqCst);
+    wait_metric(
+        &b,
+        r#"courier_handoff_events_total{direction="adopted"}"#,
+        N as f64,
+        WAIT,
+    )
+    .await;
+    wait_metric(
+        &b,
+        r#"courier_events_pending{destination="customers"}"#,
+        0.0,
+        WAIT,
+    )
+    .await;
+    let mut wires = Vec::with_capacity(N);
+    for (i, rx) in rxs.iter().enumerate() {
+        let got = rx.received();
+        check!(b, got.len() > before[i], "endpoint {i} got nothing from B");
+        let last = &got[got.len() - 1];
+        check_eq!(
+            b,
+            last.webhook_id(),
+            format!("evt-{i}"),
+            "endpoint {i}'s own event"
+        );
+        check_eq!(b, last.path_and_query, format!("/h/{i}"), "its own URL");
+        wires.push(wire(last, &[secret(i)]));
+    }
+    let results = verified(wires);
+    check!(
+        b,
+        results.iter().all(|per| per == &[true]),
+        "B signed each with its own secret: {results:?}"
+    );
 }
