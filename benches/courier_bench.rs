@@ -1,7 +1,7 @@
 //! courier against nginx under the same wrk load, in one invocation:
 //!
 //! `cargo bench --bench courier_bench [-- --seconds 10 --connections 50
-//!  --steps nhabcdekpqxotylgru --scale 1 --compare PATH --rounds 1 --write-results]`
+//!  --steps nhabcdekpqxotylgrum --scale 1 --compare PATH --rounds 1 --write-results]`
 //!
 //! n. baselines, run as their users run them: wrk against an nginx answering
 //!    200 to every POST (`direct`: the receiver, which courier delivers to
@@ -103,6 +103,11 @@
 //!    `endpoints: { guard: on }` (loopback opened by `allow_cidrs`) and
 //!    without, in the order off, on, on, off, with CPU per event. Budget:
 //!    on ≥ 0.95× off.
+//! m. many endpoints (issue #46, `courier_bench/endpoints.rs`): step b to
+//!    a `url: per_event` destination whose events name 10,000 endpoints in
+//!    turn (one nginx listening on 10,000 loopback addresses), and to the
+//!    same build's single fixed destination, in the order fixed, many,
+//!    many, fixed. Budget: many ≥ 0.8× fixed.
 //!
 //! Steps o and t start their own `moto_server` (PyPI `moto[server]`, in
 //! `tests/py/requirements.txt`) on a free loopback port and kill it at
@@ -132,6 +137,8 @@
 mod adaptive;
 #[path = "courier_bench/alternated.rs"]
 mod alternated;
+#[path = "courier_bench/endpoints.rs"]
+mod endpoints;
 #[path = "courier_bench/floor.rs"]
 mod floor;
 #[path = "courier_bench/guard.rs"]
@@ -165,7 +172,7 @@ const PENDING: &str = r#"courier_events_pending{destination="bench"}"#;
 const ACCEPTED: &str = r#"courier_events_accepted_total{destination="bench"}"#;
 const DELIVERED: &str = r#"courier_events_delivered_total{destination="bench"}"#;
 /// Every step, run by default; `--steps` picks some.
-const STEPS: &str = "nhabcdekpqxotylgru";
+const STEPS: &str = "nhabcdekpqxotylgrum";
 /// Step c's backlog and step d's, before `--scale`.
 const DRAIN_BACKLOG: f64 = 100_000.0;
 /// Step h's client: as many connections as courier's `concurrency: 64`.
@@ -182,7 +189,7 @@ const POLL: Duration = Duration::from_millis(20);
 /// Step e waits this long after the start before reading RSS.
 const IDLE: Duration = Duration::from_secs(2);
 const MIB: f64 = 1024.0 * 1024.0;
-const USAGE: &str = "usage: cargo bench --bench courier_bench [-- --seconds N --connections N --steps nhabcdekpqxotylgru --scale F --compare PATH --rounds N --write-results]";
+const USAGE: &str = "usage: cargo bench --bench courier_bench [-- --seconds N --connections N --steps nhabcdekpqxotylgrum --scale F --compare PATH --rounds N --write-results]";
 
 #[derive(Clone)]
 struct Args {
@@ -301,6 +308,12 @@ impl Nginx {
         Nginx::start("receiver", "", "location / { return 200 ''; }")
     }
 
+    /// The receiver on `n` loopback addresses at one port
+    /// (`endpoints::address`): `n` distinct endpoints for step m.
+    fn receiver_on_many(n: usize) -> Result<Nginx, String> {
+        Nginx::start_listening("receiver", "", "location / { return 200 ''; }", n)
+    }
+
     /// The proxy: `proxy_pass` to the receiver on `upstream`, keeping up
     /// to 64 idle connections to it per worker.
     fn proxy(upstream: u16) -> Result<Nginx, String> {
@@ -316,14 +329,47 @@ impl Nginx {
     }
 
     fn start(role: &str, upstream: &str, location: &str) -> Result<Nginx, String> {
+        Nginx::start_listening(role, upstream, location, 0)
+    }
+
+    /// `many`: listens on that many addresses of `endpoints::address`
+    /// instead of 127.0.0.1, each connection a worker's file.
+    fn start_listening(
+        role: &str,
+        upstream: &str,
+        location: &str,
+        many: usize,
+    ) -> Result<Nginx, String> {
         let dir = tempfile::tempdir().map_err(|e| format!("tempdir for nginx {role}: {e}"))?;
         let port = free_port();
+        let listen = if many == 0 {
+            format!("listen 127.0.0.1:{port};")
+        } else {
+            (0..many)
+                .map(|i| format!("listen {}:{port};", endpoints::address(i)))
+                .collect::<Vec<_>>()
+                .join("\n        ")
+        };
+        // Listening sockets count among a worker's connections: room for
+        // every address and a connection to each, under an open file
+        // limit raised to match (nginx's master sets it as root).
+        let (connections, files) = if many == 0 {
+            (4096, String::new())
+        } else {
+            (3 * many, format!("worker_rlimit_nofile {};", 4 * many))
+        };
+        let host = if many == 0 {
+            Ipv4Addr::LOCALHOST
+        } else {
+            endpoints::address(0)
+        };
         let conf = format!(
             "# nginx {role}, as users run it: a worker per core.
 worker_processes auto;
+{files}
 pid nginx.pid;
 error_log stderr warn;
-events {{ worker_connections 4096; }}
+events {{ worker_connections {connections}; }}
 http {{
     access_log off;
     client_body_temp_path body;
@@ -332,7 +378,7 @@ http {{
     client_max_body_size 1m;
     {upstream}
     server {{
-        listen 127.0.0.1:{port};
+        {listen}
         {location}
     }}
 }}
@@ -365,7 +411,7 @@ http {{
             // Without /proc's `children` (a kernel built without it) the
             // workers cannot be counted: listening is all there is to see.
             let settled = (workers > 0 && workers == forked) || !children_listed();
-            if settled && TcpStream::connect((Ipv4Addr::LOCALHOST, port)).is_ok() {
+            if settled && TcpStream::connect((host, port)).is_ok() {
                 return Ok(nginx);
             }
             if Instant::now() >= deadline {
@@ -1982,6 +2028,19 @@ async fn courier_steps(
                     rows,
                     budgets,
                     &history::budget_names(args),
+                ),
+            },
+            'm' => match endpoints::endpoints(label, bin, rx, args).await {
+                Ok(m) => {
+                    budgets.extend(endpoints::budgets(label, &m));
+                    rows.extend(m.rows);
+                }
+                Err(e) => failed(
+                    "m. many endpoints",
+                    e,
+                    rows,
+                    budgets,
+                    &[endpoints::budget_name()],
                 ),
             },
             'u' => match guard::guard(label, bin, rx, args).await {

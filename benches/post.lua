@@ -30,6 +30,23 @@ if keys then
   end
 end
 
+-- Step m: with COURIER_BENCH_ENDPOINTS=N:PORT, each request names its
+-- endpoint in Courier-Endpoint: http://127.1.x.y:PORT/ for the N
+-- addresses of courier_bench/endpoints.rs, in turn, the two threads half
+-- a round apart.
+local endpoints = os.getenv("COURIER_BENCH_ENDPOINTS")
+if endpoints then
+  local count, port = endpoints:match("^(%d+):(%d+)$")
+  count = tonumber(count)
+  local n = nil
+  request = function()
+    n = ((n or start * math.floor(count / 2)) + 1) % count
+    wrk.headers["Courier-Endpoint"] = string.format(
+      "http://127.1.%d.%d:%s/", math.floor(n / 250), n % 250 + 1, port)
+    return wrk.format()
+  end
+end
+
 -- Step r: with COURIER_BENCH_TRACEPARENT set, every request carries it as
 -- its W3C traceparent (one app span, sampled), as an instrumented app's do.
 local traceparent = os.getenv("COURIER_BENCH_TRACEPARENT")

@@ -217,6 +217,18 @@ pub fn keep_fixed(
             new.ingress.max_body_bytes, new.ingress.max_inflight_bytes
         ));
     }
+    // Pending events were stored for one kind: those of a fixed url name
+    // no endpoint, those of `per_event` would go to the fixed url.
+    for dest in &new.destinations {
+        if let Some(was) = old.destination(&dest.name)
+            && was.per_event.is_some() != dest.per_event.is_some()
+        {
+            return Err(format!(
+                "destinations.{}.url: switching between a fixed url and per_event takes a restart (docs/endpoints.md): events pending now were stored for the other kind",
+                dest.name
+            ));
+        }
+    }
     if !new.admin_listen.ip().is_loopback() && new.admin_token.is_none() {
         return Err(format!(
             "admin_token_env: required while admin_listen is `{}`, which only a restart changes",
@@ -434,6 +446,32 @@ destinations:
         let key = |name: &str| kept.destination(name).and_then(|d| d.ordering.clone());
         assert_eq!(key("a"), None, "a keeps running unordered until a restart");
         assert_eq!(key("b"), Some(crate::event::ordering::Key::Destination));
+    }
+
+    #[test]
+    fn a_reload_cannot_switch_a_destination_between_a_fixed_url_and_per_event() {
+        let per_event = OLD.replace(
+            "  a: { url: http://127.0.0.1:9/a }",
+            "  a: { url: per_event }\n  b: { url: per_event }",
+        );
+        let e = keep_fixed(&settings(OLD), settings(&per_event)).expect_err("refused");
+        assert!(
+            e.contains("destinations.a.url") && e.contains("restart"),
+            "{e}"
+        );
+        let e = keep_fixed(&settings(&per_event), settings(OLD)).expect_err("refused");
+        assert!(e.contains("destinations.a.url"), "{e}");
+        // A new destination may be either.
+        assert!(
+            keep_fixed(
+                &settings(OLD),
+                settings(&OLD.replace(
+                    "  a: { url: http://127.0.0.1:9/a }",
+                    "  a: { url: http://127.0.0.1:9/a }\n  b: { url: per_event }",
+                ))
+            )
+            .is_ok()
+        );
     }
 
     #[test]

@@ -2124,6 +2124,11 @@ fn url_per_event_reads_its_endpoint_keys_with_defaults_and_refuses_what_cannot_f
             "mode",
             "durable",
         ),
+        (
+            "    concurrency: { adaptive: {} }\n",
+            "concurrency.adaptive",
+            "one slow endpoint",
+        ),
     ] {
         let errors = errors(&dest(extra));
         assert!(

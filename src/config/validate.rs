@@ -859,6 +859,12 @@ fn per_event(
             "passthrough answers the app with one fixed endpoint's answer: a per_event destination is durable",
         );
     }
+    if matches!(d.concurrency, Some(Concurrency::Adaptive { .. })) {
+        c.err(
+            format!("{p}.concurrency.adaptive"),
+            "learns one endpoint's capacity: with per_event, one slow endpoint would lower every other's; set a number, and endpoints.concurrency per endpoint",
+        );
+    }
     Arc::new(PerEvent {
         header,
         secret_header,

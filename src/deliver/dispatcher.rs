@@ -505,27 +505,43 @@ impl Dispatcher {
                 Some((turn, _)) if !matches!(turn, Turn::Go { .. }) => *turn,
                 _ => endpoints.start(&origin, cap),
             };
-            let Turn::Go { probe } = said else {
-                let (_, n) = met.entry(origin.clone()).or_insert((said, 0));
-                let k = *n;
-                *n += 1;
-                match said {
-                    Turn::Busy if k < cap => kept.push_back(ev),
-                    Turn::Busy => {
-                        // Spaced as the endpoint can take them.
-                        let pace = endpoints.pace_ms(&origin);
-                        let rounds = ((k - cap) / cap + 1) as u64;
-                        back.push((ev, now + rounds * pace));
+            let probe = match said {
+                Turn::Go { probe } => probe,
+                blocked => {
+                    let (_, n) = met.entry(origin.clone()).or_insert((blocked, 0));
+                    let k = *n;
+                    *n += 1;
+                    match blocked {
+                        Turn::Busy if k < cap => kept.push_back(ev),
+                        Turn::Busy => {
+                            // Spaced as the endpoint can take them.
+                            let pace = endpoints.pace_ms(&origin);
+                            let rounds = ((k - cap) / cap + 1) as u64;
+                            back.push((ev, now + rounds * pace));
+                        }
+                        Turn::WaitUntil(t) => back.push((ev, t)),
+                        // Nothing goes to it: due at its TTL, to be dead-lettered.
+                        Turn::Gone => {
+                            let deadline = self.ctx.dest.limits.deadline(ev.event.accepted_ms);
+                            back.push((ev, deadline));
+                        }
+                        // Its probe's answer comes within the timeout.
+                        Turn::Probing | Turn::Go { .. } => {
+                            let due = now + self.ctx.dest.timeout.as_millis().max(1000) as u64;
+                            back.push((ev, due));
+                        }
                     }
-                    Turn::WaitUntil(t) => back.push((ev, t)),
-                    _ => back.push((ev, now + self.ctx.dest.timeout.as_millis().max(1000) as u64)),
+                    continue;
                 }
-                continue;
             };
             met.insert(origin.clone(), (said, 0));
             let turn = EndpointTurn::new(endpoints.clone(), origin, probe);
             // The destination's own gate: an operator's pause, the rate limit.
             let gate = self.ctx.health.gate();
+            if gate == (Gate::Go { probe: true }) {
+                // Probation is its endpoints' (`Health::end_probation`).
+                self.ctx.health.probe_cancelled();
+            }
             if !matches!(gate, Gate::Go { .. }) {
                 drop(turn);
                 blocked.gate = Some(gate);
@@ -570,12 +586,18 @@ impl Dispatcher {
         let journal = self.ctx.journal.clone();
         let name = self.ctx.dest.name.clone();
         let handle = self.tasks.spawn(async move {
-            if let Err(e) = journal.settle(&changes).await {
-                tracing::warn!(destination = %name, error = %e, "cannot put events back for their endpoint's turn");
-            }
+            // Not released when refused: read again at once, they would
+            // be put back again, a loop against a failing journal.
+            let release = match journal.settle(&changes).await {
+                Ok(()) => true,
+                Err(e) => {
+                    tracing::warn!(destination = %name, error = %e, "cannot put events back for their endpoint's turn: they wait for a restart");
+                    false
+                }
+            };
             Settled {
                 deferred: true,
-                ..Settled::done(true)
+                ..Settled::done(release)
             }
         });
         self.held.hand(handle.id(), Running { seqs, bytes: 0 });

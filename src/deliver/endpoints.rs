@@ -31,8 +31,10 @@ pub enum Turn {
     Busy,
     /// On probation or held by a Retry-After until then.
     WaitUntil(u64),
-    /// Its probe is out, or it answered 410: no end known.
-    Wait,
+    /// Its probe is out: its answer comes within the timeout.
+    Probing,
+    /// It answered 410: nothing goes to it until courier restarts.
+    Gone,
 }
 
 struct State {
@@ -128,14 +130,13 @@ impl Endpoints {
         let mut s = self.lock();
         if !s.states.contains_key(origin) {
             s.make_room();
-            let state = State::new(&s.policy);
-            s.states.insert(origin.clone(), state);
         }
-        let Some(state) = s.states.get_mut(origin) else {
-            return Turn::Wait;
-        };
+        let Inner { states, policy, .. } = &mut *s;
+        let state = states
+            .entry(origin.clone())
+            .or_insert_with(|| State::new(policy));
         if state.gone_since_ms.is_some() {
-            return Turn::Wait;
+            return Turn::Gone;
         }
         if let Some(until) = state.hold_until_ms {
             if now < until {
@@ -146,7 +147,7 @@ impl Endpoints {
         let probe = match state.probation.admit(now) {
             Admit::Go => false,
             Admit::Probe => true,
-            Admit::WaitUntil(u64::MAX) => return Turn::Wait,
+            Admit::WaitUntil(u64::MAX) => return Turn::Probing,
             Admit::WaitUntil(t) => return Turn::WaitUntil(t),
         };
         if state.in_flight as usize >= cap {
@@ -324,7 +325,7 @@ mod tests {
                 ..failed()
             },
         );
-        assert_eq!(e.start(&b, 4), Turn::Wait, "b answered 410");
+        assert_eq!(e.start(&b, 4), Turn::Gone, "b answered 410");
     }
 
     #[test]

@@ -230,6 +230,9 @@ impl Fleet {
             } = kept.clone();
             let endpoints = endpoints.filter(|_| dest.per_event.is_some());
             health.reconfigure(&dest.probation, dest.rate_limit_per_second);
+            if dest.per_event.is_some() {
+                health.end_probation();
+            }
             limit.reconfigure(dest.concurrency, dest.adaptive);
             let sink = dest
                 .dead_letter

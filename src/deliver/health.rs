@@ -171,6 +171,16 @@ impl Health {
         s.last_attempt_ms = Some(clock::now_ms());
     }
 
+    /// Ends a probation at once: a destination that became `url:
+    /// per_event` keeps probation per endpoint, and its own would never end.
+    pub fn end_probation(&self) {
+        let mut s = self.lock();
+        let policy = s.probation.policy().clone();
+        s.probation = Probation::new(policy);
+        drop(s);
+        self.wake.notify_one();
+    }
+
     /// The probe's event needed no attempt after all: let another probe.
     pub fn probe_cancelled(&self) {
         self.lock().probation.probe_cancelled();

@@ -35,7 +35,7 @@ use super::verdict::{self, Answered, End};
 use crate::clock;
 use crate::config::DestinationSettings;
 use crate::deadletter::{DeadLetterSink, SinkStreak};
-use crate::event::{Fate, Outcome, StoredEvent};
+use crate::event::{Fate, Outcome, StoredEvent, endpoint};
 use crate::history::{Attempt, Step};
 use crate::journal::{Change, Journal, JournalError, Pause};
 use crate::metrics;
@@ -193,6 +193,12 @@ pub async fn run(ctx: &Arc<Ctx>, unit: Unit, probe: bool, slot: Slot) -> Settled
         // its last one (see `settle`), or a reload lowered `max_attempts`.
         if ev.attempts >= ctx.dest.limits.max_attempts {
             let fate = verdict::exhausted(&ev, now);
+            exhausted.push((ev, fate));
+            continue;
+        }
+        // Stored while the destination had a fixed url: it has no endpoint.
+        if ctx.dest.per_event.is_some() && endpoint::url_of(&ev.event).is_none() {
+            let fate = verdict::no_endpoint(&ev, now);
             exhausted.push((ev, fate));
             continue;
         }

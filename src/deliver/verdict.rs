@@ -113,6 +113,20 @@ pub fn exhausted(ev: &StoredEvent, now_ms: u64) -> Fate {
     }
 }
 
+/// The fate of an event of a `url: per_event` destination that names no
+/// endpoint (stored while the destination had a fixed url): no address
+/// is allowed for it, and no attempt could change that.
+pub fn no_endpoint(ev: &StoredEvent, now_ms: u64) -> Fate {
+    Fate {
+        reason: Reason::AddressNotAllowed,
+        attempts: ev.attempts,
+        last_outcome: Outcome::AddressNotAllowed,
+        last_status: None,
+        last_attempt_ms: ev.last_attempt_ms,
+        at_ms: now_ms,
+    }
+}
+
 /// The fate of an event whose TTL ran out before its next attempt; one
 /// that a restart found fated keeps the fate it was given. One held back
 /// by probation says so in `lastDeliveryOutcome`, as in Event Grid, as

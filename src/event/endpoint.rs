@@ -81,15 +81,64 @@ pub fn check(value: &[u8], schemes: &[String], guard: Option<&Guard>) -> Result<
     if authority.as_str().contains('@') {
         return Err(Refused::Userinfo);
     }
-    if authority.host().is_empty() {
+    let host = authority.host();
+    // A zone id (`%`) names an interface, not an address on the internet.
+    if host.is_empty() || host.contains('%') {
         return Err(Refused::NotAbsolute);
     }
-    if let (Some(guard), Some(ip)) = (guard, literal(authority.host()))
+    let ip = match literal(host) {
+        Some(ip) => Some(ip),
+        // A last label in digits is no DNS name: the system's resolver
+        // reads such hosts as inet_aton does (`2130706433`, `0x7f.1`,
+        // `127.1` are 127.0.0.1), and so does the check.
+        None if numeric_last_label(host) => {
+            Some(IpAddr::V4(inet_aton(host).ok_or(Refused::NotAbsolute)?))
+        }
+        None => None,
+    };
+    if let (Some(guard), Some(ip)) = (guard, ip)
         && !guard.allows(ip)
     {
         return Err(Refused::Address(ip));
     }
     Ok(uri.to_string())
+}
+
+fn numeric_last_label(host: &str) -> bool {
+    let last = host.trim_end_matches('.').rsplit('.').next().unwrap_or("");
+    last.starts_with(|c: char| c.is_ascii_digit())
+}
+
+/// An IPv4 address as inet_aton(3) reads it: one to four parts, each
+/// decimal, octal (`0` first) or hexadecimal (`0x` first), the last
+/// filling the bytes the others leave.
+fn inet_aton(host: &str) -> Option<std::net::Ipv4Addr> {
+    let parts: Vec<u32> = host
+        .trim_end_matches('.')
+        .split('.')
+        .map(|p| {
+            let (digits, radix) = match p.get(..2) {
+                Some("0x" | "0X") => (&p[2..], 16),
+                _ if p.len() > 1 && p.starts_with('0') => (&p[1..], 8),
+                _ => (p, 10),
+            };
+            u32::from_str_radix(digits, radix).ok()
+        })
+        .collect::<Option<_>>()?;
+    let (last, init) = parts.split_last()?;
+    if init.len() > 3 || init.iter().any(|&p| p > 255) {
+        return None;
+    }
+    let room = 8 * (4 - init.len() as u32);
+    if room < 32 && *last >= 1 << room {
+        return None;
+    }
+    let head = init
+        .iter()
+        .fold(0u32, |acc, &p| (acc << 8) | p)
+        .checked_shl(room)
+        .unwrap_or(0);
+    Some((head | last).into())
 }
 
 /// Checks an endpoint's secrets (`whsec_…`, space-separated) and returns
@@ -193,6 +242,27 @@ mod tests {
             let want: IpAddr = ip.parse().expect("an address");
             assert_eq!(check(url), Err(Refused::Address(want)), "{url}");
         }
+        // The forms the system's resolver reads as addresses.
+        for (url, ip) in [
+            ("https://2130706433/x", "127.0.0.1"),
+            ("https://0x7f.1/x", "127.0.0.1"),
+            ("https://017700000001/x", "127.0.0.1"),
+            ("https://127.1/x", "127.0.0.1"),
+            ("https://10.1.2/x", "10.1.0.2"),
+        ] {
+            let want: IpAddr = ip.parse().expect("an address");
+            assert_eq!(check(url), Err(Refused::Address(want)), "{url}");
+        }
+        assert_eq!(check("https://1.2.3.4.5/x"), Err(Refused::NotAbsolute));
+        assert_eq!(
+            check("https://[fe80::1%25eth0]/x"),
+            Err(Refused::NotAbsolute)
+        );
+        assert!(check("https://8.8.8.8/x").is_ok(), "a public address");
+        assert!(
+            check("https://1password.example/x").is_ok(),
+            "a name that starts with a digit"
+        );
         let long = format!("https://a.example/{}", "x".repeat(MAX_URL));
         assert_eq!(check(&long), Err(Refused::TooLong));
     }

@@ -626,3 +626,85 @@ async fn a_hand_off_keeps_each_events_url_and_secret() {
         "B signed each with its own secret: {results:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_endpoint_that_answers_410_is_stopped_alone() {
+    let gone = Receiver::start_on(
+        SocketAddr::from((address(20), 0)),
+        behavior(|_, _| Reply::status(410)),
+    )
+    .await;
+    let ok = Receiver::start_on(
+        SocketAddr::from((address(21), 0)),
+        behavior(|_, _| Reply::status(200)),
+    )
+    .await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let c = Courier::start(dir.path(), &yaml(&format!("concurrency: 1\n{OPEN}"))).await;
+    let (gone_url, ok_url) = (
+        format!("http://{}/g", gone.addr()),
+        format!("http://{}/o", ok.addr()),
+    );
+    publish(&c, "gone-0", &gone_url, None).await;
+    requests(&c, &gone, 1, WAIT).await;
+    for i in 1..5 {
+        publish(&c, &format!("gone-{i}"), &gone_url, None).await;
+        publish(&c, &format!("ok-{i}"), &ok_url, None).await;
+    }
+    requests(&c, &ok, 4, WAIT).await;
+    wait_metric(
+        &c,
+        r#"courier_endpoints{destination="customers",state="paused"}"#,
+        1.0,
+        WAIT,
+    )
+    .await;
+    quiet(&c, &gone, 1, Duration::from_millis(500)).await;
+    let body = get(&format!("{}/v1/destinations", c.admin_url()))
+        .await
+        .json();
+    let state = body["destinations"]
+        .as_array()
+        .and_then(|l| l.iter().find(|d| d["name"] == "customers"))
+        .map(|d| d["state"].clone());
+    check_eq!(
+        c,
+        state,
+        Some(json!("healthy")),
+        "the 410 is one endpoint's: {body}"
+    );
+}
+
+/// A restart that turns a fixed url into `per_event` finds events that
+/// name no endpoint: dead-lettered, not stuck.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_stored_for_a_fixed_url_are_dead_lettered_after_a_switch_to_per_event() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (_socket, port) = support::refusing_port();
+    let fixed = yaml(OPEN)
+        .replace("url: per_event", &format!("url: http://127.0.0.1:{port}/x"))
+        .replace(
+            "    endpoints: { schemes: [http], allow_cidrs: [127.0.0.0/8] }\n",
+            "    retry: { schedule: [1h] }\n",
+        );
+    let mut c = Courier::start(dir.path(), &fixed).await;
+    let resp = post(
+        &c.url("customers"),
+        r#"{"n":1}"#,
+        &[("idempotency-key", "old-1")],
+    )
+    .await;
+    check_eq!(c, resp.status, 202, "{}", resp.text());
+    c.kill();
+    std::fs::write(c.config_path(), yaml(OPEN)).expect("write the config");
+    c.restart().await;
+    let (_, records) = wait_dead_letters(&c, "customers", 1, WAIT).await;
+    check_eq!(c, records[0]["id"], "old-1");
+    check_eq!(
+        c,
+        records[0]["deadLetterReason"],
+        "AddressNotAllowed",
+        "{}",
+        records[0]
+    );
+}
