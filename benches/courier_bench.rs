@@ -1,7 +1,7 @@
 //! courier against nginx under the same wrk load, in one invocation:
 //!
 //! `cargo bench --bench courier_bench [-- --seconds 10 --connections 50
-//!  --steps nhabcdekpqxotylgrum --scale 1 --compare PATH --rounds 1 --write-results]`
+//!  --steps nhabcdekpqxotylgrumvw --scale 1 --compare PATH --rounds 1 --write-results]`
 //!
 //! n. baselines, run as their users run them: wrk against an nginx answering
 //!    200 to every POST (`direct`: the receiver, which courier delivers to
@@ -108,6 +108,14 @@
 //!    turn (one nginx listening on 10,000 loopback addresses), and to the
 //!    same build's single fixed destination, in the order fixed, many,
 //!    many, fixed. Budget: many ≥ 0.8× fixed.
+//! v. 100,000 endpoints tracked (issue #46, `courier_bench/endpoints.rs`):
+//!    one event each for endpoints that refuse connections, so that
+//!    courier holds every one's state; RSS above the same build idle.
+//!    Budget: ≤ 64 MiB.
+//! w. noisy neighbour (issue #46, `courier_bench/endpoints.rs`): 100
+//!    healthy endpoints under a steady 1,000 events/s, their delivery
+//!    latency without, then with, a sick endpoint (every attempt times out)
+//!    holding 50,000 events queued first. Budget: p99 with ≤ 2× without.
 //!
 //! Steps o and t start their own `moto_server` (PyPI `moto[server]`, in
 //! `tests/py/requirements.txt`) on a free loopback port and kill it at
@@ -172,7 +180,7 @@ const PENDING: &str = r#"courier_events_pending{destination="bench"}"#;
 const ACCEPTED: &str = r#"courier_events_accepted_total{destination="bench"}"#;
 const DELIVERED: &str = r#"courier_events_delivered_total{destination="bench"}"#;
 /// Every step, run by default; `--steps` picks some.
-const STEPS: &str = "nhabcdekpqxotylgrum";
+const STEPS: &str = "nhabcdekpqxotylgrumvw";
 /// Step c's backlog and step d's, before `--scale`.
 const DRAIN_BACKLOG: f64 = 100_000.0;
 /// Step h's client: as many connections as courier's `concurrency: 64`.
@@ -189,7 +197,7 @@ const POLL: Duration = Duration::from_millis(20);
 /// Step e waits this long after the start before reading RSS.
 const IDLE: Duration = Duration::from_secs(2);
 const MIB: f64 = 1024.0 * 1024.0;
-const USAGE: &str = "usage: cargo bench --bench courier_bench [-- --seconds N --connections N --steps nhabcdekpqxotylgrum --scale F --compare PATH --rounds N --write-results]";
+const USAGE: &str = "usage: cargo bench --bench courier_bench [-- --seconds N --connections N --steps nhabcdekpqxotylgrumvw --scale F --compare PATH --rounds N --write-results]";
 
 #[derive(Clone)]
 struct Args {
@@ -2041,6 +2049,32 @@ async fn courier_steps(
                     rows,
                     budgets,
                     &[endpoints::budget_name()],
+                ),
+            },
+            'v' => match endpoints::tracked(label, bin).await {
+                Ok((row, b)) => {
+                    budgets.push(b);
+                    rows.push(row);
+                }
+                Err(e) => failed(
+                    "v. endpoints tracked",
+                    e,
+                    rows,
+                    budgets,
+                    &[endpoints::tracked_budget_name()],
+                ),
+            },
+            'w' => match endpoints::noisy(label, bin).await {
+                Ok((r, b)) => {
+                    budgets.push(b);
+                    rows.extend(r);
+                }
+                Err(e) => failed(
+                    "w. noisy neighbour",
+                    e,
+                    rows,
+                    budgets,
+                    &[endpoints::noisy_budget_name()],
                 ),
             },
             'u' => match guard::guard(label, bin, rx, args).await {
