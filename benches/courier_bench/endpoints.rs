@@ -31,8 +31,8 @@ use support::json_body;
 
 use super::alternated::{Alternated, TURNS};
 use super::{
-    Args, Budget, Check, DESTINATION, MIB, Nginx, Row, budget, config, end_to_end_env, metric,
-    proc_status, start_yaml,
+    Args, Budget, Check, DESTINATION, MIB, Nginx, Row, budget, config, cpu_seconds, end_to_end_env,
+    metric, proc_status, start_yaml,
 };
 
 const RATIO: f64 = 0.8;
@@ -237,6 +237,7 @@ pub async fn noisy(label: &str, bin: &Path) -> Result<(Vec<Row>, Budget), String
         // The steady load: event n to healthy endpoint n % HEALTHY, its
         // 202's instant kept by n.
         let mut accepted = Vec::with_capacity(STEADY);
+        let cpu = cpu_seconds(c.pid()).unwrap_or(0.0);
         let mut tick = tokio::time::interval(PACE);
         for n in 0..STEADY {
             tick.tick().await;
@@ -252,6 +253,7 @@ pub async fn noisy(label: &str, bin: &Path) -> Result<(Vec<Row>, Budget), String
             }
             accepted.push(std::time::Instant::now());
         }
+        let used = cpu_seconds(c.pid()).unwrap_or(0.0) - cpu;
         let mut latencies = Vec::with_capacity(STEADY);
         // The load's first and second five seconds, apart.
         let mut halves: [Vec<f64>; 2] = Default::default();
@@ -286,6 +288,8 @@ pub async fn noisy(label: &str, bin: &Path) -> Result<(Vec<Row>, Budget), String
         rows.push(Row {
             target: format!("{label} w. healthy endpoints, {name} a sick one"),
             latency: Some((pick(0.5), pick(0.99), pick(0.999))),
+            cpu: Some(used),
+            events: Some(STEADY as f64),
             note: format!(
                 "delivery latency (202 to arrival) of {} events to {HEALTHY} endpoints at 1,000/s (p99 {:.2} ms in the first 5 s, {:.2} ms in the next){}",
                 latencies.len(),
