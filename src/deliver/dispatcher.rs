@@ -519,7 +519,14 @@ impl Dispatcher {
                             let rounds = ((k - cap) / cap + 1) as u64;
                             back.push((ev, now + rounds * pace));
                         }
+                        // One comes back when it ends, to be the probe; the
+                        // rest once the probe has had its answer, so that
+                        // they are read once per probation, not twice.
                         Turn::WaitUntil(t) => back.push((ev, t)),
+                        Turn::Probation(t) if k == 0 => back.push((ev, t)),
+                        Turn::Probation(t) => {
+                            back.push((ev, t + self.ctx.dest.timeout.as_millis() as u64))
+                        }
                         // Nothing goes to it: due at its TTL, to be dead-lettered.
                         Turn::Gone => {
                             let deadline = self.ctx.dest.limits.deadline(ev.event.accepted_ms);

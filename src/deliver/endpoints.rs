@@ -29,8 +29,10 @@ pub enum Turn {
     Go { probe: bool },
     /// Its attempts in flight are at `endpoints.concurrency`.
     Busy,
-    /// On probation or held by a Retry-After until then.
+    /// Held by a Retry-After until then.
     WaitUntil(u64),
+    /// On probation until then, when one probe may go.
+    Probation(u64),
     /// Its probe is out: its answer comes within the timeout.
     Probing,
     /// It answered 410: nothing goes to it until courier restarts.
@@ -148,7 +150,7 @@ impl Endpoints {
             Admit::Go => false,
             Admit::Probe => true,
             Admit::WaitUntil(u64::MAX) => return Turn::Probing,
-            Admit::WaitUntil(t) => return Turn::WaitUntil(t),
+            Admit::WaitUntil(t) => return Turn::Probation(t),
         };
         if state.in_flight as usize >= cap {
             return Turn::Busy;
@@ -294,7 +296,7 @@ mod tests {
         let until = e
             .ended(&a, failed())
             .expect("a second failure starts a probation");
-        assert_eq!(e.start(&a, 2), Turn::WaitUntil(until));
+        assert_eq!(e.start(&a, 2), Turn::Probation(until));
         assert_eq!(
             e.start(&b, 2),
             Turn::Go { probe: false },
@@ -336,7 +338,7 @@ mod tests {
         let until = e.ended(&a, failed()).expect("probation");
         let _ = until;
         // A probation of 10 s at the least: not over yet.
-        assert!(matches!(e.start(&a, 1), Turn::WaitUntil(_)));
+        assert!(matches!(e.start(&a, 1), Turn::Probation(_)));
         let e = endpoints(0, 100);
         assert_eq!(e.start(&a, 1), Turn::Go { probe: false });
         assert_eq!(e.start(&a, 1), Turn::Busy);
@@ -377,7 +379,7 @@ mod tests {
         let tracked = c.healthy + c.probation + c.paused;
         assert!(tracked <= 8, "{tracked} held past max_tracked");
         assert!(
-            matches!(e.start(&sick, 4), Turn::WaitUntil(_)),
+            matches!(e.start(&sick, 4), Turn::Probation(_)),
             "the sick one was kept while healthy ones could go"
         );
         assert_eq!(e.start(&busy, 1), Turn::Busy, "in flight: kept");
