@@ -11,7 +11,6 @@
 
 use super::NewEvent;
 use super::signature::{Secret, SecretError};
-use crate::policy::address::{Guard, literal};
 use http::Uri;
 use http::uri::Scheme;
 use std::net::IpAddr;
@@ -63,10 +62,17 @@ impl Refused {
     }
 }
 
-/// Checks a named endpoint's URL; `schemes` are those allowed, `guard`
-/// judges an IP literal (a name is judged after DNS, at connect time).
-/// Returns the URL as it is stored and sent.
-pub fn check(value: &[u8], schemes: &[String], guard: Option<&Guard>) -> Result<String, Refused> {
+/// A named endpoint, checked: its URL as it is stored and sent, and the
+/// address it names when its host is one, for the address guard to judge
+/// (a name is judged after DNS, at connect time).
+#[derive(Debug, PartialEq, Eq)]
+pub struct Named {
+    pub url: String,
+    pub ip: Option<IpAddr>,
+}
+
+/// Checks a named endpoint's URL; `schemes` are those allowed.
+pub fn check(value: &[u8], schemes: &[String]) -> Result<Named, Refused> {
     if value.len() > MAX_URL {
         return Err(Refused::TooLong);
     }
@@ -86,22 +92,20 @@ pub fn check(value: &[u8], schemes: &[String], guard: Option<&Guard>) -> Result<
     if host.is_empty() || host.contains('%') {
         return Err(Refused::NotAbsolute);
     }
-    let ip = match literal(host) {
-        Some(ip) => Some(ip),
+    let ip = match host.trim_start_matches('[').trim_end_matches(']').parse() {
+        Ok(ip) => Some(ip),
         // A last label in digits is no DNS name: the system's resolver
         // reads such hosts as inet_aton does (`2130706433`, `0x7f.1`,
         // `127.1` are 127.0.0.1), and so does the check.
-        None if numeric_last_label(host) => {
+        Err(_) if numeric_last_label(host) => {
             Some(IpAddr::V4(inet_aton(host).ok_or(Refused::NotAbsolute)?))
         }
-        None => None,
+        Err(_) => None,
     };
-    if let (Some(guard), Some(ip)) = (guard, ip)
-        && !guard.allows(ip)
-    {
-        return Err(Refused::Address(ip));
-    }
-    Ok(uri.to_string())
+    Ok(Named {
+        url: uri.to_string(),
+        ip,
+    })
 }
 
 fn numeric_last_label(host: &str) -> bool {
@@ -214,8 +218,7 @@ mod tests {
 
     #[test]
     fn a_url_is_refused_by_the_rule_it_breaks() {
-        let guard = Guard::default();
-        let check = |url: &str| check(url.as_bytes(), &https(), Some(&guard));
+        let check = |url: &str| check(url.as_bytes(), &https()).map(|n| n.url);
         assert_eq!(
             check("https://hooks.acme.example/x?a=1").as_deref(),
             Ok("https://hooks.acme.example/x?a=1")
@@ -231,50 +234,42 @@ mod tests {
             check("https://u:p@hooks.acme.example/x"),
             Err(Refused::Userinfo)
         );
-        for (url, ip) in [
+        assert_eq!(check("https://1.2.3.4.5/x"), Err(Refused::NotAbsolute));
+        assert_eq!(
+            check("https://[fe80::1%25eth0]/x"),
+            Err(Refused::NotAbsolute)
+        );
+        let long = format!("https://a.example/{}", "x".repeat(MAX_URL));
+        assert_eq!(check(&long), Err(Refused::TooLong));
+        let both = vec!["http".to_string(), "https".to_string()];
+        assert!(super::check(b"http://127.0.0.1/", &both).is_ok());
+    }
+
+    #[test]
+    fn the_address_a_host_names_is_found_also_in_the_resolvers_forms() {
+        let ip = |url: &str| check(url.as_bytes(), &https()).map(|n| n.ip);
+        for (url, want) in [
             ("https://127.0.0.1/x", "127.0.0.1"),
-            ("https://10.0.0.1/x", "10.0.0.1"),
             ("https://169.254.169.254/latest", "169.254.169.254"),
             ("https://[::1]/x", "::1"),
             ("https://[::ffff:127.0.0.1]/x", "::ffff:127.0.0.1"),
             ("https://[64:ff9b::7f00:1]/x", "64:ff9b::7f00:1"),
-        ] {
-            let want: IpAddr = ip.parse().expect("an address");
-            assert_eq!(check(url), Err(Refused::Address(want)), "{url}");
-        }
-        // The forms the system's resolver reads as addresses.
-        for (url, ip) in [
+            // What inet_aton, and so the system's resolver, reads.
             ("https://2130706433/x", "127.0.0.1"),
             ("https://0x7f.1/x", "127.0.0.1"),
             ("https://017700000001/x", "127.0.0.1"),
             ("https://127.1/x", "127.0.0.1"),
             ("https://10.1.2/x", "10.1.0.2"),
         ] {
-            let want: IpAddr = ip.parse().expect("an address");
-            assert_eq!(check(url), Err(Refused::Address(want)), "{url}");
+            let want: IpAddr = want.parse().expect("an address");
+            assert_eq!(ip(url), Ok(Some(want)), "{url}");
         }
-        assert_eq!(check("https://1.2.3.4.5/x"), Err(Refused::NotAbsolute));
+        assert_eq!(ip("https://hooks.acme.example/x"), Ok(None));
         assert_eq!(
-            check("https://[fe80::1%25eth0]/x"),
-            Err(Refused::NotAbsolute)
-        );
-        assert!(check("https://8.8.8.8/x").is_ok(), "a public address");
-        assert!(
-            check("https://1password.example/x").is_ok(),
+            ip("https://1password.example/x"),
+            Ok(None),
             "a name that starts with a digit"
         );
-        let long = format!("https://a.example/{}", "x".repeat(MAX_URL));
-        assert_eq!(check(&long), Err(Refused::TooLong));
-    }
-
-    #[test]
-    fn without_a_guard_or_with_a_range_opened_a_literal_passes() {
-        let open = Guard::new(vec!["127.0.0.0/8".parse().expect("a range")]);
-        let url = b"https://127.0.0.5:8443/x";
-        assert!(check(url, &https(), Some(&open)).is_ok());
-        assert!(check(url, &https(), None).is_ok());
-        let both = vec!["http".to_string(), "https".to_string()];
-        assert!(check(b"http://127.0.0.1/", &both, Some(&open)).is_ok());
     }
 
     #[test]

@@ -198,7 +198,7 @@ pub fn check(
             // Set by ingress for `url: per_event`; checked again as a URL
             // (its address is judged when courier connects) or secrets.
             let checked = if name == endpoint::URL_HEADER {
-                endpoint::check(value, &["http".into(), "https".into()], None).map(drop)
+                endpoint::check(value, &["http".into(), "https".into()]).map(drop)
             } else {
                 endpoint::check_secrets(value).map(drop)
             };

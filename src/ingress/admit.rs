@@ -592,11 +592,17 @@ impl Admitted {
             let msg = format!("{e}; nothing was stored");
             refuse(&dest.name, StatusCode::BAD_REQUEST, e.reason(), msg)
         };
-        let url = headers
+        let named = headers
             .get(&per_event.header)
             .ok_or_else(|| endpoint::Refused::Missing(per_event.header.to_string()))
-            .and_then(|v| endpoint::check(v.as_bytes(), &per_event.schemes, dest.guard.as_deref()))
+            .and_then(|v| endpoint::check(v.as_bytes(), &per_event.schemes))
             .map_err(refused)?;
+        // An address is judged here; a name, after DNS when courier connects.
+        if let (Some(guard), Some(ip)) = (dest.guard.as_deref(), named.ip)
+            && !guard.allows(ip)
+        {
+            return Err(refused(endpoint::Refused::Address(ip)));
+        }
         let secrets = headers
             .get(&per_event.secret_header)
             .map(|v| endpoint::check_secrets(v.as_bytes()))
@@ -606,7 +612,7 @@ impl Admitted {
             n != per_event.header.as_str() && n != per_event.secret_header.as_str()
         });
         self.headers
-            .push((endpoint::URL_HEADER.to_string(), url.into_bytes()));
+            .push((endpoint::URL_HEADER.to_string(), named.url.into_bytes()));
         if let Some(secrets) = secrets {
             self.headers
                 .push((endpoint::SECRET_HEADER.to_string(), secrets.into_bytes()));

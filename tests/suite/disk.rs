@@ -225,6 +225,15 @@ async fn start_on_a_full_disk(s: &mut Setup, acked: &mut HashSet<String>) -> Ful
             r.text()
         ),
     };
+    // The log writer lets each burst gather for 10 ms (docs/logs.md): the
+    // line may come a moment after the answers that it explains.
+    let deadline = Instant::now() + Duration::from_secs(2);
+    let mut logs = logs;
+    // Bounded by the deadline.
+    while !logs.contains(said) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        logs = s.courier.logs()[offset..].to_string();
+    }
     assert!(
         logs.contains(said),
         "{started:?} but the log does not say `{said}`:\n{logs}"
