@@ -708,3 +708,50 @@ async fn events_stored_for_a_fixed_url_are_dead_lettered_after_a_switch_to_per_e
         records[0]
     );
 }
+
+/// One fast endpoint with a backlog far beyond its share of the window:
+/// what it cannot take at once goes back to the index spaced by its pace,
+/// and the whole backlog still drains promptly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fast_endpoints_backlog_drains_though_it_is_put_back_in_turns() {
+    const N: usize = 2000;
+    let rx = Receiver::start_on(
+        SocketAddr::from((address(30), 0)),
+        behavior(|_, _| Reply::status(200)),
+    )
+    .await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let c = Courier::start(dir.path(), &yaml(&format!("concurrency: 16\n{OPEN}"))).await;
+    // Paused while the backlog is accepted, so that it is all waiting.
+    let pause = support::admin_post(
+        &format!("{}/v1/destinations/customers/pause", c.admin_url()),
+        "",
+        &[],
+    )
+    .await;
+    check_eq!(c, pause.status, 200, "{}", pause.text());
+    let url = format!("http://{}/b", rx.addr());
+    for chunk in (0..N).collect::<Vec<_>>().chunks(50) {
+        let posts = chunk.iter().map(|&i| {
+            let (c, url) = (&c, &url);
+            async move { publish(c, &format!("b-{i}"), url, None).await }
+        });
+        futures::future::join_all(posts).await;
+    }
+    let started = tokio::time::Instant::now();
+    let resume = support::admin_post(
+        &format!("{}/v1/destinations/customers/resume", c.admin_url()),
+        "",
+        &[],
+    )
+    .await;
+    check_eq!(c, resume.status, 200, "{}", resume.text());
+    requests(&c, &rx, N, WAIT).await;
+    let took = started.elapsed();
+    check!(
+        c,
+        took < Duration::from_secs(10),
+        "{N} events to one fast endpoint took {took:?}"
+    );
+    eprintln!("{N} events to one fast endpoint drained in {took:?}");
+}
