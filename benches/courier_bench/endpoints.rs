@@ -116,38 +116,15 @@ pub async fn tracked(label: &str, bin: &Path) -> Result<(Row, Budget), String> {
     let (_refusing, port) = support::refusing_port();
     let url = c.url(DESTINATION);
     let started = Instant::now();
-    let next = Arc::new(AtomicUsize::new(0));
-    let mut posts = tokio::task::JoinSet::new();
-    for _ in 0..PUBLISHERS {
-        let (next, url) = (next.clone(), url.clone());
-        posts.spawn(async move {
-            // Bounded: each turn takes one of TRACKED numbers.
-            loop {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                if i >= TRACKED {
-                    return Ok::<(), String>(());
-                }
-                let endpoint = format!(
-                    "http://127.{}.{}.{}:{port}/",
-                    2 + i / 62_500,
-                    (i / 250) % 250,
-                    i % 250 + 1
-                );
-                let resp = try_post(
-                    &url,
-                    json_body(256, i as u64),
-                    &[("courier-endpoint", &endpoint)],
-                )
-                .await?;
-                if resp.status != 202 {
-                    return Err(format!("event {i}: {} {}", resp.status, resp.text()));
-                }
-            }
-        });
-    }
-    while let Some(done) = posts.join_next().await {
-        done.map_err(|e| format!("a publisher: {e}"))??;
-    }
+    post_many(&url, TRACKED, move |i| {
+        format!(
+            "http://127.{}.{}.{}:{port}/",
+            2 + i / 62_500,
+            (i / 250) % 250,
+            i % 250 + 1
+        )
+    })
+    .await?;
     // Every endpoint attempted once: held, and counted by state.
     let deadline = Instant::now() + Duration::from_secs(120);
     let mut held = 0.0;
@@ -232,7 +209,7 @@ pub async fn noisy(label: &str, bin: &Path) -> Result<(Vec<Row>, Budget), String
         let before: Vec<usize> = healthy.iter().map(Receiver::count).collect();
         if with_sick {
             let sick_url = format!("http://{}/", sick.addr());
-            post_many(&url, BACKLOG, &sick_url).await?;
+            post_many(&url, BACKLOG, move |_| sick_url.clone()).await?;
         }
         // The steady load: event n to healthy endpoint n % HEALTHY, its
         // 202's instant kept by n.
@@ -316,12 +293,17 @@ pub async fn noisy(label: &str, bin: &Path) -> Result<(Vec<Row>, Budget), String
     Ok((rows, b))
 }
 
-/// Posts `n` events naming `endpoint`, 32 at a time.
-async fn post_many(url: &str, n: usize, endpoint: &str) -> Result<(), String> {
+/// Posts `n` events, event `i` naming `endpoint(i)`, `PUBLISHERS` at a time.
+async fn post_many(
+    url: &str,
+    n: usize,
+    endpoint: impl Fn(usize) -> String + Send + Sync + 'static,
+) -> Result<(), String> {
     let next = Arc::new(AtomicUsize::new(0));
+    let endpoint = Arc::new(endpoint);
     let mut posts = tokio::task::JoinSet::new();
     for _ in 0..PUBLISHERS {
-        let (next, url, endpoint) = (next.clone(), url.to_string(), endpoint.to_string());
+        let (next, url, endpoint) = (next.clone(), url.to_string(), endpoint.clone());
         posts.spawn(async move {
             // Bounded: each turn takes one of n numbers.
             loop {
@@ -329,10 +311,11 @@ async fn post_many(url: &str, n: usize, endpoint: &str) -> Result<(), String> {
                 if i >= n {
                     return Ok::<(), String>(());
                 }
+                let named = endpoint(i);
                 let resp = try_post(
                     &url,
                     json_body(256, i as u64),
-                    &[("courier-endpoint", &endpoint)],
+                    &[("courier-endpoint", &named)],
                 )
                 .await?;
                 if resp.status != 202 {

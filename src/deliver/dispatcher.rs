@@ -27,7 +27,7 @@
 //! the ready queue holds at most one event of a key, and a batch too.
 
 use super::batch;
-use super::endpoints::{Endpoints, Turn};
+use super::endpoints::{self, Endpoints};
 use super::letters::{self, Doomed};
 use super::settle::{self, Ctx, EndpointTurn, Settled, Unit};
 use crate::clock;
@@ -475,9 +475,9 @@ impl Dispatcher {
         let mut blocked = Blocked::default();
         let journal_ok = !self.ctx.journal.failed();
         let now = clock::now_ms();
-        // Per endpoint met in this pass: what it said, and how many of its
-        // events stay ready or go back.
-        let mut met: HashMap<Arc<str>, (Turn, usize)> = HashMap::new();
+        // Per endpoint blocked in this pass: why, and how many of its
+        // events met since (it stays blocked for the rest of the pass).
+        let mut blocked_by: HashMap<Arc<str>, (endpoints::Blocked, usize)> = HashMap::new();
         let mut back: Vec<(StoredEvent, u64)> = Vec::new();
         let mut kept = VecDeque::with_capacity(self.held.ready.len());
         while let Some(ev) = self.held.ready.pop_front() {
@@ -500,55 +500,30 @@ impl Dispatcher {
                 .and_then(endpoint::origin)
                 .unwrap_or_default()
                 .into();
-            let said = match met.get(&origin) {
-                // Once busy or held in this pass, it stays so.
-                Some((turn, _)) if !matches!(turn, Turn::Go { .. }) => *turn,
-                _ => endpoints.start(&origin, cap),
+            let said = match blocked_by.get_mut(&origin) {
+                Some((why, n)) => {
+                    *n += 1;
+                    Err((*why, *n))
+                }
+                None => endpoints.start(&origin, cap).map_err(|why| {
+                    blocked_by.insert(origin.clone(), (why, 0));
+                    (why, 0)
+                }),
             };
             let probe = match said {
-                Turn::Go { probe } => probe,
-                blocked => {
-                    let (_, n) = met.entry(origin.clone()).or_insert((blocked, 0));
-                    let k = *n;
-                    *n += 1;
-                    match blocked {
-                        Turn::Busy if k < cap => kept.push_back(ev),
-                        Turn::Busy => {
-                            // Spaced as the endpoint can take them.
-                            let pace = endpoints.pace_ms(&origin);
-                            let rounds = ((k - cap) / cap + 1) as u64;
-                            back.push((ev, now + rounds * pace));
-                        }
-                        // One comes back when it ends, to be the probe; the
-                        // rest once the probe has had its answer, so that
-                        // they are read once per probation, not twice.
-                        Turn::WaitUntil(t) => back.push((ev, t)),
-                        Turn::Probation(t) if k == 0 => back.push((ev, t)),
-                        Turn::Probation(t) => {
-                            back.push((ev, t + self.ctx.dest.timeout.as_millis() as u64))
-                        }
-                        // Nothing goes to it: due at its TTL, to be dead-lettered.
-                        Turn::Gone => {
-                            let deadline = self.ctx.dest.limits.deadline(ev.event.accepted_ms);
-                            back.push((ev, deadline));
-                        }
-                        // Its probe's answer comes within the timeout.
-                        Turn::Probing | Turn::Go { .. } => {
-                            let due = now + self.ctx.dest.timeout.as_millis().max(1000) as u64;
-                            back.push((ev, due));
-                        }
+                Ok(probe) => probe,
+                Err((why, k)) => {
+                    match self.due_again(why, k, cap, &origin, endpoints, &ev, now) {
+                        Some(due) => back.push((ev, due)),
+                        None => kept.push_back(ev),
                     }
                     continue;
                 }
             };
-            met.insert(origin.clone(), (said, 0));
             let turn = EndpointTurn::new(endpoints.clone(), origin, probe);
-            // The destination's own gate: an operator's pause, the rate limit.
+            // The destination's own gate: an operator's pause, the rate
+            // limit (its probation is its endpoints': `Health::end_probation`).
             let gate = self.ctx.health.gate();
-            if gate == (Gate::Go { probe: true }) {
-                // Probation is its endpoints' (`Health::end_probation`).
-                self.ctx.health.probe_cancelled();
-            }
             if !matches!(gate, Gate::Go { .. }) {
                 drop(turn);
                 blocked.gate = Some(gate);
@@ -574,6 +549,39 @@ impl Dispatcher {
             journal_ok && self.answering && blocked.gate.is_none() && !self.stop.is_cancelled();
         self.state.pace(flowing);
         blocked
+    }
+
+    /// When the `k`-th event (from 0) met in this pass of an endpoint
+    /// blocked by `why` is due again; `None`: it stays ready.
+    #[allow(clippy::too_many_arguments)]
+    fn due_again(
+        &self,
+        why: endpoints::Blocked,
+        k: usize,
+        cap: usize,
+        origin: &str,
+        endpoints: &Endpoints,
+        ev: &StoredEvent,
+        now: u64,
+    ) -> Option<u64> {
+        let timeout = self.ctx.dest.timeout.as_millis() as u64;
+        match why {
+            // Ready the moment one of its attempts ends.
+            endpoints::Blocked::Busy if k < cap => None,
+            // Spaced as the endpoint can take them.
+            endpoints::Blocked::Busy => {
+                Some(now + ((k - cap) / cap + 1) as u64 * endpoints.pace_ms(origin))
+            }
+            endpoints::Blocked::WaitUntil(t) => Some(t),
+            // One comes back when it ends, to be the probe; the rest once
+            // the probe has had its answer: read once per probation.
+            endpoints::Blocked::Probation(t) if k == 0 => Some(t),
+            endpoints::Blocked::Probation(t) => Some(t + timeout),
+            // Its probe's answer comes within the timeout.
+            endpoints::Blocked::Probing => Some(now + timeout.max(1000)),
+            // Nothing goes to it: due at its TTL, to be dead-lettered.
+            endpoints::Blocked::Gone => Some(self.ctx.dest.limits.deadline(ev.event.accepted_ms)),
+        }
     }
 
     /// Gives events back to the index, due again at their times; they stay

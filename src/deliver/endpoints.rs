@@ -22,11 +22,9 @@ use std::time::Duration;
 /// take, which spaces the events put back for it (`pace`).
 const FIRST_PACE_MS: u32 = 100;
 
-/// What an endpoint says to one more attempt now.
+/// Why an endpoint takes no attempt now (`Endpoints::start`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Turn {
-    /// Go; it is counted in flight (`probe`: the one probe of a probation).
-    Go { probe: bool },
+pub enum Blocked {
     /// Its attempts in flight are at `endpoints.concurrency`.
     Busy,
     /// Held by a Retry-After until then.
@@ -125,9 +123,9 @@ impl Endpoints {
     }
 
     /// May one more attempt go to `origin` now, with at most `cap` in
-    /// flight? A `Go` counts it in flight (and marks the probe sent) until
-    /// `ended`.
-    pub fn start(&self, origin: &Arc<str>, cap: usize) -> Turn {
+    /// flight? `Ok(probe)` counts it in flight (and marks the probe sent,
+    /// when it is the one probe of a probation) until `ended`.
+    pub fn start(&self, origin: &Arc<str>, cap: usize) -> Result<bool, Blocked> {
         let now = clock::now_ms();
         let mut s = self.lock();
         if !s.states.contains_key(origin) {
@@ -138,28 +136,28 @@ impl Endpoints {
             .entry(origin.clone())
             .or_insert_with(|| State::new(policy));
         if state.gone_since_ms.is_some() {
-            return Turn::Gone;
+            return Err(Blocked::Gone);
         }
         if let Some(until) = state.hold_until_ms {
             if now < until {
-                return Turn::WaitUntil(until);
+                return Err(Blocked::WaitUntil(until));
             }
             state.hold_until_ms = None;
         }
         let probe = match state.probation.admit(now) {
             Admit::Go => false,
             Admit::Probe => true,
-            Admit::WaitUntil(u64::MAX) => return Turn::Probing,
-            Admit::WaitUntil(t) => return Turn::Probation(t),
+            Admit::WaitUntil(u64::MAX) => return Err(Blocked::Probing),
+            Admit::WaitUntil(t) => return Err(Blocked::Probation(t)),
         };
         if state.in_flight as usize >= cap {
-            return Turn::Busy;
+            return Err(Blocked::Busy);
         }
         if probe {
             state.probation.probe_started();
         }
         state.in_flight += 1;
-        Turn::Go { probe }
+        Ok(probe)
     }
 
     /// An attempt that `start` let go has ended. Returns the probation's
@@ -284,24 +282,20 @@ mod tests {
     fn each_endpoint_has_its_own_cap_and_probation() {
         let e = endpoints(2, 100);
         let (a, b): (Arc<str>, Arc<str>) = ("https://a:443".into(), "https://b:443".into());
-        assert_eq!(e.start(&a, 2), Turn::Go { probe: false });
-        assert_eq!(e.start(&a, 2), Turn::Go { probe: false });
-        assert_eq!(e.start(&a, 2), Turn::Busy, "two in flight at a cap of 2");
+        assert_eq!(e.start(&a, 2), Ok(false));
+        assert_eq!(e.start(&a, 2), Ok(false));
         assert_eq!(
-            e.start(&b, 2),
-            Turn::Go { probe: false },
-            "b has its own cap"
+            e.start(&a, 2),
+            Err(Blocked::Busy),
+            "two in flight at a cap of 2"
         );
+        assert_eq!(e.start(&b, 2), Ok(false), "b has its own cap");
         assert_eq!(e.ended(&a, failed()), None);
         let until = e
             .ended(&a, failed())
             .expect("a second failure starts a probation");
-        assert_eq!(e.start(&a, 2), Turn::Probation(until));
-        assert_eq!(
-            e.start(&b, 2),
-            Turn::Go { probe: false },
-            "b is not on probation"
-        );
+        assert_eq!(e.start(&a, 2), Err(Blocked::Probation(until)));
+        assert_eq!(e.start(&b, 2), Ok(false), "b is not on probation");
         let census = e.census();
         assert_eq!((census.healthy, census.probation), (1, 1));
     }
@@ -310,7 +304,7 @@ mod tests {
     fn a_retry_after_and_a_410_hold_only_their_endpoint() {
         let e = endpoints(10, 100);
         let (a, b): (Arc<str>, Arc<str>) = ("https://a:443".into(), "https://b:443".into());
-        assert_eq!(e.start(&a, 4), Turn::Go { probe: false });
+        assert_eq!(e.start(&a, 4), Ok(false));
         e.ended(
             &a,
             Ended {
@@ -318,8 +312,8 @@ mod tests {
                 ..failed()
             },
         );
-        assert!(matches!(e.start(&a, 4), Turn::WaitUntil(_)));
-        assert_eq!(e.start(&b, 4), Turn::Go { probe: false });
+        assert!(matches!(e.start(&a, 4), Err(Blocked::WaitUntil(_))));
+        assert_eq!(e.start(&b, 4), Ok(false));
         e.ended(
             &b,
             Ended {
@@ -327,21 +321,21 @@ mod tests {
                 ..failed()
             },
         );
-        assert_eq!(e.start(&b, 4), Turn::Gone, "b answered 410");
+        assert_eq!(e.start(&b, 4), Err(Blocked::Gone), "b answered 410");
     }
 
     #[test]
     fn an_attempt_not_made_gives_back_its_place_and_its_probe() {
         let e = endpoints(1, 100);
         let a: Arc<str> = "https://a:443".into();
-        e.start(&a, 1);
+        assert_eq!(e.start(&a, 1), Ok(false));
         let until = e.ended(&a, failed()).expect("probation");
         let _ = until;
         // A probation of 10 s at the least: not over yet.
-        assert!(matches!(e.start(&a, 1), Turn::Probation(_)));
+        assert!(matches!(e.start(&a, 1), Err(Blocked::Probation(_))));
         let e = endpoints(0, 100);
-        assert_eq!(e.start(&a, 1), Turn::Go { probe: false });
-        assert_eq!(e.start(&a, 1), Turn::Busy);
+        assert_eq!(e.start(&a, 1), Ok(false));
+        assert_eq!(e.start(&a, 1), Err(Blocked::Busy));
         e.ended(
             &a,
             Ended {
@@ -349,24 +343,20 @@ mod tests {
                 ..failed()
             },
         );
-        assert_eq!(
-            e.start(&a, 1),
-            Turn::Go { probe: false },
-            "its place is free again"
-        );
+        assert_eq!(e.start(&a, 1), Ok(false), "its place is free again");
     }
 
     #[test]
     fn past_max_tracked_idle_endpoints_are_forgotten_the_healthy_first() {
         let e = endpoints(1, 8);
         let sick: Arc<str> = "https://sick:443".into();
-        e.start(&sick, 4);
+        assert_eq!(e.start(&sick, 4), Ok(false));
         e.ended(&sick, failed());
         let busy: Arc<str> = "https://busy:443".into();
-        assert_eq!(e.start(&busy, 4), Turn::Go { probe: false });
+        assert_eq!(e.start(&busy, 4), Ok(false));
         for i in 0..100 {
             let origin: Arc<str> = format!("https://h{i}:443").into();
-            e.start(&origin, 4);
+            assert_eq!(e.start(&origin, 4), Ok(false));
             e.ended(
                 &origin,
                 Ended {
@@ -379,10 +369,10 @@ mod tests {
         let tracked = c.healthy + c.probation + c.paused;
         assert!(tracked <= 8, "{tracked} held past max_tracked");
         assert!(
-            matches!(e.start(&sick, 4), Turn::Probation(_)),
+            matches!(e.start(&sick, 4), Err(Blocked::Probation(_))),
             "the sick one was kept while healthy ones could go"
         );
-        assert_eq!(e.start(&busy, 1), Turn::Busy, "in flight: kept");
+        assert_eq!(e.start(&busy, 1), Err(Blocked::Busy), "in flight: kept");
     }
 
     #[test]
@@ -391,7 +381,7 @@ mod tests {
         let a: Arc<str> = "https://a:443".into();
         assert_eq!(e.pace_ms(&a), FIRST_PACE_MS as u64);
         for _ in 0..20 {
-            e.start(&a, 4);
+            assert_eq!(e.start(&a, 4), Ok(false));
             e.ended(
                 &a,
                 Ended {

@@ -6,8 +6,8 @@
 
 use std::time::Duration;
 use support::{
-    Courier, Receiver, Reply, behavior, check, check_eq, config, eventgrid_events, get, post,
-    quiet, requests, wait_dead_letters, wait_metric,
+    Courier, Receiver, Reply, behavior, check, check_eq, config, destination_view,
+    eventgrid_events, post, quiet, requests, wait_dead_letters, wait_metric,
 };
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -54,13 +54,8 @@ async fn a_name_resolving_to_loopback_is_refused_after_dns_and_dead_lettered_at_
         WAIT,
     )
     .await;
-    let body = get(&format!("{}/v1/destinations", c.admin_url()))
-        .await
-        .json();
-    let state = body["destinations"]
-        .as_array()
-        .and_then(|list| list.iter().find(|d| d["name"] == "orders"))
-        .map(|d| d["state"].clone());
+    let (view, body) = destination_view(&c.admin_url(), "orders").await;
+    let state = view.map(|d| d["state"].clone());
     check_eq!(
         c,
         state,

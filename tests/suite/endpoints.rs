@@ -18,8 +18,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 use support::python::check_with;
 use support::{
-    Courier, Received, Receiver, Reply, behavior, check, check_eq, get, post, quiet, requests,
-    wait_dead_letters, wait_metric,
+    Courier, Received, Receiver, Reply, behavior, check, check_eq, destination_view, get, post,
+    quiet, requests, wait_dead_letters, wait_metric,
 };
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -338,13 +338,8 @@ async fn one_sick_endpoint_goes_on_probation_alone_and_delays_no_other() {
         WAIT,
     )
     .await;
-    let body = get(&format!("{}/v1/destinations", c.admin_url()))
-        .await
-        .json();
-    let state = body["destinations"]
-        .as_array()
-        .and_then(|l| l.iter().find(|d| d["name"] == "customers"))
-        .map(|d| d["state"].clone());
+    let (view, body) = destination_view(&c.admin_url(), "customers").await;
+    let state = view.map(|d| d["state"].clone());
     check_eq!(
         c,
         state,
@@ -660,13 +655,8 @@ async fn an_endpoint_that_answers_410_is_stopped_alone() {
     )
     .await;
     quiet(&c, &gone, 1, Duration::from_millis(500)).await;
-    let body = get(&format!("{}/v1/destinations", c.admin_url()))
-        .await
-        .json();
-    let state = body["destinations"]
-        .as_array()
-        .and_then(|l| l.iter().find(|d| d["name"] == "customers"))
-        .map(|d| d["state"].clone());
+    let (view, body) = destination_view(&c.admin_url(), "customers").await;
+    let state = view.map(|d| d["state"].clone());
     check_eq!(
         c,
         state,

@@ -202,6 +202,20 @@ pub async fn metrics_text(admin_url: &str) -> String {
     resp.text()
 }
 
+/// Destination `name`'s entry in `GET /v1/destinations`, with the whole
+/// answer (for a failing check's message).
+pub async fn destination_view(
+    admin_url: &str,
+    name: &str,
+) -> (Option<serde_json::Value>, serde_json::Value) {
+    let body = get(&format!("{admin_url}/v1/destinations")).await.json();
+    let entry = body["destinations"]
+        .as_array()
+        .and_then(|list| list.iter().find(|d| d["name"] == name))
+        .cloned();
+    (entry, body)
+}
+
 /// The value of one exact series, e.g.
 /// `courier_events_delivered_total{destination="orders"}`; label order does
 /// not matter, but the label sets must be equal. `None` if absent.

@@ -26,7 +26,7 @@ pub mod setup;
 pub mod stores;
 
 pub use checks::{alone, quiet, requests, wait_metric};
-pub use client::{Resp, admin_post, get, json, metric, metric_sum, post};
+pub use client::{Resp, admin_post, destination_view, get, json, metric, metric_sum, post};
 pub use courier::{CliOutput, Courier, courier_bin, proc_status, reset_peak_rss, run_cli};
 pub use deadletters::{block_sink, dl_dir, files_under, read_dead_letters, wait_dead_letters};
 pub use load::{LoadReport, LoadSpec};
