@@ -67,6 +67,13 @@ enum Command {
         #[command(subcommand)]
         command: EventCommand,
     },
+    /// The endpoints of a url: per_event destination through the admin API.
+    Endpoints {
+        #[command(flatten)]
+        admin: AdminArgs,
+        #[command(subcommand)]
+        command: EndpointCommand,
+    },
     /// Work on a stopped courier's journal.
     Journal {
         #[command(subcommand)]
@@ -117,6 +124,38 @@ enum EventCommand {
         /// The cursor a previous page printed, for the page after it.
         #[arg(long)]
         after: Option<String>,
+    },
+}
+
+#[derive(Subcommand)]
+enum EndpointCommand {
+    /// A page of endpoints, in origin order.
+    List {
+        #[arg(long)]
+        destination: String,
+        /// healthy, probation, paused or disabled.
+        #[arg(long)]
+        state: Option<String>,
+        /// Endpoints on the page, 1 to 1000 (default 100).
+        #[arg(long)]
+        limit: Option<usize>,
+        /// The cursor a previous page printed, for the page after it.
+        #[arg(long)]
+        after: Option<String>,
+    },
+    /// Disable an endpoint: its pending events are dead-lettered
+    /// EndpointDisabled, new ones refused (409).
+    Disable {
+        #[arg(long)]
+        destination: String,
+        /// Its origin (https://host:port) or any URL of it.
+        endpoint: String,
+    },
+    /// Enable a disabled endpoint again.
+    Enable {
+        #[arg(long)]
+        destination: String,
+        endpoint: String,
     },
 }
 
@@ -214,6 +253,7 @@ fn main() -> ExitCode {
             admin_command(dead_letters_call(&admin, command))
         }
         Command::Events { admin, command } => admin_command(events_call(&admin, command)),
+        Command::Endpoints { admin, command } => admin_command(endpoints_call(&admin, command)),
         Command::Journal {
             command: JournalCommand::Inspect { dir },
         } => inspect(&dir),
@@ -300,6 +340,64 @@ async fn events_call(admin: &AdminArgs, command: EventCommand) -> Result<String,
             Ok(o)
         }
     }
+}
+
+async fn endpoints_call(admin: &AdminArgs, command: EndpointCommand) -> Result<String, CliError> {
+    use courier::admin::api::{EndpointChange, EndpointPage};
+    use http::Method;
+    let client = AdminClient::new(&admin.admin, &admin.token_env)?;
+    let (destination, endpoint, action) = match command {
+        EndpointCommand::List {
+            destination,
+            state,
+            limit,
+            after,
+        } => {
+            let path = format!(
+                "/v1/destinations/{}/endpoints{}",
+                client::segment(&destination),
+                client::query(&[
+                    ("state", state),
+                    ("limit", limit.map(|n| n.to_string())),
+                    ("after", after),
+                ])
+            );
+            if admin.json {
+                return Ok(pretty(&client.call(Method::GET, &path, None).await?));
+            }
+            let page: EndpointPage = client.call_as(Method::GET, &path, None).await?;
+            let mut o = client::endpoints_table(&page.endpoints);
+            if let Some(next) = page.next {
+                let _ = writeln!(
+                    o,
+                    "more endpoints: add --after {next} (with the same filters) for the next page"
+                );
+            }
+            return Ok(o);
+        }
+        EndpointCommand::Disable {
+            destination,
+            endpoint,
+        } => (destination, endpoint, "disable"),
+        EndpointCommand::Enable {
+            destination,
+            endpoint,
+        } => (destination, endpoint, "enable"),
+    };
+    let path = format!(
+        "/v1/destinations/{}/endpoints/{}/{action}",
+        client::segment(&destination),
+        client::segment(&endpoint)
+    );
+    if admin.json {
+        return Ok(pretty(&client.call(Method::POST, &path, None).await?));
+    }
+    let c: EndpointChange = client.call_as(Method::POST, &path, None).await?;
+    let done = if c.changed { "now" } else { "already" };
+    Ok(format!(
+        "{} of {}: {done} {}\n",
+        c.origin, c.destination, c.state
+    ))
 }
 
 /// What event history knows of a dead letter's attempts, after its record.

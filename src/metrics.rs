@@ -39,6 +39,7 @@ pub const CONNECTIONS_REFUSED: &str = "courier_http_connections_refused_total";
 pub const OLDEST_PENDING_AGE: &str = "courier_oldest_pending_age_seconds";
 pub const ORDERING_LANES_BLOCKED: &str = "courier_ordering_lanes_blocked";
 pub const ENDPOINTS: &str = "courier_endpoints";
+pub const ENDPOINT_DISABLED: &str = "courier_endpoint_disabled_total";
 pub const DEAD_LETTER_WRITE_FAILURES: &str = "courier_dead_letter_write_failures_total";
 pub const BUILD_INFO: &str = "courier_build_info";
 pub const OBJECT_STORE_REQUESTS: &str = "courier_object_store_requests_total";
@@ -155,6 +156,10 @@ pub fn install(listeners: &[&'static str]) -> Result<PrometheusHandle, BuildErro
     metrics::describe_gauge!(
         ENDPOINTS,
         "Endpoints of a url: per_event destination held in memory, by state (no label per endpoint)."
+    );
+    metrics::describe_counter!(
+        ENDPOINT_DISABLED,
+        "Endpoints of a url: per_event destination disabled: by a 410, endpoints.disable_after, or an operator."
     );
     metrics::describe_gauge!(
         ORDERING_LANES_BLOCKED,
@@ -444,6 +449,12 @@ pub fn endpoints(destination: &str, states: [(&'static str, usize); 4]) {
     for (state, n) in states {
         gauge!(ENDPOINTS, "destination" => destination.to_string(), "state" => state).set(n as f64);
     }
+}
+
+/// At zero from the start for `url: per_event` destinations, so that an
+/// alert's `increase()` sees the first.
+pub fn endpoint_disabled(destination: &str, n: u64) {
+    counter!(ENDPOINT_DISABLED, "destination" => destination.to_string()).increment(n);
 }
 
 /// Set for destinations with an ordering key only.

@@ -217,3 +217,45 @@ mod tests {
         assert_eq!(v["replayed_before"], json!(["a"]));
     }
 }
+
+/// One endpoint of a `url: per_event` destination, in
+/// `GET /v1/destinations/{name}/endpoints`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EndpointItem {
+    /// `scheme://host:port`.
+    pub origin: String,
+    /// `healthy`, `probation`, `paused` or `disabled`.
+    pub state: String,
+    /// Its events in the journal that are rows (not those accepted within
+    /// the indexer's lag, about 100 ms).
+    pub pending: u64,
+    pub in_flight: u64,
+    pub oldest_pending_age_s: Option<f64>,
+    pub failing_since: Option<String>,
+    pub last_outcome: Option<String>,
+    pub last_status: Option<u16>,
+    /// For a disabled one: by whom (`operator`, `gone`, `disable_after`)
+    /// and since when.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disabled_by: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disabled_at: Option<String>,
+}
+
+/// `GET /v1/destinations/{name}/endpoints`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EndpointPage {
+    pub endpoints: Vec<EndpointItem>,
+    /// The cursor of the next page; `None` on the last.
+    pub next: Option<String>,
+}
+
+/// `POST /v1/destinations/{name}/endpoints/{origin}/disable|enable`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EndpointChange {
+    pub destination: String,
+    pub origin: String,
+    pub state: String,
+    /// `false`: it was so already, nothing changed.
+    pub changed: bool,
+}

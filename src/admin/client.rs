@@ -3,7 +3,7 @@
 //! with `--json`, the API's own answers. Plain HTTP: the admin listener is
 //! the pod's, on loopback.
 
-use super::api::{DeadLetterItem, EventAnswer, EventItem};
+use super::api::{DeadLetterItem, EndpointItem, EventAnswer, EventItem};
 use bytes::Bytes;
 use http::{Method, Request, StatusCode};
 use http_body_util::{BodyExt, Full};
@@ -315,6 +315,44 @@ pub fn events_table(items: &[EventItem]) -> String {
         })
         .collect();
     crate::admin::table::render(&head, rows, &[3])
+}
+
+/// Endpoints of a destination as a table, in origin order.
+pub fn endpoints_table(items: &[EndpointItem]) -> String {
+    let head = [
+        "ENDPOINT",
+        "STATE",
+        "PENDING",
+        "IN FLIGHT",
+        "OLDEST (S)",
+        "FAILING SINCE",
+        "LAST OUTCOME",
+    ];
+    let rows: Vec<Vec<String>> = items
+        .iter()
+        .map(|i| {
+            let outcome = match (&i.last_outcome, i.last_status) {
+                (Some(o), Some(n)) => format!("{o} ({n})"),
+                (Some(o), None) => o.clone(),
+                (None, _) => "-".into(),
+            };
+            let state = match &i.disabled_by {
+                Some(by) => format!("{} ({by})", i.state),
+                None => i.state.clone(),
+            };
+            vec![
+                i.origin.clone(),
+                state,
+                i.pending.to_string(),
+                i.in_flight.to_string(),
+                i.oldest_pending_age_s
+                    .map_or_else(|| "-".into(), |s| format!("{s:.0}")),
+                i.failing_since.clone().unwrap_or_else(|| "-".into()),
+                outcome,
+            ]
+        })
+        .collect();
+    crate::admin::table::render(&head, rows, &[2, 3, 4])
 }
 
 /// "Where is my webhook?" read top to bottom: per destination, its state,

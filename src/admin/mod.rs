@@ -4,6 +4,7 @@
 pub mod api;
 pub mod client;
 mod dead_letters;
+mod endpoints;
 mod events;
 pub mod table;
 
@@ -193,6 +194,20 @@ impl Admin {
             (&Method::POST, ["v1", "destinations", name, action @ ("pause" | "resume")]) => {
                 self.pause_or_resume(name, action).await
             }
+            (&Method::GET, ["v1", "destinations", name, "endpoints"]) => {
+                answer(self.list_endpoints(name, req.uri()).await)
+            }
+            (
+                &Method::POST,
+                [
+                    "v1",
+                    "destinations",
+                    name,
+                    "endpoints",
+                    origin,
+                    action @ ("disable" | "enable"),
+                ],
+            ) => answer(self.set_endpoint(name, origin, action).await),
             (&Method::GET, ["v1", "events"]) => answer(self.list_events(req.uri()).await),
             (&Method::GET, ["v1", "events", id]) => answer(self.show_event(id, req.uri()).await),
             (&Method::GET, ["v1", "dead-letters"]) => {

@@ -201,6 +201,12 @@ pub struct PerEvent {
     pub concurrency: usize,
     /// Endpoints whose state is kept in memory at once.
     pub max_tracked: usize,
+    /// An endpoint failing with no success this long is disabled (`None`:
+    /// never).
+    pub disable_after: Option<std::time::Duration>,
+    /// The destination that gets `courier.endpoint.disabled` and
+    /// `.recovered` events.
+    pub notify: Option<String>,
 }
 
 /// `batch`: how many ready events one attempt may carry (docs/batching.md).

@@ -2057,6 +2057,8 @@ fn url_per_event_reads_its_endpoint_keys_with_defaults_and_refuses_what_cannot_f
     assert_eq!(p.secret_header.as_str(), "courier-endpoint-secret");
     assert_eq!(p.schemes, ["https"]);
     assert_eq!((p.concurrency, p.max_tracked), (4, 100_000));
+    assert_eq!(p.disable_after, Some(Duration::from_secs(5 * 86_400)));
+    assert_eq!(p.notify, None);
     let guard = d
         .guard
         .as_ref()
@@ -2072,6 +2074,12 @@ fn url_per_event_reads_its_endpoint_keys_with_defaults_and_refuses_what_cannot_f
     assert_eq!(p.schemes, ["https", "http"]);
     assert_eq!((p.concurrency, p.max_tracked), (2, 10));
     assert_eq!(d.guard, None, "turned off by the operator");
+    let s = parsed(
+        "destinations:\n  c:\n    url: per_event\n    endpoints: { disable_after: 0s, notify: ops }\n  ops:\n    url: https://ops.example/hooks\n",
+    );
+    let p = s.destinations[0].per_event.clone().expect("per_event");
+    assert_eq!(p.disable_after, None, "0s: never");
+    assert_eq!(p.notify.as_deref(), Some("ops"));
 
     for (extra, key, words) in [
         (
@@ -2100,14 +2108,19 @@ fn url_per_event_reads_its_endpoint_keys_with_defaults_and_refuses_what_cannot_f
             "out of range",
         ),
         (
-            "    endpoints: { disable_after: 5d }\n",
+            "    endpoints: { disable_after: 50ms }\n",
             "endpoints.disable_after",
-            "not supported by this build yet",
+            "out of range",
         ),
         (
             "    endpoints: { notify: ops }\n",
             "endpoints.notify",
-            "not supported by this build yet",
+            "`ops` is not a destination",
+        ),
+        (
+            "    endpoints: { notify: c }\n",
+            "endpoints.notify",
+            "fixed url",
         ),
         (
             "    endpoints: { max_pending_bytes: 16MiB }\n",

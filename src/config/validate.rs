@@ -270,6 +270,7 @@ pub fn check(
         .iter()
         .map(|(name, d)| Arc::new(destination(&mut c, name, d, default_sink.as_ref(), &shares)))
         .collect();
+    notify_targets(&mut c, &raw.destinations);
     let topics = super::topics::topics(&mut c, &raw.topics, &raw.destinations)
         .into_iter()
         .map(Arc::new)
@@ -834,19 +835,22 @@ fn per_event(
         1,
         10_000_000,
     ) as usize;
-    let not_yet = [
-        ("max_pending_bytes", spec.max_pending_bytes.is_some()),
-        ("disable_after", spec.disable_after.is_some()),
-        ("notify", spec.notify.is_some()),
-    ];
-    for (key, given) in not_yet {
-        if given {
-            c.err(
-                format!("{e}.{key}"),
-                "is not supported by this build yet (docs/endpoints.md, \"Not yet\"): remove it",
-            );
-        }
+    if spec.max_pending_bytes.is_some() {
+        c.err(
+            format!("{e}.max_pending_bytes"),
+            "is not supported by this build yet (docs/endpoints.md, \"Not yet\"): remove it",
+        );
     }
+    // Off with 0s; else long enough that one failed attempt cannot do it.
+    let disable_after = match spec.disable_after {
+        Some(d) if d.0.is_zero() => None,
+        given => Some(c.range_dur(
+            &format!("{e}.disable_after"),
+            given.unwrap_or(Dur(DISABLE_AFTER)),
+            Duration::from_millis(100),
+            Duration::from_secs(365 * 86_400),
+        )),
+    };
     if batch.enabled() {
         c.err(
             format!("{p}.batch.max_events"),
@@ -871,7 +875,42 @@ fn per_event(
         schemes,
         concurrency: per_endpoint.min(concurrency),
         max_tracked,
+        disable_after,
+        notify: spec.notify.clone(),
     })
+}
+
+/// An endpoint failing with no success this long is disabled.
+const DISABLE_AFTER: Duration = Duration::from_secs(5 * 86_400);
+
+/// `endpoints.notify` names a destination that can take courier's own
+/// events: one with a fixed url, durable (a notification has no app
+/// waiting for an answer).
+fn notify_targets(c: &mut Checker, all: &std::collections::BTreeMap<String, Destination>) {
+    for (name, d) in all {
+        let Some(target) = d.endpoints.as_ref().and_then(|e| e.notify.as_deref()) else {
+            continue;
+        };
+        let path = format!("destinations.{name}.endpoints.notify");
+        match all.get(target) {
+            None => {
+                let names: Vec<&str> = all.keys().map(String::as_str).collect();
+                c.err(
+                    path,
+                    format!("`{target}` is not a destination: one of {}", names.join(", ")),
+                );
+            }
+            Some(t) if t.url == PER_EVENT => c.err(
+                path,
+                format!("`{target}` has url: per_event: notifications go to a destination with a fixed url, the app's own endpoint"),
+            ),
+            Some(t) if t.mode == Mode::Passthrough => c.err(
+                path,
+                format!("`{target}` is passthrough: a notification has no app waiting for its answer, name a durable destination"),
+            ),
+            Some(_) => {}
+        }
+    }
 }
 
 /// `endpoints`' address guard: off for a fixed url unless `guard: on`; a

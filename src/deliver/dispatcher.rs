@@ -479,6 +479,8 @@ impl Dispatcher {
         // events met since (it stays blocked for the rest of the pass).
         let mut blocked_by: HashMap<Arc<str>, (endpoints::Blocked, usize)> = HashMap::new();
         let mut back: Vec<(StoredEvent, u64)> = Vec::new();
+        // For the sink, in one task: their endpoint is disabled.
+        let mut disabled = Vec::new();
         let mut kept = VecDeque::with_capacity(self.held.ready.len());
         while let Some(ev) = self.held.ready.pop_front() {
             let room = journal_ok
@@ -512,8 +514,12 @@ impl Dispatcher {
             };
             let probe = match said {
                 Ok(probe) => probe,
+                Err((endpoints::Blocked::Disabled, _)) => {
+                    disabled.push(ev);
+                    continue;
+                }
                 Err((why, k)) => {
-                    match self.due_again(why, k, cap, &origin, endpoints, &ev, now) {
+                    match self.due_again(why, k, cap, &origin, endpoints, now) {
                         Some(due) => back.push((ev, due)),
                         None => kept.push_back(ev),
                     }
@@ -545,6 +551,20 @@ impl Dispatcher {
         }
         self.held.ready = kept;
         self.defer(back);
+        if !disabled.is_empty() {
+            let unit = Unit {
+                events: disabled,
+                batch: None,
+                endpoint: None,
+            };
+            let running = Running::of(&unit.events);
+            let ctx = self.ctx.clone();
+            let slot = self.slots.take();
+            let handle = self
+                .tasks
+                .spawn(async move { settle::run(&ctx, unit, false, slot).await });
+            self.held.hand(handle.id(), running);
+        }
         let flowing =
             journal_ok && self.answering && blocked.gate.is_none() && !self.stop.is_cancelled();
         self.state.pace(flowing);
@@ -561,7 +581,6 @@ impl Dispatcher {
         cap: usize,
         origin: &str,
         endpoints: &Endpoints,
-        ev: &StoredEvent,
         now: u64,
     ) -> Option<u64> {
         let timeout = self.ctx.dest.timeout.as_millis() as u64;
@@ -579,8 +598,8 @@ impl Dispatcher {
             endpoints::Blocked::Probation(t) => Some(t + timeout),
             // Its probe's answer comes within the timeout.
             endpoints::Blocked::Probing => Some(now + timeout.max(1000)),
-            // Nothing goes to it: due at its TTL, to be dead-lettered.
-            endpoints::Blocked::Gone => Some(self.ctx.dest.limits.deadline(ev.event.accepted_ms)),
+            // Handed to the sink in this pass (`start_by_endpoint`).
+            endpoints::Blocked::Disabled => None,
         }
     }
 

@@ -1,7 +1,7 @@
 //! The endpoints of a `url: per_event` destination, each kept apart from
 //! the others (docs/endpoints.md): an endpoint is its origin, and its
-//! health (probation and its probe, a Retry-After hold, a 410's pause) and
-//! its attempts in flight (`endpoints.concurrency`) are its own. The
+//! health (probation and its probe, a Retry-After hold), its attempts in
+//! flight (`endpoints.concurrency`) and its disabling are its own. The
 //! destination's `Health` keeps what is the destination's: an operator's
 //! pause, the rate limit, the attempts in flight in all.
 //!
@@ -9,10 +9,13 @@
 //! `start` per attempt, one `ended`), and the state of an endpoint is a few
 //! words. At most `max_tracked` endpoints are held; past it, the idle ones
 //! are forgotten, the healthy first, and an endpoint forgotten comes back
-//! healthy. Its events stay in the journal.
+//! healthy. Its events stay in the journal. Disabled endpoints are held
+//! apart, never forgotten: the journal's `endpoints-disabled.json` keeps
+//! them across restarts, and a disabling lasts until an operator ends it.
 
 use crate::clock;
 use crate::event::Outcome;
+use crate::journal::Disabled;
 use crate::policy::probation::{Admit, Probation, ProbationPolicy};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -21,6 +24,11 @@ use std::time::Duration;
 /// Before an endpoint has answered: the time an attempt is assumed to
 /// take, which spaces the events put back for it (`pace`).
 const FIRST_PACE_MS: u32 = 100;
+
+/// Who disabled an endpoint, as `Disabled::by` and the notification say.
+pub const BY_OPERATOR: &str = "operator";
+pub const BY_GONE: &str = "gone";
+pub const BY_DISABLE_AFTER: &str = "disable_after";
 
 /// Why an endpoint takes no attempt now (`Endpoints::start`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -33,19 +41,19 @@ pub enum Blocked {
     Probation(u64),
     /// Its probe is out: its answer comes within the timeout.
     Probing,
-    /// It answered 410: nothing goes to it until courier restarts.
-    Gone,
+    /// Disabled: its events are dead-lettered `EndpointDisabled`.
+    Disabled,
 }
 
 struct State {
     probation: Probation,
     hold_until_ms: Option<u64>,
-    /// Since when it answered 410 Gone: nothing goes to it until it is
-    /// forgotten or courier restarts.
-    gone_since_ms: Option<u64>,
     in_flight: u32,
     /// How long its attempts take (a moving average, ms).
     pace_ms: u32,
+    /// The first failure since its last success.
+    failing_since_ms: Option<u64>,
+    last: Option<(Outcome, Option<u16>)>,
 }
 
 impl State {
@@ -53,9 +61,10 @@ impl State {
         State {
             probation: Probation::new(policy.clone()),
             hold_until_ms: None,
-            gone_since_ms: None,
             in_flight: 0,
             pace_ms: FIRST_PACE_MS,
+            failing_since_ms: None,
+            last: None,
         }
     }
 
@@ -64,10 +73,20 @@ impl State {
     }
 
     fn healthy(&self, now: u64) -> bool {
-        self.gone_since_ms.is_none()
-            && !self.probation.on_probation(now)
+        !self.probation.on_probation(now)
             && self.probation.consecutive_failures() == 0
             && self.hold_until_ms.is_none_or(|t| t <= now)
+    }
+
+    /// `paused` (a Retry-After), `probation` or `healthy`.
+    fn state(&self, now: u64) -> &'static str {
+        if self.hold_until_ms.is_some_and(|t| t > now) {
+            "paused"
+        } else if self.probation.on_probation(now) {
+            "probation"
+        } else {
+            "healthy"
+        }
     }
 }
 
@@ -78,13 +97,16 @@ pub struct Endpoints {
 struct Inner {
     policy: ProbationPolicy,
     max_tracked: usize,
+    disable_after: Option<Duration>,
     states: HashMap<Arc<str>, State>,
+    disabled: HashMap<Arc<str>, Disabled>,
 }
 
 /// How one attempt went, for its endpoint.
 pub struct Ended {
     /// `None`: no attempt was made after all (its events had expired).
     pub outcome: Option<Outcome>,
+    pub status: Option<u16>,
     pub took: Duration,
     /// A Retry-After on 429 or 503.
     pub hold: Option<Duration>,
@@ -93,13 +115,40 @@ pub struct Ended {
     pub gone: bool,
 }
 
+/// What an answer did to its endpoint.
+#[derive(Debug, Default, PartialEq)]
+pub struct Said {
+    /// A probation started, until then.
+    pub probation_until: Option<u64>,
+    /// It disabled the endpoint (a 410, or `disable_after`): to be
+    /// recorded and notified.
+    pub disabled: Option<Disabled>,
+}
+
+/// One endpoint as the admin API lists it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct View {
+    pub state: &'static str,
+    pub in_flight: u32,
+    pub failing_since_ms: Option<u64>,
+    pub last_outcome: Option<String>,
+    pub last_status: Option<u16>,
+}
+
 impl Endpoints {
-    pub fn new(policy: ProbationPolicy, max_tracked: usize) -> Endpoints {
+    pub fn new(
+        policy: ProbationPolicy,
+        max_tracked: usize,
+        disable_after: Option<Duration>,
+        disabled: Vec<(String, Disabled)>,
+    ) -> Endpoints {
         Endpoints {
             inner: Mutex::new(Inner {
                 policy,
                 max_tracked,
+                disable_after,
                 states: HashMap::new(),
+                disabled: disabled.into_iter().map(|(o, d)| (o.into(), d)).collect(),
             }),
         }
     }
@@ -110,8 +159,13 @@ impl Endpoints {
     }
 
     /// A reload's probation policy (endpoints on probation under another
-    /// start afresh) and bound.
-    pub fn reconfigure(&self, policy: &ProbationPolicy, max_tracked: usize) {
+    /// start afresh), bound and `disable_after`.
+    pub fn reconfigure(
+        &self,
+        policy: &ProbationPolicy,
+        max_tracked: usize,
+        disable_after: Option<Duration>,
+    ) {
         let mut s = self.lock();
         if s.policy != *policy {
             s.policy = policy.clone();
@@ -120,6 +174,7 @@ impl Endpoints {
             }
         }
         s.max_tracked = max_tracked;
+        s.disable_after = disable_after;
     }
 
     /// May one more attempt go to `origin` now, with at most `cap` in
@@ -128,6 +183,9 @@ impl Endpoints {
     pub fn start(&self, origin: &Arc<str>, cap: usize) -> Result<bool, Blocked> {
         let now = clock::now_ms();
         let mut s = self.lock();
+        if s.disabled.contains_key(origin) {
+            return Err(Blocked::Disabled);
+        }
         if !s.states.contains_key(origin) {
             s.make_room();
         }
@@ -135,9 +193,6 @@ impl Endpoints {
         let state = states
             .entry(origin.clone())
             .or_insert_with(|| State::new(policy));
-        if state.gone_since_ms.is_some() {
-            return Err(Blocked::Gone);
-        }
         if let Some(until) = state.hold_until_ms {
             if now < until {
                 return Err(Blocked::WaitUntil(until));
@@ -160,18 +215,22 @@ impl Endpoints {
         Ok(probe)
     }
 
-    /// An attempt that `start` let go has ended. Returns the probation's
-    /// end when this answer starts one.
-    pub fn ended(&self, origin: &str, e: Ended) -> Option<u64> {
+    /// An attempt that `start` let go has ended: what it did to the
+    /// endpoint. A 410, or a failure `disable_after` past the first since
+    /// the last success, disables it here, before the caller records it.
+    pub fn ended(&self, origin: &str, e: Ended) -> Said {
         let now = clock::now_ms();
         let mut s = self.lock();
-        let state = s.states.get_mut(origin)?;
+        let disable_after = s.disable_after;
+        let Some(state) = s.states.get_mut(origin) else {
+            return Said::default();
+        };
         state.in_flight = state.in_flight.saturating_sub(1);
         let Some(outcome) = e.outcome else {
             if e.probe {
                 state.probation.probe_cancelled();
             }
-            return None;
+            return Said::default();
         };
         let took = e.took.as_millis().min(u32::MAX as u128) as u32;
         state.pace_ms = ((state.pace_ms as u64 * 3 + took as u64) / 4).max(1) as u32;
@@ -179,10 +238,70 @@ impl Endpoints {
             let until = now + h.as_millis() as u64;
             state.hold_until_ms = Some(state.hold_until_ms.map_or(until, |u| u.max(until)));
         }
-        if e.gone {
-            state.gone_since_ms.get_or_insert(now);
+        state.last = Some((outcome, e.status));
+        let failing_since = if outcome == Outcome::Delivered {
+            state.failing_since_ms = None;
+            None
+        } else {
+            Some(*state.failing_since_ms.get_or_insert(now))
+        };
+        let probation_until = state.probation.record(outcome, now, e.probe);
+        let by = if e.gone {
+            Some(BY_GONE)
+        } else {
+            failing_since
+                .zip(disable_after)
+                .filter(|(since, after)| now.saturating_sub(*since) >= after.as_millis() as u64)
+                .map(|_| BY_DISABLE_AFTER)
+        };
+        let disabled = by.map(|by| Disabled {
+            by: by.into(),
+            since_ms: now,
+            failing_since_ms: failing_since,
+            last_outcome: Some(outcome.as_str().into()),
+            last_status: e.status,
+        });
+        if let Some(d) = &disabled {
+            s.disabled.insert(origin.into(), d.clone());
+            s.states.remove(origin);
         }
-        state.probation.record(outcome, now, e.probe)
+        Said {
+            probation_until,
+            disabled,
+        }
+    }
+
+    /// Disables `origin` (an operator's call): `None` when it was
+    /// disabled already. Its state so far goes into the record.
+    pub fn disable(&self, origin: &str, now: u64) -> Option<Disabled> {
+        let mut s = self.lock();
+        if s.disabled.contains_key(origin) {
+            return None;
+        }
+        let state = s.states.remove(origin);
+        let d = Disabled {
+            by: BY_OPERATOR.into(),
+            since_ms: now,
+            failing_since_ms: state.as_ref().and_then(|st| st.failing_since_ms),
+            last_outcome: state
+                .as_ref()
+                .and_then(|st| st.last)
+                .map(|(o, _)| o.as_str().into()),
+            last_status: state.as_ref().and_then(|st| st.last).and_then(|(_, s)| s),
+        };
+        s.disabled.insert(origin.into(), d.clone());
+        Some(d)
+    }
+
+    /// Enables `origin` again, afresh: what its disabling was, if any.
+    pub fn enable(&self, origin: &str) -> Option<Disabled> {
+        let mut s = self.lock();
+        s.states.remove(origin);
+        s.disabled.remove(origin)
+    }
+
+    pub fn disabled(&self, origin: &str) -> Option<Disabled> {
+        self.lock().disabled.get(origin).cloned()
     }
 
     /// How long `origin`'s attempts take (ms): the spacing of its events
@@ -194,31 +313,59 @@ impl Endpoints {
             .map_or(FIRST_PACE_MS, |state| state.pace_ms) as u64
     }
 
+    /// Every endpoint held now, disabled ones included, by origin.
+    pub fn views(&self) -> Vec<(Arc<str>, View)> {
+        let now = clock::now_ms();
+        let s = self.lock();
+        let held = s.states.iter().map(|(o, st)| {
+            let view = View {
+                state: st.state(now),
+                in_flight: st.in_flight,
+                failing_since_ms: st.failing_since_ms,
+                last_outcome: st.last.map(|(o, _)| o.as_str().into()),
+                last_status: st.last.and_then(|(_, s)| s),
+            };
+            (o.clone(), view)
+        });
+        let disabled = s.disabled.iter().map(|(o, d)| {
+            let view = View {
+                state: "disabled",
+                in_flight: 0,
+                failing_since_ms: d.failing_since_ms,
+                last_outcome: d.last_outcome.clone(),
+                last_status: d.last_status,
+            };
+            (o.clone(), view)
+        });
+        held.chain(disabled).collect()
+    }
+
     /// The endpoints held now, by state.
     pub fn census(&self) -> Census {
         let now = clock::now_ms();
         let s = self.lock();
-        let mut c = Census::default();
+        let mut c = Census {
+            disabled: s.disabled.len(),
+            ..Census::default()
+        };
         for st in s.states.values() {
-            if st.gone_since_ms.is_some() || st.hold_until_ms.is_some_and(|t| t > now) {
-                c.paused += 1;
-            } else if st.probation.on_probation(now) {
-                c.probation += 1;
-            } else {
-                c.healthy += 1;
+            match st.state(now) {
+                "paused" => c.paused += 1,
+                "probation" => c.probation += 1,
+                _ => c.healthy += 1,
             }
         }
         c
     }
 }
 
-/// Endpoints by state, as `courier_endpoints` counts them. None is
-/// `disabled` yet: that state comes with `disable_after`.
+/// Endpoints by state, as `courier_endpoints` counts them.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Census {
     pub healthy: usize,
     pub probation: usize,
     pub paused: usize,
+    pub disabled: usize,
 }
 
 impl Census {
@@ -227,7 +374,7 @@ impl Census {
             ("healthy", self.healthy),
             ("probation", self.probation),
             ("paused", self.paused),
-            ("disabled", 0),
+            ("disabled", self.disabled),
         ]
     }
 }
@@ -265,12 +412,13 @@ mod tests {
             threshold,
             ..ProbationPolicy::default()
         };
-        Endpoints::new(policy, max_tracked)
+        Endpoints::new(policy, max_tracked, None, Vec::new())
     }
 
     fn failed() -> Ended {
         Ended {
             outcome: Some(Outcome::TimedOut),
+            status: None,
             took: Duration::from_millis(50),
             hold: None,
             probe: false,
@@ -290,9 +438,10 @@ mod tests {
             "two in flight at a cap of 2"
         );
         assert_eq!(e.start(&b, 2), Ok(false), "b has its own cap");
-        assert_eq!(e.ended(&a, failed()), None);
+        assert_eq!(e.ended(&a, failed()), Said::default());
         let until = e
             .ended(&a, failed())
+            .probation_until
             .expect("a second failure starts a probation");
         assert_eq!(e.start(&a, 2), Err(Blocked::Probation(until)));
         assert_eq!(e.start(&b, 2), Ok(false), "b is not on probation");
@@ -301,7 +450,7 @@ mod tests {
     }
 
     #[test]
-    fn a_retry_after_and_a_410_hold_only_their_endpoint() {
+    fn a_retry_after_holds_and_a_410_disables_only_their_endpoint() {
         let e = endpoints(10, 100);
         let (a, b): (Arc<str>, Arc<str>) = ("https://a:443".into(), "https://b:443".into());
         assert_eq!(e.start(&a, 4), Ok(false));
@@ -314,14 +463,81 @@ mod tests {
         );
         assert!(matches!(e.start(&a, 4), Err(Blocked::WaitUntil(_))));
         assert_eq!(e.start(&b, 4), Ok(false));
-        e.ended(
+        let said = e.ended(
             &b,
             Ended {
                 gone: true,
+                status: Some(410),
                 ..failed()
             },
         );
-        assert_eq!(e.start(&b, 4), Err(Blocked::Gone), "b answered 410");
+        let d = said.disabled.expect("a 410 disables");
+        assert_eq!((d.by.as_str(), d.last_status), (BY_GONE, Some(410)));
+        assert_eq!(e.start(&b, 4), Err(Blocked::Disabled), "b answered 410");
+        assert!(matches!(e.start(&a, 4), Err(Blocked::WaitUntil(_))));
+        assert_eq!(e.census().disabled, 1);
+        assert_eq!(e.enable(&b), Some(d));
+        assert_eq!(e.start(&b, 4), Ok(false), "enabled afresh");
+    }
+
+    #[test]
+    fn failing_with_no_success_for_disable_after_disables() {
+        let e = Endpoints::new(
+            ProbationPolicy::default(),
+            100,
+            Some(Duration::from_millis(40)),
+            Vec::new(),
+        );
+        let a: Arc<str> = "https://a:443".into();
+        assert_eq!(e.start(&a, 4), Ok(false));
+        assert_eq!(e.ended(&a, failed()).disabled, None, "the first failure");
+        std::thread::sleep(Duration::from_millis(50));
+        // A success in between starts the clock again.
+        assert_eq!(e.start(&a, 4), Ok(false));
+        let ok = Ended {
+            outcome: Some(Outcome::Delivered),
+            ..failed()
+        };
+        assert_eq!(e.ended(&a, ok).disabled, None);
+        assert_eq!(e.start(&a, 4), Ok(false));
+        assert_eq!(e.ended(&a, failed()).disabled, None, "failing anew");
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(e.start(&a, 4), Ok(false));
+        let d = e.ended(&a, failed()).disabled.expect("40 ms failing");
+        assert_eq!(d.by, BY_DISABLE_AFTER);
+        assert!(d.failing_since_ms.is_some_and(|t| t < d.since_ms));
+        assert_eq!(e.start(&a, 4), Err(Blocked::Disabled));
+    }
+
+    #[test]
+    fn disabled_endpoints_are_kept_past_max_tracked_and_loaded_at_start() {
+        let kept = Disabled {
+            by: BY_OPERATOR.into(),
+            since_ms: 1,
+            failing_since_ms: None,
+            last_outcome: None,
+            last_status: None,
+        };
+        let e = Endpoints::new(
+            ProbationPolicy::default(),
+            8,
+            None,
+            vec![("https://off:443".into(), kept.clone())],
+        );
+        for i in 0..50 {
+            let origin: Arc<str> = format!("https://h{i}:443").into();
+            assert_eq!(e.start(&origin, 4), Ok(false));
+            e.ended(&origin, failed());
+        }
+        let off: Arc<str> = "https://off:443".into();
+        assert_eq!(e.start(&off, 4), Err(Blocked::Disabled));
+        assert_eq!(e.disabled(&off), Some(kept));
+        assert_eq!(e.disable(&off, 5), None, "disabled already");
+        let views = e.views();
+        assert_eq!(
+            views.iter().filter(|(_, v)| v.state == "disabled").count(),
+            1
+        );
     }
 
     #[test]
@@ -329,7 +545,7 @@ mod tests {
         let e = endpoints(1, 100);
         let a: Arc<str> = "https://a:443".into();
         assert_eq!(e.start(&a, 1), Ok(false));
-        let until = e.ended(&a, failed()).expect("probation");
+        let until = e.ended(&a, failed()).probation_until.expect("probation");
         let _ = until;
         // A probation of 10 s at the least: not over yet.
         assert!(matches!(e.start(&a, 1), Err(Blocked::Probation(_))));
@@ -366,7 +582,7 @@ mod tests {
             );
         }
         let c = e.census();
-        let tracked = c.healthy + c.probation + c.paused;
+        let tracked = c.healthy + c.probation + c.paused + c.disabled;
         assert!(tracked <= 8, "{tracked} held past max_tracked");
         assert!(
             matches!(e.start(&sick, 4), Err(Blocked::Probation(_))),

@@ -11,6 +11,7 @@
 //! dispatcher starts only after the old one has stopped, for the same
 //! reason.
 
+use super::disabling::{self, DisablingError};
 use super::dispatcher::Dispatcher;
 use super::endpoints::Endpoints;
 use super::health::{Health, PauseReason};
@@ -19,7 +20,7 @@ use super::settle::{Ctx, LateCompleted};
 use super::{Connector, HttpsClient, Passthrough, stack};
 use crate::config::{DestinationSettings, Settings, SinkAt};
 use crate::deadletter::{BucketSink, DeadLetterSink, DirSink, Shelf, SinkStreak, SinkTally};
-use crate::journal::{Journal, Reader};
+use crate::journal::{Disabled, Journal, Reader};
 use crate::lifecycle::Lifecycle;
 use crate::metrics;
 use crate::policy::address::Guard;
@@ -217,9 +218,15 @@ impl Fleet {
                     Arc::new(Endpoints::new(
                         dest.probation.clone(),
                         per_event.max_tracked,
+                        per_event.disable_after,
+                        self.journal.disabled_endpoints(name),
                     ))
                 });
-                endpoints.reconfigure(&dest.probation, per_event.max_tracked);
+                endpoints.reconfigure(
+                    &dest.probation,
+                    per_event.max_tracked,
+                    per_event.disable_after,
+                );
             }
             let Kept {
                 health,
@@ -268,6 +275,9 @@ impl Fleet {
             let running = self.start(dest, ctx, reader, retiring);
             inner.running.insert(name.clone(), running);
             metrics::register(name, &crate::event::Reason::ALL.map(|r| r.as_str()));
+            if dest.per_event.is_some() {
+                metrics::endpoint_disabled(name, 0);
+            }
             added.push(name.clone());
         }
         Ok(added)
@@ -332,6 +342,29 @@ impl Fleet {
         let inner = self.lock();
         let ctx = inner.running.get(name)?.ctx.borrow().clone();
         Some(Passthrough::new(ctx.dest.clone(), ctx.passthrough.clone()))
+    }
+
+    /// A configured destination's delivery context now.
+    fn ctx(&self, name: &str) -> Option<Arc<Ctx>> {
+        let inner = self.lock();
+        Some(inner.running.get(name)?.ctx.borrow().clone())
+    }
+
+    /// An operator disables (`true`) or enables an endpoint of `name`
+    /// (docs/endpoints.md): `Ok(None)` when it was so already, `None` for
+    /// a destination that is not configured.
+    pub async fn set_endpoint(
+        &self,
+        name: &str,
+        origin: &str,
+        disable: bool,
+    ) -> Option<Result<Option<Disabled>, DisablingError>> {
+        let ctx = self.ctx(name)?;
+        Some(if disable {
+            disabling::disable(&ctx, origin).await
+        } else {
+            disabling::enable(&ctx, origin).await
+        })
     }
 
     /// The health of a configured destination.

@@ -5,6 +5,7 @@
 mod answer_body;
 mod batch;
 mod client;
+mod disabling;
 mod dispatcher;
 pub mod endpoints;
 mod fleet;

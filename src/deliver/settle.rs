@@ -23,7 +23,8 @@
 //! under the same `webhook-id`; an event that leaves (dead-lettered, or
 //! waiting for its TTL) leaves the batch.
 
-use super::endpoints::{Ended, Endpoints};
+use super::disabling;
+use super::endpoints::{Ended, Endpoints, Said};
 use super::health::{Health, PauseReason};
 use super::letters::{self, Doomed};
 use super::limit::Limit;
@@ -104,12 +105,13 @@ impl EndpointTurn {
         }
     }
 
-    fn end(&mut self, outcome: Option<Outcome>, a: Option<&Attempted>, gone: bool) -> Option<u64> {
+    fn end(&mut self, outcome: Option<Outcome>, a: Option<&Attempted>, gone: bool) -> Said {
         self.done = true;
         self.endpoints.ended(
             &self.origin,
             Ended {
                 outcome,
+                status: a.and_then(|a| a.status),
                 took: a.map_or(Duration::ZERO, |a| a.took),
                 hold: a.and_then(hold_of),
                 probe: self.probe,
@@ -169,6 +171,7 @@ pub async fn run(ctx: &Arc<Ctx>, unit: Unit, probe: bool, slot: Slot) -> Settled
         batch,
         mut endpoint,
     } = unit;
+    let unturned = endpoint.is_none();
     let mut no_attempt = || match endpoint.as_mut() {
         Some(turn) => {
             turn.end(None, None, false);
@@ -196,9 +199,7 @@ pub async fn run(ctx: &Arc<Ctx>, unit: Unit, probe: bool, slot: Slot) -> Settled
             exhausted.push((ev, fate));
             continue;
         }
-        // Stored while the destination had a fixed url: it has no endpoint.
-        if ctx.dest.per_event.is_some() && endpoint::url_of(&ev.event).is_none() {
-            let fate = verdict::no_endpoint(&ev, now);
+        if let Some(fate) = no_endpoint(ctx, &ev, unturned, now) {
             exhausted.push((ev, fate));
             continue;
         }
@@ -243,6 +244,21 @@ pub async fn run(ctx: &Arc<Ctx>, unit: Unit, probe: bool, slot: Slot) -> Settled
     out
 }
 
+/// The fate of an event of a `url: per_event` destination that has no
+/// endpoint to go to: stored while the destination had a fixed url, or
+/// (`unturned`: handed out without a turn) its endpoint is disabled.
+fn no_endpoint(ctx: &Ctx, ev: &StoredEvent, unturned: bool, now: u64) -> Option<Fate> {
+    ctx.dest.per_event.as_ref()?;
+    let Some(url) = endpoint::url_of(&ev.event) else {
+        return Some(verdict::no_endpoint(ev, now));
+    };
+    let endpoints = ctx.endpoints.as_ref().filter(|_| unturned)?;
+    let origin = endpoint::origin(url)?;
+    endpoints
+        .disabled(&origin)
+        .map(|_| verdict::endpoint_disabled(ev, now))
+}
+
 /// What `inform` tells of an attempt besides its answer.
 struct Told<'a> {
     /// The event's id, or the batch's.
@@ -262,11 +278,12 @@ async fn inform(ctx: &Ctx, a: &Attempted, t: Told<'_>, endpoint: Option<&mut End
     ctx.metrics.attempt(outcome, a.took, t.events as u64);
     let gone = a.classified.verdict == Verdict::Pause;
     if let Some(turn) = endpoint {
-        if let Some(until) = turn.end(Some(outcome), Some(a), gone) {
+        let said = turn.end(Some(outcome), Some(a), gone);
+        if let Some(until) = said.probation_until {
             tracing::warn!(destination = %dest.name, endpoint = %turn.origin, outcome = %outcome.as_str(), until = %clock::rfc3339(until), "endpoint on probation: no attempts to it until then, then one probe");
         }
-        if gone {
-            tracing::warn!(destination = %dest.name, endpoint = %turn.origin, "endpoint answered 410 Gone: no attempts to it until courier restarts");
+        if let Some(d) = said.disabled {
+            disabling::disabled(ctx, &turn.origin, &d).await;
         }
         ctx.health.note(outcome);
         let in_flight = ctx.health.in_flight.load(Ordering::Relaxed) + 1;

@@ -127,6 +127,20 @@ pub fn no_endpoint(ev: &StoredEvent, now_ms: u64) -> Fate {
     }
 }
 
+/// The fate of an event whose endpoint is disabled (`url: per_event`):
+/// it goes to the sink with how its last attempt went, as one whose TTL
+/// ran out does (`Probation` when it had none).
+pub fn endpoint_disabled(ev: &StoredEvent, now_ms: u64) -> Fate {
+    Fate {
+        reason: Reason::EndpointDisabled,
+        attempts: ev.attempts,
+        last_outcome: ev.last_outcome.unwrap_or(Outcome::Probation),
+        last_status: ev.last_status,
+        last_attempt_ms: ev.last_attempt_ms,
+        at_ms: now_ms,
+    }
+}
+
 /// The fate of an event whose TTL ran out before its next attempt; one
 /// that a restart found fated keeps the fate it was given. One held back
 /// by probation says so in `lastDeliveryOutcome`, as in Event Grid, as

@@ -78,15 +78,18 @@ pub enum Reason {
     NonRetriableStatus,
     /// The address guard refused the endpoint's addresses.
     AddressNotAllowed,
+    /// Its endpoint was disabled (`url: per_event`).
+    EndpointDisabled,
 }
 
 impl Reason {
     /// In the order of history's codes: new ones go last.
-    pub const ALL: [Reason; 4] = [
+    pub const ALL: [Reason; 5] = [
         Reason::MaxDeliveryAttemptsExceeded,
         Reason::TimeToLiveExceeded,
         Reason::NonRetriableStatus,
         Reason::AddressNotAllowed,
+        Reason::EndpointDisabled,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -95,6 +98,7 @@ impl Reason {
             Reason::TimeToLiveExceeded => "TimeToLiveExceeded",
             Reason::NonRetriableStatus => "NonRetriableStatus",
             Reason::AddressNotAllowed => "AddressNotAllowed",
+            Reason::EndpointDisabled => "EndpointDisabled",
         }
     }
 

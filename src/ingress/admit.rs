@@ -9,6 +9,7 @@ use super::{Body, forward, passed, rejection, reply, schema, topic};
 use crate::config::settings::PerEvent;
 use crate::config::{DestinationSettings, Live, Mode, Settings, TopicSettings};
 use crate::deliver::Fleet;
+use crate::deliver::endpoints::Endpoints;
 use crate::event::Schema;
 use crate::event::{Header, NewEvent, endpoint};
 use crate::journal::{Appended, Journal};
@@ -189,7 +190,8 @@ impl Ingress {
         if let Route::Destination(dest) = &route
             && let Some(per_event) = &dest.per_event
         {
-            admitted.name_endpoint(dest, per_event, req.headers())?;
+            let endpoints = self.fleet.endpoints(&dest.name);
+            admitted.name_endpoint(dest, per_event, endpoints.as_deref(), req.headers())?;
         }
         if let Some(a) = accept.as_deref() {
             a.stamp(&mut admitted.headers);
@@ -582,10 +584,13 @@ impl Admitted {
     /// `url: per_event`: the endpoint the request names, checked, kept with
     /// its events as courier's own headers (`event::endpoint`); the app's
     /// two headers do not travel.
+    /// A disabled endpoint's events are refused (409), not stored to be
+    /// dead-lettered: the app hears at once, and the journal keeps nothing.
     fn name_endpoint(
         &mut self,
         dest: &DestinationSettings,
         per_event: &PerEvent,
+        endpoints: Option<&Endpoints>,
         headers: &http::HeaderMap,
     ) -> Result<(), Refused> {
         let refused = |e: endpoint::Refused| {
@@ -602,6 +607,21 @@ impl Admitted {
             && !guard.allows(ip)
         {
             return Err(refused(endpoint::Refused::Address(ip)));
+        }
+        if let Some(origin) = endpoints.and_then(|_| endpoint::origin(&named.url))
+            && let Some(d) = endpoints.and_then(|e| e.disabled(&origin))
+        {
+            let msg = format!(
+                "endpoint {origin} is disabled (by {}, since {}): enable it with `courier endpoints enable`; nothing was stored",
+                d.by,
+                crate::clock::rfc3339(d.since_ms)
+            );
+            return Err(refuse(
+                &dest.name,
+                StatusCode::CONFLICT,
+                "endpoint_disabled",
+                msg,
+            ));
         }
         let secrets = headers
             .get(&per_event.secret_header)

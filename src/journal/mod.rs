@@ -22,9 +22,9 @@ mod fetch;
 mod indexer;
 mod inspect;
 pub(crate) mod intake;
+mod kept;
 mod lanes;
 mod open;
-mod pauses;
 mod reader;
 mod ready;
 pub mod record;
@@ -35,12 +35,12 @@ mod unindexed;
 mod writer;
 
 pub use inspect::inspect;
+pub(crate) use kept::{Disabled, Pause};
 pub(crate) use lanes::{LanesView, Turns};
-pub(crate) use pauses::Pause;
 pub(crate) use reader::Reader;
 pub(crate) use ready::ReadyQueue;
 pub use record::Carried;
-pub(crate) use store::{DestinationSummary, FILE, LoadError};
+pub(crate) use store::{DestinationSummary, EndpointRows, FILE, LoadError};
 
 use crate::clock;
 use crate::config::HistorySettings;
@@ -50,8 +50,8 @@ use crate::metrics;
 use arc_swap::ArcSwap;
 use dedupe::{Check, Claim, Dedupe};
 use indexer::ToIndexer;
+use kept::{Kept, KeptError, Pauses};
 use lanes::Lanes;
-use pauses::{Pauses, PausesError};
 use reserve::Reserve;
 use rusqlite::Connection;
 use skip::{Delivered, Skip};
@@ -152,7 +152,7 @@ pub enum OpenError {
     )]
     DbMissing(PathBuf),
     #[error(transparent)]
-    Pauses(#[from] PausesError),
+    Kept(#[from] KeptError),
     #[error(transparent)]
     History(#[from] HistoryError),
 }
@@ -210,6 +210,15 @@ pub(crate) enum Change {
     /// Its endpoint cannot take it now (`url: per_event`): due again at
     /// `due_ms`, no attempt counted. A waiting or quarantined row stays so.
     Defer { seq: i64, due_ms: u64 },
+    /// Every pending row of one endpoint is due at `at_ms` (it was
+    /// disabled: they go to the sink now, not at their next attempt). A
+    /// waiting, quarantined or fated row stays so; events not yet rows
+    /// are due already.
+    EndpointDue {
+        destination: String,
+        origin: String,
+        at_ms: u64,
+    },
     /// The event will be dead-lettered: its fate, recorded (and synced)
     /// before the sink is written, so that a crash between the record and
     /// the delete neither sends the event again nor writes a second record.
@@ -249,7 +258,8 @@ impl Change {
             Change::Quarantine { .. }
             | Change::Wait { .. }
             | Change::Unwait { .. }
-            | Change::Defer { .. } => None,
+            | Change::Defer { .. }
+            | Change::EndpointDue { .. } => None,
             Change::DeadLetter { fate, attempt, .. } => Some(Step::DeadLettered {
                 reason: fate.reason,
                 at_ms: fate.at_ms,
@@ -267,6 +277,8 @@ impl Change {
             | Change::Unwait { seq, .. }
             | Change::Defer { seq, .. }
             | Change::DeadLetter { seq, .. } => *seq,
+            // Of the rows there are: none waits for a row to come.
+            Change::EndpointDue { .. } => 0,
         }
     }
 }
@@ -435,6 +447,8 @@ pub(crate) struct Shared {
     /// commit reads the map.
     destinations: ArcSwap<HashMap<String, Arc<DestinationState>>>,
     pauses: Pauses,
+    /// Endpoints disabled, by `kept::endpoint_key`.
+    disabled: Kept<Disabled>,
     /// Recorded by the indexer (docs/history.md); `None` when off.
     history: Option<History>,
 }
@@ -995,6 +1009,34 @@ impl Journal {
         let shared = self.shared.clone();
         let destination = destination.to_string();
         tokio::task::spawn_blocking(move || shared.pauses.set(&destination, pause))
+            .await
+            .map_err(std::io::Error::other)?
+    }
+
+    /// The endpoints of `destination` disabled by this or an earlier run,
+    /// by origin.
+    pub(crate) fn disabled_endpoints(&self, destination: &str) -> Vec<(String, Disabled)> {
+        let prefix = kept::endpoint_key(destination, "");
+        self.shared
+            .disabled
+            .with_prefix(&prefix)
+            .into_iter()
+            .map(|(k, v)| (k[prefix.len()..].to_string(), v))
+            .collect()
+    }
+
+    /// Records (`Some`) or lifts (`None`) an endpoint's disabling,
+    /// durably: a restart, even after SIGKILL, keeps what this returned
+    /// `Ok` for.
+    pub(crate) async fn set_disabled(
+        &self,
+        destination: &str,
+        origin: &str,
+        disabled: Option<Disabled>,
+    ) -> std::io::Result<()> {
+        let shared = self.shared.clone();
+        let key = kept::endpoint_key(destination, origin);
+        tokio::task::spawn_blocking(move || shared.disabled.set(&key, disabled))
             .await
             .map_err(std::io::Error::other)?
     }

@@ -7,7 +7,7 @@ use super::dedupe::Dedupe;
 use super::disk::Disk;
 use super::indexer::{self, Indexer};
 use super::intake::{self, LogWriter};
-use super::pauses::Pauses;
+use super::kept::{DISABLED, Kept, PAUSES, Pauses};
 use super::reserve::{self, Reserve};
 use super::skip::Skip;
 use super::store::{self, DestinationSummary, FILE};
@@ -52,7 +52,8 @@ impl Journal {
         let lock_file = o.lock()?;
         // Read before anything is written: a damaged file refuses the
         // start with the journal untouched.
-        let pauses = Pauses::load(dir)?;
+        let pauses = Pauses::load(dir, &PAUSES)?;
+        let disabled = Kept::load(dir, &DISABLED)?;
         let mark = o.mark()?;
         o.refuse_without_db(mark.as_ref())?;
         let reserve = o.release_reserve()?;
@@ -102,6 +103,7 @@ impl Journal {
             history,
             destinations: ArcSwap::from_pointee(states),
             pauses,
+            disabled,
         });
         let journal = o.spawn(indexer, log, next_seq, shared)?;
         Ok((journal, summary))

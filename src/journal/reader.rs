@@ -8,7 +8,7 @@
 use super::disk::Disk;
 use super::fetch::Log;
 use super::indexer::ToIndexer;
-use super::store::{self, LoadError, StoreError};
+use super::store::{self, EndpointRows, LoadError, StoreError};
 use super::{Change, Shared, StoredEvent};
 use crate::metrics;
 use rusqlite::Connection;
@@ -189,6 +189,29 @@ impl Reader {
     pub async fn oldest_accepted(&self, destination: &str) -> Result<Option<u64>, LoadError> {
         let d = destination.to_string();
         self.with(move |c, _| Ok(store::oldest_accepted(c, &d)?))
+            .await
+    }
+
+    /// `store::endpoint_rows`: a page of endpoints with pending events.
+    pub async fn endpoint_rows(
+        &self,
+        destination: &str,
+        after: &str,
+        limit: usize,
+    ) -> Result<Vec<EndpointRows>, LoadError> {
+        let (d, a) = (destination.to_string(), after.to_string());
+        self.with(move |c, _| Ok(store::endpoint_rows(c, &d, &a, limit)?))
+            .await
+    }
+
+    /// `store::endpoint_row`: one endpoint's pending events.
+    pub async fn endpoint_row(
+        &self,
+        destination: &str,
+        origin: &str,
+    ) -> Result<Option<EndpointRows>, LoadError> {
+        let (d, o) = (destination.to_string(), origin.to_string());
+        self.with(move |c, _| Ok(store::endpoint_row(c, &d, &o)?))
             .await
     }
 

@@ -18,8 +18,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 use support::python::check_with;
 use support::{
-    Courier, Received, Receiver, Reply, behavior, check, check_eq, destination_view, get, post,
-    quiet, requests, wait_dead_letters, wait_metric,
+    Courier, Received, Receiver, Reply, behavior, check, check_eq, destination_view, fail, get,
+    post, quiet, requests, wait_dead_letters, wait_metric,
 };
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -622,11 +622,59 @@ async fn a_hand_off_keeps_each_events_url_and_secret() {
     );
 }
 
+/// `customers` (`extra` under it) beside `ops`, a fixed destination that
+/// gets the endpoints' notifications.
+fn with_notify(extra: &str, ops: &Receiver) -> String {
+    format!("{}  ops:\n    url: {}/notices\n", yaml(extra), ops.url())
+}
+
+/// Waits for the first notification of `kind` at `ops`. At least once:
+/// one delivered just before a SIGKILL may come again, with its id.
+async fn notice(c: &Courier, ops: &Receiver, kind: &str) -> Value {
+    for _ in 0..(WAIT.as_millis() / 50) {
+        let got = ops
+            .received()
+            .iter()
+            .map(|r| r.json())
+            .find(|n| n["type"] == kind);
+        if let Some(n) = got {
+            return n;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    fail!(
+        c,
+        "no {kind} notification; got {:?}",
+        ops.received().iter().map(|r| r.text()).collect::<Vec<_>>()
+    )
+}
+
+/// What `POST …/endpoints/{origin}/{action}` answered.
+async fn set_endpoint(c: &Courier, origin: &str, action: &str) -> Value {
+    let url = format!(
+        "{}/v1/destinations/customers/endpoints/{}/{action}",
+        c.admin_url(),
+        origin.replace(':', "%3A").replace('/', "%2F")
+    );
+    let resp = support::admin_post(&url, "", &[]).await;
+    check_eq!(c, resp.status, 200, "{action}: {}", resp.text());
+    resp.json()
+}
+
+/// A 410 disables its endpoint alone: its pending events are dead-lettered
+/// `EndpointDisabled`, new ones refused with 409, the app told through
+/// `notify`; the disabling outlives a SIGKILL, and `enable` resumes it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_endpoint_that_answers_410_is_stopped_alone() {
+async fn an_endpoint_that_answers_410_is_disabled_alone_and_the_app_is_told() {
     let gone = Receiver::start_on(
         SocketAddr::from((address(20), 0)),
-        behavior(|_, _| Reply::status(410)),
+        behavior(|_, n| {
+            if n == 0 {
+                Reply::status(410).delay(Duration::from_millis(400))
+            } else {
+                Reply::status(200)
+            }
+        }),
     )
     .await;
     let ok = Receiver::start_on(
@@ -634,35 +682,252 @@ async fn an_endpoint_that_answers_410_is_stopped_alone() {
         behavior(|_, _| Reply::status(200)),
     )
     .await;
+    let ops = Receiver::start(behavior(|_, _| Reply::status(200))).await;
     let dir = tempfile::tempdir().expect("tempdir");
-    let c = Courier::start(dir.path(), &yaml(&format!("concurrency: 1\n{OPEN}"))).await;
+    let config = with_notify(
+        "concurrency: 4\nretry: { schedule: [50ms] }\nendpoints: { schemes: [http], allow_cidrs: [127.0.0.0/8], concurrency: 1, notify: ops }",
+        &ops,
+    );
+    let mut c = Courier::start(dir.path(), &config).await;
     let (gone_url, ok_url) = (
         format!("http://{}/g", gone.addr()),
         format!("http://{}/o", ok.addr()),
     );
-    publish(&c, "gone-0", &gone_url, None).await;
-    requests(&c, &gone, 1, WAIT).await;
-    for i in 1..5 {
+    let origin = format!("http://{}", gone.addr());
+    // Five pending while the first attempt waits for its 410.
+    for i in 0..5 {
         publish(&c, &format!("gone-{i}"), &gone_url, None).await;
+    }
+    for i in 0..4 {
         publish(&c, &format!("ok-{i}"), &ok_url, None).await;
     }
     requests(&c, &ok, 4, WAIT).await;
+    let n = &notice(&c, &ops, "courier.endpoint.disabled").await;
+    check_eq!(c, n["data"]["endpoint"], origin.as_str(), "{n}");
+    check_eq!(c, n["data"]["destination"], "customers", "{n}");
+    check_eq!(c, n["data"]["by"], "gone", "{n}");
+    check_eq!(c, n["data"]["last_status"], 410, "{n}");
+    let (_, records) = wait_dead_letters(&c, "customers", 5, WAIT).await;
+    for r in &records {
+        check_eq!(c, r["deadLetterReason"], "EndpointDisabled", "{r}");
+    }
+    check_eq!(c, gone.count(), 1, "nothing went after the 410");
     wait_metric(
         &c,
-        r#"courier_endpoints{destination="customers",state="paused"}"#,
+        r#"courier_endpoints{destination="customers",state="disabled"}"#,
         1.0,
         WAIT,
     )
     .await;
-    quiet(&c, &gone, 1, Duration::from_millis(500)).await;
+    wait_metric(
+        &c,
+        r#"courier_endpoint_disabled_total{destination="customers"}"#,
+        1.0,
+        WAIT,
+    )
+    .await;
     let (view, body) = destination_view(&c.admin_url(), "customers").await;
-    let state = view.map(|d| d["state"].clone());
     check_eq!(
         c,
-        state,
+        view.map(|d| d["state"].clone()),
         Some(json!("healthy")),
         "the 410 is one endpoint's: {body}"
     );
+
+    // Kept across a SIGKILL: new events for it are refused, nothing stored.
+    c.kill();
+    c.restart().await;
+    let resp = post(
+        &c.url("customers"),
+        "{}",
+        &[("courier-endpoint", gone_url.as_str())],
+    )
+    .await;
+    check_eq!(c, resp.status, 409, "{}", resp.text());
+    check_eq!(
+        c,
+        resp.json()["reason"],
+        "endpoint_disabled",
+        "{}",
+        resp.text()
+    );
+    publish(&c, "ok-after", &ok_url, None).await;
+    requests(&c, &ok, 5, WAIT).await;
+
+    let answer = set_endpoint(&c, &origin, "enable").await;
+    check_eq!(c, answer["changed"], true, "{answer}");
+    let n = notice(&c, &ops, "courier.endpoint.recovered").await;
+    check_eq!(c, n["data"]["endpoint"], origin.as_str(), "{n}");
+    publish(&c, "gone-back", &gone_url, None).await;
+    let got = requests(&c, &gone, 2, WAIT).await;
+    check_eq!(c, got[1].json()["id"], "gone-back");
+    let answer = set_endpoint(&c, &origin, "enable").await;
+    check_eq!(c, answer["changed"], false, "enabled already: {answer}");
+}
+
+/// An endpoint failing with no success for `disable_after` is disabled;
+/// the list shows each endpoint's state and pending events; an operator
+/// disables and enables with the CLI.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failing_past_disable_after_disables_and_the_list_and_cli_show_and_act() {
+    let sick = Receiver::start_on(
+        SocketAddr::from((address(40), 0)),
+        behavior(|_, _| Reply::status(500)),
+    )
+    .await;
+    let slow = Receiver::start_on(
+        SocketAddr::from((address(41), 0)),
+        behavior(|_, _| Reply::status(200).delay(Duration::from_secs(4))),
+    )
+    .await;
+    let ops = Receiver::start(behavior(|_, _| Reply::status(200))).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = with_notify(
+        "concurrency: 8\nretry: { schedule: [100ms], max_attempts: 30 }\nstatus: { min_delay: { 500: 0s } }\nprobation: { after_failures: 1000 }\nendpoints: { schemes: [http], allow_cidrs: [127.0.0.0/8], concurrency: 1, disable_after: 1s, notify: ops }",
+        &ops,
+    );
+    let c = Courier::start(dir.path(), &config).await;
+    let (sick_url, slow_url) = (
+        format!("http://{}/s", sick.addr()),
+        format!("http://{}/w", slow.addr()),
+    );
+    let (sick_origin, slow_origin) = (
+        format!("http://{}", sick.addr()),
+        format!("http://{}", slow.addr()),
+    );
+    for i in 0..3 {
+        publish(&c, &format!("sick-{i}"), &sick_url, None).await;
+        publish(&c, &format!("slow-{i}"), &slow_url, None).await;
+    }
+    let n = notice(&c, &ops, "courier.endpoint.disabled").await;
+    check_eq!(c, n["data"]["by"], "disable_after", "{n}");
+    check_eq!(c, n["data"]["endpoint"], sick_origin.as_str());
+    check!(c, n["data"]["failing_since"].is_string(), "{n}");
+    let (_, records) = wait_dead_letters(&c, "customers", 3, WAIT).await;
+    for r in &records {
+        check_eq!(c, r["deadLetterReason"], "EndpointDisabled", "{r}");
+        check_eq!(c, r["lastHttpStatusCode"], 500, "{r}");
+    }
+
+    // One slow attempt in flight, its three events pending (rows).
+    let list = format!("{}/v1/destinations/customers/endpoints", c.admin_url());
+    let mut page = Value::Null;
+    for _ in 0..40 {
+        page = get(&list).await.json();
+        let slow_row = page["endpoints"].as_array().and_then(|a| {
+            a.iter()
+                .find(|e| e["origin"] == slow_origin.as_str())
+                .cloned()
+        });
+        if slow_row.is_some_and(|e| e["pending"] == 3) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let by_origin = |page: &Value, origin: &str| -> Value {
+        page["endpoints"]
+            .as_array()
+            .and_then(|a| a.iter().find(|e| e["origin"] == origin).cloned())
+            .unwrap_or(Value::Null)
+    };
+    let s = by_origin(&page, &slow_origin);
+    check_eq!(c, s["state"], "healthy", "{page}");
+    check_eq!(
+        c,
+        (s["pending"].clone(), s["in_flight"].clone()),
+        (json!(3), json!(1)),
+        "{page}"
+    );
+    check!(c, s["oldest_pending_age_s"].as_f64().is_some(), "{page}");
+    let d = by_origin(&page, &sick_origin);
+    check_eq!(c, d["state"], "disabled", "{page}");
+    check_eq!(c, d["disabled_by"], "disable_after", "{page}");
+    check_eq!(c, d["last_status"], 500, "{page}");
+    check!(c, d["failing_since"].is_string(), "{page}");
+    let only = get(&format!("{list}?state=disabled")).await.json();
+    check_eq!(
+        c,
+        only["endpoints"].as_array().map(Vec::len),
+        Some(1),
+        "{only}"
+    );
+    let first = get(&format!("{list}?limit=1")).await.json();
+    check_eq!(
+        c,
+        first["endpoints"][0]["origin"],
+        sick_origin.as_str(),
+        "{first}"
+    );
+    let next = first["next"].as_str().unwrap_or_default().to_string();
+    let second = get(&format!("{list}?limit=1&after={next}")).await.json();
+    check_eq!(
+        c,
+        second["endpoints"][0]["origin"],
+        slow_origin.as_str(),
+        "{second}"
+    );
+    check_eq!(c, second["next"], Value::Null, "{second}");
+
+    // The CLI: disable the slow one, by any URL of it.
+    let admin = c.admin_url();
+    let cli = |args: Vec<String>| {
+        let admin = admin.clone();
+        async move {
+            let mut all = vec!["endpoints".to_string(), "--admin".into(), admin];
+            all.extend(args);
+            let refs: Vec<&str> = all.iter().map(String::as_str).collect();
+            support::run_cli(None, &refs, &[]).await
+        }
+    };
+    let out = cli(vec![
+        "disable".into(),
+        "--destination".into(),
+        "customers".into(),
+        slow_url.clone(),
+    ])
+    .await;
+    check!(c, out.success(), "{}", out.show());
+    check!(c, out.stdout.contains("now disabled"), "{}", out.show());
+    let resp = post(
+        &c.url("customers"),
+        "{}",
+        &[("courier-endpoint", slow_url.as_str())],
+    )
+    .await;
+    check_eq!(c, resp.status, 409, "{}", resp.text());
+    let out = cli(vec![
+        "list".into(),
+        "--destination".into(),
+        "customers".into(),
+        "--state".into(),
+        "disabled".into(),
+    ])
+    .await;
+    check!(c, out.success(), "{}", out.show());
+    for origin in [&sick_origin, &slow_origin] {
+        check!(c, out.stdout.contains(origin.as_str()), "{}", out.show());
+    }
+    check!(
+        c,
+        out.stdout.contains("disabled (operator)"),
+        "{}",
+        out.show()
+    );
+    let out = cli(vec![
+        "enable".into(),
+        "--destination".into(),
+        "customers".into(),
+        sick_origin.clone(),
+    ])
+    .await;
+    check!(c, out.stdout.contains("now healthy"), "{}", out.show());
+    let resp = post(
+        &c.url("customers"),
+        "{}",
+        &[("courier-endpoint", sick_url.as_str())],
+    )
+    .await;
+    check_eq!(c, resp.status, 202, "enabled again: {}", resp.text());
 }
 
 /// A restart that turns a fixed url into `per_event` finds events that

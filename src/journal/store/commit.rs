@@ -3,6 +3,7 @@
 //! copy of events into their rows; the synced log position.
 
 use super::{Pin, QUARANTINED};
+use crate::event::endpoint;
 use crate::journal::Change;
 use crate::journal::intake::{Logged, Place};
 use rusqlite::{Connection, OptionalExtension, Transaction, TransactionBehavior, params};
@@ -73,8 +74,8 @@ fn insert(
     // The row keeps the event's place in the log, not the event; its
     // id stays, for an operator's query.
     let mut insert = conn.prepare_cached(
-        "INSERT INTO events (seq, id, destination, method, path, headers, body, accepted_ms, crc, attempts, next_due_ms, at, len)
-         VALUES (?1, ?8, ?2, ?3, '', x'', x'', ?4, ?5, 0, ?9, ?6, ?7)",
+        "INSERT INTO events (seq, id, destination, method, path, headers, body, accepted_ms, crc, attempts, next_due_ms, at, len, endpoint)
+         VALUES (?1, ?8, ?2, ?3, '', x'', x'', ?4, ?5, 0, ?9, ?6, ?7, ?10)",
     )?;
     // An adopted event goes on where its delivery stood.
     let mut carry = conn.prepare_cached(
@@ -103,7 +104,8 @@ fn insert(
             l.place.at as i64,
             l.place.len,
             e.id,
-            due
+            due,
+            endpoint::url_of(e).and_then(endpoint::origin)
         ])?;
         if let Some(c) = &l.carried {
             carry.execute(params![
@@ -167,6 +169,10 @@ fn change(
     let mut fated = conn.prepare_cached(
         "UPDATE events SET fate = ?2, fate_ms = ?3, next_due_ms = ?3, attempts = ?4, last_outcome = ?5, last_status = ?6, last_attempt_ms = ?7, batch = NULL WHERE seq = ?1",
     )?;
+    let mut endpoint_due = conn.prepare_cached(
+        "UPDATE events SET next_due_ms = ?3 WHERE destination = ?1 AND endpoint = ?2
+         AND next_due_ms > ?3 AND next_due_ms < ?4 AND fate IS NULL",
+    )?;
     let mut unconditional: Vec<i64> = Vec::new();
     for c in changes {
         match c {
@@ -225,6 +231,18 @@ fn change(
             Change::Defer { seq, due_ms } => {
                 let due = (*due_ms).min(super::WAITING as u64 - 1) as i64;
                 defer.execute(params![seq, due, super::WAITING])?;
+            }
+            Change::EndpointDue {
+                destination,
+                origin,
+                at_ms,
+            } => {
+                endpoint_due.execute(params![
+                    destination,
+                    origin,
+                    *at_ms as i64,
+                    super::WAITING
+                ])?;
             }
             Change::Unwait { seq, at_ms } => {
                 unwait.execute(params![seq, *at_ms as i64, super::WAITING])?;

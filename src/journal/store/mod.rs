@@ -65,6 +65,15 @@ pub const ROW_BYTES: &str = "CASE WHEN at IS NULL
 const INLINE_BYTES: &str =
     "length(body) + length(headers) + length(CAST(path AS BLOB)) + length(CAST(id AS BLOB))";
 
+/// The origin an event of a `url: per_event` destination names, set at
+/// insert: what the endpoints' list counts pending events and their age
+/// by, without reading each event's headers from the log. Rows of
+/// journals from before it, and of fixed destinations, hold NULL.
+const ENDPOINTS: &str = "ALTER TABLE events ADD COLUMN endpoint TEXT;";
+/// Partial: only those rows, and covering what the list asks of them.
+const ENDPOINTS_INDEX: &str = "CREATE INDEX IF NOT EXISTS events_endpoint
+    ON events(destination, endpoint, accepted_ms) WHERE endpoint IS NOT NULL;";
+
 /// Rows written before rows pointed into the log lack `at` and `len`:
 /// they are added in place (NULL: those rows hold their event). `pins`
 /// counts, per log segment, the rows that point into it, kept in the same
@@ -140,6 +149,10 @@ pub fn open_writer(path: &Path) -> Result<Connection, rusqlite::Error> {
         tx.execute_batch(FATES)?;
         tx.commit()?;
     }
+    if !has_column(&conn, "endpoint")? {
+        conn.execute_batch(ENDPOINTS)?;
+    }
+    conn.execute_batch(ENDPOINTS_INDEX)?;
     Ok(conn)
 }
 
@@ -720,6 +733,54 @@ pub fn oldest_accepted(
         .query_row(params![destination, QUARANTINED], |r| r.get(0))
         .optional()?;
     Ok(v.map(|v| v as u64))
+}
+
+/// One endpoint's pending rows: how many, and the oldest accept time.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EndpointRows {
+    pub origin: String,
+    pub pending: u64,
+    pub oldest_accepted_ms: u64,
+}
+
+/// The endpoints of `destination` with rows, `after` (an origin, or ""
+/// for the first) in order, up to `limit`: from `events_endpoint` alone.
+pub fn endpoint_rows(
+    conn: &Connection,
+    destination: &str,
+    after: &str,
+    limit: usize,
+) -> Result<Vec<EndpointRows>, rusqlite::Error> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT endpoint, COUNT(*), MIN(accepted_ms) FROM events
+         WHERE destination = ?1 AND endpoint > ?2 GROUP BY endpoint ORDER BY endpoint LIMIT ?3",
+    )?;
+    let rows = stmt.query_map(params![destination, after, limit as i64], |r| {
+        Ok(EndpointRows {
+            origin: r.get(0)?,
+            pending: r.get::<_, i64>(1)?.max(0) as u64,
+            oldest_accepted_ms: r.get::<_, i64>(2)?.max(0) as u64,
+        })
+    })?;
+    rows.collect()
+}
+
+/// One endpoint's rows, `None` when it has none.
+pub fn endpoint_row(
+    conn: &Connection,
+    destination: &str,
+    origin: &str,
+) -> Result<Option<EndpointRows>, rusqlite::Error> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT COUNT(*), MIN(accepted_ms) FROM events WHERE destination = ?1 AND endpoint = ?2",
+    )?;
+    let (n, oldest): (i64, Option<i64>) =
+        stmt.query_row(params![destination, origin], |r| Ok((r.get(0)?, r.get(1)?)))?;
+    Ok(oldest.map(|t| EndpointRows {
+        origin: origin.to_string(),
+        pending: n.max(0) as u64,
+        oldest_accepted_ms: t.max(0) as u64,
+    }))
 }
 
 /// The earliest due time after `now_ms`, for the dispatcher's timer.
