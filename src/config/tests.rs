@@ -2058,6 +2058,11 @@ fn url_per_event_reads_its_endpoint_keys_with_defaults_and_refuses_what_cannot_f
     assert_eq!(p.schemes, ["https"]);
     assert_eq!((p.concurrency, p.max_tracked), (4, 100_000));
     assert_eq!(p.disable_after, Some(Duration::from_secs(5 * 86_400)));
+    assert_eq!(
+        p.max_pending_bytes,
+        d.max_pending_bytes / 4,
+        "a quarter of the destination's share"
+    );
     assert_eq!(p.notify, None);
     let guard = d
         .guard
@@ -2123,9 +2128,9 @@ fn url_per_event_reads_its_endpoint_keys_with_defaults_and_refuses_what_cannot_f
             "fixed url",
         ),
         (
-            "    endpoints: { max_pending_bytes: 16MiB }\n",
+            "    max_pending_bytes: 64MiB\n    endpoints: { max_pending_bytes: 128MiB }\n",
             "endpoints.max_pending_bytes",
-            "not supported by this build yet",
+            "at most the destination's",
         ),
         (
             "    batch: { max_events: 10 }\n",

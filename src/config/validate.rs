@@ -713,7 +713,13 @@ fn destination(
         .as_ref()
         .and_then(|o| ordering(c, &format!("{p}.ordering.key"), &o.key));
     let guard = guard(c, &p, d.endpoints.as_ref(), &d.url);
-    let per_event = (d.url == PER_EVENT).then(|| per_event(c, &p, d, concurrency, &batch));
+    let per_event = (d.url == PER_EVENT).then(|| {
+        let share = EndpointShare {
+            destination: max_pending_bytes,
+            min: shares.min.min(max_pending_bytes),
+        };
+        per_event(c, &p, d, concurrency, &batch, share)
+    });
     if let (None, Some(spec)) = (&per_event, &d.endpoints) {
         for key in spec.per_event_keys() {
             c.err(
@@ -761,12 +767,20 @@ fn destination(
 /// cannot follow one endpoint per event is refused here: a batch (one
 /// request, so one endpoint), passthrough (the app waits on one answer
 /// from a fixed place); the keys not built yet are refused by name.
+/// What an endpoint's share of the journal may be: within its
+/// destination's, and holding one request.
+struct EndpointShare {
+    destination: u64,
+    min: u64,
+}
+
 fn per_event(
     c: &mut Checker,
     p: &str,
     d: &Destination,
     concurrency: usize,
     batch: &BatchSettings,
+    share: EndpointShare,
 ) -> Arc<PerEvent> {
     let spec = d.endpoints.clone().unwrap_or_default();
     let e = format!("{p}.endpoints");
@@ -835,12 +849,24 @@ fn per_event(
         1,
         10_000_000,
     ) as usize;
-    if spec.max_pending_bytes.is_some() {
-        c.err(
-            format!("{e}.max_pending_bytes"),
-            "is not supported by this build yet (docs/endpoints.md, \"Not yet\"): remove it",
-        );
-    }
+    // A quarter of the destination's by default: a few endpoints down
+    // leave the others room.
+    let max_pending_bytes = match spec.max_pending_bytes {
+        None => (share.destination / 4).max(share.min),
+        Some(given) => {
+            if given.0 < share.min || given.0 > share.destination {
+                c.err(
+                    format!("{e}.max_pending_bytes"),
+                    format!(
+                        "{given} is out of range: allowed {}..={} (at least ingress.max_body_bytes, so that a request fits; at most the destination's max_pending_bytes)",
+                        Size(share.min),
+                        Size(share.destination)
+                    ),
+                );
+            }
+            given.0
+        }
+    };
     // Off with 0s; else long enough that one failed attempt cannot do it.
     let disable_after = match spec.disable_after {
         Some(d) if d.0.is_zero() => None,
@@ -875,6 +901,7 @@ fn per_event(
         schemes,
         concurrency: per_endpoint.min(concurrency),
         max_tracked,
+        max_pending_bytes,
         disable_after,
         notify: spec.notify.clone(),
     })

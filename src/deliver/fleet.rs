@@ -202,6 +202,9 @@ impl Fleet {
             let name = &dest.name;
             // Only a limit: a changed share holds from the next request.
             self.journal.set_share(name, dest.max_pending_bytes);
+            if let Some(p) = &dest.per_event {
+                self.journal.set_endpoint_share(name, p.max_pending_bytes);
+            }
             let kept = inner.healths.entry(name.clone()).or_insert_with(|| {
                 let health = Health::new(dest.probation.clone(), dest.rate_limit_per_second);
                 restore_pause(&self.journal, name, &health);

@@ -198,6 +198,12 @@ pub fn journal_error(destination: &str, e: &JournalError) -> Response<Body> {
             pending,
             share,
         } => return destination_full(destination, full, *pending, *share, e),
+        JournalError::EndpointFull {
+            origin,
+            pending,
+            share,
+            ..
+        } => return endpoint_full(destination, origin, *pending, *share, e),
         JournalError::Busy => (StatusCode::SERVICE_UNAVAILABLE, "journal_busy", Some(1)),
         JournalError::Strained(_) => (
             StatusCode::SERVICE_UNAVAILABLE,
@@ -235,6 +241,33 @@ fn destination_full(
             "error": format!("not accepted: {e}"),
             "reason": reason,
             "destination": full,
+            "max_pending_bytes": share,
+            "pending_bytes": pending,
+        }),
+    );
+    resp.extensions_mut().insert(Rejection::new(route, reason));
+    resp.headers_mut()
+        .insert(http::header::RETRY_AFTER, HeaderValue::from(5u32));
+    resp
+}
+
+/// An endpoint of a `url: per_event` destination past its share
+/// (`endpoints.max_pending_bytes`): 503 naming it, so that the app can
+/// hold that customer's events while the others go on.
+fn endpoint_full(
+    route: &str,
+    origin: &str,
+    pending: u64,
+    share: u64,
+    e: &JournalError,
+) -> Response<Body> {
+    let reason = "endpoint_full";
+    let mut resp = json(
+        StatusCode::SERVICE_UNAVAILABLE,
+        &json!({
+            "error": format!("not accepted: {e}"),
+            "reason": reason,
+            "endpoint": origin,
             "max_pending_bytes": share,
             "pending_bytes": pending,
         }),

@@ -29,6 +29,7 @@ mod reader;
 mod ready;
 pub mod record;
 mod reserve;
+mod shares;
 mod skip;
 mod store;
 mod unindexed;
@@ -44,7 +45,7 @@ pub(crate) use store::{DestinationSummary, EndpointRows, FILE, LoadError};
 
 use crate::clock;
 use crate::config::HistorySettings;
-use crate::event::{Fate, NewEvent, Outcome, StoredEvent};
+use crate::event::{Fate, NewEvent, Outcome, StoredEvent, endpoint};
 use crate::history::{Attempt, History, HistoryError, Step};
 use crate::metrics;
 use arc_swap::ArcSwap;
@@ -54,6 +55,7 @@ use kept::{Kept, KeptError, Pauses};
 use lanes::Lanes;
 use reserve::Reserve;
 use rusqlite::Connection;
+use shares::EndpointShares;
 use skip::{Delivered, Skip};
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -83,6 +85,15 @@ pub(crate) enum JournalError {
     )]
     DestinationFull {
         destination: String,
+        pending: u64,
+        share: u64,
+    },
+    #[error(
+        "the endpoint {origin} of {destination} holds {pending} bytes of pending events; its share of the journal (destinations.{destination}.endpoints.max_pending_bytes) is {share}"
+    )]
+    EndpointFull {
+        destination: String,
+        origin: String,
         pending: u64,
         share: u64,
     },
@@ -311,6 +322,8 @@ pub(crate) struct DestinationState {
     delivering: AtomicBool,
     /// Accept times of events not in SQLite yet, for the oldest's age.
     unindexed: Mutex<Unindexed>,
+    /// `url: per_event`: each endpoint's bytes, against its share.
+    endpoints: EndpointShares,
     /// Its ordering lanes, when it has an `ordering` key: kept by the
     /// writer (accepts), the indexer (waiting rows) and the changes that
     /// end events (`Shared::pass_turns`).
@@ -323,6 +336,7 @@ impl Default for DestinationState {
             pending: AtomicU64::default(),
             bytes: AtomicU64::default(),
             share: AtomicU64::new(u64::MAX),
+            endpoints: EndpointShares::default(),
             indexed: Notify::default(),
             ready: Mutex::default(),
             fresh: Notify::default(),
@@ -422,7 +436,13 @@ impl DestinationState {
 
 /// What an event in the ready queue was handed out with: its
 /// destination's counters and its size, freed when it is delivered.
-type Handed = (Arc<DestinationState>, u64);
+/// An event handed out from memory: its counters, its size, and its
+/// endpoint's origin when its bytes count against the endpoint's share.
+pub(crate) struct Handed {
+    pub state: Arc<DestinationState>,
+    pub size: u64,
+    pub origin: Option<Box<str>>,
+}
 
 pub(crate) struct Shared {
     /// Released when the last thread of this journal is gone.
@@ -657,6 +677,10 @@ impl Shared {
             }
             taken.push((d, own));
         }
+        if let Err(e) = take_endpoint_shares(&states, events) {
+            give_back(&taken);
+            return Err(e);
+        }
         let fits =
             self.space
                 .pending_bytes
@@ -665,6 +689,7 @@ impl Shared {
                 });
         if let Err(pending) = fits {
             give_back(&taken);
+            give_endpoint_shares(&states, events);
             return Err(JournalError::Full { pending, limit });
         }
         Ok(())
@@ -682,6 +707,47 @@ impl Shared {
             if let Some(d) = states.get(&e.destination) {
                 sub(&d.bytes, size);
             }
+            give_endpoint_shares(&states, [e]);
+        }
+    }
+}
+
+/// Takes each event's bytes from its endpoint's share, for destinations
+/// that count them: all or nothing.
+fn take_endpoint_shares(
+    states: &HashMap<String, Arc<DestinationState>>,
+    events: &[NewEvent],
+) -> Result<(), JournalError> {
+    for (i, e) in events.iter().enumerate() {
+        let Some(d) = states.get(&e.destination).filter(|d| d.endpoints.counted()) else {
+            continue;
+        };
+        let Some(origin) = endpoint::origin_of(e) else {
+            continue;
+        };
+        if let Err((pending, share)) = d.endpoints.take(&origin, e.size()) {
+            give_endpoint_shares(states, &events[..i]);
+            return Err(JournalError::EndpointFull {
+                destination: e.destination.clone(),
+                origin,
+                pending,
+                share,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Gives back what `take_endpoint_shares` took for `events`.
+fn give_endpoint_shares<'a>(
+    states: &HashMap<String, Arc<DestinationState>>,
+    events: impl IntoIterator<Item = &'a NewEvent>,
+) {
+    for e in events {
+        if let Some(d) = states.get(&e.destination).filter(|d| d.endpoints.counted())
+            && let Some(origin) = endpoint::origin_of(e)
+        {
+            d.endpoints.give(&origin, e.size());
         }
     }
 }
@@ -951,7 +1017,12 @@ impl Journal {
                         only_if_attempts: None,
                         step,
                     } if !skip.claimed(*seq) => match skip.delivered(*seq, step.clone()) {
-                        Delivered::Now((state, size)) => self.shared.forget(Some(&state), 1, size),
+                        Delivered::Now(h) => {
+                            self.shared.forget(Some(&h.state), 1, h.size);
+                            if let Some(origin) = &h.origin {
+                                h.state.endpoints.give(origin, h.size);
+                            }
+                        }
                         // A retried `settle` may bring it twice: counted once.
                         Delivered::Again => {}
                         Delivered::NotHanded => rest.push(c.clone()),
@@ -1056,6 +1127,13 @@ impl Journal {
     /// counters created if need be: at start and at each reload, before
     /// ingress routes to it. A share below what it holds refuses its
     /// events until deliveries bring it under.
+    /// Sets the share of each endpoint of `name` (`url: per_event`).
+    pub(crate) fn set_endpoint_share(&self, name: &str, share: u64) {
+        if let Some(d) = self.destination(name) {
+            d.endpoints.set_share(share);
+        }
+    }
+
     pub(crate) fn set_share(&self, name: &str, share: u64) {
         let state = match self.shared.destination(name) {
             Some(state) => state,

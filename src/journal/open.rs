@@ -71,6 +71,12 @@ impl Journal {
         let summary = store::summary(indexer.conn()).map_err(|e| o.open_error(e))?;
         let dedupe = o.dedupe(indexer.conn(), dedupe_ms)?;
         let (states, total) = counters(destinations, &summary);
+        let by_endpoint = store::endpoint_bytes(indexer.conn()).map_err(|e| o.open_error(e))?;
+        for (destination, origin, bytes) in by_endpoint {
+            if let Some(state) = states.get(&destination) {
+                state.endpoints.load([(origin, bytes)]);
+            }
+        }
         let without_room = o.take_reserve(&reserve);
         indexer.rows_below(next_seq);
         let shared = Arc::new(Shared {

@@ -8,7 +8,8 @@
 use super::indexer::ToIndexer;
 use super::intake::{self, AppendError, LogWriter};
 use super::reserve;
-use super::{Command, DestinationState, JournalError, NewEvent, Shared, StoredEvent};
+use super::{Command, DestinationState, Handed, JournalError, NewEvent, Shared, StoredEvent};
+use crate::event::endpoint;
 use crate::metrics;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -433,6 +434,12 @@ fn make_ready(events: Vec<NewEvent>, first_seq: i64, shared: &Shared) {
         // small event. Copied outside the lock the dispatcher takes too.
         event.body = bytes::Bytes::copy_from_slice(&event.body);
         let size = event.size();
+        let origin = state
+            .endpoints
+            .counted()
+            .then(|| endpoint::origin_of(&event))
+            .flatten()
+            .map(String::into_boxed_str);
         let held = state.ready.lock().is_ok_and(|mut ready| {
             ready.push(StoredEvent {
                 seq,
@@ -451,7 +458,14 @@ fn make_ready(events: Vec<NewEvent>, first_seq: i64, shared: &Shared) {
         }
         // A delivery from memory is settled by seq: the journal frees
         // these counters by what it handed out, not by what it is told.
-        skip.hand(seq, (state.clone(), size));
+        skip.hand(
+            seq,
+            Handed {
+                state: state.clone(),
+                size,
+                origin,
+            },
+        );
         if !woken.iter().any(|w| std::ptr::eq(*w, state.as_ref())) {
             woken.push(state);
         }

@@ -930,6 +930,104 @@ async fn failing_past_disable_after_disables_and_the_list_and_cli_show_and_act()
     check_eq!(c, resp.status, 202, "enabled again: {}", resp.text());
 }
 
+/// Posts an event of about 1 KiB named `id` for the endpoint at `url`.
+async fn post_kib(c: &Courier, url: &str, id: &str) -> support::Resp {
+    let body = format!(r#"{{"id":"{id}","pad":"{}"}}"#, "x".repeat(1000));
+    let headers = [("courier-endpoint", url), ("idempotency-key", id)];
+    post(&c.url("customers"), body, &headers).await
+}
+
+/// An endpoint that holds its events fills its own share of the journal
+/// and is answered `503 endpoint_full`, while another endpoint's events
+/// are taken and delivered; bytes come back as events leave (from memory
+/// and as rows), and a restart after SIGKILL counts the share again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_endpoint_past_its_share_is_refused_alone_and_a_restart_counts_it_again() {
+    let stuck = Receiver::start_on(
+        SocketAddr::from((address(50), 0)),
+        behavior(|_, _| Reply::hang()),
+    )
+    .await;
+    // Its first answers fail: its events become rows and leave as rows.
+    let flaky = Receiver::start_on(
+        SocketAddr::from((address(51), 0)),
+        behavior(|_, n| Reply::status(if n < 10 { 503 } else { 200 })),
+    )
+    .await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = format!(
+        "ingress: {{ max_body_bytes: 2KiB }}\n{}",
+        yaml(
+            "concurrency: 8\ntimeout: 60s\nretry: { schedule: [200ms], max_attempts: 30 }\nstatus: { min_delay: { 503: 0s } }\nprobation: { after_failures: 1000 }\nmax_pending_bytes: 64KiB\nendpoints: { schemes: [http], allow_cidrs: [127.0.0.0/8], concurrency: 1, max_pending_bytes: 8KiB }"
+        )
+    );
+    let mut c = Courier::start(dir.path(), &config).await;
+    let (stuck_url, flaky_url) = (
+        format!("http://{}/s", stuck.addr()),
+        format!("http://{}/f", flaky.addr()),
+    );
+    let mut accepted = 0;
+    let mut full = None;
+    for i in 0..20 {
+        let resp = post_kib(&c, &stuck_url, &format!("stuck-{i}")).await;
+        if resp.status == 202 {
+            accepted += 1;
+            continue;
+        }
+        full = Some(resp);
+        break;
+    }
+    let Some(full) = full else {
+        fail!(
+            c,
+            "20 KiB for one endpoint with a share of 8 KiB: all accepted"
+        );
+    };
+    check_eq!(c, full.status, 503, "{}", full.text());
+    let body = full.json();
+    check_eq!(c, body["reason"], "endpoint_full", "{body}");
+    let origin = format!("http://{}", stuck.addr());
+    check_eq!(c, body["endpoint"], origin.as_str(), "{body}");
+    check_eq!(c, body["max_pending_bytes"], 8192, "{body}");
+    check!(c, full.header("retry-after").is_some(), "{body}");
+    check!(
+        c,
+        (5..=8).contains(&accepted),
+        "{accepted} of ~1 KiB in 8 KiB"
+    );
+    // Another endpoint is not held by it: 20 KiB go through its own 8 KiB,
+    // each taken after the one before it left the journal.
+    for i in 0..20 {
+        let id = format!("flaky-{i}");
+        let mut taken = false;
+        for _ in 0..200 {
+            let resp = post_kib(&c, &flaky_url, &id).await;
+            if resp.status == 202 {
+                taken = true;
+                break;
+            }
+            check_eq!(c, resp.json()["reason"], "endpoint_full", "{}", resp.text());
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        check!(c, taken, "{id} never fit in its endpoint's share");
+    }
+    requests(&c, &flaky, 30, WAIT).await;
+
+    // The share is counted again from the journal after SIGKILL.
+    c.kill();
+    c.restart().await;
+    let resp = post_kib(&c, &stuck_url, "stuck-after").await;
+    check_eq!(
+        c,
+        resp.status,
+        503,
+        "the stuck endpoint's events are still pending: {}",
+        resp.text()
+    );
+    let resp = post_kib(&c, &flaky_url, "flaky-after").await;
+    check_eq!(c, resp.status, 202, "{}", resp.text());
+}
+
 /// A restart that turns a fixed url into `per_event` finds events that
 /// name no endpoint: dead-lettered, not stuck.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

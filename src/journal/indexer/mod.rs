@@ -971,8 +971,13 @@ fn still_waiting(mut changes: Vec<Change>, shared: &Shared) -> Vec<Change> {
 /// it, and wakes the dispatchers whose events became rows.
 fn account(events: &[Logged], inserted: &[bool], freed: Freed, shared: &Shared) {
     let states = shared.destinations.load();
-    for (destination, (count, bytes)) in freed {
+    for (destination, (count, bytes)) in freed.destinations {
         shared.forget(states.get(&destination).map(Arc::as_ref), count, bytes);
+    }
+    for ((destination, origin), bytes) in freed.endpoints {
+        if let Some(d) = states.get(&destination) {
+            d.endpoints.give(&origin, bytes);
+        }
     }
     let mut woken = HashSet::new();
     for (l, _) in events.iter().zip(inserted).filter(|(_, i)| **i) {

@@ -105,7 +105,7 @@ fn insert(
             l.place.len,
             e.id,
             due,
-            endpoint::url_of(e).and_then(endpoint::origin)
+            endpoint::origin_of(e)
         ])?;
         if let Some(c) = &l.carried {
             carry.execute(params![
@@ -148,7 +148,7 @@ fn change(
     // temporary table per statement, which cost more than the read it
     // saves (benches/RESULTS.md).
     let mut doomed = conn.prepare_cached(&format!(
-        "SELECT destination, {}, at, len FROM events WHERE seq = ?1 AND attempts = ?2",
+        "SELECT destination, {}, at, len, endpoint FROM events WHERE seq = ?1 AND attempts = ?2",
         super::ROW_BYTES
     ))?;
     let mut delete = conn.prepare_cached("DELETE FROM events WHERE seq = ?1")?;
@@ -194,12 +194,13 @@ fn change(
                             r.get::<_, i64>(1)?,
                             r.get::<_, Option<i64>>(2)?,
                             r.get::<_, Option<i64>>(3)?,
+                            r.get::<_, Option<String>>(4)?,
                         ))
                     })
                     .optional()?;
-                if let Some((destination, bytes, at, len)) = gone {
+                if let Some((destination, bytes, at, len, endpoint)) = gone {
                     delete.execute([seq])?;
-                    tally.forget(pins, &destination, bytes, at, len);
+                    tally.forget(pins, &destination, endpoint.as_deref(), bytes, (at, len));
                 }
             }
             Change::Reschedule {
@@ -279,7 +280,7 @@ fn delete_runs(
     // Every seq of a run is one of its deletes (the run has no gap), so
     // the range read finds exactly the rows to delete.
     let mut doomed_run = conn.prepare_cached(&format!(
-        "SELECT destination, {}, at, len FROM events WHERE seq BETWEEN ?1 AND ?2",
+        "SELECT destination, {}, at, len, endpoint FROM events WHERE seq BETWEEN ?1 AND ?2",
         super::ROW_BYTES
     ))?;
     let mut delete_run = conn.prepare_cached("DELETE FROM events WHERE seq BETWEEN ?1 AND ?2")?;
@@ -288,15 +289,30 @@ fn delete_runs(
         let mut rows = doomed_run.query(params![first, last])?;
         while let Some(r) = rows.next()? {
             let destination = r.get_ref(0)?.as_str().map_err(rusqlite::Error::from)?;
-            tally.forget(pins, destination, r.get(1)?, r.get(2)?, r.get(3)?);
+            let endpoint = r
+                .get_ref(4)?
+                .as_str_or_null()
+                .map_err(rusqlite::Error::from)?;
+            tally.forget(
+                pins,
+                destination,
+                endpoint,
+                r.get(1)?,
+                (r.get(2)?, r.get(3)?),
+            );
         }
         delete_run.execute(params![first, last])?;
     }
     Ok(())
 }
 
-/// Per destination: the events and bytes a commit's deletes removed.
-pub type Freed = HashMap<String, (u64, u64)>;
+/// What a commit's deletes removed: per destination, events and bytes;
+/// per endpoint of a `url: per_event` destination, bytes.
+#[derive(Debug, Default)]
+pub struct Freed {
+    pub destinations: HashMap<String, (u64, u64)>,
+    pub endpoints: HashMap<(String, String), u64>,
+}
 
 /// What one commit changes in the totals and the pins, and what its
 /// deletes free.
@@ -317,18 +333,26 @@ impl Tally {
         &mut self,
         pins: &BTreeMap<u64, Pin>,
         destination: &str,
+        endpoint: Option<&str>,
         bytes: i64,
-        at: Option<i64>,
-        len: Option<i64>,
+        (at, len): (Option<i64>, Option<i64>),
     ) {
         add(&mut self.totals, destination, -1, -bytes);
-        match self.freed.get_mut(destination) {
+        if let Some(origin) = endpoint {
+            *self
+                .freed
+                .endpoints
+                .entry((destination.to_string(), origin.to_string()))
+                .or_default() += bytes.max(0) as u64;
+        }
+        match self.freed.destinations.get_mut(destination) {
             Some((n, b)) => {
                 *n += 1;
                 *b += bytes.max(0) as u64;
             }
             None => {
                 self.freed
+                    .destinations
                     .insert(destination.to_string(), (1, bytes.max(0) as u64));
             }
         }

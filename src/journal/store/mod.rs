@@ -765,6 +765,20 @@ pub fn endpoint_rows(
     rows.collect()
 }
 
+/// Per destination and endpoint, the bytes of its rows (as `totals`
+/// counts them): each endpoint's share taken at a start. Reads only the
+/// rows of `url: per_event` destinations.
+pub fn endpoint_bytes(conn: &Connection) -> Result<Vec<(String, String, u64)>, rusqlite::Error> {
+    let mut stmt = conn.prepare(&format!(
+        "SELECT destination, endpoint, SUM({ROW_BYTES}) FROM events
+         WHERE endpoint IS NOT NULL GROUP BY destination, endpoint"
+    ))?;
+    let rows = stmt.query_map([], |r| {
+        Ok((r.get(0)?, r.get(1)?, r.get::<_, i64>(2)?.max(0) as u64))
+    })?;
+    rows.collect()
+}
+
 /// One endpoint's rows, `None` when it has none.
 pub fn endpoint_row(
     conn: &Connection,
