@@ -124,6 +124,9 @@ enum EventCommand {
         /// The cursor a previous page printed, for the page after it.
         #[arg(long)]
         after: Option<String>,
+        /// Only events of this endpoint (url: per_event): its origin or any URL of it.
+        #[arg(long)]
+        endpoint: Option<String>,
     },
 }
 
@@ -314,6 +317,7 @@ async fn events_call(admin: &AdminArgs, command: EventCommand) -> Result<String,
             until,
             limit,
             after,
+            endpoint,
         } => {
             let path = format!(
                 "/v1/events{}",
@@ -324,6 +328,7 @@ async fn events_call(admin: &AdminArgs, command: EventCommand) -> Result<String,
                     ("until", until),
                     ("limit", limit.map(|n| n.to_string())),
                     ("after", after),
+                    ("endpoint", endpoint),
                 ])
             );
             if admin.json {

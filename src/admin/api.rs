@@ -114,6 +114,10 @@ pub struct Delivery {
     /// Why it was dead-lettered or dropped.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// `url: per_event`: the origin of its endpoint (never its path or
+    /// query: history is read without the admin token).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -138,6 +142,9 @@ pub struct EventItem {
     pub last_outcome: Option<String>,
     pub accepted_at: String,
     pub finished_at: Option<String>,
+    /// `url: per_event`: the origin of its endpoint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<String>,
 }
 
 /// `GET /v1/events`: newest first.

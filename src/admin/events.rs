@@ -8,6 +8,7 @@ use super::Admin;
 use super::api::{AttemptView, Delivery, EventAnswer, EventItem, EventPage};
 use super::dead_letters::{Answer, ApiError, bad, query, time_ms, to_json};
 use crate::clock;
+use crate::event::endpoint;
 use crate::history::{Filter, Record, State};
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
@@ -160,13 +161,22 @@ impl Admin {
             held_by: live.held_by.map(str::to_string),
             finished_at: r.finished_ms.map(clock::rfc3339),
             reason: r.reason.map(|x| x.as_str().to_string()),
+            endpoint: r.endpoint.clone(),
         }
     }
 
     pub(super) async fn list_events(self: &Arc<Self>, uri: &Uri) -> Answer {
         let pairs = query(
             uri,
-            &["destination", "state", "since", "until", "limit", "after"],
+            &[
+                "destination",
+                "state",
+                "since",
+                "until",
+                "limit",
+                "after",
+                "endpoint",
+            ],
         )?;
         let mut filter = Filter::default();
         let mut wanted: Option<&'static str> = None;
@@ -190,6 +200,14 @@ impl Admin {
                 }
                 "since" => filter.since_ms = Some(time_ms("since", v)?),
                 "until" => filter.until_ms = Some(time_ms("until", v)?),
+                // Its origin, from any URL of it, as history keeps it.
+                "endpoint" => {
+                    filter.endpoint = Some(endpoint::origin(v).ok_or_else(|| {
+                        bad(format!(
+                            "`endpoint` is `{v}`: expected an endpoint's origin, scheme://host:port, or any URL of it"
+                        ))
+                    })?);
+                }
                 "limit" => {
                     limit = v
                         .parse::<usize>()
@@ -223,6 +241,7 @@ impl Admin {
                 last_outcome: r.attempts.last().map(|a| a.outcome.as_str().to_string()),
                 accepted_at: clock::rfc3339(r.accepted_ms),
                 finished_at: r.finished_ms.map(clock::rfc3339),
+                endpoint: r.endpoint.clone(),
             })
             .collect();
         to_json(&EventPage {

@@ -26,10 +26,19 @@ CREATE TABLE IF NOT EXISTS deliveries (
     attempts BLOB NOT NULL,
     next_due_ms INTEGER,
     finished_ms INTEGER,
-    reason INTEGER
+    reason INTEGER,
+    endpoint TEXT
 );
 CREATE INDEX IF NOT EXISTS by_id ON deliveries(idh);
 CREATE INDEX IF NOT EXISTS unfinished ON deliveries(seq) WHERE state = 0;
+";
+
+/// `url: per_event`: the endpoint's origin (never its path or query,
+/// which often carry the endpoint's own secret, as history is read
+/// without the admin token), for `?endpoint=`. Partitions written before
+/// it get the column, NULL.
+const ENDPOINTS: &str = "
+CREATE INDEX IF NOT EXISTS by_endpoint ON deliveries(endpoint, seq) WHERE endpoint IS NOT NULL;
 ";
 
 /// What a row holds.
@@ -46,10 +55,11 @@ pub struct Record {
     pub next_due_ms: Option<u64>,
     pub finished_ms: Option<u64>,
     pub reason: Option<Reason>,
+    /// The origin of its endpoint (`url: per_event`).
+    pub endpoint: Option<String>,
 }
 
-pub const COLUMNS: &str =
-    "seq, id, destination, accepted_ms, state, prior, attempts, next_due_ms, finished_ms, reason";
+pub const COLUMNS: &str = "seq, id, destination, accepted_ms, state, prior, attempts, next_due_ms, finished_ms, reason, endpoint";
 
 pub fn record(r: &SqlRow<'_>) -> rusqlite::Result<Record> {
     let accepted_ms = r.get::<_, i64>(3)?.max(0) as u64;
@@ -65,6 +75,7 @@ pub fn record(r: &SqlRow<'_>) -> rusqlite::Result<Record> {
         next_due_ms: r.get::<_, Option<i64>>(7)?.map(|t| t.max(0) as u64),
         finished_ms: r.get::<_, Option<i64>>(8)?.map(|t| t.max(0) as u64),
         reason: r.get::<_, Option<i64>>(9)?.and_then(step::reason_of),
+        endpoint: r.get(10)?,
     })
 }
 
@@ -139,6 +150,15 @@ pub fn open_writer(path: &Path) -> rusqlite::Result<Connection> {
     conn.pragma_update(None, "journal_size_limit", 256 * 1024)?;
     conn.pragma_update(None, "cache_size", WRITING_CACHE_KIB)?;
     conn.execute_batch(SCHEMA)?;
+    let has_endpoint: bool = conn.query_row(
+        "SELECT EXISTS (SELECT 1 FROM pragma_table_info('deliveries') WHERE name = 'endpoint')",
+        [],
+        |r| r.get(0),
+    )?;
+    if !has_endpoint {
+        conn.execute_batch("ALTER TABLE deliveries ADD COLUMN endpoint TEXT")?;
+    }
+    conn.execute_batch(ENDPOINTS)?;
     Ok(conn)
 }
 
@@ -177,8 +197,8 @@ pub fn get(conn: &Connection, seq: i64) -> rusqlite::Result<Option<Record>> {
 pub fn insert(conn: &Connection, r: &Record) -> rusqlite::Result<bool> {
     let n = conn
         .prepare_cached(
-            "INSERT OR IGNORE INTO deliveries (seq, idh, id, destination, accepted_ms, state, prior, attempts, next_due_ms, finished_ms, reason)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+            "INSERT OR IGNORE INTO deliveries (seq, idh, id, destination, accepted_ms, state, prior, attempts, next_due_ms, finished_ms, reason, endpoint)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
         )?
         .execute(params![
             r.seq,
@@ -192,6 +212,7 @@ pub fn insert(conn: &Connection, r: &Record) -> rusqlite::Result<bool> {
             r.next_due_ms.map(|t| t as i64),
             r.finished_ms.map(|t| t as i64),
             r.reason.map(step::reason_code),
+            r.endpoint,
         ])?;
     Ok(n == 1)
 }

@@ -19,6 +19,8 @@ pub struct Filter {
     pub since_ms: Option<u64>,
     /// Accepted before.
     pub until_ms: Option<u64>,
+    /// The origin of its endpoint (`url: per_event`).
+    pub endpoint: Option<String>,
 }
 
 /// How many rounds a page reads while a caller's own test refuses rows.
@@ -141,6 +143,10 @@ impl Reader {
         if let Some(t) = filter.until_ms {
             sql.push_str(" AND accepted_ms < ?");
             args.push(Value::Integer(t as i64));
+        }
+        if let Some(e) = &filter.endpoint {
+            sql.push_str(" AND endpoint = ?");
+            args.push(Value::Text(e.clone()));
         }
         sql.push_str(" ORDER BY seq DESC LIMIT ?");
         args.push(Value::Integer(n as i64));

@@ -26,6 +26,8 @@ pub struct Accepted<'a> {
     pub next_due_ms: Option<u64>,
     /// Delivered from memory before the indexer got to it: its attempt.
     pub delivered: Option<&'a Step>,
+    /// The origin of its endpoint (`url: per_event`).
+    pub endpoint: Option<String>,
 }
 
 /// Bytes a record takes on disk, indexes and page slack included, before
@@ -151,6 +153,7 @@ impl Recorder {
                 next_due_ms: a.next_due_ms,
                 finished_ms: None,
                 reason: None,
+                endpoint: a.endpoint.clone(),
             };
             if let Some(s) = a.delivered {
                 apply(&mut r, s);
@@ -492,6 +495,7 @@ mod tests {
             prior: 0,
             next_due_ms: None,
             delivered: None,
+            endpoint: None,
         }
     }
 
