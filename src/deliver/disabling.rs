@@ -1,5 +1,6 @@
-//! An endpoint of a `url: per_event` destination disabled, or enabled
-//! again (docs/endpoints.md, "Disabling"): the app is told first, by an
+//! An endpoint of a `url: per_event` destination disabled, enabled
+//! again, or answering again after failures (its waiting events due at
+//! once). Disabling (docs/endpoints.md, "Disabling"): the app is told first, by an
 //! event to `endpoints.notify` stored durably like any event; then the
 //! change is recorded in the journal's kept state, so that a restart keeps
 //! it; then the endpoint's pending events are made due, so that they go to
@@ -41,6 +42,21 @@ pub async fn disabled(ctx: &Ctx, origin: &str, d: &Disabled) {
     tracing::warn!(destination = %dest, endpoint = %origin, by = %d.by, failing_since = d.failing_since_ms.map(clock::rfc3339), last_outcome = d.last_outcome.as_deref(), last_status = d.last_status, "endpoint disabled: its events are dead-lettered EndpointDisabled until it is enabled");
     if let Err(e) = settle(ctx, origin, Some(d)).await {
         tracing::error!(destination = %dest, endpoint = %origin, error = %e, "cannot complete the endpoint's disabling: it holds until courier restarts");
+    }
+}
+
+/// `origin` answered well after failing: its events, put back spaced
+/// while it failed (`endpoints::due_again`), are due now. Not needed for
+/// them to go, so a failure is logged only.
+pub async fn recovered(ctx: &Ctx, origin: &str) {
+    tracing::info!(destination = %ctx.dest.name, endpoint = %origin, "endpoint answered again: its waiting events are due now");
+    let due = Change::EndpointDue {
+        destination: ctx.dest.name.clone(),
+        origin: origin.to_string(),
+        at_ms: clock::now_ms(),
+    };
+    if let Err(e) = ctx.journal.settle(&[due]).await {
+        tracing::warn!(destination = %ctx.dest.name, endpoint = %origin, error = %e, "cannot make the endpoint's waiting events due now: they go at the times they were put back to");
     }
 }
 

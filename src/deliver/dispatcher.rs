@@ -27,7 +27,7 @@
 //! the ready queue holds at most one event of a key, and a batch too.
 
 use super::batch;
-use super::endpoints::{self, Endpoints};
+use super::endpoints::{self, Again, Endpoints, Turn};
 use super::letters::{self, Doomed};
 use super::settle::{self, Ctx, EndpointTurn, Settled, Unit};
 use crate::clock;
@@ -519,7 +519,20 @@ impl Dispatcher {
                     continue;
                 }
                 Err((why, k)) => {
-                    match self.due_again(why, k, cap, &origin, endpoints, now) {
+                    let when = Turn {
+                        k,
+                        cap,
+                        pace_ms: endpoints.pace_ms(&origin),
+                        timeout_ms: self.ctx.dest.timeout.as_millis() as u64,
+                        now,
+                    };
+                    let deadline = self.ctx.dest.limits.deadline(ev.event.accepted_ms);
+                    let due = endpoints::due_again(why, when).map(|again| match again {
+                        Again::At(t) => t,
+                        Again::Spaced(t) => endpoints.slot(&origin, t, cap, when.pace_ms),
+                    });
+                    // Past its TTL it goes to the sink when read, not later.
+                    match due.map(|t| t.min(deadline.max(now))) {
                         Some(due) => back.push((ev, due)),
                         None => kept.push_back(ev),
                     }
@@ -569,38 +582,6 @@ impl Dispatcher {
             journal_ok && self.answering && blocked.gate.is_none() && !self.stop.is_cancelled();
         self.state.pace(flowing);
         blocked
-    }
-
-    /// When the `k`-th event (from 0) met in this pass of an endpoint
-    /// blocked by `why` is due again; `None`: it stays ready.
-    #[allow(clippy::too_many_arguments)]
-    fn due_again(
-        &self,
-        why: endpoints::Blocked,
-        k: usize,
-        cap: usize,
-        origin: &str,
-        endpoints: &Endpoints,
-        now: u64,
-    ) -> Option<u64> {
-        let timeout = self.ctx.dest.timeout.as_millis() as u64;
-        match why {
-            // Ready the moment one of its attempts ends.
-            endpoints::Blocked::Busy if k < cap => None,
-            // Spaced as the endpoint can take them.
-            endpoints::Blocked::Busy => {
-                Some(now + ((k - cap) / cap + 1) as u64 * endpoints.pace_ms(origin))
-            }
-            endpoints::Blocked::WaitUntil(t) => Some(t),
-            // One comes back when it ends, to be the probe; the rest once
-            // the probe has had its answer: read once per probation.
-            endpoints::Blocked::Probation(t) if k == 0 => Some(t),
-            endpoints::Blocked::Probation(t) => Some(t + timeout),
-            // Its probe's answer comes within the timeout.
-            endpoints::Blocked::Probing => Some(now + timeout.max(1000)),
-            // Handed to the sink in this pass (`start_by_endpoint`).
-            endpoints::Blocked::Disabled => None,
-        }
     }
 
     /// Gives events back to the index, due again at their times; they stay

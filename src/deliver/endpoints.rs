@@ -45,6 +45,52 @@ pub enum Blocked {
     Disabled,
 }
 
+/// Where an event met while its endpoint is blocked stands: the `k`-th
+/// (from 0) of that endpoint's in this pass.
+#[derive(Clone, Copy, Debug)]
+pub struct Turn {
+    pub k: usize,
+    /// `endpoints.concurrency`.
+    pub cap: usize,
+    /// How long the endpoint's attempts take (`Endpoints::pace_ms`).
+    pub pace_ms: u64,
+    pub timeout_ms: u64,
+    pub now: u64,
+}
+
+/// When an event of an endpoint blocked by `why` may be due again;
+/// `None`: it stays ready. `Spaced` times are the earliest: the event
+/// takes the endpoint's next free slot from then (`Endpoints::slot`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Again {
+    At(u64),
+    Spaced(u64),
+}
+
+/// Past the first few, an endpoint's events come back spaced as it can
+/// take them (`cap` per `pace_ms`), whatever blocks it, in slots that go
+/// on from one pass to the next: a blocked endpoint's backlog put back at
+/// one instant came due at one instant, and every read after it met the
+/// whole backlog again, read each event and put it back (benches/RESULTS.md,
+/// step w). When the endpoint recovers, its events are made due at once
+/// (`Said::recovered`), so the spacing never outlasts its trouble.
+pub fn due_again(why: Blocked, t: Turn) -> Option<Again> {
+    match why {
+        // Ready the moment one of its attempts ends.
+        Blocked::Busy if t.k < t.cap => None,
+        Blocked::Busy => Some(Again::Spaced(t.now + t.pace_ms)),
+        Blocked::WaitUntil(until) => Some(Again::Spaced(until)),
+        // One comes back when it ends, to be the probe; the rest once the
+        // probe has had its answer.
+        Blocked::Probation(until) if t.k == 0 => Some(Again::At(until)),
+        Blocked::Probation(until) => Some(Again::Spaced(until + t.timeout_ms)),
+        // Its probe's answer comes within the timeout.
+        Blocked::Probing => Some(Again::Spaced(t.now + t.timeout_ms.max(1000))),
+        // Handed to the sink in the same pass.
+        Blocked::Disabled => None,
+    }
+}
+
 struct State {
     probation: Probation,
     hold_until_ms: Option<u64>,
@@ -53,6 +99,10 @@ struct State {
     pace_ms: u32,
     /// The first failure since its last success.
     failing_since_ms: Option<u64>,
+    /// Events put back spaced: the next slot's time, and how many it
+    /// holds (`cap` a slot).
+    next_slot_ms: u64,
+    in_slot: u32,
     last: Option<(Outcome, Option<u16>)>,
 }
 
@@ -65,6 +115,8 @@ impl State {
             pace_ms: FIRST_PACE_MS,
             failing_since_ms: None,
             last: None,
+            next_slot_ms: 0,
+            in_slot: 0,
         }
     }
 
@@ -123,6 +175,9 @@ pub struct Said {
     /// It disabled the endpoint (a 410, or `disable_after`): to be
     /// recorded and notified.
     pub disabled: Option<Disabled>,
+    /// The first success after failures: the events put back spaced
+    /// while it failed are due now.
+    pub recovered: bool,
 }
 
 /// One endpoint as the admin API lists it.
@@ -239,8 +294,15 @@ impl Endpoints {
             state.hold_until_ms = Some(state.hold_until_ms.map_or(until, |u| u.max(until)));
         }
         state.last = Some((outcome, e.status));
+        let mut recovered = false;
         let failing_since = if outcome == Outcome::Delivered {
-            state.failing_since_ms = None;
+            recovered = state.failing_since_ms.take().is_some();
+            if recovered {
+                // Its failures' times (timeouts) said nothing of how fast
+                // it takes events: its backlog goes at its new pace.
+                state.next_slot_ms = 0;
+                state.pace_ms = took.max(1);
+            }
             None
         } else {
             Some(*state.failing_since_ms.get_or_insert(now))
@@ -268,6 +330,7 @@ impl Endpoints {
         Said {
             probation_until,
             disabled,
+            recovered,
         }
     }
 
@@ -302,6 +365,27 @@ impl Endpoints {
 
     pub fn disabled(&self, origin: &str) -> Option<Disabled> {
         self.lock().disabled.get(origin).cloned()
+    }
+
+    /// The time an event of `origin` put back no earlier than `from` is
+    /// due: the endpoint's next slot, `cap` events a slot, a slot every
+    /// `pace_ms`. An endpoint not held gets `from`.
+    pub fn slot(&self, origin: &str, from: u64, cap: usize, pace_ms: u64) -> u64 {
+        let mut s = self.lock();
+        let Some(st) = s.states.get_mut(origin) else {
+            return from;
+        };
+        if st.next_slot_ms < from {
+            st.next_slot_ms = from;
+            st.in_slot = 0;
+        }
+        let at = st.next_slot_ms;
+        st.in_slot += 1;
+        if st.in_slot as usize >= cap.max(1) {
+            st.next_slot_ms += pace_ms.max(1);
+            st.in_slot = 0;
+        }
+        at
     }
 
     /// How long `origin`'s attempts take (ms): the spacing of its events
@@ -589,6 +673,77 @@ mod tests {
             "the sick one was kept while healthy ones could go"
         );
         assert_eq!(e.start(&busy, 1), Err(Blocked::Busy), "in flight: kept");
+    }
+
+    #[test]
+    fn a_blocked_endpoints_events_come_back_spaced_across_passes() {
+        let t = |k| Turn {
+            k,
+            cap: 4,
+            pace_ms: 1000,
+            timeout_ms: 500,
+            now: 10_000,
+        };
+        assert_eq!(
+            due_again(Blocked::Busy, t(3)),
+            None,
+            "within its cap: ready"
+        );
+        assert_eq!(due_again(Blocked::Busy, t(4)), Some(Again::Spaced(11_000)));
+        let probation = Blocked::Probation(20_000);
+        assert_eq!(
+            due_again(probation, t(0)),
+            Some(Again::At(20_000)),
+            "the probe"
+        );
+        assert_eq!(due_again(probation, t(1)), Some(Again::Spaced(20_500)));
+        assert_eq!(
+            due_again(Blocked::WaitUntil(15_000), t(7)),
+            Some(Again::Spaced(15_000))
+        );
+        assert_eq!(
+            due_again(Blocked::Probing, t(0)),
+            Some(Again::Spaced(11_000)),
+            "1 s at least"
+        );
+        assert_eq!(due_again(Blocked::Disabled, t(9)), None);
+
+        let e = endpoints(100, 100);
+        let a: Arc<str> = "https://a:443".into();
+        assert_eq!(e.slot(&a, 5_000, 4, 1000), 5_000, "not held: as asked");
+        assert_eq!(e.start(&a, 4), Ok(false));
+        // Two passes of six each: the second goes on after the first.
+        let slots: Vec<u64> = (0..12).map(|_| e.slot(&a, 20_500, 4, 1000)).collect();
+        assert_eq!(
+            slots,
+            [
+                20_500, 20_500, 20_500, 20_500, 21_500, 21_500, 21_500, 21_500, 22_500, 22_500,
+                22_500, 22_500
+            ]
+        );
+        assert_eq!(
+            e.slot(&a, 30_000, 4, 1000),
+            30_000,
+            "a later start moves the slots"
+        );
+    }
+
+    #[test]
+    fn the_first_success_after_failures_is_a_recovery() {
+        let e = endpoints(100, 100);
+        let a: Arc<str> = "https://a:443".into();
+        let ok = || Ended {
+            outcome: Some(Outcome::Delivered),
+            ..failed()
+        };
+        assert_eq!(e.start(&a, 4), Ok(false));
+        assert!(!e.ended(&a, ok()).recovered, "never failed");
+        assert_eq!(e.start(&a, 4), Ok(false));
+        e.ended(&a, failed());
+        assert_eq!(e.start(&a, 4), Ok(false));
+        assert!(e.ended(&a, ok()).recovered);
+        assert_eq!(e.start(&a, 4), Ok(false));
+        assert!(!e.ended(&a, ok()).recovered, "once");
     }
 
     #[test]

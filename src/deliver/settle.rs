@@ -285,6 +285,9 @@ async fn inform(ctx: &Ctx, a: &Attempted, t: Told<'_>, endpoint: Option<&mut End
         if let Some(d) = said.disabled {
             disabling::disabled(ctx, &turn.origin, &d).await;
         }
+        if said.recovered {
+            disabling::recovered(ctx, &turn.origin).await;
+        }
         ctx.health.note(outcome);
         let in_flight = ctx.health.in_flight.load(Ordering::Relaxed) + 1;
         ctx.limit.record(outcome, a.took, in_flight);
