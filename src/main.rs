@@ -389,10 +389,13 @@ async fn endpoints_call(admin: &AdminArgs, command: EndpointCommand) -> Result<S
             endpoint,
         } => (destination, endpoint, "enable"),
     };
+    // The origin alone goes over the wire: a URL's path or query may hold
+    // the customer's secret, and a refused admin call logs its path.
+    let origin = courier::event::endpoint::origin(&endpoint).unwrap_or(endpoint);
     let path = format!(
         "/v1/destinations/{}/endpoints/{}/{action}",
         client::segment(&destination),
-        client::segment(&endpoint)
+        client::segment(&origin)
     );
     if admin.json {
         return Ok(pretty(&client.call(Method::POST, &path, None).await?));

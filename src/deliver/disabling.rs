@@ -40,36 +40,38 @@ pub enum DisablingError {
 pub async fn disabled(ctx: &Ctx, origin: &str, d: &Disabled) {
     let dest = &ctx.dest.name;
     tracing::warn!(destination = %dest, endpoint = %origin, by = %d.by, failing_since = d.failing_since_ms.map(clock::rfc3339), last_outcome = d.last_outcome.as_deref(), last_status = d.last_status, "endpoint disabled: its events are dead-lettered EndpointDisabled until it is enabled");
-    if let Err(e) = settle(ctx, origin, Some(d)).await {
+    let Ok(endpoints) = endpoints(ctx) else {
+        return;
+    };
+    let _one = endpoints.changing.lock().await;
+    // An operator may have enabled it since: then it stays enabled.
+    if endpoints.disabled(origin).as_ref() != Some(d) {
+        return;
+    }
+    if let Err(e) = record(ctx, origin, Some(d)).await {
         tracing::error!(destination = %dest, endpoint = %origin, error = %e, "cannot complete the endpoint's disabling: it holds until courier restarts");
     }
+    due_now(ctx, origin, true).await;
 }
 
 /// `origin` answered well after failing: its events, put back spaced
-/// while it failed (`endpoints::due_again`), are due now. Not needed for
-/// them to go, so a failure is logged only.
+/// while it failed (`endpoints::due_again`), are due now.
 pub async fn recovered(ctx: &Ctx, origin: &str) {
     tracing::info!(destination = %ctx.dest.name, endpoint = %origin, "endpoint answered again: its waiting events are due now");
-    let due = Change::EndpointDue {
-        destination: ctx.dest.name.clone(),
-        origin: origin.to_string(),
-        at_ms: clock::now_ms(),
-    };
-    if let Err(e) = ctx.journal.settle(&[due]).await {
-        tracing::warn!(destination = %ctx.dest.name, endpoint = %origin, error = %e, "cannot make the endpoint's waiting events due now: they go at the times they were put back to");
-    }
+    due_now(ctx, origin, false).await;
 }
 
 /// An operator disables `origin`: `Ok(None)` when it was disabled already.
+/// Told and recorded before it takes effect: a failure changes nothing.
 pub async fn disable(ctx: &Ctx, origin: &str) -> Result<Option<Disabled>, DisablingError> {
     let endpoints = endpoints(ctx)?;
-    let Some(d) = endpoints.disable(origin, clock::now_ms()) else {
+    let _one = endpoints.changing.lock().await;
+    let Some(d) = endpoints.would_disable(origin, clock::now_ms()) else {
         return Ok(None);
     };
-    if let Err(e) = settle(ctx, origin, Some(&d)).await {
-        endpoints.enable(origin);
-        return Err(e);
-    }
+    record(ctx, origin, Some(&d)).await?;
+    endpoints.hold_disabled(origin, d.clone());
+    due_now(ctx, origin, true).await;
     tracing::info!(destination = %ctx.dest.name, endpoint = %origin, "endpoint disabled by operator");
     Ok(Some(d))
 }
@@ -78,10 +80,11 @@ pub async fn disable(ctx: &Ctx, origin: &str) -> Result<Option<Disabled>, Disabl
 /// `Ok(None)` when it was not disabled.
 pub async fn enable(ctx: &Ctx, origin: &str) -> Result<Option<Disabled>, DisablingError> {
     let endpoints = endpoints(ctx)?;
+    let _one = endpoints.changing.lock().await;
     let Some(d) = endpoints.disabled(origin) else {
         return Ok(None);
     };
-    settle(ctx, origin, None).await?;
+    record(ctx, origin, None).await?;
     endpoints.enable(origin);
     tracing::info!(destination = %ctx.dest.name, endpoint = %origin, was_by = %d.by, "endpoint enabled by operator");
     Ok(Some(d))
@@ -93,9 +96,9 @@ fn endpoints(ctx: &Ctx) -> Result<&Endpoints, DisablingError> {
         .ok_or_else(|| DisablingError::Fixed(ctx.dest.name.clone()))
 }
 
-/// Tells, records and (for a disabling) counts and makes due: `Some`
-/// disables, `None` enables.
-async fn settle(ctx: &Ctx, origin: &str, d: Option<&Disabled>) -> Result<(), DisablingError> {
+/// Tells the app (`endpoints.notify`), then records the change in the
+/// journal's kept state: `Some` disables, `None` enables.
+async fn record(ctx: &Ctx, origin: &str, d: Option<&Disabled>) -> Result<(), DisablingError> {
     let dest = &ctx.dest.name;
     let kind = if d.is_some() { DISABLED } else { RECOVERED };
     if let Some(notify) = ctx.dest.per_event.as_ref().and_then(|p| p.notify.as_ref()) {
@@ -115,18 +118,28 @@ async fn settle(ctx: &Ctx, origin: &str, d: Option<&Disabled>) -> Result<(), Dis
         .map_err(DisablingError::Record)?;
     if d.is_some() {
         metrics::endpoint_disabled(dest, 1);
-        let due = Change::EndpointDue {
-            destination: dest.clone(),
-            origin: origin.to_string(),
-            at_ms: clock::now_ms(),
-        };
-        // Not needed for the disabling to hold: events met later go to the
-        // sink as they come due.
-        if let Err(e) = ctx.journal.settle(&[due]).await {
-            tracing::warn!(destination = %dest, endpoint = %origin, error = %e, "cannot make the disabled endpoint's events due now: they are dead-lettered as they come due");
-        }
     }
     Ok(())
+}
+
+/// Makes `origin`'s waiting rows due now and wakes the dispatcher to read
+/// them: a disabled endpoint's go to the sink, a recovered one's to it.
+/// Not needed for them to go (they do at the times they were put back
+/// to), so a failure is logged only.
+async fn due_now(ctx: &Ctx, origin: &str, disabled: bool) {
+    let dest = &ctx.dest.name;
+    let due = Change::EndpointDue {
+        destination: dest.clone(),
+        origin: origin.to_string(),
+        at_ms: clock::now_ms(),
+    };
+    match ctx.journal.settle(&[due]).await {
+        Ok(()) => ctx.journal.wake(dest),
+        Err(e) => {
+            let what = if disabled { "dead-lettered" } else { "sent" };
+            tracing::warn!(destination = %dest, endpoint = %origin, error = %e, "cannot make the endpoint's waiting events due now: they are {what} at the times they were put back to", what = what);
+        }
+    }
 }
 
 /// A CloudEvents 1.0 event in the structured mode, for `notify`.

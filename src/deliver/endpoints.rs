@@ -144,6 +144,10 @@ impl State {
 
 pub struct Endpoints {
     inner: Mutex<Inner>,
+    /// One disabling or enabling at a time (`deliver::disabling`): each
+    /// is told, recorded and held in that order, and a 410's disabling
+    /// recorded after an operator's enable must not undo it.
+    pub changing: tokio::sync::Mutex<()>,
 }
 
 struct Inner {
@@ -205,6 +209,7 @@ impl Endpoints {
                 states: HashMap::new(),
                 disabled: disabled.into_iter().map(|(o, d)| (o.into(), d)).collect(),
             }),
+            changing: tokio::sync::Mutex::new(()),
         }
     }
 
@@ -334,26 +339,29 @@ impl Endpoints {
         }
     }
 
-    /// Disables `origin` (an operator's call): `None` when it was
-    /// disabled already. Its state so far goes into the record.
-    pub fn disable(&self, origin: &str, now: u64) -> Option<Disabled> {
-        let mut s = self.lock();
+    /// What disabling `origin` now records (an operator's call), from its
+    /// state so far: `None` when it is disabled already. Nothing changes
+    /// until `hold_disabled`.
+    pub fn would_disable(&self, origin: &str, now: u64) -> Option<Disabled> {
+        let s = self.lock();
         if s.disabled.contains_key(origin) {
             return None;
         }
-        let state = s.states.remove(origin);
-        let d = Disabled {
+        let last = s.states.get(origin).and_then(|st| st.last);
+        Some(Disabled {
             by: BY_OPERATOR.into(),
             since_ms: now,
-            failing_since_ms: state.as_ref().and_then(|st| st.failing_since_ms),
-            last_outcome: state
-                .as_ref()
-                .and_then(|st| st.last)
-                .map(|(o, _)| o.as_str().into()),
-            last_status: state.as_ref().and_then(|st| st.last).and_then(|(_, s)| s),
-        };
-        s.disabled.insert(origin.into(), d.clone());
-        Some(d)
+            failing_since_ms: s.states.get(origin).and_then(|st| st.failing_since_ms),
+            last_outcome: last.map(|(o, _)| o.as_str().into()),
+            last_status: last.and_then(|(_, s)| s),
+        })
+    }
+
+    /// Holds `origin` disabled as `d` says (recorded already).
+    pub fn hold_disabled(&self, origin: &str, d: Disabled) {
+        let mut s = self.lock();
+        s.states.remove(origin);
+        s.disabled.insert(origin.into(), d);
     }
 
     /// Enables `origin` again, afresh: what its disabling was, if any.
@@ -616,11 +624,24 @@ mod tests {
         let off: Arc<str> = "https://off:443".into();
         assert_eq!(e.start(&off, 4), Err(Blocked::Disabled));
         assert_eq!(e.disabled(&off), Some(kept));
-        assert_eq!(e.disable(&off, 5), None, "disabled already");
+        assert_eq!(e.would_disable(&off, 5), None, "disabled already");
+        let other: Arc<str> = "https://fresh:443".into();
+        assert_eq!(e.start(&other, 4), Ok(false));
+        e.ended(&other, failed());
+        let d = e.would_disable(&other, 5).expect("not disabled");
+        assert_eq!(
+            d.last_outcome.as_deref(),
+            Some("TimedOut"),
+            "from its state"
+        );
+        assert_eq!(e.start(&other, 4), Ok(false), "nothing changed yet");
+        e.ended(&other, failed());
+        e.hold_disabled(&other, d);
+        assert_eq!(e.start(&other, 4), Err(Blocked::Disabled));
         let views = e.views();
         assert_eq!(
             views.iter().filter(|(_, v)| v.state == "disabled").count(),
-            1
+            2
         );
     }
 

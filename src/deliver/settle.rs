@@ -211,6 +211,17 @@ pub async fn run(ctx: &Arc<Ctx>, unit: Unit, probe: bool, slot: Slot) -> Settled
             None => out.release = false,
         }
     }
+    // Handed out as a disabled endpoint's (no turn), and enabled since:
+    // back to the index, due now, to take a turn of their endpoint.
+    if unturned && ctx.dest.per_event.is_some() && !live.is_empty() {
+        let changes = live.iter().map(|ev| Change::Defer {
+            seq: ev.seq,
+            due_ms: now,
+        });
+        out.release &= apply(ctx, changes.collect(), Durable::Lazily).await;
+        out.deferred = true;
+        return out;
+    }
     if live.is_empty() {
         no_attempt();
         return out;

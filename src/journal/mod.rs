@@ -637,7 +637,7 @@ impl Shared {
     /// total. All or nothing, as the events are committed together. The
     /// room is kept once they are durable, given back by `unreserve` if
     /// the write fails.
-    fn reserve(&self, events: &[NewEvent]) -> Result<(), JournalError> {
+    fn reserve(&self, events: &[NewEvent], adopted: bool) -> Result<(), JournalError> {
         let sizes = by_destination(events);
         let size: u64 = sizes.iter().map(|(_, n)| n).sum();
         let limit = self.space.max_bytes;
@@ -677,7 +677,7 @@ impl Shared {
             }
             taken.push((d, own));
         }
-        if let Err(e) = take_endpoint_shares(&states, events) {
+        if let Err(e) = take_endpoint_shares(&states, events, adopted) {
             give_back(&taken);
             return Err(e);
         }
@@ -717,6 +717,7 @@ impl Shared {
 fn take_endpoint_shares(
     states: &HashMap<String, Arc<DestinationState>>,
     events: &[NewEvent],
+    adopted: bool,
 ) -> Result<(), JournalError> {
     for (i, e) in events.iter().enumerate() {
         let Some(d) = states.get(&e.destination).filter(|d| d.endpoints.counted()) else {
@@ -725,7 +726,7 @@ fn take_endpoint_shares(
         let Some(origin) = endpoint::origin_of(e) else {
             continue;
         };
-        if let Err((pending, share)) = d.endpoints.take(&origin, e.size()) {
+        if let Err((pending, share)) = d.endpoints.take(&origin, e.size(), adopted) {
             give_endpoint_shares(states, &events[..i]);
             return Err(JournalError::EndpointFull {
                 destination: e.destination.clone(),
@@ -952,7 +953,10 @@ impl Journal {
     ) -> Result<(), JournalError> {
         // Once queued, the writer gives the room back if the write fails,
         // even when this request's caller has gone away.
-        self.shared.reserve(&events)?;
+        // An adopted event was accepted once already: its endpoint's share
+        // counts it, but does not refuse it (one full endpoint would hold
+        // back every other event of the object).
+        self.shared.reserve(&events, carried.is_some())?;
         let placed = lanes::place(&self.shared, &events);
         let (reply, rx) = oneshot::channel();
         if let Err(refused) = self.send(Command::Append {
@@ -1123,10 +1127,6 @@ impl Journal {
         self.shared.destination(name).unwrap_or_default()
     }
 
-    /// Sets `name`'s share of the journal (`max_pending_bytes`), with its
-    /// counters created if need be: at start and at each reload, before
-    /// ingress routes to it. A share below what it holds refuses its
-    /// events until deliveries bring it under.
     /// Sets the share of each endpoint of `name` (`url: per_event`).
     pub(crate) fn set_endpoint_share(&self, name: &str, share: u64) {
         if let Some(d) = self.destination(name) {
@@ -1134,6 +1134,18 @@ impl Journal {
         }
     }
 
+    /// Wakes `name`'s dispatcher to read the index: rows changed under it
+    /// (`Change::EndpointDue`) that no insert announced.
+    pub(crate) fn wake(&self, name: &str) {
+        if let Some(d) = self.destination(name) {
+            d.indexed.notify_one();
+        }
+    }
+
+    /// Sets `name`'s share of the journal (`max_pending_bytes`), with its
+    /// counters created if need be: at start and at each reload, before
+    /// ingress routes to it. A share below what it holds refuses its
+    /// events until deliveries bring it under.
     pub(crate) fn set_share(&self, name: &str, share: u64) {
         let state = match self.shared.destination(name) {
             Some(state) => state,

@@ -45,15 +45,15 @@ impl EndpointShares {
     }
 
     /// Takes `size` bytes for `origin`; `Err((pending, share))` when they
-    /// would pass its share, and nothing is taken.
-    pub fn take(&self, origin: &str, size: u64) -> Result<(), (u64, u64)> {
+    /// would pass its share (unless `anyway`), and nothing is taken.
+    pub fn take(&self, origin: &str, size: u64, anyway: bool) -> Result<(), (u64, u64)> {
         let share = self.share.load(Ordering::Relaxed);
         if share == u64::MAX {
             return Ok(());
         }
         let mut bytes = self.lock();
         let pending = bytes.get(origin).copied().unwrap_or(0);
-        if pending.saturating_add(size) > share {
+        if !anyway && pending.saturating_add(size) > share {
             return Err((pending, share));
         }
         *bytes.entry(origin.into()).or_default() += size;
@@ -93,20 +93,30 @@ mod tests {
     #[test]
     fn each_endpoint_fills_its_own_share_and_leaves_the_map_when_empty() {
         let s = EndpointShares::default();
-        assert_eq!(s.take("a", 1 << 40), Ok(()), "no share set: not counted");
+        assert_eq!(
+            s.take("a", 1 << 40, false),
+            Ok(()),
+            "no share set: not counted"
+        );
         assert_eq!(s.pending("a"), 0);
         s.set_share(100);
-        assert_eq!(s.take("a", 60), Ok(()));
-        assert_eq!(s.take("a", 50), Err((60, 100)), "60 + 50 > 100");
-        assert_eq!(s.take("b", 100), Ok(()), "b has its own share");
-        assert_eq!(s.take("a", 40), Ok(()), "exactly the share");
+        assert_eq!(s.take("a", 60, false), Ok(()));
+        assert_eq!(s.take("a", 50, false), Err((60, 100)), "60 + 50 > 100");
+        assert_eq!(s.take("b", 100, false), Ok(()), "b has its own share");
+        assert_eq!(s.take("a", 40, false), Ok(()), "exactly the share");
+        assert_eq!(
+            s.take("b", 10, true),
+            Ok(()),
+            "an adoption is counted, not refused"
+        );
+        assert_eq!(s.pending("b"), 110);
         s.give("a", 100);
         assert_eq!(s.pending("a"), 0);
         assert!(!s.lock().contains_key("a"), "at zero it leaves the map");
         s.give("a", 5);
         assert_eq!(s.pending("a"), 0, "never below zero");
         s.load([("b".to_string(), 7), ("c".to_string(), 0)]);
-        assert_eq!(s.pending("b"), 107);
+        assert_eq!(s.pending("b"), 117);
         assert!(!s.lock().contains_key("c"));
     }
 }

@@ -597,7 +597,10 @@ async fn a_group_of_appends_is_one_record_and_every_waiter_hears() {
     held_rx.recv().expect("the writer is held");
 
     let first = vec![event(0)];
-    journal.shared.reserve(&first).expect("room for the first");
+    journal
+        .shared
+        .reserve(&first, false)
+        .expect("room for the first");
     let (reply, first_heard) = oneshot::channel();
     let queued_first = journal.send(Command::Append {
         events: first,
@@ -1355,7 +1358,7 @@ async fn an_append_placed_under_lanes_since_rebuilt_is_placed_again_when_written
     journal
         .order("orders", Some(Key::Destination))
         .expect("rebuilt");
-    journal.shared.reserve(&events).expect("room");
+    journal.shared.reserve(&events, false).expect("room");
     let (reply, heard) = oneshot::channel();
     let queued = journal.send(Command::Append {
         events,

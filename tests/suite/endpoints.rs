@@ -513,6 +513,7 @@ async fn the_secret_never_leaves_the_journal() {
         "/v1/events?destination=customers",
         "/v1/events/evt-secret",
         "/v1/dead-letters?destination=customers",
+        "/v1/destinations/customers/endpoints",
         "/metrics",
     ] {
         answers.push_str(&get(&format!("{}{path}", c.admin_url())).await.text());
@@ -1069,6 +1070,37 @@ async fn an_endpoint_past_its_share_is_refused_alone_and_a_restart_counts_it_aga
     check_eq!(c, resp.status, 202, "{}", resp.text());
 }
 
+/// An operator's disable sends an endpoint's waiting events to the sink
+/// at once, even those held back for an hour by its Retry-After: the
+/// dispatcher is woken to read them, not left to its next due time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operators_disable_dead_letters_events_held_for_an_hour_at_once() {
+    let rx = Receiver::start_on(
+        SocketAddr::from((address(70), 0)),
+        behavior(|_, _| Reply::status(503).header("retry-after", "3600")),
+    )
+    .await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let c = Courier::start(
+        dir.path(),
+        &yaml("endpoints: { schemes: [http], allow_cidrs: [127.0.0.0/8], concurrency: 1 }"),
+    )
+    .await;
+    let url = format!("http://{}/h", rx.addr());
+    for i in 0..3 {
+        publish(&c, &format!("held-{i}"), &url, None).await;
+    }
+    requests(&c, &rx, 1, WAIT).await;
+    // The others are put back behind the hold, an hour away.
+    quiet(&c, &rx, 1, Duration::from_millis(500)).await;
+    let answer = set_endpoint(&c, &format!("http://{}", rx.addr()), "disable").await;
+    check_eq!(c, answer["changed"], true, "{answer}");
+    let (_, records) = wait_dead_letters(&c, "customers", 3, Duration::from_secs(10)).await;
+    for r in &records {
+        check_eq!(c, r["deadLetterReason"], "EndpointDisabled", "{r}");
+    }
+}
+
 /// A slow endpoint's backlog is put back spaced as it can take it (one
 /// every 300 ms here, its timeout); when it answers again, the whole
 /// backlog is due at once, not at the pace it failed at.
@@ -1122,7 +1154,7 @@ async fn events_stored_for_a_fixed_url_are_dead_lettered_after_a_switch_to_per_e
         .replace("url: per_event", &format!("url: http://127.0.0.1:{port}/x"))
         .replace(
             "    endpoints: { schemes: [http], allow_cidrs: [127.0.0.0/8] }\n",
-            "    retry: { schedule: [1h] }\n",
+            "    retry: { schedule: [100ms] }\n",
         );
     let mut c = Courier::start(dir.path(), &fixed).await;
     let resp = post(

@@ -171,7 +171,7 @@ fn change(
     )?;
     let mut endpoint_due = conn.prepare_cached(
         "UPDATE events SET next_due_ms = ?3 WHERE destination = ?1 AND endpoint = ?2
-         AND next_due_ms > ?3 AND next_due_ms < ?4 AND fate IS NULL",
+         AND +next_due_ms > ?3 AND +next_due_ms < ?4 AND fate IS NULL",
     )?;
     let mut unconditional: Vec<i64> = Vec::new();
     for c in changes {
