@@ -1101,6 +1101,69 @@ async fn an_operators_disable_dead_letters_events_held_for_an_hour_at_once() {
     }
 }
 
+/// The endpoints' list pages through more endpoints with events than one
+/// read of the index takes (500), merged with those held in memory: each
+/// endpoint once, in origin order, whatever the page size.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_endpoints_list_pages_past_one_read_of_the_index() {
+    const N: usize = 600;
+    let (_socket, port) = support::refusing_port();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let c = Courier::start(
+        dir.path(),
+        &yaml("concurrency: 64\nretry: { schedule: [1h] }\nendpoints: { schemes: [http], allow_cidrs: [127.0.0.0/8] }"),
+    )
+    .await;
+    for chunk in (0..N).collect::<Vec<_>>().chunks(50) {
+        let posts = chunk.iter().map(|&i| {
+            let (c, url) = (&c, format!("http://{}:{port}/p", address(100 + i)));
+            async move { publish(c, &format!("p-{i}"), &url, None).await }
+        });
+        futures::future::join_all(posts).await;
+    }
+    let list = format!("{}/v1/destinations/customers/endpoints", c.admin_url());
+    let mut whole = Value::Null;
+    for _ in 0..200 {
+        whole = get(&format!("{list}?limit=1000")).await.json();
+        let rows = whole["endpoints"].as_array().map_or(0, |a| {
+            a.iter()
+                .filter(|e| e["pending"] == 1 && e["last_outcome"].is_string())
+                .count()
+        });
+        if rows == N {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let origins = |page: &Value| -> Vec<String> {
+        page["endpoints"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|e| e["origin"].as_str().map(String::from))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let all = origins(&whole);
+    check_eq!(c, all.len(), N, "one page of 1,000: {}", whole["next"]);
+    let mut sorted = all.clone();
+    sorted.sort();
+    sorted.dedup();
+    check_eq!(c, sorted, all, "in origin order, each once");
+    let mut paged = Vec::new();
+    let mut after = String::new();
+    for _ in 0..10 {
+        let page = get(&format!("{list}?limit=250{after}")).await.json();
+        paged.extend(origins(&page));
+        match page["next"].as_str() {
+            Some(next) => after = format!("&after={next}"),
+            None => break,
+        }
+    }
+    check_eq!(c, paged, all, "pages of 250 make the same list");
+}
+
 /// A slow endpoint's backlog is put back spaced as it can take it (one
 /// every 300 ms here, its timeout); when it answers again, the whole
 /// backlog is due at once, not at the pace it failed at.
