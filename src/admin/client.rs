@@ -298,11 +298,7 @@ pub fn events_table(items: &[EventItem]) -> String {
     let rows: Vec<Vec<String>> = items
         .iter()
         .map(|i| {
-            let outcome = match (&i.last_outcome, i.last_status) {
-                (Some(o), Some(n)) => format!("{o} ({n})"),
-                (Some(o), None) => o.clone(),
-                (None, _) => "-".into(),
-            };
+            let outcome = outcome_cell(i.last_outcome.as_deref(), i.last_status);
             vec![
                 i.id.clone(),
                 i.destination.clone(),
@@ -315,6 +311,15 @@ pub fn events_table(items: &[EventItem]) -> String {
         })
         .collect();
     crate::admin::table::render(&head, rows, &[3])
+}
+
+/// `Failed (500)`, `TimedOut`, or `-` when there was no attempt.
+fn outcome_cell(outcome: Option<&str>, status: Option<u16>) -> String {
+    match (outcome, status) {
+        (Some(o), Some(n)) => format!("{o} ({n})"),
+        (Some(o), None) => o.to_string(),
+        (None, _) => "-".into(),
+    }
 }
 
 /// Endpoints of a destination as a table, in origin order.
@@ -331,11 +336,7 @@ pub fn endpoints_table(items: &[EndpointItem]) -> String {
     let rows: Vec<Vec<String>> = items
         .iter()
         .map(|i| {
-            let outcome = match (&i.last_outcome, i.last_status) {
-                (Some(o), Some(n)) => format!("{o} ({n})"),
-                (Some(o), None) => o.clone(),
-                (None, _) => "-".into(),
-            };
+            let outcome = outcome_cell(i.last_outcome.as_deref(), i.last_status);
             let state = match &i.disabled_by {
                 Some(by) => format!("{} ({by})", i.state),
                 None => i.state.clone(),

@@ -224,17 +224,26 @@ fn replay_filter(ask: &ReplayRequest) -> Result<Filter, ApiError> {
 }
 
 impl Admin {
-    /// The sink of a configured destination.
-    fn source(&self, name: &str) -> Result<Source, ApiError> {
+    /// A configured destination's settings; `Unknown`, with the names
+    /// there are, for any other.
+    pub(super) fn configured(
+        &self,
+        name: &str,
+    ) -> Result<std::sync::Arc<crate::config::DestinationSettings>, ApiError> {
         let settings = self.settings.load();
-        let Some(dest) = settings.destination(name) else {
+        settings.destination(name).cloned().ok_or_else(|| {
             let names = settings
                 .destinations
                 .iter()
                 .map(|d| d.name.clone())
                 .collect();
-            return Err(ApiError::Unknown(name.to_string(), names));
-        };
+            ApiError::Unknown(name.to_string(), names)
+        })
+    }
+
+    /// The sink of a configured destination.
+    fn source(&self, name: &str) -> Result<Source, ApiError> {
+        let dest = self.configured(name)?;
         let Some(at) = &dest.dead_letter else {
             return Err(ApiError::NotFound(format!(
                 "destination `{name}` has no dead-letter sink (`dead_letter: none`, or no default `dead_letter`): its events are dropped, not kept"

@@ -52,15 +52,7 @@ fn origin_named(raw: &str) -> Result<String, ApiError> {
 impl Admin {
     /// A configured `url: per_event` destination's endpoints, or why not.
     fn endpoints_of(&self, name: &str) -> Result<Arc<Endpoints>, ApiError> {
-        let settings = self.settings.load();
-        let Some(dest) = settings.destination(name) else {
-            let names = settings
-                .destinations
-                .iter()
-                .map(|d| d.name.clone())
-                .collect();
-            return Err(ApiError::Unknown(name.to_string(), names));
-        };
+        let dest = self.configured(name)?;
         if dest.per_event.is_none() {
             return Err(bad(format!(
                 "destination `{name}` has a fixed url: only a url: per_event destination has endpoints"

@@ -440,13 +440,7 @@ impl Dispatcher {
                     endpoint: None,
                 }
             };
-            let running = Running::of(&unit.events);
-            let ctx = self.ctx.clone();
-            let slot = self.slots.take();
-            let handle = self
-                .tasks
-                .spawn(async move { settle::run(&ctx, unit, probe, slot).await });
-            self.held.hand(handle.id(), running);
+            self.spawn_unit(unit, probe);
         }
         // Ingress is paced only while this destination is delivering.
         let flowing =
@@ -554,13 +548,7 @@ impl Dispatcher {
                 batch: None,
                 endpoint: Some(turn),
             };
-            let running = Running::of(&unit.events);
-            let ctx = self.ctx.clone();
-            let slot = self.slots.take();
-            let handle = self
-                .tasks
-                .spawn(async move { settle::run(&ctx, unit, false, slot).await });
-            self.held.hand(handle.id(), running);
+            self.spawn_unit(unit, false);
         }
         self.held.ready = kept;
         self.defer(back);
@@ -570,18 +558,23 @@ impl Dispatcher {
                 batch: None,
                 endpoint: None,
             };
-            let running = Running::of(&unit.events);
-            let ctx = self.ctx.clone();
-            let slot = self.slots.take();
-            let handle = self
-                .tasks
-                .spawn(async move { settle::run(&ctx, unit, false, slot).await });
-            self.held.hand(handle.id(), running);
+            self.spawn_unit(unit, false);
         }
         let flowing =
             journal_ok && self.answering && blocked.gate.is_none() && !self.stop.is_cancelled();
         self.state.pace(flowing);
         blocked
+    }
+
+    /// Starts `unit`'s task in a slot, its events held while it runs.
+    fn spawn_unit(&mut self, unit: Unit, probe: bool) {
+        let running = Running::of(&unit.events);
+        let ctx = self.ctx.clone();
+        let slot = self.slots.take();
+        let handle = self
+            .tasks
+            .spawn(async move { settle::run(&ctx, unit, probe, slot).await });
+        self.held.hand(handle.id(), running);
     }
 
     /// Gives events back to the index, due again at their times; they stay
