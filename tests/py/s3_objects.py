@@ -44,7 +44,11 @@ def main():
     out = {}
     for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
         for obj in page.get("Contents", []):
-            body = s3.get_object(Bucket=bucket, Key=obj["Key"])["Body"].read()
+            try:
+                body = s3.get_object(Bucket=bucket, Key=obj["Key"])["Body"].read()
+            except s3.exceptions.NoSuchKey:
+                # Taken (adopted and deleted) between the listing and the read.
+                continue
             out[obj["Key"]] = body.decode("utf-8", errors="replace")
     json.dump(out, sys.stdout)
 
