@@ -475,8 +475,11 @@ impl Dispatcher {
         let mut back: Vec<(StoredEvent, u64)> = Vec::new();
         // For the sink, in one task: their endpoint is disabled.
         let mut disabled = Vec::new();
-        let mut kept = VecDeque::with_capacity(self.held.ready.len());
-        while let Some(ev) = self.held.ready.pop_front() {
+        // Those passed over this pass, to go back in front, in order. The
+        // pass ends when the slots or the gate do: the events behind stay
+        // where they are, not moved one by one (a pass per attempt ended).
+        let mut kept = Vec::new();
+        while !self.held.ready.is_empty() {
             let room = journal_ok
                 && !self.stop.is_cancelled()
                 && blocked.gate.is_none()
@@ -484,18 +487,17 @@ impl Dispatcher {
                     || (self.tasks.len() < in_hand && self.held.running_bytes < IN_HAND_BYTES));
             if !room || self.slots.taken() >= self.ctx.limit.current() {
                 blocked.slots |= room;
-                kept.push_back(ev);
-                continue;
+                break;
             }
+            let Some(ev) = self.held.ready.pop_front() else {
+                break;
+            };
             if self.for_the_sink(&ev, now) {
                 self.held.expired.push_back(Doomed::read(ev));
                 self.expiry = Expiry::Now;
                 continue;
             }
-            let origin: Arc<str> = endpoint::url_of(&ev.event)
-                .and_then(endpoint::origin)
-                .unwrap_or_default()
-                .into();
+            let origin: Arc<str> = endpoint::origin_of(&ev.event).unwrap_or_default().into();
             let said = match blocked_by.get_mut(&origin) {
                 Some((why, n)) => {
                     *n += 1;
@@ -528,7 +530,7 @@ impl Dispatcher {
                     // Past its TTL it goes to the sink when read, not later.
                     match due.map(|t| t.min(deadline.max(now))) {
                         Some(due) => back.push((ev, due)),
-                        None => kept.push_back(ev),
+                        None => kept.push(ev),
                     }
                     continue;
                 }
@@ -540,8 +542,8 @@ impl Dispatcher {
             if !matches!(gate, Gate::Go { .. }) {
                 drop(turn);
                 blocked.gate = Some(gate);
-                kept.push_back(ev);
-                continue;
+                kept.push(ev);
+                break;
             }
             let unit = Unit {
                 events: vec![ev],
@@ -550,7 +552,9 @@ impl Dispatcher {
             };
             self.spawn_unit(unit, false);
         }
-        self.held.ready = kept;
+        for ev in kept.into_iter().rev() {
+            self.held.ready.push_front(ev);
+        }
         self.defer(back);
         if !disabled.is_empty() {
             let unit = Unit {

@@ -608,7 +608,7 @@ impl Admitted {
         {
             return Err(refused(endpoint::Refused::Address(ip)));
         }
-        if let Some(origin) = endpoints.and_then(|_| endpoint::origin(&named.url))
+        if let Some(origin) = endpoints.and_then(|_| endpoint::stored_origin(&named.url))
             && let Some(d) = endpoints.and_then(|e| e.disabled(&origin))
         {
             let msg = format!(

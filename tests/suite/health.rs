@@ -504,9 +504,12 @@ async fn rate_limit_spaces_attempts_evenly() {
         "{} requests in the 3 s after resume, want 60 ± 6",
         got.len()
     );
+    // Spaced, 2 fall in a 100 ms window, 3 with the timer's jitter; a
+    // stall of the loaded test machine lets one more catch up after it
+    // (seen in CI: 4). Unspaced, the 16 slots would send 16 at once.
     check!(
         c,
-        worst <= 3,
+        worst <= 5,
         "{worst} requests within 100 ms: a burst at 20/s"
     );
 }
