@@ -1,7 +1,7 @@
 //! courier against nginx under the same wrk load, in one invocation:
 //!
 //! `cargo bench --bench courier_bench [-- --seconds 10 --connections 50
-//!  --steps nhabcdekpqxotylgrumvw --scale 1 --compare PATH --rounds 1 --write-results]`
+//!  --steps nhabcdeikpqxotylgrumvw --scale 1 --compare PATH --rounds 1 --write-results]`
 //!
 //! n. baselines, run as their users run them: wrk against an nginx answering
 //!    200 to every POST (`direct`: the receiver, which courier delivers to
@@ -24,6 +24,10 @@
 //! d. a 1,000,000-event backlog: courier's RSS, the journal's disk use, then
 //!    SIGKILL and the time from the new process's spawn to `/readyz` 200;
 //! e. idle RSS: one destination, nothing sent, after 2 s;
+//! i. idle keep-alive connections (issue #47, `courier_bench/connections.rs`):
+//!    RSS with 5,000 connections held open after one event each, and 30 s
+//!    after the clients close them, both above idle. Budgets: ≤ 32 MiB
+//!    held, ≤ 4 MiB after;
 //! k. the duplicate window: courier delivers to a receiver in this
 //!    process (which notes when each answer was written) under the load of
 //!    step b from the Rust load generator, is SIGKILLed after 3 s, started
@@ -145,6 +149,8 @@
 mod adaptive;
 #[path = "courier_bench/alternated.rs"]
 mod alternated;
+#[path = "courier_bench/connections.rs"]
+mod connections;
 #[path = "courier_bench/endpoints.rs"]
 mod endpoints;
 #[path = "courier_bench/floor.rs"]
@@ -180,7 +186,7 @@ const PENDING: &str = r#"courier_events_pending{destination="bench"}"#;
 const ACCEPTED: &str = r#"courier_events_accepted_total{destination="bench"}"#;
 const DELIVERED: &str = r#"courier_events_delivered_total{destination="bench"}"#;
 /// Every step, run by default; `--steps` picks some.
-const STEPS: &str = "nhabcdekpqxotylgrumvw";
+const STEPS: &str = "nhabcdeikpqxotylgrumvw";
 /// Step c's backlog and step d's, before `--scale`.
 const DRAIN_BACKLOG: f64 = 100_000.0;
 /// Step h's client: as many connections as courier's `concurrency: 64`.
@@ -197,7 +203,7 @@ const POLL: Duration = Duration::from_millis(20);
 /// Step e waits this long after the start before reading RSS.
 const IDLE: Duration = Duration::from_secs(2);
 const MIB: f64 = 1024.0 * 1024.0;
-const USAGE: &str = "usage: cargo bench --bench courier_bench [-- --seconds N --connections N --steps nhabcdekpqxotylgrumvw --scale F --compare PATH --rounds N --write-results]";
+const USAGE: &str = "usage: cargo bench --bench courier_bench [-- --seconds N --connections N --steps nhabcdeikpqxotylgrumvw --scale F --compare PATH --rounds N --write-results]";
 
 #[derive(Clone)]
 struct Args {
@@ -2144,6 +2150,19 @@ async fn courier_steps(
                     rows,
                     budgets,
                     &[WINDOW_BUDGET.into()],
+                ),
+            },
+            'i' => match connections::idle_connections(label, bin, rx).await {
+                Ok((row, b)) => {
+                    budgets.extend(b);
+                    rows.push(row);
+                }
+                Err(e) => failed(
+                    "i. idle connections",
+                    e,
+                    rows,
+                    budgets,
+                    &connections::budget_names(),
                 ),
             },
             'e' => match idle(label, bin, rx).await {

@@ -9,20 +9,23 @@ mod edge;
 pub mod guard;
 mod idle;
 mod layers;
+mod rest;
 
 pub use edge::{BODY_DEADLINE, Edge};
 
 use beyond_cap::BeyondCap;
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http::{Request, Response};
 use http_body_util::Full;
 use hyper::body::Incoming;
+use hyper::server::conn::http1;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::service::TowerToHyperService;
 use idle::{Activity, Tracked};
 use std::convert::Infallible;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
@@ -58,13 +61,14 @@ where
     S: Service<Request<Incoming>, Response = Response<B>, Error = Infallible>
         + Clone
         + Send
+        + Unpin
         + 'static,
     S::Future: Send + 'static,
     B: hyper::body::Body<Data = Bytes> + Send + 'static,
     B::Error: Into<tower::BoxError> + std::fmt::Display,
 {
     let service = layers::stack(service, edge.name);
-    let kept = Arc::new(builder(true));
+    let builders = Arc::new(Builders::new());
     let once = Arc::new(builder(false));
     let slots = Arc::new(Semaphore::new(edge.max_connections));
     let tracker = tokio_util::task::TaskTracker::new();
@@ -87,7 +91,7 @@ where
                 stream,
                 service,
                 slot,
-                kept.clone(),
+                builders.clone(),
                 stop.clone(),
             )),
             Err(_) => {
@@ -104,6 +108,27 @@ where
     let _ = tokio::time::timeout(Duration::from_secs(2), tracker.wait()).await;
 }
 
+/// How a connection within the cap is served, by the protocol its first
+/// bytes tell.
+struct Builders {
+    http1: http1::Builder,
+    h2c: auto::Builder<TokioExecutor>,
+}
+
+impl Builders {
+    fn new() -> Builders {
+        let mut http1 = http1::Builder::new();
+        http1
+            .keep_alive(true)
+            .timer(TokioTimer::new())
+            .header_read_timeout(edge::HEADER_TIMEOUT);
+        Builders {
+            http1,
+            h2c: builder(true),
+        }
+    }
+}
+
 /// hyper's HTTP/1 and h2c server; `keep_alive: false` answers one HTTP/1
 /// request and closes.
 fn builder(keep_alive: bool) -> auto::Builder<TokioExecutor> {
@@ -117,17 +142,19 @@ fn builder(keep_alive: bool) -> auto::Builder<TokioExecutor> {
 }
 
 /// A connection holding `slot`: served until the client closes it, it asks
-/// nothing for `HEADER_TIMEOUT`, or `stop`.
+/// nothing for `HEADER_TIMEOUT`, or `stop`. HTTP/1 is served by `http1`,
+/// and held without hyper's buffers while it rests (`rest`); h2c by `h2c`.
 async fn connection<S, B>(
-    stream: TcpStream,
+    mut stream: TcpStream,
     service: S,
     slot: OwnedSemaphorePermit,
-    builder: Arc<auto::Builder<TokioExecutor>>,
+    builders: Arc<Builders>,
     stop: CancellationToken,
 ) where
     S: Service<Request<Incoming>, Response = Response<B>, Error = Infallible>
         + Clone
         + Send
+        + Unpin
         + 'static,
     S::Future: Send + 'static,
     B: hyper::body::Body<Data = Bytes> + Send + 'static,
@@ -136,19 +163,122 @@ async fn connection<S, B>(
     let _slot = slot;
     let activity = Activity::new();
     let service = TowerToHyperService::new(Tracked::new(service, activity.clone()));
-    let conn = builder.serve_connection(TokioIo::new(stream), service);
-    tokio::pin!(conn);
-    let stopping = tokio::select! {
-        _ = conn.as_mut() => return,
-        _ = idle::idle(&activity, edge::HEADER_TIMEOUT) => false,
-        _ = stop.cancelled() => true,
+    let mut front = BytesMut::new();
+    let protocol = tokio::select! {
+        sniffed = rest::sniff(&mut stream, &mut front) => match sniffed {
+            Ok(Some(p)) => p,
+            Ok(None) | Err(_) => return,
+        },
+        _ = idle::idle(&activity, edge::HEADER_TIMEOUT) => return,
+        _ = stop.cancelled() => return,
     };
-    conn.as_mut().graceful_shutdown();
-    if stopping {
-        let _ = conn.await;
-    } else {
-        let _ = tokio::time::timeout(edge::CLOSE_GRACE, conn).await;
+    let mut front = front.freeze();
+    if let rest::Protocol::H2 = protocol {
+        let wire = rest::Wire::new(stream, front);
+        // Boxed, as the HTTP/1 connection below: the task's own size is
+        // that of its largest state, which a resting connection keeps.
+        let mut conn = Box::pin(builders.h2c.serve_connection(TokioIo::new(wire), service));
+        let stopping = tokio::select! {
+            _ = conn.as_mut() => return,
+            _ = idle::idle(&activity, edge::HEADER_TIMEOUT) => false,
+            _ = stop.cancelled() => true,
+        };
+        conn.as_mut().graceful_shutdown();
+        if stopping {
+            let _ = conn.await;
+        } else {
+            let _ = tokio::time::timeout(edge::CLOSE_GRACE, conn).await;
+        }
+        return;
     }
+    // Bounded: each pass ends the connection or waits for its next bytes.
+    loop {
+        let wire = rest::Wire::new(stream, front);
+        let unsent = wire.unsent();
+        let mut conn = Box::new(
+            builders
+                .http1
+                .serve_connection(TokioIo::new(wire), service.clone()),
+        );
+        let end = loop {
+            tokio::select! {
+                done = std::future::poll_fn(|cx| conn.poll_without_shutdown(cx)) => {
+                    break if done.is_ok() { End::Closed(conn) } else { End::Gone };
+                }
+                _ = idle::idle(&activity, rest::REST_AFTER) => {
+                    if !unsent.load(std::sync::atomic::Ordering::Relaxed) {
+                        break End::Rest(conn);
+                    }
+                    // An answer waits for the client to read it: look again later.
+                    tokio::select! {
+                        done = std::future::poll_fn(|cx| conn.poll_without_shutdown(cx)) => {
+                            break if done.is_ok() { End::Closed(conn) } else { End::Gone };
+                        }
+                        _ = tokio::time::sleep(rest::REST_AFTER) => {}
+                    }
+                }
+                _ = idle::idle(&activity, edge::HEADER_TIMEOUT) => break End::Shut(conn, false),
+                _ = stop.cancelled() => break End::Shut(conn, true),
+            }
+        };
+        let conn = match end {
+            End::Gone => return,
+            End::Closed(conn) => {
+                // Ended by HTTP (the client closed, or asked to): what hyper
+                // would have done, a shutdown of the write side.
+                let (mut stream, _) = take_back(*conn);
+                let _ = tokio::time::timeout(
+                    edge::CLOSE_GRACE,
+                    tokio::io::AsyncWriteExt::shutdown(&mut stream),
+                )
+                .await;
+                return;
+            }
+            End::Shut(mut conn, stopping) => {
+                Pin::new(&mut *conn).graceful_shutdown();
+                if stopping {
+                    let _ = conn.await;
+                } else {
+                    let _ = tokio::time::timeout(edge::CLOSE_GRACE, conn).await;
+                }
+                return;
+            }
+            End::Rest(conn) => conn,
+        };
+        let (rested, unparsed) = take_back(*conn);
+        (stream, front) = (rested, unparsed);
+        // Whatever `front` holds is a head not yet whole (hyper parses a
+        // whole one at once): the rest of it is waited for like any bytes.
+        tokio::select! {
+            woken = rest::woken(&stream) => if !woken { return },
+            _ = idle::idle(&activity, edge::HEADER_TIMEOUT) => return,
+            _ = stop.cancelled() => return,
+        }
+    }
+}
+
+/// Why a connection's HTTP/1 serving stopped.
+enum End<C> {
+    /// hyper ended it: the client closed it, or asked to.
+    Closed(C),
+    /// An I/O or protocol error: nothing more to say on it.
+    Gone,
+    /// Idle for `HEADER_TIMEOUT` (`false`), or courier stopping (`true`).
+    Shut(C, bool),
+    /// Idle for `REST_AFTER`, nothing unsent: held without hyper.
+    Rest(C),
+}
+
+/// The socket and the bytes read but not parsed, from a connection hyper
+/// is between messages on.
+fn take_back<S, B>(conn: http1::Connection<TokioIo<rest::Wire>, S>) -> (TcpStream, Bytes)
+where
+    S: hyper::service::HttpService<Incoming, ResBody = B>,
+    B: hyper::body::Body + 'static,
+    B::Error: Into<tower::BoxError>,
+{
+    let parts = conn.into_parts();
+    parts.io.into_inner().take_back(parts.read_buf)
 }
 
 /// A connection beyond the cap: served without a slot for

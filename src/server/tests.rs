@@ -12,11 +12,22 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 
-/// Answers 200, or panics on `/panic`.
+/// Answers 200, or panics on `/panic`; `/big` answers `BIG` bytes.
 async fn handler(req: Request<Incoming>) -> Result<Response<Body>, Infallible> {
     assert!(req.uri().path() != "/panic", "injected panic");
+    if req.uri().path() == "/big" {
+        let body = bytes::Bytes::from(vec![b'x'; BIG]);
+        return Ok(Response::new(Body::new(body)));
+    }
     Ok(json(StatusCode::OK, &serde_json::json!({ "ok": true })))
 }
+
+/// More than loopback's socket buffers hold, so that hyper keeps part of
+/// the answer until the client reads.
+const BIG: usize = 48 << 20;
+
+/// Longer than `rest::REST_AFTER`.
+const PAST_REST: Duration = Duration::from_millis(1600);
 
 async fn start(max_connections: usize) -> (SocketAddr, CancellationToken) {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
@@ -129,5 +140,108 @@ async fn a_panicking_handler_answers_500_and_the_connection_keeps_serving() {
     );
     let next = ask(&mut stream, "/").await;
     assert!(next.starts_with("HTTP/1.1 200"), "{next}");
+    stop.cancel();
+}
+
+#[tokio::test]
+async fn a_connection_back_from_rest_is_served_even_with_a_head_cut_by_the_rest() {
+    let (addr, stop) = start(8).await;
+    let mut stream = TcpStream::connect(addr).await.expect("connect");
+    assert!(ask(&mut stream, "/").await.starts_with("HTTP/1.1 200"));
+    tokio::time::sleep(PAST_REST).await;
+    assert!(ask(&mut stream, "/").await.starts_with("HTTP/1.1 200"));
+    // Half a head, a rest, the other half: the first half was read by the
+    // hyper connection given up at the rest, and must reach the next one.
+    stream
+        .write_all(b"GET / HTTP/1.1\r\nho")
+        .await
+        .expect("write");
+    tokio::time::sleep(PAST_REST).await;
+    stream.write_all(b"st: x\r\n\r\n").await.expect("write");
+    let answer = read_answer(&mut stream).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    // Two requests in one write after a rest: both answered, in order.
+    tokio::time::sleep(PAST_REST).await;
+    stream
+        .write_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\nGET /panic HTTP/1.1\r\nhost: x\r\n\r\n")
+        .await
+        .expect("write");
+    let first = read_answer(&mut stream).await;
+    assert!(first.starts_with("HTTP/1.1 200"), "{first}");
+    assert!(
+        first.contains("HTTP/1.1 500")
+            || read_answer(&mut stream).await.starts_with("HTTP/1.1 500")
+    );
+    stop.cancel();
+}
+
+#[tokio::test]
+async fn an_answer_the_client_has_not_read_is_not_cut_by_a_rest() {
+    let (addr, stop) = start(8).await;
+    let mut stream = TcpStream::connect(addr).await.expect("connect");
+    stream
+        .write_all(b"GET /big HTTP/1.1\r\nhost: x\r\n\r\n")
+        .await
+        .expect("write");
+    // The answer fills the socket buffers and waits in hyper meanwhile.
+    tokio::time::sleep(PAST_REST * 2).await;
+    let mut got = 0usize;
+    let mut head = Vec::new();
+    let mut buf = vec![0u8; 1 << 16];
+    // Bounded: each pass reads at least a byte, or ends.
+    loop {
+        let read = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut buf)).await;
+        let n = match read {
+            Ok(Ok(n)) if n > 0 => n,
+            _ => break,
+        };
+        if head.len() < 4096 {
+            head.extend_from_slice(&buf[..n.min(4096)]);
+        }
+        got += n;
+        if got >= BIG {
+            break;
+        }
+    }
+    let head = String::from_utf8_lossy(&head);
+    let head_len = head.find("\r\n\r\n").map_or(0, |i| i + 4);
+    assert!(
+        head.starts_with("HTTP/1.1 200"),
+        "{}",
+        &head[..head_len.min(200)]
+    );
+    // Read on until the whole body is in, or the connection ends short.
+    while got < BIG + head_len {
+        match tokio::time::timeout(Duration::from_secs(5), stream.read(&mut buf)).await {
+            Ok(Ok(n)) if n > 0 => got += n,
+            _ => break,
+        }
+    }
+    assert_eq!(got, BIG + head_len, "the answer was cut");
+    // And the connection still serves.
+    assert!(ask(&mut stream, "/").await.starts_with("HTTP/1.1 200"));
+    stop.cancel();
+}
+
+#[tokio::test]
+async fn a_connection_closed_by_its_client_at_rest_gives_its_slot_back() {
+    let (addr, stop) = start(1).await;
+    let mut first = TcpStream::connect(addr).await.expect("connect");
+    assert!(ask(&mut first, "/").await.starts_with("HTTP/1.1 200"));
+    tokio::time::sleep(PAST_REST).await;
+    drop(first);
+    let mut served = false;
+    for _ in 0..50 {
+        let mut next = TcpStream::connect(addr).await.expect("connect");
+        if ask(&mut next, "/").await.starts_with("HTTP/1.1 200") {
+            served = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        served,
+        "the slot of a connection closed at rest was not given back"
+    );
     stop.cancel();
 }

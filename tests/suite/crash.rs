@@ -566,3 +566,70 @@ async fn a_truncated_intake_log_tail_stops_the_start_and_names_the_lost_events()
         .collect();
     assert_eq!(ids.len(), 20, "{}", courier.logs());
 }
+
+/// Reads one answer's status line from a kept-alive connection.
+async fn status_line(stream: &mut tokio::net::TcpStream) -> String {
+    use tokio::io::AsyncReadExt;
+    let mut buf = [0u8; 4096];
+    let n = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut buf))
+        .await
+        .expect("an answer")
+        .expect("read");
+    let text = String::from_utf8_lossy(&buf[..n]);
+    text.lines().next().unwrap_or("").to_string()
+}
+
+/// A keep-alive connection idle for a second is held without hyper
+/// (`server::rest`) and served again by a new hyper connection when it
+/// speaks: the events it gets a 202 for on it, one of them sent with its
+/// head split across the rest, are delivered after a SIGKILL.
+#[tokio::test]
+async fn events_acknowledged_on_a_connection_back_from_rest_survive_sigkill() {
+    use tokio::io::AsyncWriteExt;
+    let receiver = Receiver::start(behavior(|_, _| Reply::status(503))).await;
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let mut courier = Courier::start(tmp.path(), &config(&receiver.url(), "")).await;
+    let rest = Duration::from_millis(1500);
+    let request = |id: &str| {
+        format!(
+            "POST /orders HTTP/1.1\r\nhost: 127.0.0.1\r\nidempotency-key: {id}\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{{}}"
+        )
+    };
+    let mut kept = tokio::net::TcpStream::connect(courier.ingress_addr())
+        .await
+        .expect("connect");
+    kept.write_all(request("rest-1").as_bytes())
+        .await
+        .expect("write");
+    assert!(status_line(&mut kept).await.starts_with("HTTP/1.1 202"));
+    tokio::time::sleep(rest).await;
+    // Back from rest with a whole request.
+    kept.write_all(request("rest-2").as_bytes())
+        .await
+        .expect("write");
+    assert!(status_line(&mut kept).await.starts_with("HTTP/1.1 202"));
+    tokio::time::sleep(rest).await;
+    // A head cut in two by a rest: its first part is kept for the next
+    // hyper connection.
+    let third = request("rest-3");
+    let (first, second) = third.split_at(30);
+    kept.write_all(first.as_bytes()).await.expect("write");
+    tokio::time::sleep(rest).await;
+    kept.write_all(second.as_bytes()).await.expect("write");
+    let answer = status_line(&mut kept).await;
+    assert!(answer.starts_with("HTTP/1.1 202"), "{answer}");
+
+    courier.kill();
+    receiver.stop().await;
+    let healthy = Receiver::start_on(receiver.addr(), behavior(|_, _| Reply::status(200))).await;
+    courier.restart().await;
+    healthy.wait_for(3, Duration::from_secs(20)).await;
+    let got = ids(&healthy);
+    for id in ["rest-1", "rest-2", "rest-3"] {
+        assert!(
+            got.contains_key(id),
+            "{id} lost: {got:?}\n{}",
+            courier.logs()
+        );
+    }
+}
