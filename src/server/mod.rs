@@ -25,7 +25,6 @@ use hyper_util::service::TowerToHyperService;
 use idle::{Activity, Tracked};
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
@@ -193,80 +192,55 @@ async fn connection<S, B>(
     }
     // Bounded: each pass ends the connection or waits for its next bytes.
     loop {
+        let woke = tokio::time::Instant::now();
         let wire = rest::Wire::new(stream, front);
         let unsent = wire.unsent();
-        let mut conn = Box::new(
+        let mut conn = Box::pin(
             builders
                 .http1
                 .serve_connection(TokioIo::new(wire), service.clone()),
         );
-        let end = loop {
-            tokio::select! {
-                done = std::future::poll_fn(|cx| conn.poll_without_shutdown(cx)) => {
-                    break if done.is_ok() { End::Closed(conn) } else { End::Gone };
-                }
-                _ = idle::idle(&activity, rest::REST_AFTER) => {
-                    if !unsent.load(std::sync::atomic::Ordering::Relaxed) {
-                        break End::Rest(conn);
-                    }
-                    // An answer waits for the client to read it: look again later.
-                    tokio::select! {
-                        done = std::future::poll_fn(|cx| conn.poll_without_shutdown(cx)) => {
-                            break if done.is_ok() { End::Closed(conn) } else { End::Gone };
-                        }
-                        _ = tokio::time::sleep(rest::REST_AFTER) => {}
-                    }
-                }
-                _ = idle::idle(&activity, edge::HEADER_TIMEOUT) => break End::Shut(conn, false),
-                _ = stop.cancelled() => break End::Shut(conn, true),
+        // Idle for `REST_AFTER` since the last answer and since this pass
+        // began, with nothing unsent: an answer a client has not read
+        // keeps the connection whole until it has.
+        let rested = async {
+            tokio::time::sleep_until(woke + rest::REST_AFTER).await;
+            idle::idle(&activity, rest::REST_AFTER).await;
+            // Bounded by the idle timeout, which the select puts first.
+            while unsent.load(std::sync::atomic::Ordering::Relaxed) {
+                tokio::time::sleep(rest::REST_AFTER).await;
             }
         };
-        let conn = match end {
-            End::Gone => return,
-            End::Closed(conn) => {
-                // Ended by HTTP (the client closed, or asked to): what hyper
-                // would have done, a shutdown of the write side.
-                let (mut stream, _) = take_back(*conn);
-                let _ = tokio::time::timeout(
-                    edge::CLOSE_GRACE,
-                    tokio::io::AsyncWriteExt::shutdown(&mut stream),
-                )
-                .await;
-                return;
-            }
-            End::Shut(mut conn, stopping) => {
-                Pin::new(&mut *conn).graceful_shutdown();
-                if stopping {
-                    let _ = conn.await;
-                } else {
-                    let _ = tokio::time::timeout(edge::CLOSE_GRACE, conn).await;
+        let stopping = tokio::select! {
+            biased;
+            _ = stop.cancelled() => true,
+            _ = idle::idle(&activity, edge::HEADER_TIMEOUT) => false,
+            // hyper ended it (the client closed, asked to, or broke the
+            // protocol), its answers flushed and the socket shut down.
+            _ = conn.as_mut() => return,
+            _ = rested => {
+                let (rested, unparsed) = take_back(*std::pin::Pin::into_inner(conn));
+                (stream, front) = (rested, unparsed);
+                // Whatever `front` holds is a head not yet whole (hyper
+                // parses a whole one at once): the rest of it is waited
+                // for like any bytes.
+                tokio::select! {
+                    biased;
+                    _ = stop.cancelled() => return,
+                    _ = idle::idle(&activity, edge::HEADER_TIMEOUT) => return,
+                    woken = rest::woken(&stream) => if !woken { return },
                 }
-                return;
+                continue;
             }
-            End::Rest(conn) => conn,
         };
-        let (rested, unparsed) = take_back(*conn);
-        (stream, front) = (rested, unparsed);
-        // Whatever `front` holds is a head not yet whole (hyper parses a
-        // whole one at once): the rest of it is waited for like any bytes.
-        tokio::select! {
-            woken = rest::woken(&stream) => if !woken { return },
-            _ = idle::idle(&activity, edge::HEADER_TIMEOUT) => return,
-            _ = stop.cancelled() => return,
+        conn.as_mut().graceful_shutdown();
+        if stopping {
+            let _ = conn.await;
+        } else {
+            let _ = tokio::time::timeout(edge::CLOSE_GRACE, conn).await;
         }
+        return;
     }
-}
-
-/// Why a connection's HTTP/1 serving stopped.
-enum End<C> {
-    /// hyper ended it: the client closed it, or asked to.
-    Closed(C),
-    /// An I/O or protocol error: nothing more to say on it.
-    Gone,
-    /// Idle for `HEADER_TIMEOUT` (`false`), or courier stopping (`true`).
-    Shut(C, bool),
-    /// Idle for `REST_AFTER`, nothing unsent: held without hyper.
-    Rest(C),
 }
 
 /// The socket and the bytes read but not parsed, from a connection hyper

@@ -586,9 +586,20 @@ async fn status_line(stream: &mut tokio::net::TcpStream) -> String {
 #[tokio::test]
 async fn events_acknowledged_on_a_connection_back_from_rest_survive_sigkill() {
     use tokio::io::AsyncWriteExt;
-    let receiver = Receiver::start(behavior(|_, _| Reply::status(503))).await;
+    let receiver = Receiver::start(behavior(|_, _| Reply::status(200))).await;
     let tmp = tempfile::tempdir().expect("tempdir");
     let mut courier = Courier::start(tmp.path(), &config(&receiver.url(), "")).await;
+    // Paused (which survives the restart), so that nothing is delivered
+    // or runs out of attempts before the kill.
+    let json = [("content-type", "application/json")];
+    let admin = courier.admin_url();
+    let paused = client::admin_post(
+        &format!("{admin}/v1/destinations/orders/pause"),
+        "{}",
+        &json,
+    )
+    .await;
+    assert_eq!(paused.status, 200);
     let rest = Duration::from_millis(1500);
     let request = |id: &str| {
         format!(
@@ -620,11 +631,17 @@ async fn events_acknowledged_on_a_connection_back_from_rest_survive_sigkill() {
     assert!(answer.starts_with("HTTP/1.1 202"), "{answer}");
 
     courier.kill();
-    receiver.stop().await;
-    let healthy = Receiver::start_on(receiver.addr(), behavior(|_, _| Reply::status(200))).await;
     courier.restart().await;
-    healthy.wait_for(3, Duration::from_secs(20)).await;
-    let got = ids(&healthy);
+    let admin = courier.admin_url();
+    let resumed = client::admin_post(
+        &format!("{admin}/v1/destinations/orders/resume"),
+        "{}",
+        &json,
+    )
+    .await;
+    assert_eq!(resumed.status, 200);
+    receiver.wait_for(3, Duration::from_secs(20)).await;
+    let got = ids(&receiver);
     for id in ["rest-1", "rest-2", "rest-3"] {
         assert!(
             got.contains_key(id),
