@@ -697,9 +697,9 @@ const COLLECT_EVERY: std::time::Duration = std::time::Duration::from_millis(10);
 /// pages to the system only when that thread calls into it, and a block
 /// freed by another thread (a task moved between workers) is counted free
 /// only when its owner collects. A worker that parks after a burst (5,000
-/// connections closing, each freeing its buffers) may sleep for minutes:
-/// without this, courier's RSS stayed 80 MiB above idle 30 s after the
-/// burst (benches/RESULTS.md, step i). At most every `COLLECT_EVERY` per
+/// connections closing, each freeing its buffers) may sleep for minutes,
+/// and courier's RSS stayed near its peak long after the burst
+/// (benches/RESULTS.md, step i). At most every `COLLECT_EVERY` per
 /// thread, so that a loaded worker, which parks thousands of times a
 /// second, pays for a collection a hundred times a second at most; what is
 /// freed after a worker's last collection before a long sleep waits for

@@ -48,13 +48,8 @@ pub async fn idle_connections(
 ) -> Result<(Row, Vec<Budget>), String> {
     let run = start(bin, rx, "").await?;
     let pid = run.courier.pid();
-    let url = run.courier.url(super::DESTINATION);
-    let addr = url
-        .strip_prefix("http://")
-        .and_then(|r| r.split('/').next())
-        .ok_or_else(|| format!("no address in {url}"))?
-        .to_string();
-    let path = url[7 + addr.len()..].to_string();
+    let addr = run.courier.ingress_addr().to_string();
+    let path = format!("/{}", super::DESTINATION);
     let body = support::json_body(super::BODY_BYTES, 0);
     let mut request = format!(
         "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",

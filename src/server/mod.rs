@@ -183,12 +183,7 @@ async fn connection<S, B>(
             _ = stop.cancelled() => true,
         };
         conn.as_mut().graceful_shutdown();
-        if stopping {
-            let _ = conn.await;
-        } else {
-            let _ = tokio::time::timeout(edge::CLOSE_GRACE, conn).await;
-        }
-        return;
+        return closing(conn, stopping).await;
     }
     // Bounded: each pass ends the connection or waits for its next bytes.
     loop {
@@ -234,12 +229,18 @@ async fn connection<S, B>(
             }
         };
         conn.as_mut().graceful_shutdown();
-        if stopping {
-            let _ = conn.await;
-        } else {
-            let _ = tokio::time::timeout(edge::CLOSE_GRACE, conn).await;
-        }
-        return;
+        return closing(conn, stopping).await;
+    }
+}
+
+/// A connection told to shut down gracefully, driven to its end: all the
+/// time it takes when courier stops (its answers in flight finish), else
+/// `CLOSE_GRACE`.
+async fn closing(conn: impl std::future::Future, stopping: bool) {
+    if stopping {
+        conn.await;
+    } else {
+        let _ = tokio::time::timeout(edge::CLOSE_GRACE, conn).await;
     }
 }
 

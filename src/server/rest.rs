@@ -2,8 +2,8 @@
 //!
 //! hyper keeps a connection's read buffer (8 KiB) and its write buffer for
 //! heads (another 8 KiB) for as long as the connection is open, used or
-//! not: with an app's pool of keep-alive connections, a sidecar holding
-//! 5,000 of them spent 100 MiB on buffers that were idle (issue #47). So a
+//! not: an app's pool of keep-alive connections made courier's RSS grow by
+//! those buffers, idle (benches/RESULTS.md, step i; issue #47). So a
 //! connection that has answered everything and asked nothing for
 //! [`REST_AFTER`] is taken back from hyper (`into_parts`: the socket and
 //! any bytes read but not yet parsed) and held as a bare socket that waits
@@ -21,7 +21,9 @@
 //! the middle of one.
 //!
 //! HTTP/2 (h2c) connections are left to hyper whole: the protocol is told
-//! from the first bytes, as `hyper_util`'s `auto` does.
+//! from the first bytes, as `hyper_util`'s `auto` does. `Wire` is written
+//! here because `hyper_util`'s own rewinding reader is private, and the
+//! note of a pending write is ours.
 
 use bytes::{Buf, Bytes, BytesMut};
 use std::io::IoSlice;
