@@ -21,6 +21,7 @@
 //! `in_flight` and what holds a pending event are not stored: the admin
 //! API reads them from the dispatchers when asked.
 
+mod newest;
 mod partition;
 mod query;
 mod recorder;
@@ -32,11 +33,12 @@ pub use recorder::{Accepted, Recorder};
 pub use step::{Attempt, State, Step};
 
 use crate::config::HistorySettings;
+use newest::NewestIds;
 use partition::Name;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 
 /// The folder under `journal.dir`: history shares the journal's fate (an
 /// `emptyDir` gone at a deploy takes both), and its seqs.
@@ -56,6 +58,7 @@ struct Shared {
     dir: PathBuf,
     /// Oldest first; the last is the one written.
     partitions: Mutex<Vec<Name>>,
+    newest: RwLock<NewestIds>,
     counts: Mutex<HashMap<String, Counts>>,
     bytes: AtomicU64,
 }
@@ -66,6 +69,20 @@ impl Shared {
             .lock()
             .map(|p| p.clone())
             .unwrap_or_default()
+    }
+
+    fn newest(&self) -> std::sync::RwLockWriteGuard<'_, NewestIds> {
+        self.newest
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// See `NewestIds::seqs`.
+    fn newest_seqs(&self, partition: &Name, hash: u32) -> Option<Vec<i64>> {
+        self.newest
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .seqs(partition, hash)
     }
 
     fn count(&self, destination: &str, state: State, delta: i64) {
@@ -97,6 +114,7 @@ impl History {
         let shared = Arc::new(Shared {
             dir: dir.clone(),
             partitions: Mutex::new(Vec::new()),
+            newest: RwLock::new(NewestIds::default()),
             counts: Mutex::new(HashMap::new()),
             bytes: AtomicU64::new(0),
         });

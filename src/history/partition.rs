@@ -29,9 +29,12 @@ CREATE TABLE IF NOT EXISTS deliveries (
     reason INTEGER,
     endpoint TEXT
 );
-CREATE INDEX IF NOT EXISTS by_id ON deliveries(idh);
 CREATE INDEX IF NOT EXISTS unfinished ON deliveries(seq) WHERE state = 0;
 ";
+
+/// Built when the partition stops being the newest (`newest` stands in
+/// for it until then).
+const BY_ID: &str = "CREATE INDEX IF NOT EXISTS by_id ON deliveries(idh)";
 
 /// `url: per_event`: the endpoint's origin (never its path or query,
 /// which often carry the endpoint's own secret, as history is read
@@ -80,8 +83,27 @@ pub fn record(r: &SqlRow<'_>) -> rusqlite::Result<Record> {
 }
 
 /// The id's lookup key: a hash, not the id, so that the index stays small.
-pub fn id_hash(id: &str) -> i64 {
-    i64::from(crc32c::crc32c(id.as_bytes()) & 0x7fff_ffff)
+pub fn id_hash(id: &str) -> u32 {
+    crc32c::crc32c(id.as_bytes()) & 0x7fff_ffff
+}
+
+/// Gives a partition no longer written to its index by id.
+pub fn index_ids(conn: &Connection) -> rusqlite::Result<()> {
+    conn.execute_batch(BY_ID)
+}
+
+/// The newest partition goes without the index (a file written before
+/// it went had one), and its rows' id hashes, for `newest`.
+pub fn unindexed_ids(conn: &Connection) -> rusqlite::Result<Vec<(u32, i64)>> {
+    conn.execute_batch("DROP INDEX IF EXISTS by_id")?;
+    let mut stmt = conn.prepare("SELECT idh, seq FROM deliveries ORDER BY seq")?;
+    stmt.query_map([], |r| {
+        Ok((
+            u32::try_from(r.get::<_, i64>(0)?).unwrap_or(u32::MAX),
+            r.get(1)?,
+        ))
+    })?
+    .collect()
 }
 
 /// A partition's file name: `<first seq>-<start ms>.db`, so that a listing

@@ -42,7 +42,7 @@ impl Reader {
     /// Runs `f` on each partition, newest first.
     fn each<T>(
         &self,
-        mut f: impl FnMut(&Connection) -> rusqlite::Result<Vec<T>>,
+        mut f: impl FnMut(&Name, &Connection) -> rusqlite::Result<Vec<T>>,
     ) -> rusqlite::Result<Vec<T>> {
         let names = self.shared.partitions();
         let mut conns = self
@@ -63,7 +63,7 @@ impl Reader {
                 }
             }
             if let Some(conn) = conns.get(name) {
-                match f(conn) {
+                match f(name, conn) {
                     Ok(rows) => out.extend(rows),
                     // Unlinked under the reader: its rows went elsewhere or away.
                     Err(_) if !self.shared.dir.join(name.file()).exists() => {}
@@ -78,12 +78,26 @@ impl Reader {
     /// oldest first.
     pub fn find(&self, id: &str, destination: Option<&str>) -> rusqlite::Result<Vec<Record>> {
         let hash = partition::id_hash(id);
-        let mut rows = self.each(|conn| {
-            let mut stmt = conn.prepare_cached(&format!(
-                "SELECT {COLUMNS} FROM deliveries WHERE idh = ?1 AND id = ?2 AND (?3 IS NULL OR destination = ?3)"
-            ))?;
-            stmt.query_map(rusqlite::params![hash, id, destination], partition::record)?
-                .collect()
+        let mut rows = self.each(|name, conn| {
+            let newest = self.shared.newest_seqs(name, hash);
+            let Some(seqs) = newest else {
+                let mut stmt = conn.prepare_cached(&format!(
+                    "SELECT {COLUMNS} FROM deliveries WHERE idh = ?1 AND id = ?2 AND (?3 IS NULL OR destination = ?3)"
+                ))?;
+                return stmt
+                    .query_map(rusqlite::params![hash, id, destination], partition::record)?
+                    .collect();
+            };
+            let mut rows = Vec::new();
+            for seq in seqs {
+                if let Some(r) = partition::get(conn, seq)?
+                    && r.id == id
+                    && destination.is_none_or(|d| r.destination == d)
+                {
+                    rows.push(r);
+                }
+            }
+            Ok(rows)
         })?;
         dedup(&mut rows);
         rows.reverse();
@@ -150,7 +164,7 @@ impl Reader {
         }
         sql.push_str(" ORDER BY seq DESC LIMIT ?");
         args.push(Value::Integer(n as i64));
-        let mut rows = self.each(|conn| {
+        let mut rows = self.each(|_, conn| {
             let mut stmt = conn.prepare_cached(&sql)?;
             stmt.query_map(rusqlite::params_from_iter(args.iter()), partition::record)?
                 .collect()

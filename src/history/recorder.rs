@@ -68,7 +68,13 @@ impl Recorder {
         let newest = names.last().cloned();
         for name in names {
             let conn = partition::open_writer(&shared.dir.join(name.file()))?;
-            if Some(&name) != newest.as_ref() {
+            if Some(&name) == newest.as_ref() {
+                let rows = partition::unindexed_ids(&conn)?;
+                shared.newest().reset(name.clone(), rows);
+            } else {
+                // Rolled by a courier that stopped before its index was
+                // committed.
+                partition::index_ids(&conn)?;
                 partition::idle(&conn)?;
             }
             for (destination, state, n) in partition::counts(&conn)? {
@@ -120,7 +126,8 @@ impl Recorder {
             return Ok(());
         }
         let mut open: BTreeSet<usize> = BTreeSet::new();
-        let result = self.record_in(accepted, steps, &mut open);
+        let mut new_ids = Vec::new();
+        let result = self.record_in(accepted, steps, &mut open, &mut new_ids);
         for &i in &open {
             let conn = &self.parts[i].1;
             if result.is_ok() {
@@ -131,8 +138,16 @@ impl Recorder {
         }
         if result.is_ok() {
             self.unsynced.extend(open);
+            self.publish_ids(&new_ids);
         }
         result
+    }
+
+    /// Rows committed to the newest partition, for lookups by id.
+    fn publish_ids(&self, rows: &[(u32, i64)]) {
+        if let (false, Some((name, _))) = (rows.is_empty(), self.parts.last()) {
+            self.shared.newest().extend(name, rows);
+        }
     }
 
     fn record_in(
@@ -140,6 +155,7 @@ impl Recorder {
         accepted: &[Accepted<'_>],
         steps: &[(i64, &Step)],
         open: &mut BTreeSet<usize>,
+        new_ids: &mut Vec<(u32, i64)>,
     ) -> rusqlite::Result<()> {
         for a in accepted {
             let mut r = Record {
@@ -166,11 +182,14 @@ impl Recorder {
             }
             if self.rows_in_current >= self.rows_per_partition {
                 self.roll()?;
+                // In the rolled partition's index, once committed.
+                new_ids.clear();
             }
             let conn = self.begin(self.parts.len() - 1, open)?;
             if partition::insert(conn, &r)? {
                 self.shared.count(&r.destination, r.state, 1);
                 self.rows_in_current += 1;
+                new_ids.push((partition::id_hash(&r.id), r.seq));
             }
             self.max_seq = self.max_seq.max(a.seq);
         }
@@ -295,6 +314,11 @@ impl Recorder {
         if self.rows_in_current == 0 {
             return Ok(());
         }
+        // Looked up by id through its index from now on: built before the
+        // readers are told it is no longer the newest.
+        if let Some((_, conn)) = self.parts.last() {
+            partition::index_ids(conn)?;
+        }
         // Written seldom from now on (a retry's step): its WAL folded in,
         // its cache given back.
         if let Some((_, conn)) = self.parts.last()
@@ -315,6 +339,7 @@ impl Recorder {
             start_ms: clock::now_ms().max(after),
         };
         let conn = partition::open_writer(&self.shared.dir.join(name.file()))?;
+        self.shared.newest().reset(name.clone(), Vec::new());
         self.parts.push((name, conn));
         self.rows_in_current = 0;
         Ok(())
@@ -344,7 +369,14 @@ impl Recorder {
                 .try_for_each(|r| partition::insert(current, r).map(|_| ()));
             self.rows_in_current += keep.len() as u64;
             match copied {
-                Ok(()) => current.execute_batch("COMMIT")?,
+                Ok(()) => {
+                    current.execute_batch("COMMIT")?;
+                    let ids: Vec<(u32, i64)> = keep
+                        .iter()
+                        .map(|r| (partition::id_hash(&r.id), r.seq))
+                        .collect();
+                    self.publish_ids(&ids);
+                }
                 Err(e) => {
                     let _ = current.execute_batch("ROLLBACK");
                     self.parts.insert(0, (name, conn));
@@ -568,6 +600,71 @@ mod tests {
         let two = reader.find("two", None).expect("find");
         assert_eq!(two[0].state, State::Delivered);
         assert_eq!(two[0].attempts.len(), 2);
+    }
+
+    fn has_id_index(dir: &std::path::Path, name: &Name) -> bool {
+        let conn = Connection::open(dir.join(name.file())).expect("open");
+        conn.query_row(
+            "SELECT COUNT(*) FROM sqlite_master WHERE type = 'index' AND name = 'by_id'",
+            [],
+            |r| r.get::<_, i64>(0),
+        )
+        .expect("query")
+            == 1
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn ids_are_found_in_the_newest_partition_without_its_index_and_after_a_restart() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let settings = HistorySettings {
+            retain: Duration::from_secs(80),
+            max_bytes: 1 << 30,
+        };
+        let delivered = Step::Delivered {
+            attempt: attempt(1, Outcome::Delivered, 200),
+        };
+        let mut old = accepted(1, "old");
+        old.delivered = Some(&delivered);
+        let (history, mut rec) = History::open(tmp.path(), settings).expect("open");
+        rec.record(&[old, accepted(2, "twice")], &[])
+            .expect("record");
+        tokio::time::advance(Duration::from_secs(11)).await;
+        rec.maintain(&|_| true).expect("roll");
+        let mut copy = accepted(3, "twice");
+        copy.destination = "b";
+        rec.record(&[accepted(4, "new"), copy], &[])
+            .expect("record");
+
+        let dir = history.shared.dir.clone();
+        let names = history.shared.partitions();
+        assert_eq!(names.len(), 2, "rolled after a span");
+        assert!(
+            has_id_index(&dir, &names[0]),
+            "a rolled partition has its index"
+        );
+        assert!(!has_id_index(&dir, &names[1]), "the newest goes without");
+        let reader = history.reader();
+        let found = |reader: &crate::history::Reader, id: &str| -> Vec<i64> {
+            reader
+                .find(id, None)
+                .expect("find")
+                .iter()
+                .map(|r| r.seq)
+                .collect()
+        };
+        assert_eq!(found(&reader, "old"), [1]);
+        assert_eq!(found(&reader, "new"), [4], "found in memory");
+        assert_eq!(found(&reader, "twice"), [2, 3], "in both partitions");
+        assert!(found(&reader, "never").is_empty());
+        drop((reader, rec, history));
+
+        let (history, mut rec) = History::open(tmp.path(), settings).expect("reopen");
+        let reader = history.reader();
+        assert_eq!(found(&reader, "new"), [4], "the newest's ids read again");
+        assert_eq!(found(&reader, "twice"), [2, 3]);
+        rec.record(&[accepted(5, "later")], &[]).expect("record");
+        assert_eq!(found(&reader, "later"), [5]);
+        assert!(!has_id_index(&dir, &history.shared.partitions()[1]));
     }
 
     #[tokio::test(start_paused = true)]
