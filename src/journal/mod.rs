@@ -1185,23 +1185,30 @@ impl Journal {
         let with_events = !matches!(key, None | Some(Key::Destination));
         // (seq, whether its row is to wait)
         let mut turns: Vec<(i64, bool)> = Vec::new();
-        store::in_seq_order(&conn, log, name, with_events, |seq, waiting, ev| {
-            let lane = match (&key, ev) {
-                (Some(Key::Destination), _) => Some(0),
-                (Some(k), Some(ev)) => lane_of(k, &ev.headers, &ev.body),
-                _ => None,
-            };
-            let wait = match (lanes.as_mut(), lane) {
-                (Some(l), Some(lane)) => {
-                    l.admit(seq, lane);
-                    l.hold(seq)
+        if key.is_none() {
+            turns = store::waiting(&conn, name)?
+                .into_iter()
+                .map(|seq| (seq, false))
+                .collect();
+        } else {
+            store::in_seq_order(&conn, log, name, with_events, |seq, waiting, ev| {
+                let lane = match (&key, ev) {
+                    (Some(Key::Destination), _) => Some(0),
+                    (Some(k), Some(ev)) => lane_of(k, &ev.headers, &ev.body),
+                    _ => None,
+                };
+                let wait = match (lanes.as_mut(), lane) {
+                    (Some(l), Some(lane)) => {
+                        l.admit(seq, lane);
+                        l.hold(seq)
+                    }
+                    _ => false,
+                };
+                if wait != waiting {
+                    turns.push((seq, wait));
                 }
-                _ => false,
-            };
-            if wait != waiting {
-                turns.push((seq, wait));
-            }
-        })?;
+            })?;
+        }
         if !turns.is_empty() {
             store::set_turns(&conn, &turns, clock::now_ms())?;
             tracing::info!(
