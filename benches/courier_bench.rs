@@ -159,6 +159,8 @@ mod floor;
 mod guard;
 #[path = "courier_bench/history.rs"]
 mod history;
+#[path = "courier_bench/lightness.rs"]
+mod lightness;
 #[path = "courier_bench/objects.rs"]
 mod objects;
 #[path = "courier_bench/ordering.rs"]
@@ -807,6 +809,8 @@ struct Baselines {
     proxy_url: String,
     /// For nginx's CPU over each baseline's load.
     pids: NginxPids,
+    /// Step h's durable floor end to end, µs of CPU per event.
+    floor: Option<f64>,
 }
 
 impl Baselines {
@@ -1589,12 +1593,12 @@ async fn durable_floor(upstream: &str, deliver: bool, args: &Args) -> Result<Row
     let drain = start.elapsed().as_secs_f64();
     let used = cpu_seconds(me).unwrap_or(0.0) - cpu;
     drop(server);
-    let what = if deliver {
-        "end to end, delivered from memory"
+    let target = if deliver {
+        lightness::FLOOR_ROW
     } else {
-        "accept only"
+        "floor h. hyper + append + fdatasync, accept only"
     };
-    let mut row = Row::load(format!("floor h. hyper + append + fdatasync, {what}"), &w);
+    let mut row = Row::load(target.into(), &w);
     row.cpu = Some(used);
     if deliver {
         row.rate = Some(accepted as f64 / (w.seconds + drain));
@@ -1626,7 +1630,12 @@ async fn passthrough(label: &str, bin: &Path, rx: &str, args: &Args) -> Result<V
     let cpu = cpu_seconds(c.pid()).unwrap_or(0.0);
     let w = wrk(&c.url(DESTINATION), args).await?;
     let used = cpu_seconds(c.pid()).unwrap_or(0.0) - cpu;
-    load(format!("{label} p. passthrough → nginx"), &w, used, c.pid());
+    load(
+        format!("{label} {}", lightness::PASSTHROUGH_ROW),
+        &w,
+        used,
+        c.pid(),
+    );
     drop(run);
     for retried in [false, true] {
         let receiver = support::Receiver::start(support::behavior(move |req, _| {
@@ -1662,15 +1671,16 @@ const PACED_CONNECTIONS: usize = 50;
 const PACED_P50_BUDGET: f64 = 1.5;
 
 /// Step q: the paced load through nginx proxy (with its CPU), then through
-/// passthrough at its default concurrency and at 16; the rows, and the
-/// default's p50 over the proxy's.
+/// passthrough at its default concurrency and at 16, then durable; the
+/// rows, the passthrough default's p50 over the proxy's, and the durable
+/// run's peak RSS.
 async fn paced(
     label: &str,
     bin: &Path,
     rx: &str,
     base: &Baselines,
     args: &Args,
-) -> Result<(Vec<Row>, f64), String> {
+) -> Result<(Vec<Row>, f64, u64), String> {
     const MODE: &str = "    mode: passthrough\n";
     let spec = |url: String| LoadSpec {
         duration: Duration::from_secs(args.seconds),
@@ -1723,7 +1733,23 @@ async fn paced(
         }
         rows.push(row);
     }
-    Ok((rows, p50))
+    // Durable, the defaults (issue #47: RSS at 5,000 events/s).
+    let run = start(bin, rx, "").await?;
+    let c = &run.courier;
+    let cpu = cpu_seconds(c.pid()).unwrap_or(0.0);
+    let r = load::run_paced(spec(c.url(DESTINATION)), PACED_PER_SECOND).await;
+    let mut row = row(format!("{label} q. paced: durable, the defaults"), &r);
+    row.cpu = cpu_seconds(c.pid()).map(|now| now - cpu);
+    let hwm = proc_status(c.pid(), "VmHWM").unwrap_or(0);
+    row.rss = Some(hwm);
+    if r.ok == 0 || r.non_2xx + r.errors > 0 {
+        return Err(format!(
+            "durable at 5,000/s: {} ok, {} non-2xx, {} errors ({:?})",
+            r.ok, r.non_2xx, r.errors, r.first_error
+        ));
+    }
+    rows.push(row);
+    Ok((rows, p50, hwm))
 }
 
 /// An nginx row's CPU: the proxy nginx's (`proxy`) or the receiver's,
@@ -1843,9 +1869,18 @@ async fn courier_steps(
                     Ok(row) => {
                         let row = beside(row, near);
                         budgets.push(load_budget(budget_name, &row, min));
+                        if step == 'b' {
+                            budgets.extend(lightness::end_to_end(label, &row, proxy, base.floor));
+                        }
                         rows.push(row);
                     }
-                    Err(e) => failed(name, e, rows, budgets, &[budget_name.into()]),
+                    Err(e) => {
+                        let mut names = vec![budget_name.to_string()];
+                        if step == 'b' {
+                            names.extend(lightness::END_TO_END.map(String::from));
+                        }
+                        failed(name, e, rows, budgets, &names)
+                    }
                 }
             }
             'c' => {
@@ -1885,6 +1920,7 @@ async fn courier_steps(
                         vec![Check::at_most(hwm, 64.0, " MiB")],
                         format!("VmHWM {hwm:.1} MiB (≤ 64), VmRSS {rss:.1} MiB"),
                     ));
+                    budgets.push(lightness::backlog_rss(label, big.events, hwm));
                     budgets.push(budget(
                         name("ready after SIGKILL"),
                         vec![Check::at_most(
@@ -2111,18 +2147,31 @@ async fn courier_steps(
                 ),
             },
             'p' => match passthrough(label, bin, rx, args).await {
-                Ok(p) => rows.extend(p),
-                Err(e) => failed("p. passthrough", e, rows, budgets, &[]),
+                Ok(p) => {
+                    let to_nginx = p
+                        .iter()
+                        .find(|r| r.target.ends_with(lightness::PASSTHROUGH_ROW));
+                    budgets.push(lightness::passthrough(label, to_nginx, proxy));
+                    rows.extend(p)
+                }
+                Err(e) => failed(
+                    "p. passthrough",
+                    e,
+                    rows,
+                    budgets,
+                    &[lightness::PASSTHROUGH.into()],
+                ),
             },
             'q' => {
                 let name = format!("{label} {PACED_BUDGET}");
                 match paced(label, bin, rx, base, args).await {
-                    Ok((p, ratio)) => {
+                    Ok((p, ratio, hwm)) => {
                         budgets.push(budget(
                             name,
                             vec![Check::at_most(ratio, PACED_P50_BUDGET, "x proxy")],
                             format!("p50 {ratio:.2}x nginx proxy's (≤ {PACED_P50_BUDGET})"),
                         ));
+                        budgets.push(lightness::paced_rss(label, hwm));
                         rows.extend(p);
                     }
                     Err(e) => failed(
@@ -2130,7 +2179,7 @@ async fn courier_steps(
                         e,
                         rows,
                         budgets,
-                        &[PACED_BUDGET.into()],
+                        &[PACED_BUDGET.into(), lightness::PACED_RSS.into()],
                     ),
                 }
             }
@@ -2478,6 +2527,7 @@ async fn run(args: Args) -> ExitCode {
         urls: None,
         proxy_url: Nginx::url(proxy.port),
         pids,
+        floor: None,
     };
     let mut ok = true;
     if args.steps.contains('n') {
@@ -2508,7 +2558,13 @@ async fn run(args: Args) -> ExitCode {
     }
     if args.steps.contains('h') {
         match floor_rows(receiver.port, &args).await {
-            Ok(floor) => rows.extend(floor),
+            Ok(floor) => {
+                base.floor = floor
+                    .iter()
+                    .find(|r| r.target == lightness::FLOOR_ROW)
+                    .and_then(Row::cpu_per_event_us);
+                rows.extend(floor)
+            }
             Err(e) => {
                 eprintln!("courier_bench: floor: {e}");
                 ok = false;

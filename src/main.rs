@@ -621,6 +621,7 @@ fn run(path: &Path) -> ExitCode {
         }
     };
     limit_malloc_arenas();
+    bound_sqlite_memory();
     purge_freed_pages_promptly();
     let _log = match courier::logging::init(&loaded.settings.log) {
         Ok(guard) => guard,
@@ -650,6 +651,21 @@ fn run(path: &Path) -> ExitCode {
             tracing::error!("{e}");
             ExitCode::from(2)
         }
+    }
+}
+
+/// SQLite's memory, all its connections together: each keeps a page cache
+/// (2 MiB by default; the journal has several connections, and history one
+/// per partition), and together they grew to 18 MiB while a million-event
+/// backlog was filled, the largest part of courier's RSS there
+/// (benches/RESULTS.md). Past this soft limit SQLite reuses the pages it
+/// caches rather than allocate more; nothing fails at it.
+const SQLITE_SOFT_HEAP_BYTES: i64 = 8 * 1024 * 1024;
+
+fn bound_sqlite_memory() {
+    // SAFETY: sets a process-wide number; SQLite allows it at any time.
+    unsafe {
+        rusqlite::ffi::sqlite3_soft_heap_limit64(SQLITE_SOFT_HEAP_BYTES);
     }
 }
 

@@ -318,7 +318,11 @@ pub(crate) struct DestinationState {
     /// Woken (all waiters) when the dispatcher took events from `ready`.
     room: Notify,
     /// Set by the dispatcher while it is sending (not paused, on
-    /// probation or held by a Retry-After): only then is ingress paced.
+    /// probation or held by a Retry-After): only then is ingress paced,
+    /// and only then does the writer put events in `ready` (one that is
+    /// not sending would keep its queue full for nothing: a paused
+    /// destination's backlog held 4 MiB of it). True until the dispatcher
+    /// says otherwise.
     delivering: AtomicBool,
     /// Accept times of events not in SQLite yet, for the oldest's age.
     unindexed: Mutex<Unindexed>,
@@ -341,7 +345,7 @@ impl Default for DestinationState {
             ready: Mutex::default(),
             fresh: Notify::default(),
             room: Notify::default(),
-            delivering: AtomicBool::default(),
+            delivering: AtomicBool::new(true),
             unindexed: Mutex::default(),
             lanes: Mutex::default(),
         }
@@ -426,9 +430,9 @@ impl DestinationState {
         self.lanes().as_ref().map(Lanes::view)
     }
 
-    /// The backpressure signal: whether this destination is delivering as
-    /// fast as it can (neither held back nor failing), so that ingress
-    /// should keep pace with it rather than fill the journal.
+    /// Whether this destination is delivering as fast as it can (neither
+    /// held back nor failing): ingress then keeps pace with it rather than
+    /// fill the journal, and its new events go out from memory.
     pub(crate) fn pace(&self, delivering: bool) {
         self.delivering.store(delivering, Ordering::Relaxed);
     }

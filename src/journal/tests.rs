@@ -1029,6 +1029,52 @@ async fn a_recorded_fate_comes_back_with_its_event_after_a_restart() {
     assert_eq!(quarantined(tmp.path()), [1]);
 }
 
+/// A destination that is not sending (paused, on probation) gets no
+/// events in its ready queue: they wait in the index, where its dispatcher
+/// finds them when it sends again; once it sends, new events go out from
+/// memory again.
+#[tokio::test]
+async fn a_destination_not_sending_keeps_no_events_in_memory() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let (journal, _) = open(tmp.path()).expect("open");
+    let state = journal.destination("orders").expect("counters");
+    state.pace(false);
+    journal
+        .append((1..=3).map(event).collect())
+        .await
+        .expect("append");
+    journal.index_all().await.expect("index");
+    assert!(
+        state.take_ready(10, u64::MAX).is_empty(),
+        "paused: nothing held in memory"
+    );
+    assert_eq!(state.pending(), 3, "all three pending");
+    let reader = journal.reader().expect("reader");
+    let (due, _) = reader
+        .due(
+            "orders",
+            clock::now_ms() + 1000,
+            100,
+            u64::MAX,
+            &HashSet::new(),
+        )
+        .await
+        .expect("due");
+    assert_eq!(due.len(), 3, "in the index");
+
+    state.pace(true);
+    journal.append(vec![event(4)]).await.expect("append");
+    tokio::time::timeout(Duration::from_secs(2), state.fresh())
+        .await
+        .expect("the writer puts the event in the ready queue");
+    let ready: Vec<i64> = state
+        .take_ready(10, u64::MAX)
+        .iter()
+        .map(|e| e.seq)
+        .collect();
+    assert_eq!(ready.len(), 1, "sending again: the new event from memory");
+}
+
 /// Deliveries are settled by seq alone, and the journal frees what it
 /// counted itself: from what it handed out with the events before the
 /// indexer reaches them, from their rows after. A settle brought twice

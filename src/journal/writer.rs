@@ -423,10 +423,14 @@ fn make_ready(events: Vec<NewEvent>, first_seq: i64, shared: &Shared) {
             }
             None => unindexed.push((state, seq, event.accepted_ms)),
         }
-        // Looked at before the copy: a paused destination's queue stays
-        // full while its backlog grows. An event behind a failing head of
-        // its lane goes by the index, where it waits for its turn.
-        if !state.ready.lock().is_ok_and(|r| r.fits(event.size())) || state.stalled(seq) {
+        // Looked at before the copy. A destination that is not sending
+        // (paused, on probation) finds its events in the index when it
+        // sends again, as it would a full queue's; an event behind a
+        // failing head of its lane waits there for its turn.
+        if !state.delivering.load(Ordering::Relaxed)
+            || !state.ready.lock().is_ok_and(|r| r.fits(event.size()))
+            || state.stalled(seq)
+        {
             continue;
         }
         // Its own bytes: the body may be a slice of a large request (an
