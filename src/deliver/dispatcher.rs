@@ -443,9 +443,9 @@ impl Dispatcher {
             self.spawn_unit(unit, probe);
         }
         // Ingress is paced only while this destination is delivering.
-        let flowing =
-            journal_ok && self.answering && blocked.gate.is_none() && !self.stop.is_cancelled();
-        self.state.pace(flowing);
+        let sending = blocked.gate.is_none() && !self.stop.is_cancelled();
+        self.state
+            .pace(journal_ok && self.answering && sending, sending);
         blocked
     }
 
@@ -564,9 +564,9 @@ impl Dispatcher {
             };
             self.spawn_unit(unit, false);
         }
-        let flowing =
-            journal_ok && self.answering && blocked.gate.is_none() && !self.stop.is_cancelled();
-        self.state.pace(flowing);
+        let sending = blocked.gate.is_none() && !self.stop.is_cancelled();
+        self.state
+            .pace(journal_ok && self.answering && sending, sending);
         blocked
     }
 

@@ -318,12 +318,16 @@ pub(crate) struct DestinationState {
     /// Woken (all waiters) when the dispatcher took events from `ready`.
     room: Notify,
     /// Set by the dispatcher while it is sending (not paused, on
-    /// probation or held by a Retry-After): only then is ingress paced,
-    /// and only then does the writer put events in `ready` (one that is
-    /// not sending would keep its queue full for nothing: a paused
-    /// destination's backlog held 4 MiB of it). True until the dispatcher
-    /// says otherwise.
+    /// probation or held by a Retry-After): only then is ingress paced.
     delivering: AtomicBool,
+    /// Cleared by the dispatcher while its gate holds it (paused, on
+    /// probation, a Retry-After): the writer then leaves new events to the
+    /// index, where the dispatcher finds them when it sends again, rather
+    /// than keep `ready` full for nothing (a paused destination's backlog
+    /// held 4 MiB there). Not cleared by a failing attempt alone: the
+    /// events of an endpoint that fails now and then still go out from
+    /// memory.
+    sending: AtomicBool,
     /// Accept times of events not in SQLite yet, for the oldest's age.
     unindexed: Mutex<Unindexed>,
     /// `url: per_event`: each endpoint's bytes, against its share.
@@ -345,7 +349,8 @@ impl Default for DestinationState {
             ready: Mutex::default(),
             fresh: Notify::default(),
             room: Notify::default(),
-            delivering: AtomicBool::new(true),
+            delivering: AtomicBool::default(),
+            sending: AtomicBool::new(true),
             unindexed: Mutex::default(),
             lanes: Mutex::default(),
         }
@@ -430,11 +435,13 @@ impl DestinationState {
         self.lanes().as_ref().map(Lanes::view)
     }
 
-    /// Whether this destination is delivering as fast as it can (neither
-    /// held back nor failing): ingress then keeps pace with it rather than
-    /// fill the journal, and its new events go out from memory.
-    pub(crate) fn pace(&self, delivering: bool) {
+    /// The backpressure signal: whether this destination is delivering as
+    /// fast as it can (neither held back nor failing), so that ingress
+    /// should keep pace with it rather than fill the journal; and whether
+    /// its gate lets it send at all (`sending`).
+    pub(crate) fn pace(&self, delivering: bool, sending: bool) {
         self.delivering.store(delivering, Ordering::Relaxed);
+        self.sending.store(sending, Ordering::Relaxed);
     }
 }
 

@@ -427,7 +427,7 @@ fn make_ready(events: Vec<NewEvent>, first_seq: i64, shared: &Shared) {
         // (paused, on probation) finds its events in the index when it
         // sends again, as it would a full queue's; an event behind a
         // failing head of its lane waits there for its turn.
-        if !state.delivering.load(Ordering::Relaxed)
+        if !state.sending.load(Ordering::Relaxed)
             || !state.ready.lock().is_ok_and(|r| r.fits(event.size()))
             || state.stalled(seq)
         {
