@@ -159,7 +159,7 @@ struct Room {
 /// What stopped `start_ready` before the ready queue was empty.
 #[derive(Default)]
 struct Blocked {
-    /// The gate said to wait (`WaitUntil`: until then).
+    /// The gate said to wait (`WaitUntil`, `Throttled`: until then).
     gate: Option<Gate>,
     /// Every slot was taken while events were ready: only then must a
     /// freed slot wake the loop (else each answer would, once more). A slot
@@ -443,7 +443,8 @@ impl Dispatcher {
             self.spawn_unit(unit, probe);
         }
         // Ingress is paced only while this destination is delivering.
-        let sending = blocked.gate.is_none() && !self.stop.is_cancelled();
+        let sending =
+            matches!(blocked.gate, None | Some(Gate::Throttled(_))) && !self.stop.is_cancelled();
         self.state
             .pace(journal_ok && self.answering && sending, sending);
         blocked
@@ -564,7 +565,8 @@ impl Dispatcher {
             };
             self.spawn_unit(unit, false);
         }
-        let sending = blocked.gate.is_none() && !self.stop.is_cancelled();
+        let sending =
+            matches!(blocked.gate, None | Some(Gate::Throttled(_))) && !self.stop.is_cancelled();
         self.state
             .pace(journal_ok && self.answering && sending, sending);
         blocked
@@ -654,10 +656,7 @@ impl Dispatcher {
         if live && self.look && self.wants_more(self.room()) {
             return Wake::ReadOn;
         }
-        let until = match blocked.gate {
-            Some(Gate::WaitUntil(t)) => Some(t),
-            _ => None,
-        };
+        let until = blocked.gate.as_ref().and_then(Gate::until);
         // With every expiry group in flight, the next look waits for one to end.
         let expiry = match self.expiry {
             _ if !live || self.groups.len() >= EXPIRY_GROUPS => None,

@@ -40,10 +40,24 @@ impl PauseReason {
 pub enum Gate {
     /// Start the attempt (`probe`: it is the one probe after a probation).
     Go { probe: bool },
-    /// Nothing may start before this time (ms since the epoch).
+    /// Nothing may start before this time (ms since the epoch): a
+    /// Retry-After, or a probation.
     WaitUntil(u64),
+    /// The rate limit's next attempt, at this time: the destination sends,
+    /// at its rate.
+    Throttled(u64),
     /// Paused, or a probe is out: wait to be woken.
     Wait,
+}
+
+impl Gate {
+    /// When it opens by itself (else it is woken).
+    pub fn until(&self) -> Option<u64> {
+        match *self {
+            Gate::WaitUntil(t) | Gate::Throttled(t) => Some(t),
+            Gate::Go { .. } | Gate::Wait => None,
+        }
+    }
 }
 
 /// A snapshot for `/v1/destinations`.
@@ -138,7 +152,7 @@ impl Health {
         if let Some(rate) = s.rate.as_mut()
             && let Err(wait) = rate.try_take(clock::mono_us())
         {
-            return Gate::WaitUntil(now + wait.as_millis() as u64 + 1);
+            return Gate::Throttled(now + wait.as_millis() as u64 + 1);
         }
         if probe {
             s.probation.probe_started();
@@ -301,6 +315,21 @@ mod tests {
         assert_eq!(h.gate(), Gate::Wait, "a pause has no end of its own");
         assert!(h.resume());
         assert_eq!(h.gate(), Gate::Go { probe: false });
+    }
+
+    /// The rate limit is told apart from a hold: a destination at its
+    /// rate still sends, and its new events go out from memory.
+    #[test]
+    fn the_rate_limit_throttles_where_a_retry_after_holds() {
+        let h = Health::new(ProbationPolicy::default(), Some(1));
+        assert_eq!(h.gate(), Gate::Go { probe: false });
+        let now = clock::now_ms();
+        match h.gate() {
+            Gate::Throttled(t) => assert!(t > now && t <= now + 1_001, "{t} against {now}"),
+            other => panic!("at its rate: {other:?}"),
+        }
+        h.record(Outcome::Busy, Some(Duration::from_secs(30)), false);
+        assert!(matches!(h.gate(), Gate::WaitUntil(_)), "a Retry-After holds");
     }
 
     #[tokio::test(start_paused = true)]

@@ -315,9 +315,13 @@ impl Recorder {
             return Ok(());
         }
         // Looked up by id through its index from now on: built before the
-        // readers are told it is no longer the newest.
-        if let Some((_, conn)) = self.parts.last() {
-            partition::index_ids(conn)?;
+        // readers are told it is no longer the newest. Without it (a full
+        // disk) a lookup reads the partition whole, still right, and the
+        // next start builds it: history goes on rolling and dropping.
+        if let Some((name, conn)) = self.parts.last()
+            && let Err(e) = partition::index_ids(conn)
+        {
+            tracing::warn!(partition = %name.file(), error = %e, "cannot index a history partition by id; lookups read it whole until the next start");
         }
         // Written seldom from now on (a retry's step): its WAL folded in,
         // its cache given back.

@@ -321,7 +321,8 @@ pub(crate) struct DestinationState {
     /// probation or held by a Retry-After): only then is ingress paced.
     delivering: AtomicBool,
     /// Cleared by the dispatcher while its gate holds it (paused, on
-    /// probation, a Retry-After): the writer then leaves new events to the
+    /// probation, a Retry-After; not its rate limit, at which it still
+    /// sends): the writer then leaves new events to the
     /// index, where the dispatcher finds them when it sends again, rather
     /// than keep `ready` full for nothing (a paused destination's backlog
     /// held 4 MiB there). Not cleared by a failing attempt alone: the
