@@ -329,7 +329,10 @@ mod tests {
             other => panic!("at its rate: {other:?}"),
         }
         h.record(Outcome::Busy, Some(Duration::from_secs(30)), false);
-        assert!(matches!(h.gate(), Gate::WaitUntil(_)), "a Retry-After holds");
+        assert!(
+            matches!(h.gate(), Gate::WaitUntil(_)),
+            "a Retry-After holds"
+        );
     }
 
     #[tokio::test(start_paused = true)]
