@@ -442,12 +442,18 @@ impl Dispatcher {
             };
             self.spawn_unit(unit, probe);
         }
-        // Ingress is paced only while this destination is delivering.
+        self.pace(journal_ok, &blocked);
+        blocked
+    }
+
+    /// Tells the journal what this pass found: ingress is paced only while
+    /// this destination is delivering, and its new events go out from
+    /// memory unless its gate holds it (its rate limit does not).
+    fn pace(&self, journal_ok: bool, blocked: &Blocked) {
         let sending =
             matches!(blocked.gate, None | Some(Gate::Throttled(_))) && !self.stop.is_cancelled();
         self.state
             .pace(journal_ok && self.answering && sending, sending);
-        blocked
     }
 
     /// Step 2 of a `url: per_event` destination: goes through the ready
@@ -565,10 +571,7 @@ impl Dispatcher {
             };
             self.spawn_unit(unit, false);
         }
-        let sending =
-            matches!(blocked.gate, None | Some(Gate::Throttled(_))) && !self.stop.is_cancelled();
-        self.state
-            .pace(journal_ok && self.answering && sending, sending);
+        self.pace(journal_ok, &blocked);
         blocked
     }
 

@@ -614,6 +614,20 @@ mod tests {
         assert_eq!(two[0].attempts.len(), 2);
     }
 
+    /// A partition every 10 s, by time alone.
+    fn rolling_every_10s() -> HistorySettings {
+        HistorySettings {
+            retain: Duration::from_secs(80),
+            max_bytes: 1 << 30,
+        }
+    }
+
+    fn delivered() -> Step {
+        Step::Delivered {
+            attempt: attempt(1, Outcome::Delivered, 200),
+        }
+    }
+
     fn has_id_index(dir: &std::path::Path, name: &Name) -> bool {
         let conn = Connection::open(dir.join(name.file())).expect("open");
         conn.query_row(
@@ -628,13 +642,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn ids_are_found_in_the_newest_partition_without_its_index_and_after_a_restart() {
         let tmp = tempfile::tempdir().expect("tempdir");
-        let settings = HistorySettings {
-            retain: Duration::from_secs(80),
-            max_bytes: 1 << 30,
-        };
-        let delivered = Step::Delivered {
-            attempt: attempt(1, Outcome::Delivered, 200),
-        };
+        let (settings, delivered) = (rolling_every_10s(), delivered());
         let mut old = accepted(1, "old");
         old.delivered = Some(&delivered);
         let (history, mut rec) = History::open(tmp.path(), settings).expect("open");
@@ -685,13 +693,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_replayed_accept_after_a_stop_at_a_roll_keeps_its_record() {
         let tmp = tempfile::tempdir().expect("tempdir");
-        let settings = HistorySettings {
-            retain: Duration::from_secs(80),
-            max_bytes: 1 << 30,
-        };
-        let delivered = Step::Delivered {
-            attempt: attempt(1, Outcome::Delivered, 200),
-        };
+        let (settings, delivered) = (rolling_every_10s(), delivered());
         let (history, mut rec) = History::open(tmp.path(), settings).expect("open");
         let mut one = accepted(1, "one");
         one.delivered = Some(&delivered);
