@@ -92,6 +92,26 @@ pub struct Logged {
     pub segment: u64,
     /// An adopted event's delivery so far ("CRC1" records).
     pub carried: Option<Carried>,
+    /// The body's length, also when it was not kept (`Bodies::Skip`).
+    pub body_len: usize,
+}
+
+impl Logged {
+    /// What the event counts against `journal.max_bytes`, whether or not
+    /// its body was kept.
+    pub fn size(&self) -> u64 {
+        self.event.size() + (self.body_len - self.event.body.len()) as u64
+    }
+}
+
+/// Whether a read of the log keeps the events' bodies. The indexer's does
+/// not: its rows point into the log, and a chunk it read to catch up held
+/// a copy of every body, 5 MiB of the peak of a backlog's fill
+/// (benches/RESULTS.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Bodies {
+    Keep,
+    Skip,
 }
 
 /// One event's encoding in the log: its lsn, length and CRC32C.
@@ -295,6 +315,17 @@ pub fn decode(
     count: usize,
     carried: bool,
 ) -> Result<Vec<Logged>, Malformed> {
+    decode_record(segment, lsn, payload, count, carried, Bodies::Keep)
+}
+
+fn decode_record(
+    segment: u64,
+    lsn: u64,
+    payload: &[u8],
+    count: usize,
+    carried: bool,
+    bodies: Bodies,
+) -> Result<Vec<Logged>, Malformed> {
     // `count` comes from the record header: a damaged one whose CRC still
     // matches must not reserve memory for billions of events (found by
     // fuzz/intake_decode); the payload cannot hold more than this.
@@ -303,7 +334,7 @@ pub fn decode(
     for index in 0..count {
         let at = lsn + HEADER as u64 + offset as u64;
         let (mut logged, used) =
-            decode_one(segment, at, &payload[offset..]).ok_or(Malformed { lsn, index })?;
+            decode_one(segment, at, &payload[offset..], bodies).ok_or(Malformed { lsn, index })?;
         offset += used;
         if carried {
             let (state, used) =
@@ -323,7 +354,7 @@ pub fn decode(
 /// The one event encoded exactly in `bytes`, which `fetch` read back from
 /// its place at `at`; `None` when they do not hold exactly one.
 pub fn decode_event(segment: u64, at: u64, bytes: &[u8]) -> Option<Logged> {
-    match decode_one(segment, at, bytes)? {
+    match decode_one(segment, at, bytes, Bodies::Keep)? {
         (logged, used) if used == bytes.len() => Some(logged),
         _ => None,
     }
@@ -337,7 +368,7 @@ fn decode_carried(p: &[u8]) -> Option<(Carried, usize)> {
 }
 
 /// The event at the start of `p` and the bytes it took.
-fn decode_one(segment: u64, at: u64, whole: &[u8]) -> Option<(Logged, usize)> {
+fn decode_one(segment: u64, at: u64, whole: &[u8], bodies: Bodies) -> Option<(Logged, usize)> {
     let mut p = whole;
     let mut take = |n: usize| -> Option<&[u8]> {
         if p.len() < n {
@@ -350,9 +381,17 @@ fn decode_one(segment: u64, at: u64, whole: &[u8]) -> Option<(Logged, usize)> {
     let seq = i64::from_le_bytes(take(8)?.try_into().ok()?);
     let accepted_ms = u64::from_le_bytes(take(8)?.try_into().ok()?);
     let mut parts: [Vec<u8>; 6] = Default::default();
-    for part in &mut parts {
-        let len = u32::from_le_bytes(take(4)?.try_into().ok()?);
-        *part = take(len as usize)?.to_vec();
+    let mut body_len = 0;
+    for (i, part) in parts.iter_mut().enumerate() {
+        let len = u32::from_le_bytes(take(4)?.try_into().ok()?) as usize;
+        let bytes = take(len)?;
+        if i == 5 {
+            body_len = len;
+            if bodies == Bodies::Skip {
+                continue;
+            }
+        }
+        *part = bytes.to_vec();
     }
     let used = whole.len() - p.len();
     let [id, destination, method, path, headers, body] = parts;
@@ -370,6 +409,7 @@ fn decode_one(segment: u64, at: u64, whole: &[u8]) -> Option<(Logged, usize)> {
             },
             segment,
             carried: None,
+            body_len,
             event: NewEvent {
                 id: text(id)?,
                 destination: text(destination)?,
@@ -813,6 +853,7 @@ pub struct LogReader {
     disk: Arc<dyn Disk>,
     dir: PathBuf,
     current: Option<(Segment, PathBuf)>,
+    bodies: Bodies,
 }
 
 impl LogReader {
@@ -826,6 +867,15 @@ impl LogReader {
             disk,
             dir: dir.to_path_buf(),
             current: None,
+            bodies: Bodies::Keep,
+        }
+    }
+
+    /// A reader whose events come without their bodies (`Bodies::Skip`).
+    pub(crate) fn without_bodies(self) -> LogReader {
+        LogReader {
+            bodies: Bodies::Skip,
+            ..self
         }
     }
 
@@ -931,13 +981,13 @@ impl LogReader {
         }
         let next = lsn + span;
         let carried = head.magic == MAGIC_CARRIED;
-        let events =
-            decode(seg.start, lsn, &payload, head.count as usize, carried).map_err(|source| {
-                ReadError::Malformed {
-                    file: path.clone(),
-                    source,
-                }
-            })?;
+        let count = head.count as usize;
+        let events = decode_record(seg.start, lsn, &payload, count, carried, self.bodies).map_err(
+            |source| ReadError::Malformed {
+                file: path.clone(),
+                source,
+            },
+        )?;
         Ok(Some(Read::Record(events, next)))
     }
 
@@ -1051,6 +1101,45 @@ mod tests {
         assert_eq!(events[1].seq, 2);
         assert_eq!(events[1].event, event(2));
         assert_eq!(r.read(end).expect("read"), Read::End);
+    }
+
+    /// The indexer's reads leave the bodies out and change nothing else:
+    /// the rows' places and CRCs, and the sizes counted against
+    /// `max_bytes`, are those of the whole event.
+    #[test]
+    fn a_read_without_bodies_keeps_every_other_field_and_the_size() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let mut w = LogWriter::open(tmp.path(), 0, 1, &BTreeSet::new()).expect("open");
+        let (p, n) = group(1..4);
+        w.append(&p, n, false).expect("append");
+        w.append(&big_payload(4, 100_000), 1, false)
+            .expect("append");
+        let read = |reader: &mut LogReader, at| match reader.read(at).expect("read") {
+            Read::Record(events, next) => (events, next),
+            Read::End => panic!("no record at {at}"),
+        };
+        let (mut whole, mut lean) = (
+            LogReader::new(tmp.path()),
+            LogReader::new(tmp.path()).without_bodies(),
+        );
+        let mut at = 0;
+        for _ in 0..2 {
+            let ((kept, next), (skipped, lean_next)) = (read(&mut whole, at), read(&mut lean, at));
+            assert_eq!(next, lean_next);
+            assert_eq!(kept.len(), skipped.len());
+            for (k, s) in kept.iter().zip(&skipped) {
+                assert!(!k.event.body.is_empty() && s.event.body.is_empty());
+                assert_eq!(s.body_len, k.event.body.len());
+                assert_eq!(s.size(), k.size());
+                assert_eq!(s.size(), k.event.size());
+                let body_back = Logged {
+                    event: k.event.clone(),
+                    ..s.clone()
+                };
+                assert_eq!(&body_back, k, "only the body differs");
+            }
+            at = next;
+        }
     }
 
     #[test]

@@ -86,8 +86,12 @@ const LINGER: Duration = Duration::from_millis(3);
 const INDEX_EVERY: Duration = Duration::from_millis(25);
 /// After a full disk, how soon to try the pending rows again.
 const RETRY_FULL: Duration = Duration::from_millis(100);
-/// Events per transaction, so a long replay commits as it goes.
-const CHUNK_EVENTS: usize = 8192;
+/// Events per transaction, so a long replay commits as it goes. A chunk's
+/// events are held in memory until its commit, and the indexer, at a lower
+/// priority, reads full chunks whenever a saturating load gets ahead of
+/// it: 8,192 held 3 MiB more at the peak of a fill than 1,024
+/// (benches/RESULTS.md), where a commit of 1,024 rows costs no more per row.
+const CHUNK_EVENTS: usize = 1024;
 const CHUNK_BYTES: u64 = 32 * 1024 * 1024;
 /// On a full disk: each commit's WAL growth must fit what is left.
 const FULL_CHUNK_BYTES: u64 = 256 * 1024;
@@ -344,7 +348,7 @@ impl Indexer {
         };
         Ok(Indexer {
             conn,
-            reader: LogReader::on(disk.clone(), dir),
+            reader: LogReader::on(disk.clone(), dir).without_bodies(),
             disk,
             dir: dir.to_path_buf(),
             pins,
@@ -452,7 +456,7 @@ impl Indexer {
             }
             match self.reader.read(at)? {
                 Read::Record(batch, next) => {
-                    bytes += batch.iter().map(|l| l.event.size()).sum::<u64>();
+                    bytes += batch.iter().map(Logged::size).sum::<u64>();
                     events.extend(batch);
                     at = next;
                 }
@@ -913,7 +917,7 @@ pub(super) fn seqs_in(
     start: u64,
     size: u64,
 ) -> std::ops::Range<i64> {
-    let mut reader = LogReader::on(disk.clone(), dir);
+    let mut reader = LogReader::on(disk.clone(), dir).without_bodies();
     let mut first_seq = |lsn| match reader.read(lsn) {
         Ok(Read::Record(events, _)) => events.first().filter(|l| l.segment == lsn).map(|l| l.seq),
         _ => None,

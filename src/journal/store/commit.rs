@@ -90,7 +90,7 @@ fn insert(
         } else {
             e.accepted_ms as i64
         };
-        let bytes = e.body.len() + l.encoded_headers.len() + e.path.len() + e.id.len();
+        let bytes = l.body_len + l.encoded_headers.len() + e.path.len() + e.id.len();
         add(&mut tally.totals, &e.destination, 1, bytes as i64);
         let pin = tally.pinned.entry(l.segment).or_default();
         pin.events += 1;
