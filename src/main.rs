@@ -659,8 +659,10 @@ fn run(path: &Path) -> ExitCode {
 /// per partition), and together they grew to 18 MiB while a million-event
 /// backlog was filled, the largest part of courier's RSS there
 /// (benches/RESULTS.md). Past this soft limit SQLite reuses the pages it
-/// caches rather than allocate more; nothing fails at it.
-const SQLITE_SOFT_HEAP_BYTES: i64 = 8 * 1024 * 1024;
+/// caches rather than allocate more; nothing fails at it. 4 MiB rather
+/// than 8: SQLite sat at the limit through a fill, and step d's peak went
+/// 33.9 -> 30.3 MiB with no cost measured (benches/RESULTS.md).
+const SQLITE_SOFT_HEAP_BYTES: i64 = 4 * 1024 * 1024;
 
 fn bound_sqlite_memory() {
     // SAFETY: sets a process-wide number; SQLite allows it at any time.

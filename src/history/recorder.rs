@@ -189,7 +189,7 @@ impl Recorder {
                 continue;
             }
             if self.rows_in_current >= self.rows_per_partition {
-                self.roll()?;
+                self.roll(open)?;
                 // In the rolled partition's index, once committed.
                 new_ids.clear();
             }
@@ -285,7 +285,7 @@ impl Recorder {
         }
         let span_ms = self.span().as_millis() as u64;
         if now.saturating_sub(current.start_ms) >= span_ms || current_bytes >= self.max_bytes / 8 {
-            self.roll()?;
+            self.roll(&mut BTreeSet::new())?;
         }
         let retain_ms = self.retain.as_millis() as u64;
         let mut total: u64 = sizes.iter().sum();
@@ -317,10 +317,20 @@ impl Recorder {
 
     /// Starts a new partition, unless the newest holds nothing yet: it goes
     /// on (its start is when the one before it ended, which retention
-    /// counts from).
-    fn roll(&mut self) -> rusqlite::Result<()> {
+    /// counts from). `open`: the partitions with a transaction open in this
+    /// `record`; the newest one's is committed first, as SQLite cannot fold
+    /// a WAL in under an open transaction (the partition kept its WAL until
+    /// the next start). What it committed is as a retried commit finds it.
+    fn roll(&mut self, open: &mut BTreeSet<usize>) -> rusqlite::Result<()> {
         if self.rows_in_current == 0 {
             return Ok(());
+        }
+        if let Some(newest) = self.parts.len().checked_sub(1)
+            && open.contains(&newest)
+        {
+            self.parts[newest].1.execute_batch("COMMIT")?;
+            open.remove(&newest);
+            self.unsynced.insert(newest);
         }
         // Looked up by id through its index from now on: built before the
         // readers are told it is no longer the newest. Without it (a full
@@ -685,6 +695,42 @@ mod tests {
         rec.record(&[accepted(5, "later")], &[]).expect("record");
         assert_eq!(found(&reader, "later"), [5]);
         assert!(!has_id_index(&dir, &history.shared.partitions()[1]));
+    }
+
+    /// A partition that fills up within one commit rolls inside it: its
+    /// rows are committed first, so that its WAL is folded in and its id
+    /// index built (under the open transaction the checkpoint failed, and
+    /// the partition kept its WAL until the next start).
+    #[tokio::test(start_paused = true)]
+    async fn a_roll_inside_a_commit_folds_the_full_partitions_wal_in() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let (history, mut rec) = History::open(tmp.path(), rolling_every_10s()).expect("open");
+        rec.rows_per_partition = 2;
+        let ids = ["a1", "a2", "a3", "a4", "a5"];
+        let accepts: Vec<Accepted<'_>> =
+            (1..).zip(ids).map(|(seq, id)| accepted(seq, id)).collect();
+        rec.record(&accepts, &[]).expect("record");
+        tokio::time::advance(Duration::from_secs(1)).await;
+        rec.maintain(&|_| true).expect("publish");
+
+        let dir = history.shared.dir.clone();
+        let names = history.shared.partitions();
+        assert_eq!(names.len(), 3, "two rolls in one commit: {names:?}");
+        for name in &names[..2] {
+            let [_, wal, _] = partition::files(&dir.join(name.file()));
+            let left = std::fs::metadata(&wal).map_or(0, |m| m.len());
+            assert_eq!(left, 0, "{} keeps {left} bytes of WAL", name.file());
+            assert!(has_id_index(&dir, name), "{} has its index", name.file());
+        }
+        let reader = history.reader();
+        for (seq, id) in (1..).zip(ids) {
+            let found = reader.find(id, None).expect("find");
+            assert_eq!(
+                found.iter().map(|r| r.seq).collect::<Vec<_>>(),
+                [seq],
+                "{id}"
+            );
+        }
     }
 
     /// A stop right after a roll leaves the newest partition empty: the
