@@ -380,12 +380,14 @@ fn decode_one(segment: u64, at: u64, whole: &[u8], bodies: Bodies) -> Option<(Lo
     };
     let seq = i64::from_le_bytes(take(8)?.try_into().ok()?);
     let accepted_ms = u64::from_le_bytes(take(8)?.try_into().ok()?);
+    // The parts in their encoded order; the body is the last.
     let mut parts: [Vec<u8>; 6] = Default::default();
+    let body_part = parts.len() - 1;
     let mut body_len = 0;
     for (i, part) in parts.iter_mut().enumerate() {
         let len = u32::from_le_bytes(take(4)?.try_into().ok()?) as usize;
         let bytes = take(len)?;
-        if i == 5 {
+        if i == body_part {
             body_len = len;
             if bodies == Bodies::Skip {
                 continue;
