@@ -41,6 +41,9 @@ mod lifecycle;
 pub mod logging;
 #[cfg(dead_code_check)]
 mod logging;
+#[cfg(not(dead_code_check))]
+pub mod metrics;
+#[cfg(dead_code_check)]
 mod metrics;
 mod no_room;
 #[cfg(not(dead_code_check))]
