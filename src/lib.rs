@@ -36,6 +36,9 @@ mod ingress;
 pub mod journal;
 #[cfg(dead_code_check)]
 mod journal;
+#[cfg(not(dead_code_check))]
+pub mod lifecycle;
+#[cfg(dead_code_check)]
 mod lifecycle;
 #[cfg(not(dead_code_check))]
 pub mod logging;

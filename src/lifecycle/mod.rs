@@ -2,6 +2,7 @@
 //! (SIGTERM received: refuse new work, finish in-flight), stopped.
 
 pub(crate) mod fd_limit;
+pub mod give_back;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use tokio_util::sync::CancellationToken;

@@ -8,8 +8,11 @@
 //! before it takes the buffer, so it wakes at most once per `linger`, and a
 //! logging thread wakes it only when it sleeps with nothing to write.
 //! Lossless: past `limit` queued bytes a logging thread wakes the writer and
-//! waits for room.
+//! waits for room. After `rest` with nothing to write, the writer gives back
+//! the two buffers a burst grew (up to `limit` each) and what the thread
+//! freed (`give_back`).
 
+use crate::lifecycle::give_back;
 use std::io::Write;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
@@ -67,10 +70,18 @@ impl Inner {
     }
 }
 
+/// How long the writer waits before a burst's lines are written, and
+/// with nothing to write before it gives back its buffers.
+#[derive(Clone, Copy)]
+pub struct Pace {
+    pub linger: Duration,
+    pub rest: Duration,
+}
+
 /// Starts the writer thread on `out`.
 pub fn spawn<W: Write + Send + 'static>(
     out: W,
-    linger: Duration,
+    pace: Pace,
     limit: usize,
     name: &str,
 ) -> std::io::Result<(Lines, Guard)> {
@@ -84,7 +95,7 @@ pub fn spawn<W: Write + Send + 'static>(
         let inner = inner.clone();
         std::thread::Builder::new()
             .name(name.into())
-            .spawn(move || run(&inner, out, linger))?
+            .spawn(move || run(&inner, out, pace))?
     };
     Ok((
         Lines {
@@ -97,13 +108,26 @@ pub fn spawn<W: Write + Send + 'static>(
     ))
 }
 
-fn run<W: Write>(inner: &Inner, mut out: W, linger: Duration) {
+fn run<W: Write>(inner: &Inner, mut out: W, pace: Pace) {
     let mut taken = Vec::new();
     loop {
         let mut s = inner.lock();
         while s.queued.is_empty() && !s.closed {
             s.idle = true;
-            s = inner.ready.wait(s).unwrap_or_else(PoisonError::into_inner);
+            let waited;
+            (s, waited) = inner
+                .ready
+                .wait_timeout(s, pace.rest)
+                .unwrap_or_else(PoisonError::into_inner);
+            // Once a rest: `taken` has room only after a burst was written.
+            if waited.timed_out() && s.queued.is_empty() && taken.capacity() > 0 {
+                s.queued = Vec::new();
+                taken = Vec::new();
+                // A line logged meanwhile is found by the loop's test.
+                drop(s);
+                give_back::rested();
+                s = inner.lock();
+            }
         }
         s.idle = false;
         if s.queued.is_empty() {
@@ -113,7 +137,7 @@ fn run<W: Write>(inner: &Inner, mut out: W, linger: Duration) {
         if !s.closed && s.queued.len() < inner.limit {
             s = inner
                 .ready
-                .wait_timeout(s, linger)
+                .wait_timeout(s, pace.linger)
                 .unwrap_or_else(PoisonError::into_inner)
                 .0;
         }
@@ -187,6 +211,56 @@ mod tests {
         }
     }
 
+    /// Lingers `ms`; rests longer than any test.
+    fn lingering(ms: u64) -> Pace {
+        Pace {
+            linger: Duration::from_millis(ms),
+            rest: Duration::from_secs(600),
+        }
+    }
+
+    /// Waits up to 5 s for `done`.
+    fn within_5s(mut done: impl FnMut() -> bool) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        // Bounded by the deadline.
+        while !done() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        done()
+    }
+
+    #[test]
+    fn a_rested_writer_gives_back_its_buffers_and_writes_the_next_line() {
+        let sink = Sink::default();
+        let pace = Pace {
+            linger: Duration::from_millis(1),
+            rest: Duration::from_millis(30),
+        };
+        let (lines, _guard) = spawn(sink.clone(), pace, 1 << 20, "t").expect("spawn");
+        let line = "x".repeat(99) + "\n";
+        // Two bursts, each written before the next: the queue then holds
+        // the buffer the first was written from.
+        for burst in 1..=2 {
+            for _ in 0..500 {
+                log(&lines, &line);
+            }
+            assert!(
+                within_5s(|| sink.text().len() == burst * 50_000),
+                "burst {burst} was not written"
+            );
+        }
+        assert!(
+            within_5s(|| lines.inner.lock().queued.capacity() == 0),
+            "the queue kept {} bytes of room after a rest",
+            lines.inner.lock().queued.capacity()
+        );
+        log(&lines, "after\n");
+        assert!(
+            within_5s(|| sink.text().ends_with("x\nafter\n")),
+            "a line logged after the rest was not written"
+        );
+    }
+
     fn log(lines: &Lines, text: &str) {
         lines
             .make_writer()
@@ -197,8 +271,7 @@ mod tests {
     #[test]
     fn a_burst_of_lines_is_written_in_a_few_writes_in_order() {
         let sink = Sink::default();
-        let (lines, guard) =
-            spawn(sink.clone(), Duration::from_millis(50), 1 << 20, "t").expect("spawn");
+        let (lines, guard) = spawn(sink.clone(), lingering(50), 1 << 20, "t").expect("spawn");
         for i in 0..1000 {
             log(&lines, &format!("line {i}\n"));
         }
@@ -215,14 +288,9 @@ mod tests {
     #[test]
     fn a_line_is_written_within_its_linger_without_a_close() {
         let sink = Sink::default();
-        let (lines, _guard) =
-            spawn(sink.clone(), Duration::from_millis(20), 1 << 20, "t").expect("spawn");
+        let (lines, _guard) = spawn(sink.clone(), lingering(20), 1 << 20, "t").expect("spawn");
         log(&lines, "one\n");
-        let deadline = Instant::now() + Duration::from_secs(5);
-        // Bounded by the deadline.
-        while sink.text().is_empty() && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        within_5s(|| !sink.text().is_empty());
         assert_eq!(sink.text(), "one\n");
     }
 
@@ -231,7 +299,7 @@ mod tests {
         let sink = Sink::default();
         // A limit of two lines and a long linger: loggers must wake the
         // writer early, or this takes 1000 lingers.
-        let (lines, guard) = spawn(sink.clone(), Duration::from_secs(10), 16, "t").expect("spawn");
+        let (lines, guard) = spawn(sink.clone(), lingering(10_000), 16, "t").expect("spawn");
         let started = Instant::now();
         let threads: Vec<_> = (0..4)
             .map(|t| {

@@ -27,6 +27,10 @@ const BODY_LIMIT: usize = 2048;
 /// Bytes queued for the writer thread before a logging task waits.
 const QUEUED_BYTES: usize = 1 << 20;
 
+/// How long the writer thread waits with nothing to write before it gives
+/// back a burst's buffers (`lines`).
+const REST: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// How long the writer thread lets a burst of lines gather: how late a
 /// line may reach stderr, and the bound on the thread's wakeups (100/s).
 const LINGER: std::time::Duration = std::time::Duration::from_millis(10);
@@ -53,7 +57,11 @@ pub fn init(log: &LogSettings) -> std::io::Result<lines::Guard> {
     BODIES.store(log.bodies, Ordering::Relaxed);
     let from_env = EnvFilter::try_from_env("COURIER_LOG").ok();
     let fixed = from_env.is_some();
-    let (writer, guard) = lines::spawn(std::io::stderr(), LINGER, QUEUED_BYTES, "log-writer")?;
+    let pace = lines::Pace {
+        linger: LINGER,
+        rest: REST,
+    };
+    let (writer, guard) = lines::spawn(std::io::stderr(), pace, QUEUED_BYTES, "log-writer")?;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(from_env.unwrap_or_else(|| filter(&log.level)))
         .with_writer(writer);

@@ -38,8 +38,10 @@ use tokio::net::TcpStream;
 /// How long a connection has answered everything and asked nothing before
 /// its buffers are given back. Long enough that a connection in use (an
 /// app's pool under load sends again within milliseconds) keeps its hyper
-/// connection; short beside the idle timeout (`edge::HEADER_TIMEOUT`).
-pub const REST_AFTER: Duration = Duration::from_secs(1);
+/// connection; short, as every connection of a burst holds its buffers
+/// this long: 5,000 connections of one event each took courier's peak RSS
+/// to 125 MiB at 1 s, 65 MiB at 100 ms (benches/RESULTS.md, step i).
+pub const REST_AFTER: Duration = Duration::from_millis(100);
 
 /// HTTP/2's connection preface, which an h2c client sends first.
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";

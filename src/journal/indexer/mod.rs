@@ -24,6 +24,7 @@ use super::store::commit::{self as transaction, Freed, Rows};
 use super::store::{self, Pin};
 use super::{Change, DiskError, JournalError, Shared};
 use crate::history::{Recorder, Step};
+use crate::lifecycle::give_back;
 use chores::{CHECKPOINT_EVERY, Checkpoints, Seen};
 use history::HistoryJob;
 use rusqlite::Connection;
@@ -126,7 +127,14 @@ fn receive(
 ) -> Option<Inbox> {
     let first = match rx.recv_timeout(wait) {
         Ok(msg) => Some(msg),
-        Err(RecvTimeoutError::Timeout) => None,
+        Err(RecvTimeoutError::Timeout) => {
+            // A whole wait with nothing written to index: what the last
+            // burst freed goes back to the system.
+            if shared.by_indexer.idle.load(Ordering::SeqCst) {
+                give_back::rested();
+            }
+            None
+        }
         Err(RecvTimeoutError::Disconnected) => return None,
     };
     shared.by_indexer.idle.store(false, Ordering::SeqCst);
