@@ -11,9 +11,10 @@
 //!
 //! So each connection counts the requests being handled on it: the service
 //! is wrapped in [`Tracked`], and [`idle`] resolves once no request has been
-//! handled for the timeout (from the connection's start or its last answer);
-//! the accept loop then shuts the connection down. This bounds every state
-//! in which a client asks nothing, in HTTP/1 and HTTP/2 alike. Idleness
+//! handled for the timeout (from the connection's start or the end of its
+//! last answer's body); the accept loop then shuts the connection down.
+//! This bounds every state in which a client asks nothing, in HTTP/1 and
+//! HTTP/2 alike. Idleness
 //! is counted by requests, not bytes, as Go's HTTP/2 server counts its
 //! `IdleTimeout` ("PING frames are not considered activity"): frames that
 //! open no stream keep nothing open. What a request may take once handled
@@ -22,6 +23,8 @@
 //! idle, and closed here, or has a handler running, which ends by its own
 //! deadline and leaves it idle.
 
+use http::Response;
+use hyper::body::{Body, Frame, SizeHint};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -94,8 +97,8 @@ pub(super) async fn idle(activity: &Activity, timeout: Duration) {
     }
 }
 
-/// A service that counts its calls, from the request head to the answer,
-/// in the connection's [`Activity`].
+/// A service that counts its calls, from the request head to the end of
+/// the answer's body, in the connection's [`Activity`].
 #[derive(Clone)]
 pub(super) struct Tracked<S> {
     inner: S,
@@ -108,14 +111,15 @@ impl<S> Tracked<S> {
     }
 }
 
-impl<S, R> Service<R> for Tracked<S>
+impl<S, R, B> Service<R> for Tracked<S>
 where
-    S: Service<R>,
+    S: Service<R, Response = Response<B>>,
     S::Future: Send + 'static,
+    B: Send + 'static,
 {
-    type Response = S::Response;
+    type Response = Response<Held<B>>;
     type Error = S::Error;
-    type Future = Pin<Box<dyn Future<Output = Result<S::Response, S::Error>> + Send>>;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, S::Error>> + Send>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
         self.inner.poll_ready(cx)
@@ -125,16 +129,47 @@ where
         let busy = self.activity.begin();
         let answer = self.inner.call(req);
         Box::pin(async move {
-            let answer = answer.await;
-            drop(busy);
-            answer
+            let answer = answer.await?;
+            Ok(answer.map(|body| Held { body, _busy: busy }))
         })
+    }
+}
+
+/// An answer's body, its request counted as handled until hyper has taken
+/// the body's last frame (or dropped it): an answer streamed from an
+/// endpoint that pauses (passthrough) is still being sent, and its
+/// connection must not rest (`rest`) nor be closed as idle meanwhile.
+pub(super) struct Held<B> {
+    body: B,
+    _busy: Busy,
+}
+
+impl<B: Body + Unpin> Body for Held<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use bytes::Bytes;
+    use futures::FutureExt;
+    use http_body_util::{BodyExt, Empty, StreamBody};
     use std::convert::Infallible;
     use tower::ServiceExt;
 
@@ -176,11 +211,45 @@ mod tests {
         let activity = Activity::new();
         let slow = tower::service_fn(|wait: u64| async move {
             tokio::time::sleep(Duration::from_secs(wait)).await;
-            Ok::<_, Infallible>(())
+            Ok::<_, Infallible>(Response::new(Empty::<Bytes>::new()))
         });
-        let call = Tracked::new(slow, activity.clone()).oneshot(15);
-        let (answered, idle) = tokio::join!(call, idle_after(&activity));
-        assert!(answered.is_ok());
+        // The answer's (empty) body is dropped with it.
+        let call = Tracked::new(slow, activity.clone()).oneshot(15).map(drop);
+        let ((), idle) = tokio::join!(call, idle_after(&activity));
         assert_eq!(idle, Duration::from_secs(25));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_tracked_call_is_busy_until_its_answers_body_ends() {
+        let activity = Activity::new();
+        let (end, ended) = tokio::sync::oneshot::channel::<()>();
+        let last = futures::stream::once(async move {
+            let _ = ended.await;
+            Ok::<_, Infallible>(Frame::data(Bytes::from_static(b"last")))
+        });
+        let mut body = Some(StreamBody::new(Box::pin(last)));
+        let streamed = tower::service_fn(move |()| {
+            let body = body.take();
+            async move { Ok::<_, Infallible>(Response::new(body.expect("one call"))) }
+        });
+        let answer = Tracked::new(streamed, activity.clone())
+            .oneshot(())
+            .await
+            .expect("answer");
+        let reader = tokio::spawn(async move { answer.into_body().collect().await });
+        let watch = tokio::spawn({
+            let activity = activity.clone();
+            async move { idle_after(&activity).await }
+        });
+        tokio::time::sleep(Duration::from_secs(20)).await;
+        assert!(
+            !watch.is_finished(),
+            "idle while the answer's body was still being sent"
+        );
+        let _ = end.send(());
+        let read = reader.await.expect("reader").expect("body");
+        assert_eq!(read.to_bytes(), "last");
+        // The body ended at 20 s: idle at 30 s.
+        assert_eq!(watch.await.expect("watch"), Duration::from_secs(30));
     }
 }

@@ -63,7 +63,7 @@ where
         + Unpin
         + 'static,
     S::Future: Send + 'static,
-    B: hyper::body::Body<Data = Bytes> + Send + 'static,
+    B: hyper::body::Body<Data = Bytes> + Send + Unpin + 'static,
     B::Error: Into<tower::BoxError> + std::fmt::Display,
 {
     let service = layers::stack(service, edge.name);
@@ -156,7 +156,7 @@ async fn connection<S, B>(
         + Unpin
         + 'static,
     S::Future: Send + 'static,
-    B: hyper::body::Body<Data = Bytes> + Send + 'static,
+    B: hyper::body::Body<Data = Bytes> + Send + Unpin + 'static,
     B::Error: Into<tower::BoxError>,
 {
     let _slot = slot;
@@ -265,7 +265,7 @@ where
         + Send
         + 'static,
     S::Future: Send + 'static,
-    B: hyper::body::Body<Data = Bytes> + Send + 'static,
+    B: hyper::body::Body<Data = Bytes> + Send + Unpin + 'static,
     B::Error: Into<tower::BoxError>,
 {
     let conn = once.serve_connection(TokioIo::new(stream), TowerToHyperService::new(service));

@@ -206,7 +206,11 @@ async fn a_retry_after_past_the_deadline_hands_back_the_429_at_once() {
 }
 
 /// The endpoint's body reaches the app while the endpoint is still sending
-/// it: the endpoint holds back its last chunk until the app has the first.
+/// it: the endpoint holds back its last chunk until the app has the first,
+/// and then 1.5 s more, longer than a keep-alive connection waits before it
+/// rests (`server::rest::REST_AFTER`): an answer still being sent is not
+/// idle (its connection was taken back from hyper mid-body, the app left
+/// with the first chunk).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_answer_body_is_streamed_not_buffered() {
     let upstream = tokio::net::TcpListener::bind("127.0.0.1:0")
@@ -255,6 +259,7 @@ async fn the_answer_body_is_streamed_not_buffered() {
     );
     check!(c, !text.contains("last"), "{text:?}");
     check!(c, text.starts_with("HTTP/1.1 200"), "{text:?}");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
     let _ = release.send(());
     let rest = read_until(&mut app, &mut got, b"0\r\n\r\n").await;
     let text = String::from_utf8_lossy(&got).into_owned();

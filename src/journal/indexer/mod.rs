@@ -130,7 +130,7 @@ fn receive(
         Err(RecvTimeoutError::Timeout) => {
             // A whole wait with nothing written to index: what the last
             // burst freed goes back to the system.
-            if shared.by_indexer.idle.load(Ordering::SeqCst) {
+            if !wait.is_zero() && shared.by_indexer.idle.load(Ordering::SeqCst) {
                 give_back::rested();
             }
             None
