@@ -709,14 +709,15 @@ fn purge_freed_pages_promptly() {
     }
 }
 
-/// The least time between two collections of one worker's heap.
+/// The least time between two collections of one thread's heap.
 const COLLECT_EVERY: std::time::Duration = std::time::Duration::from_millis(10);
 
 /// Run by each tokio worker as it parks, and by the library's own threads
 /// when a wait of theirs ends with nothing to do (`give_back`): mimalloc
 /// returns a thread's empty pages to the system only when that thread
-/// calls into it, and a block freed by another thread (a task moved between workers) is counted free
-/// only when its owner collects. A worker that parks after a burst (5,000
+/// calls into it, and a block freed by another thread (a task moved
+/// between workers) is counted free only when its owner collects. A
+/// worker that parks after a burst (5,000
 /// connections closing, each freeing its buffers) may sleep for minutes,
 /// and courier's RSS stayed near its peak long after the burst
 /// (benches/RESULTS.md, step i). At most every `COLLECT_EVERY` per
