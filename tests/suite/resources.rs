@@ -141,6 +141,43 @@ async fn connections_to_a_destination_stay_near_its_concurrency_and_are_reused()
     );
 }
 
+/// Connections a burst opened are closed soon after it (the pool's idle
+/// timeout, 4 s, checked once per timeout): with 30 s they stayed up to a
+/// minute, each holding its buffers (benches/RESULTS.md, step i).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bursts_connections_are_closed_within_seconds_of_their_last_use() {
+    let (url, conns) = counting_receiver().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let extra = format!("concurrency: {CONCURRENCY}");
+    let yaml = config("hooks", &url, &extra).replace("level: debug", "level: info");
+    let c = Courier::start(dir.path(), &yaml).await;
+    // Slow answers keep every slot busy: the burst opens `CONCURRENCY`.
+    conns.slow.store(true, Ordering::SeqCst);
+    send(&c, &conns, 2 * CONCURRENCY).await;
+    let delivered = Instant::now();
+    let open = conns.open.load(Ordering::SeqCst);
+    check!(c, open >= 2, "only {open} connections open after the burst");
+    let deadline = delivered + Duration::from_secs(12);
+    while conns.open.load(Ordering::SeqCst) > 0 {
+        if Instant::now() > deadline {
+            fail!(
+                c,
+                "{} of {open} connections still open 12 s after their last answer",
+                conns.open.load(Ordering::SeqCst)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let closed_after = delivered.elapsed();
+    eprintln!("{open} idle connections closed {closed_after:?} after the last answer");
+    // Not before the timeout: an idle connection is kept for reuse that long.
+    check!(
+        c,
+        closed_after >= Duration::from_secs(3),
+        "idle connections closed after {closed_after:?}, before the 4 s timeout"
+    );
+}
+
 /// Runs courier with its soft open-file limit lowered (a shell wrapper's
 /// `ulimit -Sn`) and reads its limits from /proc.
 #[tokio::test]
