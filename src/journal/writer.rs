@@ -20,6 +20,11 @@ use tokio::sync::{mpsc, oneshot};
 /// Upper bounds of one group, so one record cannot grow without end.
 const MAX_GROUP: usize = 4096;
 const MAX_GROUP_BYTES: u64 = 8 * 1024 * 1024;
+/// What the group's buffers keep between groups: a burst of large groups
+/// (big events, array posts) grows them towards `MAX_GROUP_BYTES`, and
+/// `clear` alone would hold that memory for the life of the process.
+const KEEP_PAYLOAD: usize = 1 << 20;
+const KEEP_GROUP: usize = 256;
 /// Pauses between tries of an append that met a transient error.
 const TRANSIENT_PAUSES: [std::time::Duration; 4] = [
     std::time::Duration::from_millis(20),
@@ -50,8 +55,8 @@ pub(super) fn spawn(writer: Writer, rx: mpsc::Receiver<Command>) -> std::io::Res
 
 impl Writer {
     fn run(mut self, mut rx: mpsc::Receiver<Command>) {
-        let mut group = Vec::with_capacity(MAX_GROUP);
-        let mut payload = Vec::with_capacity(1 << 20);
+        let mut group = Vec::with_capacity(KEEP_GROUP);
+        let mut payload = Vec::with_capacity(KEEP_PAYLOAD);
         // A command taken that starts the next group: adopted events are a
         // record of their own.
         let mut next: Option<Command> = None;
@@ -76,7 +81,11 @@ impl Writer {
                 .iter()
                 .position(|c| matches!(c, Command::Close { .. }));
             let rest = close.map(|i| group.split_off(i));
+            let commands = group.len();
             self.commit(&mut group, &mut payload);
+            trim(&mut group, commands, KEEP_GROUP);
+            let bytes = payload.len();
+            trim(&mut payload, bytes, KEEP_PAYLOAD);
             if let Some(rest) = rest {
                 self.close(rest, &mut rx);
                 return;
@@ -320,6 +329,17 @@ impl Command {
 
 /// Gives back the bytes that admission reserved for appends that were not
 /// written.
+/// Gives back what a burst grew `buf` to beyond `keep`, once a group used
+/// no more than half of `keep`: the load is small again. A load of large
+/// groups keeps its room (no allocation per group), and one that swings
+/// pays one allocation per large group after a small one.
+fn trim<T>(buf: &mut Vec<T>, used: usize, keep: usize) {
+    if buf.capacity() > keep && used <= keep / 2 {
+        buf.clear();
+        buf.shrink_to(keep);
+    }
+}
+
 fn release(cmds: &[Command], shared: &Shared) {
     shared.unreserve(cmds.iter().flat_map(|cmd| match cmd {
         Command::Append { events, .. } => events.as_slice(),
@@ -483,5 +503,42 @@ fn make_ready(events: Vec<NewEvent>, first_seq: i64, shared: &Shared) {
     }
     for state in woken {
         state.fresh.notify_one();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::trim;
+
+    #[test]
+    fn a_buffer_a_burst_grew_is_given_back_once_groups_are_small_again() {
+        let keep = 1 << 20;
+        let mut buf: Vec<u8> = Vec::with_capacity(keep);
+        // A burst: a group of 8 MiB.
+        buf.resize(8 << 20, 1);
+        trim(&mut buf, 8 << 20, keep);
+        assert!(buf.capacity() >= 8 << 20, "a large group's room is kept");
+        // Another large one: still kept, no allocation per group.
+        buf.clear();
+        buf.resize(keep, 1);
+        trim(&mut buf, keep, keep);
+        assert!(buf.capacity() >= 8 << 20, "kept while groups stay large");
+        // Then a small group: the room goes back.
+        buf.clear();
+        buf.resize(4096, 1);
+        trim(&mut buf, 4096, keep);
+        assert!(
+            buf.capacity() <= keep,
+            "kept {} bytes after a small group",
+            buf.capacity()
+        );
+        // Within `keep`: left alone.
+        let before = buf.capacity();
+        trim(&mut buf, 0, keep);
+        assert_eq!(
+            buf.capacity(),
+            before,
+            "a buffer within its keep was trimmed"
+        );
     }
 }
