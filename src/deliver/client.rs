@@ -29,17 +29,15 @@ use std::time::Duration;
 pub type HttpsClient = Client<HttpsConnector<Guarded>, Full<Bytes>>;
 
 /// How long an idle connection may still be used: below the 5 s
-/// keep-alive of Node.js, Apache httpd and uvicorn (and far below AWS
-/// ALB's 60 s, nginx's 75 s), so that courier, not the server, ends an idle
-/// connection, and a request is not sent on one the server is closing at
-/// the same moment. The pool reuses the connection freed last, so a steady
-/// stream keeps its few warm; what a burst opened beyond them is closed
-/// within twice this (the pool's eviction runs once per timeout, a use
-/// checks the age), where at 30 s a burst's connections stayed up to a
-/// minute, each keeping its buffers and the allocator pages they pin
-/// (step i of the bench held 4.6 MiB 30 s after its clients closed,
-/// benches/RESULTS.md). The cost: a destination that gets less than one
-/// event every 4 s connects (and shakes hands) anew for each.
+/// keep-alive of Node.js, Apache httpd and uvicorn (AWS ALB's is 60 s,
+/// nginx's 75 s), so that courier stops using an idle connection before
+/// such a server may close it, and does not send on one being closed.
+/// The pool reuses the connection freed last, so a steady stream keeps
+/// its few warm, and closes what a burst opened beyond them within twice
+/// this (its eviction runs once per timeout): at 30 s they stayed up to a
+/// minute with their buffers (benches/RESULTS.md, step i). The cost: a
+/// destination that gets less than one event every 4 s connects anew for
+/// each.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(4);
 
 /// What every destination's pool dials with: the system roots, loaded

@@ -21,8 +21,9 @@ use tokio::sync::{mpsc, oneshot};
 const MAX_GROUP: usize = 4096;
 const MAX_GROUP_BYTES: u64 = 8 * 1024 * 1024;
 /// What the group's buffers keep between groups: a burst of large groups
-/// (big events, array posts) grows them towards `MAX_GROUP_BYTES`, and
-/// `clear` alone would hold that memory for the life of the process.
+/// (big events, array posts) grows them towards `MAX_GROUP` commands and
+/// `MAX_GROUP_BYTES`, and `clear` alone would hold that memory for the
+/// life of the process.
 const KEEP_PAYLOAD: usize = 1 << 20;
 const KEEP_GROUP: usize = 256;
 /// Pauses between tries of an append that met a transient error.
@@ -81,11 +82,12 @@ impl Writer {
                 .iter()
                 .position(|c| matches!(c, Command::Close { .. }));
             let rest = close.map(|i| group.split_off(i));
+            // Measured before the commit drains the group.
             let commands = group.len();
+            let encoded: u64 = group.iter().map(Command::size).sum();
             self.commit(&mut group, &mut payload);
             trim(&mut group, commands, KEEP_GROUP);
-            let bytes = payload.len();
-            trim(&mut payload, bytes, KEEP_PAYLOAD);
+            trim(&mut payload, encoded as usize, KEEP_PAYLOAD);
             if let Some(rest) = rest {
                 self.close(rest, &mut rx);
                 return;
@@ -327,19 +329,19 @@ impl Command {
     }
 }
 
-/// Gives back the bytes that admission reserved for appends that were not
-/// written.
 /// Gives back what a burst grew `buf` to beyond `keep`, once a group used
 /// no more than half of `keep`: the load is small again. A load of large
-/// groups keeps its room (no allocation per group), and one that swings
-/// pays one allocation per large group after a small one.
+/// groups keeps its room (no allocation per group); one that swings between
+/// large and small groups grows it again after each small one, which costs
+/// little beside the large group's fdatasync. `buf` is empty or dead here.
 fn trim<T>(buf: &mut Vec<T>, used: usize, keep: usize) {
     if buf.capacity() > keep && used <= keep / 2 {
-        buf.clear();
-        buf.shrink_to(keep);
+        *buf = Vec::with_capacity(keep);
     }
 }
 
+/// Gives back the bytes that admission reserved for appends that were not
+/// written.
 fn release(cmds: &[Command], shared: &Shared) {
     shared.unreserve(cmds.iter().flat_map(|cmd| match cmd {
         Command::Append { events, .. } => events.as_slice(),

@@ -1,6 +1,6 @@
 //! Operating-system resources: the open-file limit raised at start, and
-//! outbound connections to a destination bounded by its `concurrency` and
-//! reused across events.
+//! outbound connections to a destination bounded by its `concurrency`,
+//! reused across events, and closed soon after a burst.
 
 use bytes::Bytes;
 use http_body_util::Full;
