@@ -369,10 +369,23 @@ async fn killed_while_handing_off_or_adopting(key: Option<&str>) {
     let mut b = start_env(dir_b.path(), &yaml, &slow.endpoint(), &env).await;
     kill_at(&mut b, "adopted a hand-off").await;
     // Whether B died holding a claim (it claims the next object before it
-    // reads it, slowly), which then has to be taken over.
+    // reads it, slowly), which then has to be taken over: only a claim on
+    // an object still pending (`claims/<object>/<generation>`). One whose
+    // object B had already adopted and deleted, dying before the claim
+    // went, leaves nothing to take over.
+    let pending: Vec<String> =
+        support::stores::objects_at(&moto.endpoint(), BUCKET, "handoff/pending/")
+            .into_iter()
+            .filter_map(|(k, _)| k.strip_prefix("handoff/pending/").map(str::to_string))
+            .collect();
     let held = support::stores::objects_at(&moto.endpoint(), BUCKET, "handoff/claims/")
         .into_iter()
         .filter(|(k, _)| !k.ends_with(".probe"))
+        .filter(|(k, _)| {
+            k.strip_prefix("handoff/claims/")
+                .and_then(|rest| rest.split('/').next())
+                .is_some_and(|object| pending.iter().any(|p| p == object))
+        })
         .count();
     eprintln!("claims held by B when it was killed: {held}");
     accept.store(true, Ordering::SeqCst);
