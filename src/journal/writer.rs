@@ -82,12 +82,15 @@ impl Writer {
                 .iter()
                 .position(|c| matches!(c, Command::Close { .. }));
             let rest = close.map(|i| group.split_off(i));
-            // Measured before the commit drains the group.
+            // Counted before the commit drains the group. The payload holds
+            // this group's encoding (the previous one's after a write refused
+            // before encoding): what the buffer last needed either way,
+            // without a pass over the events.
             let commands = group.len();
-            let encoded: u64 = group.iter().map(Command::size).sum();
             self.commit(&mut group, &mut payload);
             trim(&mut group, commands, KEEP_GROUP);
-            trim(&mut payload, encoded as usize, KEEP_PAYLOAD);
+            let encoded = payload.len();
+            trim(&mut payload, encoded, KEEP_PAYLOAD);
             if let Some(rest) = rest {
                 self.close(rest, &mut rx);
                 return;
