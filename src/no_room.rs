@@ -143,8 +143,8 @@ fn serve(
         tokio::spawn(server::serve(
             ingress,
             tower::service_fn(move |req| {
-                let resp = ingress::waiting(&for_ingress, &req);
-                async move { Ok::<_, Infallible>(resp) }
+                let settings = for_ingress.clone();
+                async move { Ok::<_, Infallible>(ingress::waiting(&settings, req).await) }
             }),
             server::Edge::INGRESS,
             stop.clone(),

@@ -112,14 +112,30 @@ fn gate<'r>(
 /// Ingress while the journal waits for room on its disk to open
 /// (`crate::no_room`): what passes the gate is refused 507 `disk_full`, as
 /// on a full disk with the journal open; counted and logged the same way.
-pub fn waiting(settings: &Settings, req: &Request<Incoming>) -> Response<Body> {
-    let resp = match gate(settings, req) {
+///
+/// Every answer closes its connection, after reading the body (within
+/// `max_body_bytes` and the body's deadline): a connection kept alive here
+/// would be closed under the app's client when the journal opens, and a
+/// POST sent on it at that moment fails without an answer (the client
+/// cannot know whether to send it again). A close with the body unread
+/// would reset the connection before the client read the 507.
+pub async fn waiting(settings: &Settings, req: Request<Incoming>) -> Response<Body> {
+    let mut resp = match gate(settings, &req) {
         Ok((route, _)) => {
             reply::journal_error(route.name(), &crate::journal::JournalError::DiskFull)
         }
         Err(refused) => *refused,
     };
     rejection::record(&resp, req.extensions().get::<RemoteAddr>().copied());
+    let limit = usize::try_from(settings.ingress.max_body_bytes).unwrap_or(usize::MAX);
+    let read =
+        http_body_util::BodyExt::collect(http_body_util::Limited::new(req.into_body(), limit));
+    // What the body held, or why it could not be read, changes nothing.
+    let _ = tokio::time::timeout(BODY_DEADLINE, read).await;
+    resp.headers_mut().insert(
+        http::header::CONNECTION,
+        http::HeaderValue::from_static("close"),
+    );
     resp
 }
 

@@ -237,7 +237,12 @@ async fn start_on_a_full_disk(s: &mut Setup, acked: &mut HashSet<String>) -> Ful
         logs = s.courier.logs()[offset..].to_string();
     }
     let started = match (readyz, r.status) {
-        (503, _) => FullStart::Waiting,
+        (503, _) => {
+            // Kept alive, the connection would be closed under the app's
+            // next POST when the journal opens (no_room.rs).
+            assert_eq!(r.header("connection"), Some("close"), "{:?}", r.headers);
+            FullStart::Waiting
+        }
         (_, 507) => FullStart::OpenFull,
         _ => FullStart::OpenWithRoom,
     };
@@ -437,6 +442,52 @@ async fn a_disk_filled_by_the_backlog_opens_again_once_it_is_delivered() {
     fill_with_events(&s, &mut acked, "").await;
     all_delivered(&s, &acked).await;
     accepted_again(&s, "the backlog was delivered").await;
+}
+
+/// A first start on a disk with no room to create the journal waits for
+/// room (`no_room.rs`), and every answer it gives meanwhile closes its
+/// connection: an app's client posting back to back on kept-alive
+/// connections gets an answer to every POST across the moment the journal
+/// opens (a kept-alive connection was closed under a POST there, which
+/// then failed without an answer), and the first 202 is delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "mounts a tmpfs, so needs root: .ci/test runs it as root with -- --ignored disk::"]
+async fn a_start_waiting_for_room_answers_every_post_across_the_journals_open() {
+    let mut s = setup("8m").await;
+    s.courier.kill();
+    std::fs::remove_dir_all(s.disk.0.join("journal")).expect("remove the journal");
+    s.disk.fill(0);
+    s.courier.restart().await;
+    assert_eq!(ready(&s).await, 503, "{}", s.courier.logs());
+    let r = client::post(&s.courier.url("orders"), body(), &[]).await;
+    assert_eq!(r.status, 507, "{}\n{}", r.text(), s.courier.logs());
+    assert_eq!(r.header("connection"), Some("close"), "{:?}", r.headers);
+
+    let url = s.courier.url("orders");
+    let poster = tokio::spawn(async move {
+        let mut answers = Vec::new();
+        // Bounded: 10 s of POSTs at most.
+        for i in 0..2000 {
+            let id = format!("across{i}");
+            let r = client::try_post(&url, body(), &[("idempotency-key", &id)])
+                .await
+                .unwrap_or_else(|e| panic!("POST {i} got no answer: {e}"));
+            answers.push(r.status);
+            if r.status == 202 {
+                return (answers, id);
+            }
+            assert_eq!(r.status, 507, "{}", r.text());
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        panic!("never accepted: {answers:?}");
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    s.disk.free();
+    let (answers, id) = poster.await.expect("the poster");
+    println!("{} answers before the first 202", answers.len() - 1);
+    assert!(answers.len() > 1, "the disk was freed before any 507");
+    until_ready(&s).await;
+    all_delivered(&s, &HashSet::from([id])).await;
 }
 
 /// A start on a disk full to the last byte, 20 times beside two busy
