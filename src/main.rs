@@ -621,6 +621,7 @@ fn run(path: &Path) -> ExitCode {
         }
     };
     limit_malloc_arenas();
+    sqlite_temp_files_in(&loaded.settings.journal.dir);
     bound_sqlite_memory();
     purge_freed_pages_promptly();
     courier::lifecycle::give_back::set(give_back_freed_pages);
@@ -651,6 +652,24 @@ fn run(path: &Path) -> ExitCode {
         Err(e) => {
             tracing::error!("{e}");
             ExitCode::from(2)
+        }
+    }
+}
+
+/// Where SQLite puts the temporary files of a sort too large for its cache
+/// (a history partition's counts at a start and its index at a roll, from
+/// ~60,000 rows): by default /var/tmp, /usr/tmp, /tmp or the working
+/// directory, none of which is writable in a container with a read-only
+/// root filesystem (as deploy/ runs courier), where such a start failed
+/// with "disk I/O error". The journal's directory is writable by
+/// definition, and SQLite unlinks each file as it opens it.
+/// `SQLITE_TMPDIR`, when set, is the operator's choice.
+fn sqlite_temp_files_in(journal_dir: &Path) {
+    if std::env::var_os("SQLITE_TMPDIR").is_none() {
+        // SAFETY: called before any other thread starts, and before SQLite
+        // initializes (it reads the variable once, at its initialization).
+        unsafe {
+            std::env::set_var("SQLITE_TMPDIR", journal_dir);
         }
     }
 }

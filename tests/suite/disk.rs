@@ -516,3 +516,83 @@ async fn a_start_on_a_full_disk_comes_up_the_same_way_every_time() {
     }
     println!("starts on a full disk: {seen:?}");
 }
+
+/// A container with a read-only root filesystem (as deploy/ runs courier):
+/// only the journal's volume is writable. A start over a history whose
+/// newest partition holds 60,000 rows sorts them past SQLite's cache,
+/// into a temporary file; courier puts those beside the journal, where
+/// SQLite's defaults (/var/tmp, /usr/tmp, /tmp, the working directory)
+/// made that start fail with "disk I/O error" and exit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "mounts a tmpfs, so needs root: .ci/test runs it as root with -- --ignored disk::"]
+async fn a_start_with_a_read_only_root_filesystem_reopens_a_large_history() {
+    const EVENTS: usize = 65_000;
+    const PER_REQUEST: usize = 1_000;
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let disk = SmallDisk::mount(&tmp.path().join("fs"), "256m")
+        .unwrap_or_else(|why| panic!("cannot mount a small tmpfs (these tests need root): {why}"));
+    let receiver = Receiver::start(behavior(|_, _| Reply::status(503))).await;
+    let config = format!(
+        "listen: 127.0.0.1:0
+admin_listen: 127.0.0.1:0
+journal: {{ dir: {}/journal }}
+destinations:
+  grid:
+    url: {}
+    schema: eventgrid
+    retry: {{ schedule: [1h], jitter: 0 }}
+",
+        disk.0.display(),
+        receiver.url()
+    );
+    // Every file system but the journal's tmpfs read-only, as in a pod.
+    let read_only = "mount -o remount,bind,ro / && \
+        for d in /var/tmp /usr/tmp /tmp; do if mountpoint -q $d; then mount -o remount,bind,ro $d; fi; done && \
+        exec \"$@\"";
+    let wrapper = [
+        "unshare",
+        "-m",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        read_only,
+        "sh",
+    ];
+    let mut courier =
+        Courier::start_wrapped(&wrapper, support::courier_bin(), tmp.path(), &config, &[]).await;
+    for first in (0..EVENTS).step_by(PER_REQUEST) {
+        let events: Vec<String> = (first..first + PER_REQUEST)
+            .map(|i| {
+                format!(
+                    r#"{{"id":"e{i}","eventType":"t","subject":"s","eventTime":"2026-12-04T00:00:00Z","data":{{"i":{i}}},"dataVersion":"1"}}"#
+                )
+            })
+            .collect();
+        let r = client::post(
+            &courier.url("grid"),
+            format!("[{}]", events.join(",")),
+            &[("content-type", "application/json")],
+        )
+        .await;
+        assert!(r.status < 300, "{} {}", r.status, r.text());
+    }
+    // The first start's recovery records in history what the indexer had
+    // not yet; the second opens them all.
+    for _ in 0..2 {
+        courier.kill();
+        courier.restart().await;
+        let readyz = format!("{}/readyz", courier.admin_url());
+        // Bounded: 10 s.
+        for _ in 0..200 {
+            if client::get(&readyz).await.status == 200 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(client::get(&readyz).await.status, 200, "{}", courier.logs());
+    }
+    let listed = client::get(&format!("{}/v1/destinations", courier.admin_url())).await;
+    let pending = listed.json()["destinations"][0]["pending"].as_u64();
+    assert_eq!(pending, Some(EVENTS as u64), "{}", listed.text());
+}
