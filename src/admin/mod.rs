@@ -268,6 +268,10 @@ impl Admin {
     /// journal for a destination a reload removed, delivered again if it
     /// comes back.
     async fn destinations(&self) -> Response<Body> {
+        // Right after a start, history may still be counting its records.
+        if let Some(history) = self.journal.history() {
+            history.counted().await;
+        }
         let now = clock::now_ms();
         let settings = self.settings.load();
         let mut out = Vec::new();

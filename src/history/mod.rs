@@ -59,7 +59,12 @@ struct Shared {
     /// Oldest first; the last is the one written.
     partitions: Mutex<Vec<Name>>,
     newest: RwLock<NewestIds>,
-    counts: Mutex<HashMap<String, Counts>>,
+    /// Signed: a start counts the partitions it opened in the background
+    /// (`recorder::count_in_background`) while the recorder's changes
+    /// since come as deltas, in either order.
+    counts: Mutex<HashMap<String, [i64; 5]>>,
+    /// Set once the start's count is in `counts`.
+    counted: tokio::sync::watch::Sender<bool>,
     bytes: AtomicU64,
 }
 
@@ -90,7 +95,20 @@ impl Shared {
             return;
         };
         let c = &mut counts.entry(destination.to_string()).or_default()[state as usize];
-        *c = c.saturating_add_signed(delta);
+        *c = c.saturating_add(delta);
+    }
+
+    /// Every record counted, for the metrics.
+    fn records(&self) -> u64 {
+        self.counts
+            .lock()
+            .map(|c| {
+                c.values()
+                    .flat_map(|v| v.iter())
+                    .map(|&n| n.max(0) as u64)
+                    .sum()
+            })
+            .unwrap_or(0)
     }
 }
 
@@ -116,6 +134,7 @@ impl History {
             partitions: Mutex::new(Vec::new()),
             newest: RwLock::new(NewestIds::default()),
             counts: Mutex::new(HashMap::new()),
+            counted: tokio::sync::watch::Sender::new(false),
             bytes: AtomicU64::new(0),
         });
         let recorder = Recorder::open(shared.clone(), settings).map_err(|e| err(&e))?;
@@ -126,27 +145,32 @@ impl History {
         Reader::new(self.shared.clone())
     }
 
-    /// Records per stored state of `destination`, in what is retained.
+    /// Records per stored state of `destination`, in what is retained;
+    /// right once `counted` is.
     pub fn counts(&self, destination: &str) -> Counts {
-        self.shared
+        let signed = self
+            .shared
             .counts
             .lock()
             .ok()
             .and_then(|c| c.get(destination).copied())
-            .unwrap_or_default()
+            .unwrap_or_default();
+        signed.map(|n| n.max(0) as u64)
+    }
+
+    /// Once the start's count of the partitions it found is in `counts`
+    /// (a few hundred ms after the start with a million records).
+    pub async fn counted(&self) {
+        let mut done = self.shared.counted.subscribe();
+        // The sender lives in `shared`, which `self` holds: never closed.
+        let _ = done.wait_for(|&counted| counted).await;
     }
 
     /// Every record retained, and the bytes of the files holding them.
     #[cfg(test)]
     pub(crate) fn size(&self) -> (u64, u64) {
-        let records = self
-            .shared
-            .counts
-            .lock()
-            .map(|c| c.values().flat_map(|v| v.iter()).sum())
-            .unwrap_or(0);
         (
-            records,
+            self.shared.records(),
             self.shared.bytes.load(std::sync::atomic::Ordering::Relaxed),
         )
     }

@@ -208,6 +208,16 @@ pub fn open_reader(path: &Path) -> rusqlite::Result<Connection> {
     Ok(conn)
 }
 
+/// A reader holding a read transaction on the file as it is now: what it
+/// reads stays as of this call, whatever is committed after it.
+pub fn snapshot(path: &Path) -> rusqlite::Result<Connection> {
+    let conn = open_reader(path)?;
+    conn.execute_batch("BEGIN")?;
+    // A WAL read transaction takes its snapshot at its first read.
+    conn.query_row("SELECT COUNT(*) FROM sqlite_schema", [], |_| Ok(()))?;
+    Ok(conn)
+}
+
 pub fn get(conn: &Connection, seq: i64) -> rusqlite::Result<Option<Record>> {
     conn.prepare_cached(&format!("SELECT {COLUMNS} FROM deliveries WHERE seq = ?1"))?
         .query_row([seq], record)
