@@ -12,6 +12,7 @@
 use super::step::{self, Attempt, State};
 use crate::event::Reason;
 use rusqlite::{Connection, OpenFlags, OptionalExtension, Row as SqlRow, params};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 const SCHEMA: &str = "
@@ -274,17 +275,33 @@ pub fn unfinished(conn: &Connection) -> rusqlite::Result<Vec<Record>> {
 }
 
 /// Rows per destination and state, for the counters.
+/// Counted here rather than by `GROUP BY`, which sorted every row into a
+/// temporary b-tree: a plain scan costs a fraction of it, and no file.
 pub fn counts(conn: &Connection) -> rusqlite::Result<Vec<(String, State, u64)>> {
-    let mut stmt =
-        conn.prepare("SELECT destination, state, COUNT(*) FROM deliveries GROUP BY 1, 2")?;
-    stmt.query_map([], |r| {
-        Ok((
-            r.get::<_, String>(0)?,
-            State::from_code(r.get(1)?),
-            r.get::<_, i64>(2)?.max(0) as u64,
-        ))
-    })?
-    .collect()
+    let mut stmt = conn.prepare("SELECT destination, state FROM deliveries")?;
+    let mut rows = stmt.query([])?;
+    let mut by_destination: HashMap<String, [u64; State::ALL.len()]> = HashMap::new();
+    while let Some(row) = rows.next()? {
+        let destination = row.get_ref(0)?.as_str()?;
+        let state = State::from_code(row.get(1)?) as usize;
+        match by_destination.get_mut(destination) {
+            Some(counts) => counts[state] += 1,
+            None => {
+                let mut counts = [0; State::ALL.len()];
+                counts[state] = 1;
+                by_destination.insert(destination.to_string(), counts);
+            }
+        }
+    }
+    Ok(by_destination
+        .into_iter()
+        .flat_map(|(destination, counts)| {
+            State::ALL
+                .into_iter()
+                .filter(move |&s| counts[s as usize] > 0)
+                .map(move |s| (destination.clone(), s, counts[s as usize]))
+        })
+        .collect())
 }
 
 #[cfg(test)]
@@ -305,5 +322,47 @@ mod tests {
         assert!(a.file() < b.file(), "file names sort as their seqs");
         assert_eq!(Name::parse("journal.db"), None);
         assert_eq!(Name::parse("x-1.db"), None);
+    }
+
+    #[test]
+    fn counts_are_by_destination_and_state() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let conn = open_writer(&tmp.path().join("p.db")).expect("open");
+        let rows = [
+            ("a", State::Pending),
+            ("b", State::Delivered),
+            ("a", State::Delivered),
+            ("a", State::Pending),
+            ("b", State::Dropped),
+            ("a", State::HandedOff),
+        ];
+        for (seq, (destination, state)) in rows.into_iter().enumerate() {
+            let r = Record {
+                seq: seq as i64,
+                id: format!("e{seq}"),
+                destination: destination.into(),
+                accepted_ms: 1,
+                state,
+                prior: 0,
+                attempts: Vec::new(),
+                next_due_ms: None,
+                finished_ms: None,
+                reason: None,
+                endpoint: None,
+            };
+            assert!(insert(&conn, &r).expect("insert"));
+        }
+        let mut counts = counts(&conn).expect("counts");
+        counts.sort_by_key(|(d, s, _)| (d.clone(), *s as i64));
+        assert_eq!(
+            counts,
+            vec![
+                ("a".to_string(), State::Pending, 2),
+                ("a".to_string(), State::Delivered, 1),
+                ("a".to_string(), State::HandedOff, 1),
+                ("b".to_string(), State::Delivered, 1),
+                ("b".to_string(), State::Dropped, 1),
+            ]
+        );
     }
 }
