@@ -657,15 +657,15 @@ fn run(path: &Path) -> ExitCode {
 }
 
 /// Where SQLite puts the temporary files of a sort too large for its cache
-/// (a history partition's counts at a start and its index at a roll, from
-/// ~60,000 rows): by default /var/tmp, /usr/tmp, /tmp or the working
-/// directory, none of which is writable in a container with a read-only
-/// root filesystem (as deploy/ runs courier), where such a start failed
-/// with "disk I/O error". The journal's directory is writable by
-/// definition, and SQLite unlinks each file as it opens it.
-/// `SQLITE_TMPDIR`, when set, is the operator's choice.
+/// (a history partition's index, built when it rolls or at the next
+/// start): by default /var/tmp, /usr/tmp, /tmp or the working directory,
+/// none of which is writable in a container with a read-only root
+/// filesystem (as deploy/ runs courier), where such a start failed with
+/// "disk I/O error". The journal's directory is writable by definition,
+/// and SQLite unlinks each file as it opens it. `SQLITE_TMPDIR` or
+/// `TMPDIR`, when set, is the operator's choice.
 fn sqlite_temp_files_in(journal_dir: &Path) {
-    if std::env::var_os("SQLITE_TMPDIR").is_none() {
+    if std::env::var_os("SQLITE_TMPDIR").is_none() && std::env::var_os("TMPDIR").is_none() {
         // SAFETY: called before any other thread starts, and before SQLite
         // initializes (it reads the variable once, at its initialization).
         unsafe {
@@ -885,6 +885,8 @@ fn runs(items: impl Iterator<Item = String>) -> String {
 }
 
 fn inspect(dir: &Path) -> ExitCode {
+    // Run with `kubectl exec` in the same read-only container.
+    sqlite_temp_files_in(dir);
     let mut o = String::new();
     let report = match courier::journal::inspect(dir) {
         Ok(r) => r,

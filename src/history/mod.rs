@@ -158,8 +158,7 @@ impl History {
         signed.map(|n| n.max(0) as u64)
     }
 
-    /// Once the start's count of the partitions it found is in `counts`
-    /// (a few hundred ms after the start with a million records).
+    /// Once the start's count of the partitions it found is in `counts`.
     pub async fn counted(&self) {
         let mut done = self.shared.counted.subscribe();
         // The sender lives in `shared`, which `self` holds: never closed.

@@ -82,7 +82,6 @@ impl Recorder {
             snapshots.push((name.clone(), partition::snapshot(&path)?));
             parts.push((name, conn));
         }
-        count_in_background(shared.clone(), snapshots);
         let rows: i64 = match parts.last() {
             Some((_, conn)) => {
                 conn.query_row("SELECT COUNT(*) FROM deliveries", [], |r| r.get(0))?
@@ -114,6 +113,7 @@ impl Recorder {
             r.start_partition()?;
         }
         r.publish();
+        count_in_background(r.shared.clone(), snapshots);
         Ok(r)
     }
 
@@ -445,10 +445,10 @@ impl Recorder {
 }
 
 /// Counts the records of the partitions a start found, on a thread of its
-/// own: with a million records it read every row, 300 of the 650 ms from
-/// spawn to ready after a SIGKILL (benches/RESULTS.md). Each connection
-/// holds a read transaction begun before the recorder changed anything,
-/// so the count and the recorder's deltas since add up exactly.
+/// own: reading every row of a large history was most of the time from
+/// spawn to ready (benches/RESULTS.md). Each connection holds a read
+/// transaction begun before the recorder changed anything, so the count
+/// and the recorder's deltas since add up exactly.
 fn count_in_background(shared: Arc<Shared>, snapshots: Vec<(Name, Connection)>) {
     let work = Arc::new(Mutex::new(Some((shared, snapshots))));
     let for_thread = work.clone();
@@ -468,7 +468,10 @@ fn count(work: &ToCount) {
     let Some((shared, snapshots)) = work.lock().ok().and_then(|mut w| w.take()) else {
         return;
     };
-    for (name, conn) in snapshots {
+    let _counted = Counted(&shared);
+    // Newest first: its snapshot is the one a roll's checkpoint would wait
+    // for, and it goes as soon as it is counted.
+    for (name, conn) in snapshots.into_iter().rev() {
         match partition::counts(&conn) {
             Ok(counts) => {
                 for (destination, state, n) in counts {
@@ -476,12 +479,21 @@ fn count(work: &ToCount) {
                 }
             }
             Err(e) => {
-                tracing::warn!(partition = %name.file(), error = %e, "cannot count a history partition's records; the destinations' counts leave them out until the next start");
+                tracing::warn!(partition = %name.file(), error = %e, "cannot count a history partition's records; the destinations' counts in /v1/destinations are off until the next start");
             }
         }
     }
-    shared.counted.send_replace(true);
     crate::metrics::history(shared.records(), shared.bytes.load(Ordering::Relaxed));
+}
+
+/// Tells the waiting readers the count is in, however `count` ends: an
+/// answer of `/v1/destinations` must never wait for ever.
+struct Counted<'a>(&'a Shared);
+
+impl Drop for Counted<'_> {
+    fn drop(&mut self) {
+        self.0.counted.send_replace(true);
+    }
 }
 
 /// `s` applied to `r`: the journal is the truth, so a later step wins even

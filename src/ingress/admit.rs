@@ -113,12 +113,14 @@ fn gate<'r>(
 /// (`crate::no_room`): what passes the gate is refused 507 `disk_full`, as
 /// on a full disk with the journal open; counted and logged the same way.
 ///
-/// Every answer closes its connection, after reading the body (within
-/// `max_body_bytes` and the body's deadline): a connection kept alive here
-/// would be closed under the app's client when the journal opens, and a
-/// POST sent on it at that moment fails without an answer (the client
-/// cannot know whether to send it again). A close with the body unread
-/// would reset the connection before the client read the 507.
+/// Every HTTP/1 answer closes its connection, after the body is read and
+/// dropped frame by frame (at most `max_body_bytes`, within the body's
+/// deadline; nothing is kept): a connection kept alive here would be
+/// closed under the app's client when the journal opens, and a POST sent
+/// on it at that moment fails without an answer (the client cannot know
+/// whether to send it again). A close with the body unread would reset
+/// the connection before the client read the 507. A client that waits
+/// for `100 Continue` has sent no body: it gets the 507 at once.
 pub async fn waiting(settings: &Settings, req: Request<Incoming>) -> Response<Body> {
     let mut resp = match gate(settings, &req) {
         Ok((route, _)) => {
@@ -127,16 +129,29 @@ pub async fn waiting(settings: &Settings, req: Request<Incoming>) -> Response<Bo
         Err(refused) => *refused,
     };
     rejection::record(&resp, req.extensions().get::<RemoteAddr>().copied());
-    let limit = usize::try_from(settings.ingress.max_body_bytes).unwrap_or(usize::MAX);
-    let read =
-        http_body_util::BodyExt::collect(http_body_util::Limited::new(req.into_body(), limit));
-    // What the body held, or why it could not be read, changes nothing.
-    let _ = tokio::time::timeout(BODY_DEADLINE, read).await;
+    if !req.headers().contains_key(http::header::EXPECT) {
+        let limit = settings.ingress.max_body_bytes;
+        let _ = tokio::time::timeout(BODY_DEADLINE, discard(req.into_body(), limit)).await;
+    }
     resp.headers_mut().insert(
         http::header::CONNECTION,
         http::HeaderValue::from_static("close"),
     );
     resp
+}
+
+/// Reads `body` to its end or past `limit` bytes, keeping none of it.
+async fn discard(mut body: Incoming, limit: u64) {
+    let mut read = 0u64;
+    // Bounded by `limit` and by the deadline the caller puts around it.
+    while let Some(Ok(frame)) = http_body_util::BodyExt::frame(&mut body).await {
+        if let Some(data) = frame.data_ref() {
+            read += data.len() as u64;
+            if read > limit {
+                return;
+            }
+        }
+    }
 }
 
 impl Ingress {

@@ -518,15 +518,17 @@ async fn a_start_on_a_full_disk_comes_up_the_same_way_every_time() {
 }
 
 /// A container with a read-only root filesystem (as deploy/ runs courier):
-/// only the journal's volume is writable. A start over a history whose
-/// newest partition holds 60,000 rows sorts them past SQLite's cache,
-/// into a temporary file; courier puts those beside the journal, where
-/// SQLite's defaults (/var/tmp, /usr/tmp, /tmp, the working directory)
-/// made that start fail with "disk I/O error" and exit.
+/// only the journal's volume is writable. History's first partition rolls
+/// at 100,000 records, and its index is built then by a sort past
+/// SQLite's cache, into a temporary file; courier puts those beside the
+/// journal. Where SQLite's defaults (/var/tmp, /usr/tmp, /tmp, the working
+/// directory) were read-only, the roll left the partition without its
+/// index, and the next start, which builds it, failed with "disk I/O
+/// error" and exited.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "mounts a tmpfs, so needs root: .ci/test runs it as root with -- --ignored disk::"]
 async fn a_start_with_a_read_only_root_filesystem_reopens_a_large_history() {
-    const EVENTS: usize = 65_000;
+    const EVENTS: usize = 105_000;
     const PER_REQUEST: usize = 1_000;
     let tmp = tempfile::tempdir().expect("tempdir");
     let disk = SmallDisk::mount(&tmp.path().join("fs"), "256m")
