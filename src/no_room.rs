@@ -62,8 +62,8 @@ pub(crate) async fn wait(
         admin = %local(&admin_kept, settings.admin_listen, "admin_listen")?,
         "courier listening; the disk holding the journal is full, so the journal opens once there is room: until then ingress answers 507 disk_full and /readyz 503"
     );
-    let stop = CancellationToken::new();
-    let servers = serve(&settings, prometheus, ingress, admin, &stop);
+    let (stop, closing) = (CancellationToken::new(), CancellationToken::new());
+    let servers = serve(&settings, prometheus, ingress, admin, &stop, &closing);
     let started = Instant::now();
     let mut wait = FIRST_WAIT;
     let outcome = loop {
@@ -86,6 +86,7 @@ pub(crate) async fn wait(
     for s in servers {
         let _ = s.await;
     }
+    closing.cancel();
     let Some((journal, recovered)) = outcome? else {
         tracing::info!(
             "stopped while waiting for room: the journal was never opened, and nothing was accepted"
@@ -137,10 +138,12 @@ fn serve(
     ingress: TcpListener,
     admin: TcpListener,
     stop: &CancellationToken,
+    closing: &CancellationToken,
 ) -> [tokio::task::JoinHandle<()>; 2] {
     let (for_ingress, for_admin) = (settings.clone(), settings.clone());
     [
-        tokio::spawn(server::serve(
+        // A POST on a connection accepted as the journal opens is answered.
+        tokio::spawn(server::serve_apart(
             ingress,
             tower::service_fn(move |req| {
                 let settings = for_ingress.clone();
@@ -148,6 +151,7 @@ fn serve(
             }),
             server::Edge::INGRESS,
             stop.clone(),
+            closing.clone(),
         )),
         tokio::spawn(server::serve(
             admin,

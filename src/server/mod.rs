@@ -66,6 +66,30 @@ where
     B: hyper::body::Body<Data = Bytes> + Send + Unpin + 'static,
     B::Error: Into<tower::BoxError> + std::fmt::Display,
 {
+    serve_apart(listener, service, edge, stop.clone(), stop).await;
+}
+
+/// `serve`, with the connections stopped apart from the listener: once
+/// `accepting` is cancelled no connection is accepted, and those open go
+/// on until they end or `connections` is (the ingress of `no_room`, whose
+/// answers each close their connection: one accepted as the journal opens
+/// is still answered). Returns once none is left, or after 2 s.
+pub async fn serve_apart<S, B>(
+    listener: TcpListener,
+    service: S,
+    edge: Edge,
+    accepting: CancellationToken,
+    connections: CancellationToken,
+) where
+    S: Service<Request<Incoming>, Response = Response<B>, Error = Infallible>
+        + Clone
+        + Send
+        + Unpin
+        + 'static,
+    S::Future: Send + 'static,
+    B: hyper::body::Body<Data = Bytes> + Send + Unpin + 'static,
+    B::Error: Into<tower::BoxError> + std::fmt::Display,
+{
     let service = layers::stack(service, edge.name);
     let builders = Arc::new(Builders::new());
     let once = Arc::new(builder(false));
@@ -81,7 +105,7 @@ where
                     continue;
                 }
             },
-            _ = stop.cancelled() => break,
+            _ = accepting.cancelled() => break,
         };
         let _ = stream.set_nodelay(true);
         let service = AddExtension::new(service.clone(), RemoteAddr(peer));
@@ -91,7 +115,7 @@ where
                 service,
                 slot,
                 builders.clone(),
-                stop.clone(),
+                connections.clone(),
             )),
             Err(_) => {
                 let service = BeyondCap {

@@ -463,31 +463,41 @@ async fn a_start_waiting_for_room_answers_every_post_across_the_journals_open() 
     assert_eq!(r.status, 507, "{}\n{}", r.text(), s.courier.logs());
     assert_eq!(r.header("connection"), Some("close"), "{:?}", r.headers);
 
-    let url = s.courier.url("orders");
-    let poster = tokio::spawn(async move {
-        let mut answers = Vec::new();
-        // Bounded: 10 s of POSTs at most.
-        for i in 0..2000 {
-            let id = format!("across{i}");
-            let r = client::try_post(&url, body(), &[("idempotency-key", &id)])
-                .await
-                .unwrap_or_else(|e| panic!("POST {i} got no answer: {e}"));
-            answers.push(r.status);
-            if r.status == 202 {
-                return (answers, id);
-            }
-            assert_eq!(r.status, 507, "{}", r.text());
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-        panic!("never accepted: {answers:?}");
-    });
+    // Four clients at once, so that some connection is being accepted or
+    // read at the moment the journal opens.
+    let posters: Vec<_> = (0..4)
+        .map(|p| {
+            let url = s.courier.url("orders");
+            tokio::spawn(async move {
+                let mut answers = Vec::new();
+                // Bounded: 10 s of POSTs at most.
+                for i in 0..2000 {
+                    let id = format!("across{p}-{i}");
+                    let r = client::try_post(&url, body(), &[("idempotency-key", &id)])
+                        .await
+                        .unwrap_or_else(|e| panic!("POST {i} of client {p} got no answer: {e}"));
+                    answers.push(r.status);
+                    if r.status == 202 {
+                        return (answers, id);
+                    }
+                    assert_eq!(r.status, 507, "{}", r.text());
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+                panic!("never accepted: {answers:?}");
+            })
+        })
+        .collect();
     tokio::time::sleep(Duration::from_millis(300)).await;
     s.disk.free();
-    let (answers, id) = poster.await.expect("the poster");
-    println!("{} answers before the first 202", answers.len() - 1);
-    assert!(answers.len() > 1, "the disk was freed before any 507");
+    let mut acked = HashSet::new();
+    for poster in posters {
+        let (answers, id) = poster.await.expect("a poster");
+        println!("{} answers before the first 202", answers.len() - 1);
+        assert!(answers.len() > 1, "the disk was freed before any 507");
+        acked.insert(id);
+    }
     until_ready(&s).await;
-    all_delivered(&s, &HashSet::from([id])).await;
+    all_delivered(&s, &acked).await;
 }
 
 /// A start on a disk full to the last byte, 20 times beside two busy
