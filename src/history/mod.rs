@@ -48,6 +48,9 @@ pub const DIR: &str = "history";
 pub enum HistoryError {
     #[error("cannot open the event history in {0}: {1}")]
     Open(PathBuf, String),
+    /// A start on a full disk waits for room rather than exit.
+    #[error("cannot open the event history in {0}: the disk is full ({1})")]
+    DiskFull(PathBuf, String),
 }
 
 /// Records per destination, by stored state.
@@ -126,8 +129,15 @@ impl History {
         settings: HistorySettings,
     ) -> Result<(History, Recorder), HistoryError> {
         let dir = journal_dir.join(DIR);
-        let err = |e: &dyn std::fmt::Display| HistoryError::Open(dir.clone(), e.to_string());
-        std::fs::create_dir_all(&dir).map_err(|e| err(&e))?;
+        let err = |e: &dyn std::fmt::Display, full: bool| {
+            if full {
+                HistoryError::DiskFull(dir.clone(), e.to_string())
+            } else {
+                HistoryError::Open(dir.clone(), e.to_string())
+            }
+        };
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| err(&e, e.kind() == std::io::ErrorKind::StorageFull))?;
         crate::file_modes::tighten(&dir);
         let shared = Arc::new(Shared {
             dir: dir.clone(),
@@ -137,7 +147,10 @@ impl History {
             counted: tokio::sync::watch::Sender::new(false),
             bytes: AtomicU64::new(0),
         });
-        let recorder = Recorder::open(shared.clone(), settings).map_err(|e| err(&e))?;
+        let recorder = Recorder::open(shared.clone(), settings).map_err(|e| {
+            let full = e.sqlite_error_code() == Some(rusqlite::ErrorCode::DiskFull);
+            err(&e, full)
+        })?;
         Ok((History { shared }, recorder))
     }
 

@@ -366,7 +366,7 @@ impl Opening<'_> {
     /// full one fails there, and must wait for room like the journal's.
     fn history_error(&self, e: HistoryError) -> OpenError {
         let free = reserve::space(self.dir).map_or(u64::MAX, |s| s.1);
-        if free < NEARLY_FULL {
+        if matches!(e, HistoryError::DiskFull(..)) || free < NEARLY_FULL {
             OpenError::DiskFull(self.dir.to_path_buf(), free)
         } else {
             e.into()
