@@ -8,6 +8,7 @@ use super::step::{self, State, Step};
 use crate::clock;
 use crate::config::HistorySettings;
 use rusqlite::Connection;
+use std::borrow::Cow;
 use std::collections::BTreeSet;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
@@ -136,7 +137,8 @@ impl Recorder {
         }
         let mut open: BTreeSet<usize> = BTreeSet::new();
         let mut new_ids = Vec::new();
-        let result = self.record_in(accepted, steps, &mut open, &mut new_ids);
+        let mut deltas = Vec::new();
+        let result = self.record_in(accepted, steps, &mut open, &mut new_ids, &mut deltas);
         for &i in &open {
             let conn = &self.parts[i].1;
             if result.is_ok() {
@@ -148,6 +150,11 @@ impl Recorder {
         if result.is_ok() {
             self.unsynced.extend(open);
             self.publish_ids(&new_ids);
+            // Counted once committed: a failed record (a full disk) is not
+            // retried, and its rows are gone.
+            for (destination, state, delta) in deltas {
+                self.shared.count(&destination, state, delta);
+            }
         }
         result
     }
@@ -159,12 +166,13 @@ impl Recorder {
         }
     }
 
-    fn record_in(
+    fn record_in<'a>(
         &mut self,
-        accepted: &[Accepted<'_>],
+        accepted: &[Accepted<'a>],
         steps: &[(i64, &Step)],
         open: &mut BTreeSet<usize>,
         new_ids: &mut Vec<(u32, i64)>,
+        deltas: &mut Vec<(Cow<'a, str>, State, i64)>,
     ) -> rusqlite::Result<()> {
         for a in accepted {
             let mut r = Record {
@@ -196,7 +204,7 @@ impl Recorder {
             }
             let conn = self.begin(self.parts.len() - 1, open)?;
             if partition::insert(conn, &r)? {
-                self.shared.count(&r.destination, r.state, 1);
+                deltas.push((Cow::Borrowed(a.destination), r.state, 1));
                 self.rows_in_current += 1;
                 new_ids.push((partition::id_hash(&r.id), r.seq));
             }
@@ -210,8 +218,8 @@ impl Recorder {
             apply(&mut r, s);
             partition::update(self.begin(i, open)?, &r)?;
             if before != r.state {
-                self.shared.count(&r.destination, before, -1);
-                self.shared.count(&r.destination, r.state, 1);
+                deltas.push((Cow::Owned(r.destination.clone()), before, -1));
+                deltas.push((Cow::Owned(r.destination), r.state, 1));
             }
         }
         Ok(())
@@ -834,6 +842,38 @@ mod tests {
         }
         let dir = tmp.path().join(super::super::DIR);
         assert_eq!(partition::list(&dir).expect("list").len(), 7);
+    }
+
+    /// A record that fails (a full disk) is rolled back whole and not
+    /// retried: the counts keep none of it.
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_record_changes_no_count() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let (settings, delivered) = (rolling_every_10s(), delivered());
+        let (history, mut rec) = History::open(tmp.path(), settings).expect("open");
+        rec.record(&[accepted(1, "one")], &[]).expect("record");
+        tokio::time::advance(Duration::from_secs(11)).await;
+        rec.maintain(&|_| true).expect("roll");
+        rec.record(&[accepted(2, "two")], &[]).expect("record");
+        history.counted().await;
+        let before = history.counts("a");
+        // The older partition refuses writes: the step on 1 fails after 3
+        // was inserted in the newest.
+        rec.parts[0]
+            .1
+            .pragma_update(None, "query_only", true)
+            .expect("query_only");
+        let failed = rec.record(&[accepted(3, "three")], &[(1, &delivered)]);
+        assert!(failed.is_err(), "the step on a read-only partition fails");
+        assert_eq!(history.counts("a"), before, "nothing of it counted");
+        assert!(
+            history
+                .reader()
+                .find("three", None)
+                .expect("find")
+                .is_empty(),
+            "rolled back"
+        );
     }
 
     #[tokio::test(start_paused = true)]
