@@ -242,6 +242,7 @@ pub async fn run(settings: Settings, source: ConfigSource) -> Result<(), RunErro
             }),
             server::Edge::INGRESS,
             lifecycle.stop_servers.clone(),
+            lifecycle.stop_servers.clone(),
         )),
         tokio::spawn(server::serve(
             admin_listener,
@@ -250,6 +251,7 @@ pub async fn run(settings: Settings, source: ConfigSource) -> Result<(), RunErro
                 async move { Ok::<_, Infallible>(admin.handle(req).await) }
             }),
             server::Edge::ADMIN,
+            lifecycle.stop_servers.clone(),
             lifecycle.stop_servers.clone(),
         )),
     ];

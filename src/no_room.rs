@@ -143,7 +143,7 @@ fn serve(
     let (for_ingress, for_admin) = (settings.clone(), settings.clone());
     [
         // A POST on a connection accepted as the journal opens is answered.
-        tokio::spawn(server::serve_apart(
+        tokio::spawn(server::serve(
             ingress,
             tower::service_fn(move |req| {
                 let settings = for_ingress.clone();
@@ -160,6 +160,7 @@ fn serve(
                 async move { Ok::<_, Infallible>(resp) }
             }),
             server::Edge::ADMIN,
+            stop.clone(),
             stop.clone(),
         )),
     ]

@@ -10,8 +10,8 @@ use crate::config::HistorySettings;
 use rusqlite::Connection;
 use std::borrow::Cow;
 use std::collections::BTreeSet;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 // tokio's, so that a test with paused time steps the partitions' clock.
 use tokio::time::Instant;
@@ -458,25 +458,20 @@ impl Recorder {
 /// transaction begun before the recorder changed anything, so the count
 /// and the recorder's deltas since add up exactly.
 fn count_in_background(shared: Arc<Shared>, snapshots: Vec<(Name, Connection)>) {
-    let work = Arc::new(Mutex::new(Some((shared, snapshots))));
-    let for_thread = work.clone();
+    // Dropped with the closure whether it runs or the thread cannot start.
+    let counted = Counted(shared);
     let spawned = std::thread::Builder::new()
         .name("history-count".into())
-        .spawn(move || count(&for_thread));
-    if spawned.is_err() {
-        count(&work);
+        .spawn(move || {
+            count(&counted.0, snapshots);
+            drop(counted);
+        });
+    if let Err(e) = spawned {
+        tracing::warn!(error = %e, "cannot start a thread to count history's records; the destinations' counts in /v1/destinations leave out those from before this start");
     }
 }
 
-/// What a start found to count, taken once (by the thread, or here when
-/// no thread could start).
-type ToCount = Mutex<Option<(Arc<Shared>, Vec<(Name, Connection)>)>>;
-
-fn count(work: &ToCount) {
-    let Some((shared, snapshots)) = work.lock().ok().and_then(|mut w| w.take()) else {
-        return;
-    };
-    let _counted = Counted(&shared);
+fn count(shared: &Shared, snapshots: Vec<(Name, Connection)>) {
     // Newest first: its snapshot is the one a roll's checkpoint would wait
     // for, and it goes as soon as it is counted.
     for (name, conn) in snapshots.into_iter().rev() {
@@ -494,11 +489,11 @@ fn count(work: &ToCount) {
     crate::metrics::history(shared.records(), shared.bytes.load(Ordering::Relaxed));
 }
 
-/// Tells the waiting readers the count is in, however `count` ends: an
-/// answer of `/v1/destinations` must never wait for ever.
-struct Counted<'a>(&'a Shared);
+/// Tells the waiting readers the count is in, however it ends: an answer
+/// of `/v1/destinations` must never wait for ever.
+struct Counted(Arc<Shared>);
 
-impl Drop for Counted<'_> {
+impl Drop for Counted {
     fn drop(&mut self) {
         self.0.counted.send_replace(true);
     }

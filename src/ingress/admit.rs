@@ -130,28 +130,15 @@ pub async fn waiting(settings: &Settings, req: Request<Incoming>) -> Response<Bo
     };
     rejection::record(&resp, req.extensions().get::<RemoteAddr>().copied());
     if !req.headers().contains_key(http::header::EXPECT) {
-        let limit = settings.ingress.max_body_bytes;
-        let _ = tokio::time::timeout(BODY_DEADLINE, discard(req.into_body(), limit)).await;
+        let limit = usize::try_from(settings.ingress.max_body_bytes).unwrap_or(usize::MAX);
+        let read = crate::deliver::stack::discard(req.into_body(), limit);
+        let _ = tokio::time::timeout(BODY_DEADLINE, read).await;
     }
     resp.headers_mut().insert(
         http::header::CONNECTION,
         http::HeaderValue::from_static("close"),
     );
     resp
-}
-
-/// Reads `body` to its end or past `limit` bytes, keeping none of it.
-async fn discard(mut body: Incoming, limit: u64) {
-    let mut read = 0u64;
-    // Bounded by `limit` and by the deadline the caller puts around it.
-    while let Some(Ok(frame)) = http_body_util::BodyExt::frame(&mut body).await {
-        if let Some(data) = frame.data_ref() {
-            read += data.len() as u64;
-            if read > limit {
-                return;
-            }
-        }
-    }
 }
 
 impl Ingress {

@@ -179,6 +179,12 @@ impl DiskError for std::io::Error {
     }
 }
 
+impl DiskError for HistoryError {
+    fn disk_full(&self) -> bool {
+        matches!(self, HistoryError::DiskFull(..))
+    }
+}
+
 impl DiskError for rusqlite::Error {
     fn disk_full(&self) -> bool {
         self.sqlite_error_code() == Some(rusqlite::ErrorCode::DiskFull)

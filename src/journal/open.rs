@@ -18,7 +18,7 @@ use super::{
 };
 use crate::clock;
 use crate::config::HistorySettings;
-use crate::history::{History, HistoryError, Recorder};
+use crate::history::{History, Recorder};
 use arc_swap::ArcSwap;
 use rusqlite::Connection;
 use std::collections::{BTreeSet, HashMap};
@@ -59,7 +59,10 @@ impl Journal {
         let reserve = o.release_reserve()?;
         let (history, recorder) = match history {
             Some(settings) => {
-                let (h, r) = History::open(dir, settings).map_err(|e| o.history_error(e))?;
+                // Its files are made on the same disk: a first start on a
+                // full one fails there, and waits for room like the journal.
+                let (h, r) = History::open(dir, settings)
+                    .map_err(|e| o.full(&e).unwrap_or_else(|| e.into()))?;
                 (Some(h), Some(r))
             }
             None => (None, None),
@@ -360,17 +363,6 @@ impl Opening<'_> {
         let free = reserve::space(self.dir).map_or(u64::MAX, |s| s.1);
         (e.disk_full() || free < NEARLY_FULL)
             .then(|| OpenError::DiskFull(self.dir.to_path_buf(), free))
-    }
-
-    /// The history's files are made on the same disk: a first start on a
-    /// full one fails there, and must wait for room like the journal's.
-    fn history_error(&self, e: HistoryError) -> OpenError {
-        let free = reserve::space(self.dir).map_or(u64::MAX, |s| s.1);
-        if matches!(e, HistoryError::DiskFull(..)) || free < NEARLY_FULL {
-            OpenError::DiskFull(self.dir.to_path_buf(), free)
-        } else {
-            e.into()
-        }
     }
 
     fn dir_error(&self, e: std::io::Error) -> OpenError {

@@ -53,28 +53,13 @@ pub fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
     socket.listen(edge::BACKLOG)
 }
 
-/// Serves `service` on `listener` until `stop` is cancelled; open
-/// connections are then shut down gracefully.
-pub async fn serve<S, B>(listener: TcpListener, service: S, edge: Edge, stop: CancellationToken)
-where
-    S: Service<Request<Incoming>, Response = Response<B>, Error = Infallible>
-        + Clone
-        + Send
-        + Unpin
-        + 'static,
-    S::Future: Send + 'static,
-    B: hyper::body::Body<Data = Bytes> + Send + Unpin + 'static,
-    B::Error: Into<tower::BoxError> + std::fmt::Display,
-{
-    serve_apart(listener, service, edge, stop.clone(), stop).await;
-}
-
-/// `serve`, with the connections stopped apart from the listener: once
-/// `accepting` is cancelled no connection is accepted, and those open go
-/// on until they end or `connections` is (the ingress of `no_room`, whose
-/// answers each close their connection: one accepted as the journal opens
-/// is still answered). Returns once none is left, or after 2 s.
-pub async fn serve_apart<S, B>(
+/// Serves `service` on `listener` until `accepting` is cancelled; the
+/// connections open then go on until they end or `connections` is, and
+/// are shut down gracefully. Most callers pass one token for both; the
+/// ingress of `no_room` passes two, as its answers each close their
+/// connection: one accepted as the journal opens is still answered.
+/// Returns once no connection is left, or after 2 s.
+pub async fn serve<S, B>(
     listener: TcpListener,
     service: S,
     edge: Edge,

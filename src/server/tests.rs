@@ -43,6 +43,7 @@ async fn start(max_connections: usize) -> (SocketAddr, CancellationToken) {
         tower::service_fn(handler),
         edge,
         stop.clone(),
+        stop.clone(),
     ));
     (addr, stop)
 }

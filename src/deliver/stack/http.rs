@@ -70,6 +70,15 @@ where
 
 /// Reads a body to its end, dropping its bytes; ends early (the body
 /// dropped, so its connection closes) on an error or past `left` bytes.
+/// Reads `body` to its end, or until it passes `limit` bytes, keeping none
+/// of it (also ingress's answers while the journal waits for room).
+pub fn discard<B>(body: B, limit: usize) -> impl Future<Output = ()>
+where
+    B: hyper::body::Body + Unpin,
+{
+    Discard { body, left: limit }
+}
+
 struct Discard<B> {
     body: B,
     left: usize,
