@@ -33,15 +33,20 @@ CREATE TABLE IF NOT EXISTS deliveries (
 CREATE INDEX IF NOT EXISTS unfinished ON deliveries(seq) WHERE state = 0;
 ";
 
-/// Built when the partition stops being the newest (`newest` stands in
-/// for it until then).
-const BY_ID: &str = "CREATE INDEX IF NOT EXISTS by_id ON deliveries(idh)";
-
-/// `url: per_event`: the endpoint's origin (never its path or query,
-/// which often carry the endpoint's own secret, as history is read
-/// without the admin token), for `?endpoint=`. Partitions written before
-/// it get the column, NULL.
-const ENDPOINTS: &str = "
+/// The lookups by id and by endpoint, built when the partition stops being
+/// the newest. A row's id is random, and with many endpoints so is its
+/// place among the endpoints: kept while the partition is written, each
+/// index dirtied a page a row, which its commit and checkpoint then wrote
+/// (benches/RESULTS.md, step m). Until the roll, `newest` stands in for
+/// the ids and `?endpoint=` reads the newest partition whole (at most
+/// `recorder::MAX_ROWS` rows).
+///
+/// `endpoint` (`url: per_event`) is the endpoint's origin, never its path
+/// or query, which often carry the endpoint's own secret, as history is
+/// read without the admin token. Partitions written before it get the
+/// column, NULL.
+const ROLLED_INDEXES: &str = "
+CREATE INDEX IF NOT EXISTS by_id ON deliveries(idh);
 CREATE INDEX IF NOT EXISTS by_endpoint ON deliveries(endpoint, seq) WHERE endpoint IS NOT NULL;
 ";
 
@@ -88,15 +93,16 @@ pub fn id_hash(id: &str) -> u32 {
     crc32c::crc32c(id.as_bytes()) & 0x7fff_ffff
 }
 
-/// Gives a partition no longer written to its index by id.
-pub fn index_ids(conn: &Connection) -> rusqlite::Result<()> {
-    conn.execute_batch(BY_ID)
+/// Gives a partition no longer written to its indexes by id and by
+/// endpoint.
+pub fn index_rolled(conn: &Connection) -> rusqlite::Result<()> {
+    conn.execute_batch(ROLLED_INDEXES)
 }
 
-/// The newest partition goes without the index (a file written before
-/// it went had one), and its rows' id hashes, for `newest`.
+/// The newest partition goes without those indexes (a file written before
+/// it went had them), and its rows' id hashes, for `newest`.
 pub fn unindexed_ids(conn: &Connection) -> rusqlite::Result<Vec<(u32, i64)>> {
-    conn.execute_batch("DROP INDEX IF EXISTS by_id")?;
+    conn.execute_batch("DROP INDEX IF EXISTS by_id; DROP INDEX IF EXISTS by_endpoint")?;
     let mut stmt = conn.prepare("SELECT idh, seq FROM deliveries ORDER BY seq")?;
     stmt.query_map([], |r| {
         Ok((
@@ -181,7 +187,6 @@ pub fn open_writer(path: &Path) -> rusqlite::Result<Connection> {
     if !has_endpoint {
         conn.execute_batch("ALTER TABLE deliveries ADD COLUMN endpoint TEXT")?;
     }
-    conn.execute_batch(ENDPOINTS)?;
     Ok(conn)
 }
 

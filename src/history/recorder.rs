@@ -75,9 +75,9 @@ impl Recorder {
                 let rows = partition::unindexed_ids(&conn)?;
                 shared.newest().reset(name.clone(), rows);
             } else {
-                // Rolled by a courier that stopped before its index was
+                // Rolled by a courier that stopped before its indexes were
                 // committed.
-                partition::index_ids(&conn)?;
+                partition::index_rolled(&conn)?;
                 partition::idle(&conn)?;
             }
             snapshots.push((name.clone(), partition::snapshot(&path)?));
@@ -341,14 +341,15 @@ impl Recorder {
             open.remove(&newest);
             self.unsynced.insert(newest);
         }
-        // Looked up by id through its index from now on: built before the
-        // readers are told it is no longer the newest. Without it (a full
-        // disk) a lookup reads the partition whole, still right, and the
-        // next start builds it: history goes on rolling and dropping.
+        // Looked up by id and by endpoint through its indexes from now on:
+        // built before the readers are told it is no longer the newest.
+        // Without them (a full disk) a lookup reads the partition whole,
+        // still right, and the next start builds them: history goes on
+        // rolling and dropping.
         if let Some((name, conn)) = self.parts.last()
-            && let Err(e) = partition::index_ids(conn)
+            && let Err(e) = partition::index_rolled(conn)
         {
-            tracing::warn!(partition = %name.file(), error = %e, "cannot index a history partition by id; lookups read it whole until the next start");
+            tracing::warn!(partition = %name.file(), error = %e, "cannot index a history partition by id and endpoint; lookups read it whole until the next start");
         }
         // Written seldom from now on (a retry's step): its WAL folded in,
         // its cache given back.
@@ -577,7 +578,7 @@ fn apply(r: &mut Record, s: &Step) {
 mod tests {
     use super::*;
     use crate::event::{Outcome, Reason};
-    use crate::history::{Attempt, History};
+    use crate::history::{Attempt, Filter, History};
 
     fn attempt(number: u32, outcome: Outcome, status: u16) -> Attempt {
         Attempt {
@@ -688,15 +689,66 @@ mod tests {
         }
     }
 
-    fn has_id_index(dir: &std::path::Path, name: &Name) -> bool {
+    fn has_index(dir: &std::path::Path, name: &Name, index: &str) -> bool {
         let conn = Connection::open(dir.join(name.file())).expect("open");
         conn.query_row(
-            "SELECT COUNT(*) FROM sqlite_master WHERE type = 'index' AND name = 'by_id'",
-            [],
+            "SELECT COUNT(*) FROM sqlite_master WHERE type = 'index' AND name = ?1",
+            [index],
             |r| r.get::<_, i64>(0),
         )
         .expect("query")
             == 1
+    }
+
+    fn has_id_index(dir: &std::path::Path, name: &Name) -> bool {
+        has_index(dir, name, "by_id")
+    }
+
+    /// The endpoint index is built at the roll, as the id index: written
+    /// with every record, with many endpoints each record dirtied a page of
+    /// it. `?endpoint=` reads the newest partition whole meanwhile.
+    #[tokio::test(start_paused = true)]
+    async fn an_endpoints_events_are_found_in_the_newest_partition_without_its_index_and_after_a_roll()
+     {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let settings = rolling_every_10s();
+        let of = |seq, id, endpoint: &str| Accepted {
+            endpoint: Some(endpoint.to_string()),
+            ..accepted(seq, id)
+        };
+        let (a, b) = ("https://a.example:443", "https://b.example:443");
+        let (history, mut rec) = History::open(tmp.path(), settings).expect("open");
+        rec.record(&[of(1, "a1", a), of(2, "b1", b), accepted(3, "fixed")], &[])
+            .expect("record");
+        let dir = history.shared.dir.clone();
+        let first = history.shared.partitions()[0].clone();
+        assert!(
+            !has_index(&dir, &first, "by_endpoint"),
+            "the newest goes without"
+        );
+        let reader = history.reader();
+        let seqs_of = |reader: &crate::history::Reader, endpoint: &str| -> Vec<i64> {
+            let filter = Filter {
+                endpoint: Some(endpoint.to_string()),
+                ..Filter::default()
+            };
+            let (rows, _) = reader.page(&filter, None, 10, &|_| true).expect("page");
+            rows.iter().map(|r| r.seq).collect()
+        };
+        assert_eq!(seqs_of(&reader, a), [1], "read off the newest, unindexed");
+
+        tokio::time::advance(Duration::from_secs(11)).await;
+        rec.maintain(&|_| true).expect("roll");
+        rec.record(&[of(4, "a2", a)], &[]).expect("record");
+        assert!(has_index(&dir, &first, "by_endpoint"), "built at the roll");
+        assert_eq!(seqs_of(&reader, a), [4, 1], "from both partitions");
+        assert_eq!(seqs_of(&reader, b), [2]);
+        drop((reader, rec, history));
+
+        let (history, _rec) = History::open(tmp.path(), settings).expect("reopen");
+        let names = history.shared.partitions();
+        assert!(!has_index(&dir, &names[1], "by_endpoint"));
+        assert_eq!(seqs_of(&history.reader(), a), [4, 1], "after a restart");
     }
 
     #[tokio::test(start_paused = true)]
