@@ -15,6 +15,7 @@ use crate::event::{Header, NewEvent, endpoint};
 use crate::journal::{Appended, Journal};
 use crate::lifecycle::Lifecycle;
 use crate::metrics;
+use crate::server::linger::Lingering;
 use crate::server::{BODY_DEADLINE, RemoteAddr, guard};
 use crate::telemetry::{Accept, Tracer};
 use bytes::Bytes;
@@ -70,9 +71,9 @@ impl Route {
 /// What every request passes before anything is read: the browser rules,
 /// the key (before the route, so that a caller without one learns no
 /// names), and the route. Returns the route and the path after its name.
-fn gate<'r>(
+fn gate<'r, B>(
     settings: &Settings,
-    req: &'r Request<Incoming>,
+    req: &'r Request<B>,
 ) -> Result<(Route, &'r str), Box<Response<Body>>> {
     let path = req.uri().path();
     let trimmed = path.strip_prefix('/').unwrap_or(path);
@@ -131,7 +132,7 @@ pub async fn waiting(settings: &Settings, req: Request<Incoming>) -> Response<Bo
     rejection::record(&resp, req.extensions().get::<RemoteAddr>().copied());
     if !req.headers().contains_key(http::header::EXPECT) {
         let limit = usize::try_from(settings.ingress.max_body_bytes).unwrap_or(usize::MAX);
-        let read = crate::deliver::stack::discard(req.into_body(), limit);
+        let read = crate::server::linger::discard(req.into_body(), limit);
         let _ = tokio::time::timeout(BODY_DEADLINE, read).await;
     }
     resp.headers_mut().insert(
@@ -164,6 +165,10 @@ impl Ingress {
     /// Answers one request; a refusal is counted and logged with its sender.
     pub async fn handle(&self, req: Request<Incoming>) -> Response<Body> {
         let remote = req.extensions().get::<RemoteAddr>().copied();
+        let (head, body) = req.into_parts();
+        let max_body = self.settings.load().ingress.max_body_bytes;
+        let body = Lingering::new(body, head.version, &head.headers, max_body);
+        let req = Request::from_parts(head, body);
         let mut accept = self
             .tracer
             .as_ref()
@@ -176,7 +181,7 @@ impl Ingress {
         resp
     }
 
-    async fn admit(&self, req: Request<Incoming>, accept: Option<&mut Accept>) -> Response<Body> {
+    async fn admit(&self, req: Request<Lingering>, accept: Option<&mut Accept>) -> Response<Body> {
         self.steps(req, accept)
             .await
             .unwrap_or_else(|refused| *refused)
@@ -187,7 +192,7 @@ impl Ingress {
     /// read (which takes room in the budget) after them.
     async fn steps(
         &self,
-        req: Request<Incoming>,
+        req: Request<Lingering>,
         mut accept: Option<&mut Accept>,
     ) -> Result<Response<Body>, Refused> {
         let settings = self.settings.load();
@@ -248,7 +253,7 @@ impl Ingress {
     async fn read(
         &self,
         name: &str,
-        req: Request<Incoming>,
+        req: Request<Lingering>,
         limit: u64,
         declared: Option<u64>,
     ) -> Result<(http::HeaderMap, Bytes), Refused> {
@@ -566,7 +571,7 @@ impl Admitted {
     /// What the request says of its events, besides their bodies: the
     /// headers that travel, the method, the path after the route's name
     /// with the query that travels; `accepted_ms` is set once the body is read.
-    fn describe(route: &Route, keyed: bool, rest: &str, req: &Request<Incoming>) -> Admitted {
+    fn describe<B>(route: &Route, keyed: bool, rest: &str, req: &Request<B>) -> Admitted {
         let publish = forward::eventgrid_publish(route.schema(), req.headers());
         let mut headers = forward::forwarded(req.headers(), keyed, publish);
         headers.retain(|(n, _)| schema::forwards_header(route.schema(), n));

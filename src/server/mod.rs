@@ -9,6 +9,7 @@ mod edge;
 pub mod guard;
 mod idle;
 mod layers;
+pub mod linger;
 mod rest;
 
 pub use edge::{BODY_DEADLINE, Edge};

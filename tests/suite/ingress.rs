@@ -610,3 +610,166 @@ async fn healthz_and_journal_sync_histogram() {
     );
     rx.wait_for(1, WAIT).await;
 }
+
+/// A client that writes its whole request before it reads the answer, as
+/// Python's, Node's and the Azure SDKs' do, on one kept-alive connection.
+struct WritesFirst {
+    stream: tokio::net::TcpStream,
+    host: std::net::SocketAddr,
+    /// Bytes read past the last answer.
+    read: Vec<u8>,
+}
+
+impl WritesFirst {
+    async fn connect(host: std::net::SocketAddr) -> WritesFirst {
+        let stream = tokio::net::TcpStream::connect(host).await.expect("connect");
+        WritesFirst {
+            stream,
+            host,
+            read: Vec::new(),
+        }
+    }
+
+    /// Sends `POST path` with `headers` and `body` (chunked when
+    /// `chunked`) and returns the answer's status and body; an error when
+    /// the connection broke before the answer came whole.
+    async fn post(
+        &mut self,
+        path: &str,
+        headers: &str,
+        body: &[u8],
+        chunked: bool,
+    ) -> std::io::Result<(u16, String)> {
+        let framing = if chunked {
+            "Transfer-Encoding: chunked".to_string()
+        } else {
+            format!("Content-Length: {}", body.len())
+        };
+        let mut raw = format!(
+            "POST {path} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\n{framing}\r\n{headers}\r\n",
+            self.host
+        )
+        .into_bytes();
+        if chunked {
+            for chunk in body.chunks(64 * 1024) {
+                raw.extend_from_slice(format!("{:x}\r\n", chunk.len()).as_bytes());
+                raw.extend_from_slice(chunk);
+                raw.extend_from_slice(b"\r\n");
+            }
+            raw.extend_from_slice(b"0\r\n\r\n");
+        } else {
+            raw.extend_from_slice(body);
+        }
+        self.stream.write_all(&raw).await?;
+        self.answer().await
+    }
+
+    /// Reads one answer: its head, then `Content-Length` bytes of body.
+    async fn answer(&mut self) -> std::io::Result<(u16, String)> {
+        let broken = |what: &str| std::io::Error::new(std::io::ErrorKind::UnexpectedEof, what);
+        let mut buf = [0u8; 8192];
+        let head_end = loop {
+            if let Some(i) = self.read.windows(4).position(|w| w == b"\r\n\r\n") {
+                break i + 4;
+            }
+            match self.stream.read(&mut buf).await? {
+                0 => return Err(broken("closed before the answer's head")),
+                n => self.read.extend_from_slice(&buf[..n]),
+            }
+        };
+        let head = String::from_utf8_lossy(&self.read[..head_end]).to_lowercase();
+        let status: u16 = head
+            .get(9..12)
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| broken("no status"))?;
+        let length: usize = head
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length:"))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0);
+        while self.read.len() < head_end + length {
+            match self.stream.read(&mut buf).await? {
+                0 => return Err(broken("closed within the answer's body")),
+                n => self.read.extend_from_slice(&buf[..n]),
+            }
+        }
+        let body = String::from_utf8_lossy(&self.read[head_end..head_end + length]).into_owned();
+        self.read.drain(..head_end + length);
+        Ok((status, body))
+    }
+}
+
+fn answered(r: std::io::Result<(u16, String)>, what: &str, c: &Courier) -> (u16, String) {
+    r.unwrap_or_else(|e| panic!("{what}: no answer ({e}); logs:\n{}", c.logs()))
+}
+
+/// Refusals made before the body is read (by its headers, or past
+/// `max_body_bytes` while reading) reach a client that writes the whole
+/// body first: the rest of the body is read and dropped after the answer
+/// (a lingering close). Without it hyper closed the connection with the
+/// body unread, the kernel reset it, and such a client saw a broken
+/// connection instead of the 404, 413 or 503 that says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refusals_before_the_body_is_read_reach_a_client_that_writes_its_body_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let hang = Receiver::start(support::behavior(|_, _| Reply::hang())).await;
+    let mut c = Courier::start(
+        dir.path(),
+        &config(
+            &hang.url(),
+            "shutdown_grace: 3s\ningress: { max_body_bytes: 1KiB }\n",
+            "",
+        ),
+    )
+    .await;
+    let big = vec![b'x'; 8 << 20];
+    let mut app = WritesFirst::connect(c.ingress_addr()).await;
+
+    let (status, body) = answered(app.post("/nope", "", &big, false).await, "404", &c);
+    assert_eq!(status, 404, "{body}");
+    assert!(body.contains("\"error\""), "{body}");
+    let (status, body) = answered(app.post("/orders", "", &big, false).await, "413", &c);
+    assert_eq!(status, 413, "declared length: {body}");
+    let (status, body) = answered(app.post("/orders", "", &big, true).await, "413", &c);
+    assert_eq!(status, 413, "chunked, found while reading: {body}");
+    // The bodies were read to their end: the connection goes on.
+    let (status, body) = answered(
+        app.post("/orders", "", b"{\"a\":1}", false).await,
+        "202",
+        &c,
+    );
+    assert_eq!(
+        status, 202,
+        "after the refusals, on their connection: {body}"
+    );
+
+    // A client waiting for `100 Continue` gets the refusal and sends nothing.
+    let mut waits = WritesFirst::connect(c.ingress_addr()).await;
+    let head = format!(
+        "POST /orders HTTP/1.1\r\nHost: {}\r\nContent-Length: {}\r\nExpect: 100-continue\r\n\r\n",
+        c.ingress_addr(),
+        big.len()
+    );
+    waits
+        .stream
+        .write_all(head.as_bytes())
+        .await
+        .expect("write");
+    let (status, body) = answered(waits.answer().await, "413 to Expect", &c);
+    assert_eq!(status, 413, "no 100 Continue before it: {body}");
+
+    // While draining, the 503 (its connection closing) reaches it too.
+    hang.wait_for(1, WAIT).await;
+    c.terminate();
+    let readyz = format!("{}/readyz", c.admin_url());
+    for _ in 0..200 {
+        if status_of(&readyz).await != Ok(200) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let mut late = WritesFirst::connect(c.ingress_addr()).await;
+    let (status, body) = answered(late.post("/orders", "", &big, false).await, "503", &c);
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(c.wait_exit(Duration::from_secs(6)).await.code(), Some(0));
+}

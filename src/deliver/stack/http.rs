@@ -3,7 +3,7 @@
 //! to the app.
 
 use crate::deliver::HttpsClient;
-use bytes::Buf;
+use crate::server::linger::discard;
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::Full;
@@ -53,54 +53,16 @@ pub fn drain<B>(body: B)
 where
     B: hyper::body::Body + Send + Unpin + 'static,
 {
-    let mut discard = Discard {
-        body,
-        left: MAX_RESPONSE_BODY,
-    };
+    let mut read = discard(body, MAX_RESPONSE_BODY);
     // A poll that finds no data leaves a waker that wakes nothing: the task
     // polls again with its own.
     let mut cx = Context::from_waker(std::task::Waker::noop());
-    if Pin::new(&mut discard).poll(&mut cx).is_ready() {
+    if Pin::new(&mut read).poll(&mut cx).is_ready() {
         return;
     }
     tokio::spawn(async move {
-        let _ = tokio::time::timeout(BODY_DRAIN, discard).await;
+        let _ = tokio::time::timeout(BODY_DRAIN, read).await;
     });
-}
-
-/// Reads a body to its end, dropping its bytes; ends early (the body
-/// dropped, so its connection closes) on an error or past `left` bytes.
-/// Reads `body` to its end, or until it passes `limit` bytes, keeping none
-/// of it (also ingress's answers while the journal waits for room).
-pub fn discard<B>(body: B, limit: usize) -> impl Future<Output = ()>
-where
-    B: hyper::body::Body + Unpin,
-{
-    Discard { body, left: limit }
-}
-
-struct Discard<B> {
-    body: B,
-    left: usize,
-}
-
-impl<B: hyper::body::Body + Unpin> Future for Discard<B> {
-    type Output = ();
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        loop {
-            match std::task::ready!(Pin::new(&mut self.body).poll_frame(cx)) {
-                Some(Ok(frame)) => {
-                    let n = frame.data_ref().map_or(0, |d| d.remaining());
-                    match self.left.checked_sub(n) {
-                        Some(left) => self.left = left,
-                        None => return Poll::Ready(()),
-                    }
-                }
-                Some(Err(_)) | None => return Poll::Ready(()),
-            }
-        }
-    }
 }
 
 #[cfg(test)]

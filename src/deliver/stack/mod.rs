@@ -14,7 +14,7 @@ mod trace;
 
 pub use classify::{Answered, Attempted, ClassifyLayer};
 pub use headers::HeadersLayer;
-pub use http::{HttpService, discard, drain};
+pub use http::{HttpService, drain};
 pub use retry::{InlineRetry, Trail};
 pub use signing::{EndpointSecrets, SigningLayer};
 pub use timeout::{Deadline, LateAnswer, TimeoutLayer};

@@ -1,0 +1,153 @@
+//! Lingering close for HTTP/1, as nginx's `lingering_close`: when a
+//! request's body was not read to its end (a refusal by its headers, such
+//! as 404, 401, 503 while draining or 413 by its declared length; a body
+//! past `max_body_bytes`), the rest is read and dropped after the answer.
+//!
+//! hyper closes a connection whose request body was left unread, and the
+//! kernel answers bytes still arriving on a closed socket with a reset.
+//! Most HTTP clients (Python's, Node's, the Azure SDKs') write the whole
+//! body before reading the answer: they met the reset, not the answer, so
+//! an app saw a broken connection where a 413 said why, and could send the
+//! same oversize event again forever.
+//!
+//! Bounded: at most `max(LINGER_BYTES, max_body_bytes)` bytes, and only
+//! until the body's deadline (`BODY_DEADLINE` from the request's head); a
+//! body beyond either is cut as before. A client waiting for `100 Continue`
+//! before it sends the body gets the answer instead and sends none, so
+//! such a body is read only if the handler had started reading it.
+//! HTTP/2 needs none of this: an answer before the body ends the stream
+//! with `RST_STREAM(NO_ERROR)`, which clients read as the end.
+
+use super::BODY_DEADLINE;
+use bytes::{Buf, Bytes};
+use http::{HeaderMap, Version};
+use hyper::body::{Body, Frame, Incoming, SizeHint};
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use tokio::time::Instant;
+
+/// Read after the answer at least this much of a body left unread.
+const LINGER_BYTES: usize = 64 * 1024 * 1024;
+
+/// A request body that is read to its end when dropped unread.
+pub struct Lingering {
+    body: Option<Incoming>,
+    http1: bool,
+    /// The client waits for `100 Continue` before it sends the body.
+    expects_continue: bool,
+    /// The handler started reading it (hyper sent `100 Continue`, if asked).
+    polled: bool,
+    /// Read to its end, or failed: nothing left to read.
+    ended: bool,
+    limit: usize,
+    deadline: Instant,
+}
+
+impl Lingering {
+    /// `body` of a request with `version` and `headers`; `max_body` is
+    /// the listener's `max_body_bytes`.
+    pub fn new(body: Incoming, version: Version, headers: &HeaderMap, max_body: u64) -> Self {
+        Lingering {
+            body: Some(body),
+            http1: version <= Version::HTTP_11,
+            expects_continue: headers.contains_key(http::header::EXPECT),
+            polled: false,
+            ended: false,
+            limit: usize::try_from(max_body)
+                .unwrap_or(usize::MAX)
+                .max(LINGER_BYTES),
+            deadline: Instant::now() + BODY_DEADLINE,
+        }
+    }
+
+    /// Whether what is left must be read after the answer.
+    fn left_unread(&self, body: &Incoming) -> bool {
+        self.http1
+            && !self.ended
+            && (self.polled || !self.expects_continue)
+            && !body.is_end_stream()
+    }
+}
+
+impl Body for Lingering {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        self.polled = true;
+        let Some(body) = self.body.as_mut() else {
+            return Poll::Ready(None);
+        };
+        let frame = std::task::ready!(Pin::new(body).poll_frame(cx));
+        if !matches!(frame, Some(Ok(_))) {
+            self.ended = true;
+        }
+        Poll::Ready(frame)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.as_ref().is_none_or(Body::is_end_stream)
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body
+            .as_ref()
+            .map_or_else(|| SizeHint::with_exact(0), Body::size_hint)
+    }
+}
+
+impl Drop for Lingering {
+    fn drop(&mut self) {
+        let Some(body) = self.body.take() else {
+            return;
+        };
+        if !self.left_unread(&body) || Instant::now() >= self.deadline {
+            return;
+        }
+        // Dropped where no runtime runs (a test's teardown): nothing reads
+        // this connection any more.
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (limit, deadline) = (self.limit, self.deadline);
+        runtime.spawn(async move {
+            let read = discard(body, limit);
+            let _ = tokio::time::timeout_at(deadline, read).await;
+        });
+    }
+}
+
+/// Reads `body` to its end, or until it passes `limit` bytes, keeping none
+/// of it; ends early (the body dropped, so its connection closes) on an
+/// error. Also how delivery reads the answers it does not need.
+pub fn discard<B: Body + Unpin>(body: B, limit: usize) -> Discard<B> {
+    Discard { body, left: limit }
+}
+
+pub struct Discard<B> {
+    body: B,
+    left: usize,
+}
+
+impl<B: Body + Unpin> Future for Discard<B> {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        loop {
+            match std::task::ready!(Pin::new(&mut self.body).poll_frame(cx)) {
+                Some(Ok(frame)) => {
+                    let n = frame.data_ref().map_or(0, |d| d.remaining());
+                    match self.left.checked_sub(n) {
+                        Some(left) => self.left = left,
+                        None => return Poll::Ready(()),
+                    }
+                }
+                Some(Err(_)) | None => return Poll::Ready(()),
+            }
+        }
+    }
+}
