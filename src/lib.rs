@@ -258,7 +258,8 @@ pub async fn run(settings: Settings, source: ConfigSource) -> Result<(), RunErro
     let reloader = Reloader::new(source.path, source.text, live.clone(), fleet.clone());
     let reloads = reload::spawn(reloader, hangups, lifecycle.stop_dispatch.clone());
     lifecycle.set_ready();
-    tracing::info!(ingress = %ingress_addr, admin = %admin_addr, destinations = names.len(), "courier listening");
+    let workers = tokio::runtime::Handle::current().metrics().num_workers();
+    tracing::info!(ingress = %ingress_addr, admin = %admin_addr, destinations = names.len(), workers, "courier listening");
 
     lifecycle::terminated().await;
     let grace = live.load().shutdown_grace;

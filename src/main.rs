@@ -620,6 +620,13 @@ fn run(path: &Path) -> ExitCode {
             return ExitCode::from(1);
         }
     };
+    let workers = match worker_threads(std::env::var("TOKIO_WORKER_THREADS")) {
+        Ok(w) => w,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(1);
+        }
+    };
     limit_malloc_arenas();
     sqlite_temp_files_in(&loaded.settings.journal.dir);
     bound_sqlite_memory();
@@ -632,7 +639,11 @@ fn run(path: &Path) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = workers {
+        runtime.worker_threads(n);
+    }
+    let runtime = match runtime
         .enable_all()
         .on_thread_park(give_back_freed_pages)
         .build()
@@ -653,6 +664,26 @@ fn run(path: &Path) -> ExitCode {
             tracing::error!("{e}");
             ExitCode::from(2)
         }
+    }
+}
+
+/// The most worker threads `TOKIO_WORKER_THREADS` may ask for.
+const MAX_WORKER_THREADS: usize = 256;
+
+/// `TOKIO_WORKER_THREADS` (deploy/README.md): the runtime's worker
+/// threads, else one per core of the CPU limit. Read here because tokio,
+/// which reads it too, panics on a value that is no positive number.
+fn worker_threads(var: Result<String, std::env::VarError>) -> Result<Option<usize>, String> {
+    let text = match var {
+        Err(std::env::VarError::NotPresent) => return Ok(None),
+        Err(std::env::VarError::NotUnicode(v)) => v.to_string_lossy().into_owned(),
+        Ok(v) => v,
+    };
+    match text.trim().parse::<usize>() {
+        Ok(n @ 1..=MAX_WORKER_THREADS) => Ok(Some(n)),
+        _ => Err(format!(
+            "TOKIO_WORKER_THREADS: {text:?} is not a number of worker threads (1..={MAX_WORKER_THREADS}); unset it for one per core of the CPU limit"
+        )),
     }
 }
 

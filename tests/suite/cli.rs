@@ -521,6 +521,48 @@ async fn missing_config_file_is_one_clear_sentence_and_exit_1() {
     }
 }
 
+/// `TOKIO_WORKER_THREADS` sets the runtime's workers (deploy/README.md);
+/// one that is no number in range is a clear error and exit 1 (tokio,
+/// reading it itself, panicked), and one worker delivers.
+#[tokio::test]
+async fn worker_threads_from_the_env_are_checked_and_used() {
+    let dir = tempfile::tempdir().unwrap();
+    let rx = Receiver::ok().await;
+    let yaml = run_config(&rx.url(), "");
+    let path = write(dir.path(), "c.yaml", &yaml);
+    for bad in ["abc", "0", "-1", "100000", ""] {
+        let out = run_cli(
+            None,
+            &["run", "-c", s(&path)],
+            &[("TOKIO_WORKER_THREADS", bad)],
+        )
+        .await;
+        assert_eq!(out.code, 1, "TOKIO_WORKER_THREADS={bad:?}: {}", out.show());
+        assert!(
+            out.stderr.contains("TOKIO_WORKER_THREADS") && out.stderr.contains("1..=256"),
+            "{}",
+            out.show()
+        );
+        assert_no_panic(&out);
+    }
+    let c = Courier::start_with_env(
+        courier_bin(),
+        dir.path(),
+        &yaml,
+        &[("TOKIO_WORKER_THREADS", "1")],
+    )
+    .await;
+    let resp = post(&c.url("orders"), "{\"a\":1}", &[]).await;
+    assert_eq!(resp.status, 202, "{}\nlogs:\n{}", resp.text(), c.logs());
+    rx.wait_for(1, Duration::from_secs(5)).await;
+    let listening = c.logs();
+    let listening = listening
+        .lines()
+        .find(|l| l.contains("courier listening"))
+        .unwrap_or_else(|| panic!("no start line; logs:\n{}", c.logs()));
+    assert!(listening.contains("workers=1"), "{listening}");
+}
+
 #[tokio::test]
 async fn bad_arguments_exit_1_not_2() {
     let dir = tempfile::tempdir().unwrap();
