@@ -167,7 +167,7 @@ impl Ingress {
         let remote = req.extensions().get::<RemoteAddr>().copied();
         let (head, body) = req.into_parts();
         let max_body = self.settings.load().ingress.max_body_bytes;
-        let body = Lingering::new(body, head.version, &head.headers, max_body);
+        let body = Lingering::new(body, &head, max_body);
         let req = Request::from_parts(head, body);
         let mut accept = self
             .tracer
@@ -258,6 +258,9 @@ impl Ingress {
         declared: Option<u64>,
     ) -> Result<(http::HeaderMap, Bytes), Refused> {
         let Some(share) = self.budget.try_take(declared.unwrap_or(limit)) else {
+            // Not read after the answer either: that would take the memory
+            // this refusal is for.
+            req.into_body().cut();
             return Err(Box::new(reply::over_budget(name, self.budget.bytes())));
         };
         let (head, body) = req.into_parts();

@@ -58,7 +58,7 @@ impl Activity {
     }
 
     /// A request is being handled until the returned guard is dropped.
-    fn begin(self: &Arc<Self>) -> Busy {
+    pub(super) fn begin(self: &Arc<Self>) -> Busy {
         self.state().in_flight += 1;
         Busy(self.clone())
     }
@@ -71,8 +71,9 @@ impl Activity {
     }
 }
 
-/// One request being handled.
-struct Busy(Arc<Activity>);
+/// One request being handled (or its body read after the answer,
+/// `linger`).
+pub(super) struct Busy(Arc<Activity>);
 
 impl Drop for Busy {
     fn drop(&mut self) {

@@ -10,30 +10,63 @@
 //! an app saw a broken connection where a 413 said why, and could send the
 //! same oversize event again forever.
 //!
-//! Bounded: at most `max(LINGER_BYTES, max_body_bytes)` bytes, and only
-//! until the body's deadline (`BODY_DEADLINE` from the request's head); a
-//! body beyond either is cut as before. A client waiting for `100 Continue`
-//! before it sends the body gets the answer instead and sends none, so
-//! such a body is read only if the handler had started reading it.
-//! HTTP/2 needs none of this: an answer before the body ends the stream
-//! with `RST_STREAM(NO_ERROR)`, which clients read as the end.
+//! The connection counts as busy (its `Activity`) until the rest is read:
+//! hyper is still in the middle of that request, and a connection taken
+//! apart to rest (`rest`) or closed as idle meanwhile would have its
+//! body's next bytes parsed as a request of their own.
+//!
+//! Bounded: at most `max(LINGER_BYTES, max_body_bytes)` bytes (a body that
+//! declares more is cut at once), only until the body's deadline
+//! (`BODY_DEADLINE` from the request's head), and at most [`SLOTS`] bodies
+//! at once on a listener, as each is read through hyper's buffer (which
+//! grows to about 400 KiB on a fast sender); a body beyond any of these is
+//! cut as before, and so is one refused as over `ingress.memory_budget`
+//! ([`Lingering::cut`]): memory comes first there. A client waiting for
+//! `100 Continue` before it sends the body gets the answer instead and
+//! sends none, so such a body is read only if the handler had started
+//! reading it. HTTP/2 needs none of this: an answer before the body ends
+//! the stream with `RST_STREAM(NO_ERROR)`, which clients read as the end.
 
 use super::BODY_DEADLINE;
+use super::idle::Activity;
 use bytes::{Buf, Bytes};
-use http::{HeaderMap, Version};
+use http::Version;
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
+use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
 /// Read after the answer at least this much of a body left unread.
 const LINGER_BYTES: usize = 64 * 1024 * 1024;
 
+/// Bodies read after their answers at once, per listener.
+pub(super) const SLOTS: usize = 32;
+
+/// What an HTTP/1 connection lends its requests (as an extension), for a
+/// body to be read after its answer: the connection's activity, kept busy
+/// meanwhile, and the listener's slots.
+#[derive(Clone)]
+pub(super) struct Linger {
+    activity: Arc<Activity>,
+    slots: Arc<Semaphore>,
+}
+
+impl Linger {
+    pub(super) fn new(activity: Arc<Activity>, slots: Arc<Semaphore>) -> Self {
+        Linger { activity, slots }
+    }
+}
+
 /// A request body that is read to its end when dropped unread.
 pub struct Lingering {
     body: Option<Incoming>,
-    http1: bool,
+    /// `None` where nothing may be read after the answer: HTTP/2, a
+    /// connection that lends nothing (one served beyond the cap, which
+    /// closes after its answer anyway), or a body `cut`.
+    linger: Option<Linger>,
     /// The client waits for `100 Continue` before it sends the body.
     expects_continue: bool,
     /// The handler started reading it (hyper sent `100 Continue`, if asked).
@@ -45,13 +78,18 @@ pub struct Lingering {
 }
 
 impl Lingering {
-    /// `body` of a request with `version` and `headers`; `max_body` is
-    /// the listener's `max_body_bytes`.
-    pub fn new(body: Incoming, version: Version, headers: &HeaderMap, max_body: u64) -> Self {
+    /// `body` of a request with `head`; `max_body` is the listener's
+    /// `max_body_bytes`.
+    pub fn new(body: Incoming, head: &http::request::Parts, max_body: u64) -> Self {
+        let http1 = head.version <= Version::HTTP_11;
         Lingering {
             body: Some(body),
-            http1: version <= Version::HTTP_11,
-            expects_continue: headers.contains_key(http::header::EXPECT),
+            linger: head.extensions.get::<Linger>().filter(|_| http1).cloned(),
+            expects_continue: head.version == Version::HTTP_11
+                && head
+                    .headers
+                    .get(http::header::EXPECT)
+                    .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue")),
             polled: false,
             ended: false,
             limit: usize::try_from(max_body)
@@ -61,12 +99,18 @@ impl Lingering {
         }
     }
 
+    /// Drops the body with what is left of it unread: hyper closes its
+    /// connection. For a refusal that must cost no memory.
+    pub fn cut(mut self) {
+        self.linger = None;
+    }
+
     /// Whether what is left must be read after the answer.
     fn left_unread(&self, body: &Incoming) -> bool {
-        self.http1
-            && !self.ended
+        !self.ended
             && (self.polled || !self.expects_continue)
             && !body.is_end_stream()
+            && body.size_hint().lower() <= self.limit as u64
     }
 }
 
@@ -102,19 +146,25 @@ impl Body for Lingering {
 
 impl Drop for Lingering {
     fn drop(&mut self) {
-        let Some(body) = self.body.take() else {
+        let (Some(body), Some(linger)) = (self.body.take(), self.linger.take()) else {
             return;
         };
         if !self.left_unread(&body) || Instant::now() >= self.deadline {
             return;
         }
+        let Ok(slot) = linger.slots.try_acquire_owned() else {
+            return;
+        };
         // Dropped where no runtime runs (a test's teardown): nothing reads
         // this connection any more.
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
+        // Busy from now: the handler's own count ends with its answer.
+        let busy = linger.activity.begin();
         let (limit, deadline) = (self.limit, self.deadline);
         runtime.spawn(async move {
+            let _held = (slot, busy);
             let read = discard(body, limit);
             let _ = tokio::time::timeout_at(deadline, read).await;
         });
@@ -128,6 +178,7 @@ pub fn discard<B: Body + Unpin>(body: B, limit: usize) -> Discard<B> {
     Discard { body, left: limit }
 }
 
+/// The future of [`discard`].
 pub struct Discard<B> {
     body: B,
     left: usize,

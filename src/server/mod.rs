@@ -24,6 +24,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::service::TowerToHyperService;
 use idle::{Activity, Tracked};
+use linger::Linger;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -80,6 +81,7 @@ pub async fn serve<S, B>(
     let builders = Arc::new(Builders::new());
     let once = Arc::new(builder(false));
     let slots = Arc::new(Semaphore::new(edge.max_connections));
+    let lingering = Arc::new(Semaphore::new(linger::SLOTS));
     let tracker = tokio_util::task::TaskTracker::new();
     loop {
         let (stream, peer) = tokio::select! {
@@ -100,6 +102,7 @@ pub async fn serve<S, B>(
                 stream,
                 service,
                 slot,
+                lingering.clone(),
                 builders.clone(),
                 connections.clone(),
             )),
@@ -153,10 +156,12 @@ fn builder(keep_alive: bool) -> auto::Builder<TokioExecutor> {
 /// A connection holding `slot`: served until the client closes it, it asks
 /// nothing for `HEADER_TIMEOUT`, or `stop`. HTTP/1 is served by `http1`,
 /// and held without hyper's buffers while it rests (`rest`); h2c by `h2c`.
+/// Its requests' bodies may be read after their answers in `lingering`.
 async fn connection<S, B>(
     mut stream: TcpStream,
     service: S,
     slot: OwnedSemaphorePermit,
+    lingering: Arc<Semaphore>,
     builders: Arc<Builders>,
     stop: CancellationToken,
 ) where
@@ -171,6 +176,7 @@ async fn connection<S, B>(
 {
     let _slot = slot;
     let activity = Activity::new();
+    let service = AddExtension::new(service, Linger::new(activity.clone(), lingering));
     let service = TowerToHyperService::new(Tracked::new(service, activity.clone()));
     let mut front = BytesMut::new();
     let protocol = tokio::select! {

@@ -14,9 +14,10 @@
 //! Taking it back is safe only between messages: no request is being
 //! handled (the connection's `Activity`), and no answer's bytes wait in
 //! hyper for a client that does not read (`Wire::unsent`). A partial head
-//! the client sent is in `Parts::read_buf` and goes in front again. hyper
-//! itself reads no request body once the answer is made: a body the
-//! handler left unread is drained at once or the connection is closed
+//! the client sent is in `Parts::read_buf` and goes in front again. A
+//! request body still being read after its answer (`linger`) keeps the
+//! connection busy until its end; any other body the handler left unread
+//! hyper drains at once or closes the connection for
 //! (`poll_drain_or_close_read`), so a connection idle this long is not in
 //! the middle of one.
 //!

@@ -1,7 +1,8 @@
 //! The accept loop and its layers on a loopback listener, with a raw TCP
-//! client: the connection cap and what is served beyond it, and a handler
-//! panic answered 500.
+//! client: the connection cap and what is served beyond it, a handler
+//! panic answered 500, rests, and bodies read after their answers.
 
+use super::linger::{Lingering, SLOTS};
 use super::{Body, Edge, json, serve};
 use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
@@ -12,9 +13,15 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 
-/// Answers 200, or panics on `/panic`; `/big` answers `BIG` bytes.
+/// Answers 200, or panics on `/panic`; `/big` answers `BIG` bytes;
+/// `/refuse` answers 404 before it reads the body.
 async fn handler(req: Request<Incoming>) -> Result<Response<Body>, Infallible> {
     assert!(req.uri().path() != "/panic", "injected panic");
+    if req.uri().path() == "/refuse" {
+        let (head, body) = req.into_parts();
+        drop(Lingering::new(body, &head, 0));
+        return Ok(json(StatusCode::NOT_FOUND, &serde_json::json!({})));
+    }
     if req.uri().path() == "/big" {
         let body = bytes::Bytes::from(vec![b'x'; BIG]);
         return Ok(Response::new(Body::new(body)));
@@ -244,5 +251,45 @@ async fn a_connection_closed_by_its_client_at_rest_gives_its_slot_back() {
         served,
         "the slot of a connection closed at rest was not given back"
     );
+    stop.cancel();
+}
+
+/// A body refused before it is read is read after the answer, the
+/// connection busy meanwhile: a rest that took it apart in the middle of
+/// the body parsed the rest of the body (here a request to `/panic`) as a
+/// request. At most `SLOTS` bodies at once on a listener: one more is
+/// cut, its connection closed as hyper does with a body left unread.
+#[tokio::test]
+async fn bodies_read_after_their_answers_keep_their_connections_and_are_capped() {
+    const FIRST: usize = 1000;
+    let rest = b"GET /panic HTTP/1.1\r\nhost: x\r\n\r\n";
+    let (addr, stop) = start(SLOTS + 8).await;
+    let head = format!(
+        "POST /refuse HTTP/1.1\r\nhost: x\r\ncontent-length: {}\r\n\r\n",
+        FIRST + rest.len()
+    );
+    let mut sent = head.into_bytes();
+    sent.extend_from_slice(&[b'x'; FIRST]);
+    let mut lingering = Vec::new();
+    for _ in 0..=SLOTS {
+        let mut stream = TcpStream::connect(addr).await.expect("connect");
+        stream.write_all(&sent).await.expect("write");
+        let answer = read_answer(&mut stream).await;
+        assert!(answer.starts_with("HTTP/1.1 404"), "{answer}");
+        lingering.push(stream);
+    }
+    let mut cut = lingering.pop().expect("one more than the slots");
+    let mut buf = [0u8; 64];
+    let read = tokio::time::timeout(Duration::from_secs(5), cut.read(&mut buf)).await;
+    assert!(
+        matches!(read, Ok(Ok(0) | Err(_))),
+        "beyond the slots the connection closes: {read:?}"
+    );
+    tokio::time::sleep(PAST_REST).await;
+    for stream in &mut lingering {
+        stream.write_all(rest).await.expect("the rest of the body");
+        let next = ask(stream, "/").await;
+        assert!(next.starts_with("HTTP/1.1 200"), "{next}");
+    }
     stop.cancel();
 }

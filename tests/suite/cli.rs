@@ -523,7 +523,8 @@ async fn missing_config_file_is_one_clear_sentence_and_exit_1() {
 
 /// `TOKIO_WORKER_THREADS` sets the runtime's workers (deploy/README.md);
 /// one that is no number in range is a clear error and exit 1 (tokio,
-/// reading it itself, panicked), and one worker delivers.
+/// reading it itself, panicked). Three, which no machine of ours has as
+/// its cores (the default), are the start line's workers.
 #[tokio::test]
 async fn worker_threads_from_the_env_are_checked_and_used() {
     let dir = tempfile::tempdir().unwrap();
@@ -549,7 +550,7 @@ async fn worker_threads_from_the_env_are_checked_and_used() {
         courier_bin(),
         dir.path(),
         &yaml,
-        &[("TOKIO_WORKER_THREADS", "1")],
+        &[("TOKIO_WORKER_THREADS", "3")],
     )
     .await;
     let resp = post(&c.url("orders"), "{\"a\":1}", &[]).await;
@@ -560,7 +561,7 @@ async fn worker_threads_from_the_env_are_checked_and_used() {
         .lines()
         .find(|l| l.contains("courier listening"))
         .unwrap_or_else(|| panic!("no start line; logs:\n{}", c.logs()));
-    assert!(listening.contains("workers=1"), "{listening}");
+    assert!(listening.contains("workers=3"), "{listening}");
 }
 
 #[tokio::test]

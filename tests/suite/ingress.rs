@@ -773,3 +773,52 @@ async fn refusals_before_the_body_is_read_reach_a_client_that_writes_its_body_fi
     assert_eq!(status, 503, "{body}");
     assert_eq!(c.wait_exit(Duration::from_secs(6)).await.code(), Some(0));
 }
+
+/// A body read after its refusal keeps its connection in the middle of
+/// that request: neither given back to rest (`REST_AFTER`, 100 ms) nor
+/// closed as idle while the client is still sending it. When it was,
+/// the body's later bytes were parsed as a request of their own (a request
+/// smuggled inside a refused body was accepted) and an honest slow client
+/// got a 400 for the rest of its body.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_read_after_its_refusal_is_never_parsed_as_a_request() {
+    let dir = tempfile::tempdir().unwrap();
+    let rx = Receiver::start(support::behavior(|_, _| Reply::status(200))).await;
+    let c = Courier::start(dir.path(), &config(&rx.url(), "", "")).await;
+    let host = c.ingress_addr();
+    let smuggled = format!(
+        "POST /orders HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nContent-Length: 14\r\n\r\n{{\"smuggled\":1}}"
+    );
+    let first = b"0123456789";
+    let mut app = WritesFirst::connect(host).await;
+    let head = format!(
+        "POST /nope HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        first.len() + smuggled.len()
+    );
+    let mut sent = head.into_bytes();
+    sent.extend_from_slice(first);
+    app.stream.write_all(&sent).await.expect("write");
+    let (status, body) = answered(app.answer().await, "404", &c);
+    assert_eq!(status, 404, "{body}");
+    // The rest of the refused body comes after the connection's rest would
+    // have begun.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    app.stream
+        .write_all(smuggled.as_bytes())
+        .await
+        .expect("write");
+    let (status, body) = answered(
+        app.post("/orders", "", b"{\"honest\":1}", false).await,
+        "202",
+        &c,
+    );
+    assert_eq!(status, 202, "the request after the refused body: {body}");
+    let got = rx.wait_for(1, WAIT).await;
+    assert_eq!(
+        String::from_utf8_lossy(&got[0].body),
+        "{\"honest\":1}",
+        "the first delivered"
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(rx.count(), 1, "the body's bytes were delivered as an event");
+}
