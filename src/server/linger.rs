@@ -10,10 +10,11 @@
 //! an app saw a broken connection where a 413 said why, and could send the
 //! same oversize event again forever.
 //!
-//! The connection counts as busy (its `Activity`) until the rest is read:
-//! hyper is still in the middle of that request, and a connection taken
-//! apart to rest (`rest`) or closed as idle meanwhile would have its
-//! body's next bytes parsed as a request of their own.
+//! The connection counts as busy (its `Activity`) for as long as the body
+//! lives, wherever a handler keeps it, and until its rest is read: hyper
+//! is still in the middle of that request, and a connection taken apart
+//! to rest (`rest`) or closed as idle meanwhile would have its body's next
+//! bytes parsed as a request of their own.
 //!
 //! Bounded: at most `max(LINGER_BYTES, max_body_bytes)` bytes (a body that
 //! declares more is cut at once), only until the body's deadline
@@ -21,14 +22,17 @@
 //! at once on a listener, as each is read through hyper's buffer (which
 //! grows to about 400 KiB on a fast sender); a body beyond any of these is
 //! cut as before, and so is one refused as over `ingress.memory_budget`
-//! ([`Lingering::cut`]): memory comes first there. A client waiting for
+//! ([`Lingering::cut`]): memory comes first there. A client trickling a
+//! refused body holds its slot until that deadline: 32 of them hold all,
+//! and refusals meanwhile are cut as before (nginx also bounds the wait
+//! between reads, `lingering_timeout`; not done here). A client waiting for
 //! `100 Continue` before it sends the body gets the answer instead and
 //! sends none, so such a body is read only if the handler had started
 //! reading it. HTTP/2 needs none of this: an answer before the body ends
 //! the stream with `RST_STREAM(NO_ERROR)`, which clients read as the end.
 
 use super::BODY_DEADLINE;
-use super::idle::Activity;
+use super::idle::{Activity, Busy};
 use bytes::{Buf, Bytes};
 use http::Version;
 use hyper::body::{Body, Frame, Incoming, SizeHint};
@@ -67,6 +71,9 @@ pub struct Lingering {
     /// connection that lends nothing (one served beyond the cap, which
     /// closes after its answer anyway), or a body `cut`.
     linger: Option<Linger>,
+    /// The connection is busy for as long as this body lives, wherever a
+    /// handler keeps it, and then while it is read after the answer.
+    busy: Option<Busy>,
     /// The client waits for `100 Continue` before it sends the body.
     expects_continue: bool,
     /// The handler started reading it (hyper sent `100 Continue`, if asked).
@@ -82,13 +89,18 @@ impl Lingering {
     /// `max_body_bytes`.
     pub fn new(body: Incoming, head: &http::request::Parts, max_body: u64) -> Self {
         let http1 = head.version <= Version::HTTP_11;
+        let linger = head.extensions.get::<Linger>().filter(|_| http1).cloned();
         Lingering {
             body: Some(body),
-            linger: head.extensions.get::<Linger>().filter(|_| http1).cloned(),
+            busy: linger.as_ref().map(|l| l.activity.begin()),
+            linger,
+            // The last `Expect`, as hyper reads it to send `100 Continue`.
             expects_continue: head.version == Version::HTTP_11
                 && head
                     .headers
-                    .get(http::header::EXPECT)
+                    .get_all(http::header::EXPECT)
+                    .iter()
+                    .next_back()
                     .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue")),
             polled: false,
             ended: false,
@@ -103,6 +115,7 @@ impl Lingering {
     /// connection. For a refusal that must cost no memory.
     pub fn cut(mut self) {
         self.linger = None;
+        self.busy = None;
     }
 
     /// Whether what is left must be read after the answer.
@@ -146,7 +159,9 @@ impl Body for Lingering {
 
 impl Drop for Lingering {
     fn drop(&mut self) {
-        let (Some(body), Some(linger)) = (self.body.take(), self.linger.take()) else {
+        let (Some(body), Some(linger), Some(busy)) =
+            (self.body.take(), self.linger.take(), self.busy.take())
+        else {
             return;
         };
         if !self.left_unread(&body) || Instant::now() >= self.deadline {
@@ -160,8 +175,6 @@ impl Drop for Lingering {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        // Busy from now: the handler's own count ends with its answer.
-        let busy = linger.activity.begin();
         let (limit, deadline) = (self.limit, self.deadline);
         runtime.spawn(async move {
             let _held = (slot, busy);

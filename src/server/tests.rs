@@ -258,7 +258,8 @@ async fn a_connection_closed_by_its_client_at_rest_gives_its_slot_back() {
 /// connection busy meanwhile: a rest that took it apart in the middle of
 /// the body parsed the rest of the body (here a request to `/panic`) as a
 /// request. At most `SLOTS` bodies at once on a listener: one more is
-/// cut, its connection closed as hyper does with a body left unread.
+/// cut, its connection closed as hyper does with a body left unread; a
+/// read that ended gives its slot back.
 #[tokio::test]
 async fn bodies_read_after_their_answers_keep_their_connections_and_are_capped() {
     const FIRST: usize = 1000;
@@ -291,5 +292,16 @@ async fn bodies_read_after_their_answers_keep_their_connections_and_are_capped()
         let next = ask(stream, "/").await;
         assert!(next.starts_with("HTTP/1.1 200"), "{next}");
     }
+    // The reads ended: their slots are free again.
+    let mut again = TcpStream::connect(addr).await.expect("connect");
+    again.write_all(&sent).await.expect("write");
+    let answer = read_answer(&mut again).await;
+    assert!(answer.starts_with("HTTP/1.1 404"), "{answer}");
+    again.write_all(rest).await.expect("the rest of the body");
+    let next = ask(&mut again, "/").await;
+    assert!(
+        next.starts_with("HTTP/1.1 200"),
+        "a slot given back: {next}"
+    );
     stop.cancel();
 }

@@ -822,3 +822,50 @@ async fn a_body_read_after_its_refusal_is_never_parsed_as_a_request() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(rx.count(), 1, "the body's bytes were delivered as an event");
 }
+
+/// A 503 `memory_budget` takes no memory: its connection is closed with the
+/// body unread, not kept to read the body after the answer as other
+/// refusals are (docs/publishing.md "Memory").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusal_over_the_memory_budget_closes_its_connection_unread() {
+    let dir = tempfile::tempdir().unwrap();
+    let rx = Receiver::start(support::behavior(|_, _| Reply::status(200))).await;
+    let c = Courier::start(
+        dir.path(),
+        &config(
+            &rx.url(),
+            "ingress: { max_body_bytes: 1MiB, max_inflight_bytes: 1MiB }\n",
+            "",
+        ),
+    )
+    .await;
+    let host = c.ingress_addr();
+    let head = |length: usize| {
+        format!(
+            "POST /orders HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nContent-Length: {length}\r\n\r\n{{"
+        )
+    };
+    // Holds the whole budget while its body does not come.
+    let mut holder = tokio::net::TcpStream::connect(host).await.expect("connect");
+    holder
+        .write_all(head(1 << 20).as_bytes())
+        .await
+        .expect("write");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    let mut app = WritesFirst::connect(host).await;
+    app.stream
+        .write_all(head(1000).as_bytes())
+        .await
+        .expect("write");
+    let (status, body) = answered(app.answer().await, "503", &c);
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("memory_budget"), "{body}");
+    let mut buf = [0u8; 64];
+    let read = tokio::time::timeout(Duration::from_secs(3), app.stream.read(&mut buf)).await;
+    assert!(
+        matches!(read, Ok(Ok(0) | Err(_))),
+        "the connection stays open for the rest of the body: {read:?}"
+    );
+    drop(holder);
+}
