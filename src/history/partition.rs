@@ -191,9 +191,10 @@ pub fn open_writer(path: &Path) -> rusqlite::Result<Connection> {
 }
 
 /// Page caches, in KiB (negative: SQLite's unit for a size): the newest
-/// partition takes every insert (and is read whole for a look-up by id or
-/// endpoint), the others are read or written now and then. Kept small, as a dozen connections each at
-/// SQLite's default 2 MiB would show in courier's RSS.
+/// partition takes every insert (and is read whole for a look-up by
+/// endpoint), the others are read or written now and then. Kept small, as
+/// a dozen connections each at SQLite's default 2 MiB would show in
+/// courier's RSS.
 const WRITING_CACHE_KIB: i64 = -1024;
 const IDLE_CACHE_KIB: i64 = -128;
 

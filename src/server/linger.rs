@@ -21,14 +21,14 @@
 //! (`BODY_DEADLINE` from the request's head), and at most [`SLOTS`] bodies
 //! at once on a listener, as each is read through hyper's buffer (which
 //! grows to about 400 KiB on a fast sender); a body beyond any of these is
-//! cut as before, and so is one refused as over `ingress.memory_budget`
-//! ([`Lingering::cut`]): memory comes first there. A client trickling a
-//! refused body holds its slot until that deadline: 32 of them hold all,
-//! and refusals meanwhile are cut as before (nginx also bounds the wait
-//! between reads, `lingering_timeout`; not done here). A client waiting for
-//! `100 Continue` before it sends the body gets the answer instead and
-//! sends none, so such a body is read only if the handler had started
-//! reading it. HTTP/2 needs none of this: an answer before the body ends
+//! cut as before, and so is one refused 503 `memory_budget`, over
+//! `ingress.max_inflight_bytes` ([`Lingering::cut`]): memory comes first
+//! there. A client trickling a refused body holds its slot until that
+//! deadline: 32 of them hold all, and refusals meanwhile are cut as
+//! before (nginx also bounds the wait between reads, `lingering_timeout`;
+//! not done here). A client waiting for `100 Continue` before it sends the
+//! body gets the answer instead and sends none, so such a body is read
+//! only if the handler had started reading it. HTTP/2 needs none of this: an answer before the body ends
 //! the stream with `RST_STREAM(NO_ERROR)`, which clients read as the end.
 
 use super::BODY_DEADLINE;
@@ -67,13 +67,13 @@ impl Linger {
 /// A request body that is read to its end when dropped unread.
 pub struct Lingering {
     body: Option<Incoming>,
-    /// `None` where nothing may be read after the answer: HTTP/2, a
-    /// connection that lends nothing (one served beyond the cap, which
-    /// closes after its answer anyway), or a body `cut`.
-    linger: Option<Linger>,
-    /// The connection is busy for as long as this body lives, wherever a
-    /// handler keeps it, and then while it is read after the answer.
-    busy: Option<Busy>,
+    /// What a read after the answer takes: the listener's slots, and the
+    /// connection kept busy for as long as this body lives, wherever a
+    /// handler keeps it, then while it is read. `None` where nothing may
+    /// be read after the answer: HTTP/2, a connection that lends nothing
+    /// (one served beyond the cap, which closes after its answer anyway),
+    /// or a body `cut`.
+    lent: Option<(Arc<Semaphore>, Busy)>,
     /// The client waits for `100 Continue` before it sends the body.
     expects_continue: bool,
     /// The handler started reading it (hyper sent `100 Continue`, if asked).
@@ -89,11 +89,14 @@ impl Lingering {
     /// `max_body_bytes`.
     pub fn new(body: Incoming, head: &http::request::Parts, max_body: u64) -> Self {
         let http1 = head.version <= Version::HTTP_11;
-        let linger = head.extensions.get::<Linger>().filter(|_| http1).cloned();
+        let lent = head
+            .extensions
+            .get::<Linger>()
+            .filter(|_| http1)
+            .map(|l| (l.slots.clone(), l.activity.begin()));
         Lingering {
             body: Some(body),
-            busy: linger.as_ref().map(|l| l.activity.begin()),
-            linger,
+            lent,
             // The last `Expect`, as hyper reads it to send `100 Continue`.
             expects_continue: head.version == Version::HTTP_11
                 && head
@@ -114,8 +117,7 @@ impl Lingering {
     /// Drops the body with what is left of it unread: hyper closes its
     /// connection. For a refusal that must cost no memory.
     pub fn cut(mut self) {
-        self.linger = None;
-        self.busy = None;
+        self.lent = None;
     }
 
     /// Whether what is left must be read after the answer.
@@ -159,15 +161,13 @@ impl Body for Lingering {
 
 impl Drop for Lingering {
     fn drop(&mut self) {
-        let (Some(body), Some(linger), Some(busy)) =
-            (self.body.take(), self.linger.take(), self.busy.take())
-        else {
+        let (Some(body), Some((slots, busy))) = (self.body.take(), self.lent.take()) else {
             return;
         };
         if !self.left_unread(&body) || Instant::now() >= self.deadline {
             return;
         }
-        let Ok(slot) = linger.slots.try_acquire_owned() else {
+        let Ok(slot) = slots.try_acquire_owned() else {
             return;
         };
         // Dropped where no runtime runs (a test's teardown): nothing reads
