@@ -386,6 +386,8 @@ pub struct EndpointsSpec {
     pub concurrency: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_tracked: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_idle_connections: Option<u64>,
     /// Read so that a config written from the docs gets a clear "not yet"
     /// rather than "unknown field" (`validate::per_event`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -405,6 +407,7 @@ impl EndpointsSpec {
             ("schemes", self.schemes.is_some()),
             ("concurrency", self.concurrency.is_some()),
             ("max_tracked", self.max_tracked.is_some()),
+            ("max_idle_connections", self.max_idle_connections.is_some()),
             ("max_pending_bytes", self.max_pending_bytes.is_some()),
             ("disable_after", self.disable_after.is_some()),
             ("notify", self.notify.is_some()),

@@ -201,6 +201,8 @@ pub struct PerEvent {
     pub concurrency: usize,
     /// Endpoints whose state is kept in memory at once.
     pub max_tracked: usize,
+    /// Idle connections kept across the endpoints (`deliver::pool`).
+    pub max_idle_connections: usize,
     /// Each endpoint's share of the journal (`503 endpoint_full` past it).
     pub max_pending_bytes: u64,
     /// An endpoint failing with no success this long is disabled (`None`:

@@ -2057,6 +2057,7 @@ fn url_per_event_reads_its_endpoint_keys_with_defaults_and_refuses_what_cannot_f
     assert_eq!(p.secret_header.as_str(), "courier-endpoint-secret");
     assert_eq!(p.schemes, ["https"]);
     assert_eq!((p.concurrency, p.max_tracked), (4, 100_000));
+    assert_eq!(p.max_idle_connections, 10_000);
     assert_eq!(p.disable_after, Some(Duration::from_secs(5 * 86_400)));
     assert_eq!(
         p.max_pending_bytes,
@@ -2071,13 +2072,14 @@ fn url_per_event_reads_its_endpoint_keys_with_defaults_and_refuses_what_cannot_f
     assert!(!guard.allows("127.0.0.1".parse().expect("ip")));
 
     let s = parsed(&dest(
-        "    concurrency: 8\n    endpoints: { header: X-Target, schemes: [HTTPS, http], concurrency: 2, max_tracked: 10, guard: off }\n",
+        "    concurrency: 8\n    endpoints: { header: X-Target, schemes: [HTTPS, http], concurrency: 2, max_tracked: 10, max_idle_connections: 0, guard: off }\n",
     ));
     let d = &s.destinations[0];
     let p = d.per_event.as_ref().expect("per_event");
     assert_eq!(p.header.as_str(), "x-target");
     assert_eq!(p.schemes, ["https", "http"]);
     assert_eq!((p.concurrency, p.max_tracked), (2, 10));
+    assert_eq!(p.max_idle_connections, 0, "no connection kept idle");
     assert_eq!(d.guard, None, "turned off by the operator");
     let s = parsed(
         "destinations:\n  c:\n    url: per_event\n    endpoints: { disable_after: 0s, notify: ops }\n  ops:\n    url: https://ops.example/hooks\n",
@@ -2110,6 +2112,11 @@ fn url_per_event_reads_its_endpoint_keys_with_defaults_and_refuses_what_cannot_f
         (
             "    endpoints: { max_tracked: 0 }\n",
             "endpoints.max_tracked",
+            "out of range",
+        ),
+        (
+            "    endpoints: { max_idle_connections: 1000001 }\n",
+            "endpoints.max_idle_connections",
             "out of range",
         ),
         (

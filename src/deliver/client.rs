@@ -3,7 +3,8 @@
 //! HTTP/1.1 and HTTP/2 (negotiated by ALPN), connections reused per host.
 //!
 //! Each destination gets its own pool (a `Client` sharing the connector's
-//! TLS setup), holding at most `concurrency` idle connections for
+//! TLS setup; a `url: per_event` one, `super::pool`, bounded across its
+//! endpoints), holding at most `concurrency` idle connections for
 //! [`IDLE_TIMEOUT`]. Without the bound, an endpoint slower than `timeout`
 //! left hundreds of connections open: a timed-out attempt keeps its
 //! connection while it waits for a late answer (docs/delivery.md), its retry opens
@@ -12,11 +13,15 @@
 //! is closed as soon as it is free.
 
 use super::guard::Guarded;
+use super::pool::Pool;
 use super::resolver::Resolver;
+use crate::config::settings::PerEvent;
 use crate::policy::address::Guard;
 use crate::tls::{TlsFileError, TlsFiles};
 use bytes::Bytes;
+use http::{Request, Response};
 use http_body_util::Full;
+use hyper::body::Incoming;
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -25,8 +30,26 @@ use rustls::RootCertStore;
 use rustls::crypto::CryptoProvider;
 use std::sync::Arc;
 use std::time::Duration;
+use tower::BoxError;
 
-pub type HttpsClient = Client<HttpsConnector<Guarded>, Full<Bytes>>;
+/// What a destination's attempts are sent with.
+#[derive(Clone)]
+pub enum HttpsClient {
+    /// A fixed URL: hyper-util's pool, at most `concurrency` idle
+    /// connections to its one host. Shared: an attempt takes a clone.
+    Fixed(Arc<Client<HttpsConnector<Guarded>, Full<Bytes>>>),
+    /// `url: per_event`: connections kept across endpoints, under one bound.
+    Endpoints(Pool),
+}
+
+impl HttpsClient {
+    pub async fn request(&self, req: Request<Full<Bytes>>) -> Result<Response<Incoming>, BoxError> {
+        match self {
+            HttpsClient::Fixed(client) => Ok(client.request(req).await?),
+            HttpsClient::Endpoints(pool) => Ok(pool.request(req).await?),
+        }
+    }
+}
 
 /// How long an idle connection may still be used: below the 5 s
 /// keep-alive of Node.js, Apache httpd and uvicorn (AWS ALB's is 60 s,
@@ -53,14 +76,16 @@ pub struct Connector {
 }
 
 impl Connector {
-    /// A pool for one destination: at most `max_idle` idle connections;
-    /// its own TLS setup when it has `tls` files; every address it dials
-    /// checked by `guard` when on.
+    /// A pool for one destination: at most `max_idle` idle connections
+    /// (with `per_event`, per endpoint and its own bound in all); its own
+    /// TLS setup when it has `tls` files; every address it dials checked
+    /// by `guard` when on.
     pub fn client(
         &self,
         max_idle: usize,
         tls: Option<&TlsFiles>,
         guard: Option<&Arc<Guard>>,
+        per_event: Option<&PerEvent>,
     ) -> Result<HttpsClient, TlsFileError> {
         let connector = match (tls, guard) {
             (None, None) => self.plain.clone(),
@@ -70,13 +95,22 @@ impl Connector {
                 guard.cloned(),
             ),
         };
-        Ok(Client::builder(TokioExecutor::new())
+        if let Some(p) = per_event {
+            return Ok(HttpsClient::Endpoints(Pool::new(
+                connector,
+                p.concurrency,
+                p.max_idle_connections,
+                IDLE_TIMEOUT,
+            )));
+        }
+        let client = Client::builder(TokioExecutor::new())
             // Without a timer the pool closes nothing: an idle connection
             // is only found stale when it is next checked out.
             .pool_timer(TokioTimer::new())
             .pool_idle_timeout(IDLE_TIMEOUT)
             .pool_max_idle_per_host(max_idle)
-            .build(connector))
+            .build(connector);
+        Ok(HttpsClient::Fixed(Arc::new(client)))
     }
 }
 

@@ -88,13 +88,24 @@ struct Pool {
     concurrency: usize,
     tls: Option<TlsFiles>,
     guard: Option<Arc<Guard>>,
+    /// With `per_event`: per endpoint, and in all.
+    idle: Option<(usize, usize)>,
     client: HttpsClient,
 }
 
 impl Pool {
     fn fits(&self, dest: &DestinationSettings) -> bool {
-        self.concurrency == dest.concurrency && self.tls == dest.tls && self.guard == dest.guard
+        self.concurrency == dest.concurrency
+            && self.tls == dest.tls
+            && self.guard == dest.guard
+            && self.idle == idle_bounds(dest)
     }
+}
+
+fn idle_bounds(dest: &DestinationSettings) -> Option<(usize, usize)> {
+    dest.per_event
+        .as_ref()
+        .map(|p| (p.concurrency, p.max_idle_connections))
 }
 
 struct Running {
@@ -171,9 +182,15 @@ impl Fleet {
                     concurrency: dest.concurrency,
                     tls: dest.tls.clone(),
                     guard: dest.guard.clone(),
+                    idle: idle_bounds(dest),
                     client: self
                         .connector
-                        .client(dest.concurrency, dest.tls.as_ref(), dest.guard.as_ref())
+                        .client(
+                            dest.concurrency,
+                            dest.tls.as_ref(),
+                            dest.guard.as_ref(),
+                            dest.per_event.as_deref(),
+                        )
                         .map_err(|e| ApplyError::Tls(dest.name.clone(), e))?,
                 },
             };

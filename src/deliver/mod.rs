@@ -15,6 +15,7 @@ mod letters;
 pub mod limit;
 mod outcome_log;
 mod passthrough;
+mod pool;
 mod request;
 mod resolver;
 mod settle;

@@ -327,3 +327,60 @@ async fn a_reload_applies_tls_files_and_refuses_bad_ones() {
     let got = requests(&c, &rx, 1, PROMPT).await;
     check_eq!(c, got[0].path_and_query, "/orders");
 }
+
+/// `url: per_event` connects through its own pool (`deliver::pool`): each
+/// named HTTPS endpoint over HTTP/2 by ALPN, the destination's `tls` files
+/// trusted, and a certificate they do not vouch for a `TlsError`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_event_endpoints_get_https_over_http2_with_the_destinations_ca() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let ca = TestCa::new("courier test CA");
+    let other = TestCa::new("another CA");
+    certs::write(tmp.path(), "ca.pem", &ca.pem);
+    let ok = || behavior(|_, _| Reply::status(200));
+    let trusted = [
+        Receiver::start_tls(ok(), certs::server_config(&ca.server(false), None)).await,
+        Receiver::start_tls(ok(), certs::server_config(&ca.server(false), None)).await,
+    ];
+    let stranger =
+        Receiver::start_tls(ok(), certs::server_config(&other.server(false), None)).await;
+    let yaml = format!(
+        "listen: 127.0.0.1:0\nadmin_listen: 127.0.0.1:0\nlog: {{ level: debug }}\njournal: {{ dir: ./journal }}\ndead_letter: {{ dir: ./dl }}\ndestinations:\n  customers:\n    url: per_event\n    retry: {{ schedule: [50ms], max_attempts: 2, jitter: 0 }}\n    probation: {{ after_failures: 0 }}\n    endpoints: {{ allow_cidrs: [127.0.0.0/8] }}\n    tls: {}\n",
+        tls_key(tmp.path(), Some("ca.pem"), None)
+    );
+    let c = Courier::start(tmp.path(), &yaml).await;
+    let named = |rx: &Receiver, i: usize| format!("{}/customer/{i}", rx.url());
+    for i in 0..6 {
+        let url = named(&trusted[i % 2], i);
+        let resp = post(
+            &c.url("customers"),
+            format!(r#"{{"n":{i}}}"#),
+            &[("courier-endpoint", &url)],
+        )
+        .await;
+        check_eq!(c, resp.status, 202, "{url}: {}", resp.text());
+    }
+    let url = named(&stranger, 9);
+    let resp = post(&c.url("customers"), "{}", &[("courier-endpoint", &url)]).await;
+    check_eq!(c, resp.status, 202, "{}", resp.text());
+    for (k, rx) in trusted.iter().enumerate() {
+        let got = requests(&c, rx, 3, PROMPT).await;
+        let mut paths: Vec<String> = got.iter().map(|r| r.path_and_query.clone()).collect();
+        paths.sort();
+        let want: Vec<String> = (0..6)
+            .filter(|i| i % 2 == k)
+            .map(|i| format!("/customer/{i}"))
+            .collect();
+        check_eq!(c, paths, want, "receiver {k}");
+        for r in &got {
+            check_eq!(c, r.version, http::Version::HTTP_2, "ALPN offered h2");
+        }
+    }
+    dead_by_tls(&c, "customers").await;
+    check_eq!(
+        c,
+        stranger.count(),
+        0,
+        "a certificate the CA file does not vouch for got a request"
+    );
+}

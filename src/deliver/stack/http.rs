@@ -40,7 +40,7 @@ impl tower::Service<Request<Full<Bytes>>> for HttpService {
 
     fn call(&mut self, req: Request<Full<Bytes>>) -> Self::Future {
         let client = self.client.clone();
-        Box::pin(async move { Ok(client.request(req).await?) })
+        Box::pin(async move { client.request(req).await })
     }
 }
 

@@ -1,0 +1,376 @@
+//! The connections of a `url: per_event` destination, kept across its
+//! endpoints under one bound (`endpoints.max_idle_connections`).
+//!
+//! Hand-written rather than hyper-util's pool, which bounds idle
+//! connections per host only: a fan-out to thousands of endpoints kept a
+//! connection (~21 KiB: hyper's read buffer, its request channel) for every
+//! endpoint used in the last 4–8 s, with no bound (10,000 endpoints took
+//! RSS from 16 to 231 MiB, benches/RESULTS.md), and a connection closed
+//! under it kept its entry until the pool's next sweep. Here the idle
+//! connections of all endpoints are one list in the order they were freed:
+//! past the bound the oldest is closed, and a closed one is gone at once
+//! (its task ends when its sender drops).
+//!
+//! What is kept from hyper-util: an HTTP/1 connection is used again only
+//! once ready for the next request (its answer's body read), an HTTP/2 one
+//! is shared by every attempt to its origin, and a request that a reused
+//! connection could not start (closed by the server as it was taken) is
+//! sent again on a new one. An HTTP/1 connection goes back as soon as its
+//! answer's head is in, not from a task that waits for it to be ready (as
+//! hyper-util does): in a test of 2,000 kept connections the task per
+//! attempt cost ~1 KiB more each.
+
+use super::guard::Guarded;
+use bytes::Bytes;
+use http::uri::{Authority, PathAndQuery, Scheme};
+use http::{HeaderValue, Request, Response, Uri};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::client::conn::{http1, http2};
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::connect::Connection;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+use tower::{BoxError, ServiceExt};
+
+type Body = Full<Bytes>;
+type Origin = (Scheme, Authority);
+
+/// How often idle connections past their time are closed.
+const SWEEP_EVERY: Duration = Duration::from_secs(1);
+
+/// Why a request got no answer.
+#[derive(Debug, thiserror::Error)]
+pub enum PoolError {
+    #[error("the endpoint's URL has no scheme or host")]
+    NoOrigin,
+    #[error("cannot connect")]
+    Connect(#[source] BoxError),
+    #[error("the HTTP handshake failed")]
+    Handshake(#[source] hyper::Error),
+    #[error("the request failed")]
+    Request(#[source] hyper::Error),
+}
+
+#[derive(Clone)]
+pub struct Pool {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    connector: HttpsConnector<Guarded>,
+    /// Idle connections kept per origin: its concurrency, as no more are
+    /// ever in use at once.
+    per_origin: usize,
+    /// Idle connections kept in all.
+    max_idle: usize,
+    /// How long an idle connection may still be used.
+    idle_timeout: Duration,
+    idle: Mutex<Idle>,
+}
+
+#[derive(Default)]
+struct Idle {
+    /// Per origin, oldest first: the one freed last is used first, so a
+    /// steady stream keeps few warm.
+    by_origin: HashMap<Origin, Vec<Entry>>,
+    /// Every idle connection by its turn: the oldest is closed first.
+    order: BTreeMap<u64, Origin>,
+    turn: u64,
+    /// A task closes the connections idle past their time.
+    swept: bool,
+}
+
+struct Entry {
+    turn: u64,
+    since: Instant,
+    conn: Conn,
+}
+
+enum Conn {
+    H1(http1::SendRequest<Body>),
+    /// Shared: a clone per attempt, and this one kept while in use.
+    H2(http2::SendRequest<Body>),
+}
+
+impl Pool {
+    pub fn new(
+        connector: HttpsConnector<Guarded>,
+        per_origin: usize,
+        max_idle: usize,
+        idle_timeout: Duration,
+    ) -> Pool {
+        Pool {
+            inner: Arc::new(Inner {
+                connector,
+                per_origin: per_origin.max(1),
+                max_idle,
+                idle_timeout,
+                idle: Mutex::new(Idle::default()),
+            }),
+        }
+    }
+
+    /// Sends `req` (its URI absolute) on a kept connection to its origin,
+    /// or a new one.
+    pub async fn request(&self, mut req: Request<Body>) -> Result<Response<Incoming>, PoolError> {
+        let uri = req.uri().clone();
+        let origin = match (uri.scheme(), uri.authority()) {
+            (Some(s), Some(a)) => (s.clone(), a.clone()),
+            _ => return Err(PoolError::NoOrigin),
+        };
+        // A kept connection the server closed as it was taken, at most
+        // once each: they are few, and a new connection ends the loop.
+        loop {
+            let (conn, reused) = match self.inner.checkout(&origin) {
+                Some(conn) => (conn, true),
+                None => (self.connect(&origin, &uri).await?, false),
+            };
+            match conn {
+                Conn::H2(mut sender) => {
+                    return sender.send_request(req).await.map_err(PoolError::Request);
+                }
+                Conn::H1(mut sender) => {
+                    to_origin_form(&mut req);
+                    match sender.try_send_request(req).await {
+                        Ok(answer) => {
+                            // Kept while its answer's body is read: taken
+                            // again only once it is ready (`Idle::take`).
+                            self.put(origin, Conn::H1(sender));
+                            return Ok(answer);
+                        }
+                        Err(mut e) => match e.take_message() {
+                            Some(unsent) if reused => {
+                                req = unsent;
+                                *req.uri_mut() = uri.clone();
+                            }
+                            _ => return Err(PoolError::Request(e.into_error())),
+                        },
+                    }
+                }
+            }
+        }
+    }
+
+    async fn connect(&self, origin: &Origin, uri: &Uri) -> Result<Conn, PoolError> {
+        let io = self
+            .inner
+            .connector
+            .clone()
+            .oneshot(uri.clone())
+            .await
+            .map_err(PoolError::Connect)?;
+        if io.connected().is_negotiated_h2() {
+            let (sender, conn) = http2::Builder::new(TokioExecutor::new())
+                .timer(TokioTimer::new())
+                .handshake(io)
+                .await
+                .map_err(PoolError::Handshake)?;
+            tokio::spawn(conn);
+            self.put(origin.clone(), Conn::H2(sender.clone()));
+            Ok(Conn::H2(sender))
+        } else {
+            let (sender, conn) = http1::handshake(io).await.map_err(PoolError::Handshake)?;
+            tokio::spawn(conn);
+            Ok(Conn::H1(sender))
+        }
+    }
+
+    fn put(&self, origin: Origin, conn: Conn) {
+        let sweep = {
+            let mut idle = self.inner.lock();
+            let closed = idle.put(origin, conn, self.inner.per_origin, self.inner.max_idle);
+            let sweep = !idle.swept;
+            idle.swept = true;
+            drop(idle);
+            // Closed outside the lock.
+            drop(closed);
+            sweep
+        };
+        if sweep {
+            tokio::spawn(sweep_while_used(Arc::downgrade(&self.inner)));
+        }
+    }
+
+    /// Idle connections kept now, for tests.
+    #[cfg(test)]
+    fn idle(&self) -> usize {
+        self.inner.lock().order.len()
+    }
+}
+
+impl Inner {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Idle> {
+        // Plain maps, each change whole: a panic elsewhere cannot tear them.
+        self.idle.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A kept connection to `origin` that can take a request now.
+    fn checkout(&self, origin: &Origin) -> Option<Conn> {
+        let mut idle = self.lock();
+        let mut closed = Vec::new();
+        let found = idle.take(origin, self.idle_timeout, &mut closed);
+        if let Some(Conn::H2(sender)) = &found {
+            let keep = Conn::H2(sender.clone());
+            closed.extend(idle.put(origin.clone(), keep, self.per_origin, self.max_idle));
+        }
+        drop(idle);
+        drop(closed);
+        found
+    }
+}
+
+impl Idle {
+    /// The newest connection to `origin` ready for a request, taken out
+    /// (an HTTP/2 one is put back by the caller). Closed ones and those
+    /// past `timeout` go to `closed`; one still busy with its answer's body
+    /// stays.
+    fn take(
+        &mut self,
+        origin: &Origin,
+        timeout: Duration,
+        closed: &mut Vec<Entry>,
+    ) -> Option<Conn> {
+        let list = self.by_origin.get_mut(origin)?;
+        let mut found = None;
+        for i in (0..list.len()).rev() {
+            let e = &list[i];
+            let (ready, gone) = match &e.conn {
+                Conn::H1(s) => (s.is_ready(), s.is_closed()),
+                Conn::H2(s) => (s.is_ready(), s.is_closed()),
+            };
+            let expired = e.since.elapsed() >= timeout;
+            if !(ready || gone || expired) {
+                continue;
+            }
+            let e = list.remove(i);
+            self.order.remove(&e.turn);
+            if ready && !expired {
+                found = Some(e.conn);
+                break;
+            }
+            closed.push(e);
+        }
+        if list.is_empty() {
+            self.by_origin.remove(origin);
+        }
+        found
+    }
+
+    /// Keeps `conn`; returns what that closes: the origin's oldest past
+    /// `per_origin`, and the oldest of all past `max_idle`.
+    fn put(
+        &mut self,
+        origin: Origin,
+        conn: Conn,
+        per_origin: usize,
+        max_idle: usize,
+    ) -> Vec<Entry> {
+        let mut closed = Vec::new();
+        if max_idle == 0 {
+            closed.push(Entry {
+                turn: 0,
+                since: Instant::now(),
+                conn,
+            });
+            return closed;
+        }
+        self.turn += 1;
+        let turn = self.turn;
+        self.order.insert(turn, origin.clone());
+        let list = self.by_origin.entry(origin).or_default();
+        list.push(Entry {
+            turn,
+            since: Instant::now(),
+            conn,
+        });
+        if list.len() > per_origin {
+            let oldest = list.remove(0);
+            self.order.remove(&oldest.turn);
+            closed.push(oldest);
+        }
+        while self.order.len() > max_idle {
+            closed.extend(self.close_oldest());
+        }
+        closed
+    }
+
+    /// Removes the connection idle longest.
+    fn close_oldest(&mut self) -> Option<Entry> {
+        let (_, origin) = self.order.pop_first()?;
+        let list = self.by_origin.get_mut(&origin)?;
+        // Each origin's list is in turn order: its oldest is first.
+        let oldest = list.remove(0);
+        if list.is_empty() {
+            self.by_origin.remove(&origin);
+        }
+        Some(oldest)
+    }
+
+    /// Removes the connections idle `timeout` or more.
+    fn expire(&mut self, timeout: Duration) -> Vec<Entry> {
+        let mut closed = Vec::new();
+        while let Some((_, origin)) = self.order.first_key_value() {
+            let expired = self
+                .by_origin
+                .get(origin)
+                .and_then(|list| list.first())
+                .is_none_or(|e| e.since.elapsed() >= timeout);
+            if !expired {
+                break;
+            }
+            closed.extend(self.close_oldest());
+        }
+        closed
+    }
+}
+
+/// Closes idle connections past their time, so that what a burst opened
+/// is given back after it; ends with the pool.
+async fn sweep_while_used(pool: Weak<Inner>) {
+    let mut tick = tokio::time::interval(SWEEP_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let Some(inner) = pool.upgrade() else { return };
+        let closed = inner.lock().expire(inner.idle_timeout);
+        drop(inner);
+        drop(closed);
+    }
+}
+
+/// HTTP/1 sends the path (and the host in `Host`, as a URL names it).
+fn to_origin_form(req: &mut Request<Body>) {
+    let uri = req.uri().clone();
+    if !req.headers().contains_key(http::header::HOST)
+        && let Some(host) = host_header(&uri)
+    {
+        req.headers_mut().insert(http::header::HOST, host);
+    }
+    let path = uri
+        .path_and_query()
+        .cloned()
+        .unwrap_or_else(|| PathAndQuery::from_static("/"));
+    *req.uri_mut() = Uri::from(path);
+}
+
+/// The host, and the port when it is not the scheme's own.
+fn host_header(uri: &Uri) -> Option<HeaderValue> {
+    let host = uri.host()?;
+    let default = match uri.scheme_str() {
+        Some("https") => Some(443),
+        Some("http") => Some(80),
+        _ => None,
+    };
+    match uri.port_u16() {
+        Some(port) if Some(port) != default => {
+            HeaderValue::from_str(&format!("{host}:{port}")).ok()
+        }
+        _ => HeaderValue::from_str(host).ok(),
+    }
+}
+
+#[cfg(test)]
+mod tests;
