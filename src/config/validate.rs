@@ -914,8 +914,8 @@ fn per_event(
     })
 }
 
-/// Idle connections a `per_event` destination keeps by default: ~21 KiB
-/// each (~210 MiB at the bound), enough for 10,000 endpoints getting an
+/// Idle connections a `per_event` destination keeps by default: ~26 KiB
+/// each (~260 MiB at the bound), enough for 10,000 endpoints getting an
 /// event a second each to reuse theirs (docs/endpoints.md).
 const MAX_IDLE_CONNECTIONS: u64 = 10_000;
 

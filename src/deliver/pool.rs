@@ -3,13 +3,13 @@
 //!
 //! Hand-written rather than hyper-util's pool, which bounds idle
 //! connections per host only: a fan-out to thousands of endpoints kept a
-//! connection (~21 KiB: hyper's read buffer, its request channel) for every
+//! connection (~22 KiB: hyper's buffers, its request channel) for every
 //! endpoint used in the last 4–8 s, with no bound (10,000 endpoints took
 //! RSS from 16 to 231 MiB, benches/RESULTS.md), and a connection closed
 //! under it kept its entry until the pool's next sweep. Here the idle
 //! connections of all endpoints are one list in the order they were freed:
-//! past the bound the oldest is closed, and a closed one is gone at once
-//! (its task ends when its sender drops).
+//! past the bound the oldest is closed and gone at once (its task ends when
+//! its sender drops); one the server closed leaves at the next sweep.
 //!
 //! What is kept from hyper-util: an HTTP/1 connection is used again only
 //! once ready for the next request (its answer's body read), an HTTP/2 one
@@ -128,28 +128,29 @@ impl Pool {
                 Some(conn) => (conn, true),
                 None => (self.connect(&origin, &uri).await?, false),
             };
-            match conn {
-                Conn::H2(mut sender) => {
-                    return sender.send_request(req).await.map_err(PoolError::Request);
-                }
+            let sent = match conn {
+                // A GOAWAY or a close may meet a request not yet started.
+                Conn::H2(mut sender) => sender.try_send_request(req).await,
                 Conn::H1(mut sender) => {
                     to_origin_form(&mut req);
-                    match sender.try_send_request(req).await {
-                        Ok(answer) => {
-                            // Kept while its answer's body is read: taken
-                            // again only once it is ready (`Idle::take`).
-                            self.put(origin, Conn::H1(sender));
-                            return Ok(answer);
-                        }
-                        Err(mut e) => match e.take_message() {
-                            Some(unsent) if reused => {
-                                req = unsent;
-                                *req.uri_mut() = uri.clone();
-                            }
-                            _ => return Err(PoolError::Request(e.into_error())),
-                        },
+                    let sent = sender.try_send_request(req).await;
+                    if sent.is_ok() {
+                        // Kept while its answer's body is read: taken
+                        // again only once it is ready (`Idle::take`).
+                        self.put(origin.clone(), Conn::H1(sender));
                     }
+                    sent
                 }
+            };
+            match sent {
+                Ok(answer) => return Ok(answer),
+                Err(mut e) => match e.take_message() {
+                    Some(unsent) if reused => {
+                        req = unsent;
+                        *req.uri_mut() = uri.clone();
+                    }
+                    _ => return Err(PoolError::Request(e.into_error())),
+                },
             }
         }
     }
@@ -194,10 +195,16 @@ impl Pool {
         }
     }
 
-    /// Idle connections kept now, for tests.
+    /// Connections kept now, for tests: all, and those ready for a request.
     #[cfg(test)]
-    fn idle(&self) -> usize {
-        self.inner.lock().order.len()
+    fn kept(&self) -> (usize, usize) {
+        let idle = self.inner.lock();
+        let ready = idle.by_origin.values().flatten();
+        let ready = ready.filter(|e| match &e.conn {
+            Conn::H1(s) => s.is_ready(),
+            Conn::H2(s) => s.is_ready(),
+        });
+        (idle.order.len(), ready.count())
     }
 }
 
@@ -309,9 +316,25 @@ impl Idle {
         Some(oldest)
     }
 
-    /// Removes the connections idle `timeout` or more.
+    /// Removes the connections idle `timeout` or more, and those closed
+    /// under the pool (a server's close, an answer's `Connection: close`),
+    /// which would hold places of the bounds.
     fn expire(&mut self, timeout: Duration) -> Vec<Entry> {
         let mut closed = Vec::new();
+        let order = &mut self.order;
+        self.by_origin.retain(|_, list| {
+            list.retain(|e| {
+                let gone = match &e.conn {
+                    Conn::H1(s) => s.is_closed(),
+                    Conn::H2(s) => s.is_closed(),
+                };
+                if gone {
+                    order.remove(&e.turn);
+                }
+                !gone
+            });
+            !list.is_empty()
+        });
         while let Some((_, origin)) = self.order.first_key_value() {
             let expired = self
                 .by_origin
