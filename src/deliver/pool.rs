@@ -95,6 +95,22 @@ enum Conn {
     H2(http2::SendRequest<Body>),
 }
 
+impl Conn {
+    fn is_ready(&self) -> bool {
+        match self {
+            Conn::H1(s) => s.is_ready(),
+            Conn::H2(s) => s.is_ready(),
+        }
+    }
+
+    fn is_closed(&self) -> bool {
+        match self {
+            Conn::H1(s) => s.is_closed(),
+            Conn::H2(s) => s.is_closed(),
+        }
+    }
+}
+
 impl Pool {
     pub fn new(
         connector: HttpsConnector<Guarded>,
@@ -132,7 +148,7 @@ impl Pool {
                 // A GOAWAY or a close may meet a request not yet started.
                 Conn::H2(mut sender) => sender.try_send_request(req).await,
                 Conn::H1(mut sender) => {
-                    to_origin_form(&mut req);
+                    to_origin_form(&mut req, &uri);
                     let sent = sender.try_send_request(req).await;
                     if sent.is_ok() {
                         // Kept while its answer's body is read: taken
@@ -180,17 +196,13 @@ impl Pool {
     }
 
     fn put(&self, origin: Origin, conn: Conn) {
-        let sweep = {
-            let mut idle = self.inner.lock();
-            let closed = idle.put(origin, conn, self.inner.per_origin, self.inner.max_idle);
-            let sweep = !idle.swept;
-            idle.swept = true;
-            drop(idle);
-            // Closed outside the lock.
-            drop(closed);
-            sweep
-        };
-        if sweep {
+        let mut idle = self.inner.lock();
+        let closed = idle.put(origin, conn, self.inner.per_origin, self.inner.max_idle);
+        let first = !std::mem::replace(&mut idle.swept, true);
+        drop(idle);
+        // Closed outside the lock.
+        drop(closed);
+        if first {
             tokio::spawn(sweep_while_used(Arc::downgrade(&self.inner)));
         }
     }
@@ -200,11 +212,10 @@ impl Pool {
     fn kept(&self) -> (usize, usize) {
         let idle = self.inner.lock();
         let ready = idle.by_origin.values().flatten();
-        let ready = ready.filter(|e| match &e.conn {
-            Conn::H1(s) => s.is_ready(),
-            Conn::H2(s) => s.is_ready(),
-        });
-        (idle.order.len(), ready.count())
+        (
+            idle.order.len(),
+            ready.filter(|e| e.conn.is_ready()).count(),
+        )
     }
 }
 
@@ -244,10 +255,7 @@ impl Idle {
         let mut found = None;
         for i in (0..list.len()).rev() {
             let e = &list[i];
-            let (ready, gone) = match &e.conn {
-                Conn::H1(s) => (s.is_ready(), s.is_closed()),
-                Conn::H2(s) => (s.is_ready(), s.is_closed()),
-            };
+            let (ready, gone) = (e.conn.is_ready(), e.conn.is_closed());
             let expired = e.since.elapsed() >= timeout;
             if !(ready || gone || expired) {
                 continue;
@@ -267,7 +275,8 @@ impl Idle {
     }
 
     /// Keeps `conn`; returns what that closes: the origin's oldest past
-    /// `per_origin`, and the oldest of all past `max_idle`.
+    /// `per_origin`, and the oldest of all past `max_idle` (`conn` itself
+    /// when that is 0).
     fn put(
         &mut self,
         origin: Origin,
@@ -276,14 +285,6 @@ impl Idle {
         max_idle: usize,
     ) -> Vec<Entry> {
         let mut closed = Vec::new();
-        if max_idle == 0 {
-            closed.push(Entry {
-                turn: 0,
-                since: Instant::now(),
-                conn,
-            });
-            return closed;
-        }
         self.turn += 1;
         let turn = self.turn;
         self.order.insert(turn, origin.clone());
@@ -324,10 +325,7 @@ impl Idle {
         let order = &mut self.order;
         self.by_origin.retain(|_, list| {
             list.retain(|e| {
-                let gone = match &e.conn {
-                    Conn::H1(s) => s.is_closed(),
-                    Conn::H2(s) => s.is_closed(),
-                };
+                let gone = e.conn.is_closed();
                 if gone {
                     order.remove(&e.turn);
                 }
@@ -364,11 +362,11 @@ async fn sweep_while_used(pool: Weak<Inner>) {
     }
 }
 
-/// HTTP/1 sends the path (and the host in `Host`, as a URL names it).
-fn to_origin_form(req: &mut Request<Body>) {
-    let uri = req.uri().clone();
+/// HTTP/1 sends the path of `uri`, the request's (and the host in
+/// `Host`, as a URL names it).
+fn to_origin_form(req: &mut Request<Body>, uri: &Uri) {
     if !req.headers().contains_key(http::header::HOST)
-        && let Some(host) = host_header(&uri)
+        && let Some(host) = host_header(uri)
     {
         req.headers_mut().insert(http::header::HOST, host);
     }
