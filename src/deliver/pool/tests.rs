@@ -167,6 +167,36 @@ async fn past_the_bound_the_connection_idle_longest_is_closed_at_once() {
     assert_eq!(servers[1].1.opened(), 1);
 }
 
+/// Taken turns stay in the eviction queue until met: after many reuses
+/// the queue is still bounded, and its oldest kept turn still decides.
+#[tokio::test]
+async fn after_many_reuses_the_one_idle_longest_is_still_the_one_closed() {
+    let servers = [
+        server(Duration::ZERO).await,
+        server(Duration::ZERO).await,
+        server(Duration::ZERO).await,
+    ];
+    let pool = pool(4, 2, Duration::from_secs(60));
+    // 300 turns between the two: each leaves a taken turn in the queue.
+    for _ in 0..150 {
+        for (url, _) in &servers[..2] {
+            assert_eq!(send(&pool, url).await, 200);
+            wait_idle(&pool, pool.kept().0).await;
+        }
+    }
+    assert_eq!(wait_idle(&pool, 2).await, 2);
+    let queued = pool.inner.lock().order.len();
+    assert!(queued <= 2 + 64 + 1, "taken turns dropped: {queued} queued");
+    assert_eq!((servers[0].1.opened(), servers[1].1.opened()), (1, 1));
+    // The first server's connection was put back before the second's.
+    assert_eq!(send(&pool, &servers[2].0).await, 200);
+    assert_eq!(wait_idle(&pool, 2).await, 2, "the bound holds");
+    assert_eq!(servers[0].1.wait_closed(1).await, 1);
+    assert_eq!((servers[1].1.closed(), servers[2].1.closed()), (0, 0));
+    assert_eq!(send(&pool, &servers[1].0).await, 200);
+    assert_eq!(servers[1].1.opened(), 1, "the second's is kept and used");
+}
+
 #[tokio::test]
 async fn an_endpoint_keeps_at_most_its_concurrency_idle() {
     let (url, counts) = server(Duration::from_millis(100)).await;
