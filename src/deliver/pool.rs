@@ -316,23 +316,20 @@ impl Idle {
         closed
     }
 
-    /// The oldest turn still kept, and its connection's origin, with the
-    /// taken turns before it dropped.
-    fn oldest(&mut self) -> Option<(&Origin, &Entry)> {
+    /// The connection idle longest, with the taken turns before it
+    /// dropped from the queue (its turn is then the queue's first).
+    fn oldest(&mut self) -> Option<&Entry> {
         loop {
             let (turn, origin) = self.order.front()?;
             // Each origin's list is in turn order: its oldest is first.
             let first = self.by_origin.get(origin).and_then(|l| l.first());
             if first.is_some_and(|e| e.turn == *turn) {
-                break;
+                return first;
             }
             // Older than the origin's first, or none: taken.
             self.order.pop_front();
             self.stale = self.stale.saturating_sub(1);
         }
-        let (_, origin) = self.order.front()?;
-        let entry = self.by_origin.get(origin)?.first()?;
-        Some((origin, entry))
     }
 
     /// Removes the connection idle longest.
@@ -370,10 +367,7 @@ impl Idle {
         });
         self.count -= gone;
         self.stale += gone;
-        while self
-            .oldest()
-            .is_some_and(|(_, e)| e.since.elapsed() >= timeout)
-        {
+        while self.oldest().is_some_and(|e| e.since.elapsed() >= timeout) {
             closed.extend(self.close_oldest());
         }
         closed
@@ -409,20 +403,22 @@ fn to_origin_form(req: &mut Request<Body>, uri: &Uri) {
     *req.uri_mut() = Uri::from(path);
 }
 
-/// The host, and the port when it is not the scheme's own.
+/// The host, and the port when it is not the scheme's own: the URL's
+/// authority as written (ingress refuses userinfo), with no string made
+/// per attempt.
 fn host_header(uri: &Uri) -> Option<HeaderValue> {
-    let host = uri.host()?;
+    let authority = uri.authority()?;
     let default = match uri.scheme_str() {
         Some("https") => Some(443),
         Some("http") => Some(80),
         _ => None,
     };
-    match uri.port_u16() {
-        Some(port) if Some(port) != default => {
-            HeaderValue::from_str(&format!("{host}:{port}")).ok()
-        }
-        _ => HeaderValue::from_str(host).ok(),
-    }
+    let host = match authority.port_u16() {
+        Some(port) if Some(port) != default => authority.as_str(),
+        _ => authority.host(),
+    };
+    // Past an `@`, as hyper-util's: a URL with userinfo names its host after it.
+    HeaderValue::from_str(host.rsplit('@').next()?).ok()
 }
 
 #[cfg(test)]

@@ -144,39 +144,43 @@ async fn an_endpoints_connection_is_used_again() {
     assert_eq!(counts.opened(), 1, "each request opened a connection");
 }
 
-#[tokio::test]
-async fn past_the_bound_the_connection_idle_longest_is_closed_at_once() {
+/// Three servers, and a pool of at most 2 idle connections.
+async fn three_servers_and_a_bound_of_two() -> ([(String, Arc<Counts>); 3], Pool) {
     let servers = [
         server(Duration::ZERO).await,
         server(Duration::ZERO).await,
         server(Duration::ZERO).await,
     ];
-    let pool = pool(4, 2, Duration::from_secs(60));
+    (servers, pool(4, 2, Duration::from_secs(60)))
+}
+
+/// With the first two servers' connections kept, the first idle longest:
+/// an attempt to the third closes the first's at once (its server sees it
+/// go without any timeout), and the second's is kept and used.
+async fn the_third_closes_the_first(servers: &[(String, Arc<Counts>); 3], pool: &Pool) {
+    assert_eq!(send(pool, &servers[2].0).await, 200);
+    assert_eq!(wait_idle(pool, 2).await, 2, "the bound holds");
+    assert_eq!(servers[0].1.wait_closed(1).await, 1);
+    assert_eq!((servers[1].1.closed(), servers[2].1.closed()), (0, 0));
+    assert_eq!(send(pool, &servers[1].0).await, 200);
+    assert_eq!(servers[1].1.opened(), 1, "the second's is kept and used");
+}
+
+#[tokio::test]
+async fn past_the_bound_the_connection_idle_longest_is_closed_at_once() {
+    let (servers, pool) = three_servers_and_a_bound_of_two().await;
     for (url, _) in &servers[..2] {
         assert_eq!(send(&pool, url).await, 200);
     }
     assert_eq!(wait_idle(&pool, 2).await, 2);
-    assert_eq!(send(&pool, &servers[2].0).await, 200);
-    assert_eq!(wait_idle(&pool, 2).await, 2, "the bound holds");
-    // The first endpoint's connection was idle longest: closed, and its
-    // server sees it go without waiting for any timeout.
-    assert_eq!(servers[0].1.wait_closed(1).await, 1);
-    assert_eq!((servers[1].1.closed(), servers[2].1.closed()), (0, 0));
-    // The second's is still kept, and used.
-    assert_eq!(send(&pool, &servers[1].0).await, 200);
-    assert_eq!(servers[1].1.opened(), 1);
+    the_third_closes_the_first(&servers, &pool).await;
 }
 
 /// Taken turns stay in the eviction queue until met: after many reuses
 /// the queue is still bounded, and its oldest kept turn still decides.
 #[tokio::test]
 async fn after_many_reuses_the_one_idle_longest_is_still_the_one_closed() {
-    let servers = [
-        server(Duration::ZERO).await,
-        server(Duration::ZERO).await,
-        server(Duration::ZERO).await,
-    ];
-    let pool = pool(4, 2, Duration::from_secs(60));
+    let (servers, pool) = three_servers_and_a_bound_of_two().await;
     // 300 turns between the two: each leaves a taken turn in the queue.
     for _ in 0..150 {
         for (url, _) in &servers[..2] {
@@ -188,13 +192,7 @@ async fn after_many_reuses_the_one_idle_longest_is_still_the_one_closed() {
     let queued = pool.inner.lock().order.len();
     assert!(queued <= 2 + 64 + 1, "taken turns dropped: {queued} queued");
     assert_eq!((servers[0].1.opened(), servers[1].1.opened()), (1, 1));
-    // The first server's connection was put back before the second's.
-    assert_eq!(send(&pool, &servers[2].0).await, 200);
-    assert_eq!(wait_idle(&pool, 2).await, 2, "the bound holds");
-    assert_eq!(servers[0].1.wait_closed(1).await, 1);
-    assert_eq!((servers[1].1.closed(), servers[2].1.closed()), (0, 0));
-    assert_eq!(send(&pool, &servers[1].0).await, 200);
-    assert_eq!(servers[1].1.opened(), 1, "the second's is kept and used");
+    the_third_closes_the_first(&servers, &pool).await;
 }
 
 #[tokio::test]
