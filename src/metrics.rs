@@ -263,8 +263,9 @@ pub fn register(destination: &str, reasons: &[&'static str]) {
     }
 }
 
-pub fn accepted(destination: &str, n: u64) {
-    counter!(ACCEPTED, "destination" => destination.to_string()).increment(n);
+/// A destination's `courier_accepted_total`, kept by its journal state.
+pub fn accepted(destination: &str) -> Counter {
+    counter!(ACCEPTED, "destination" => destination.to_string())
 }
 
 /// The standard `process_*` series (CPU, resident and virtual memory, open
@@ -407,8 +408,9 @@ async fn upkeep(handle: PrometheusHandle) {
     }
 }
 
-pub fn journal_sync(took: Duration) {
-    histogram!(SYNC).record(took.as_secs_f64());
+/// `courier_journal_sync_seconds`, kept by the journal's writer.
+pub fn journal_sync() -> Histogram {
+    histogram!(SYNC)
 }
 
 pub fn deduplicated(destination: &str) {

@@ -43,13 +43,14 @@ const ROUNDS: usize = 40;
 async fn histogram_samples_are_folded_without_a_scrape() {
     let _handle = courier::metrics::install(&[]).expect("the only recorder of this binary");
     // The series exists, and the upkeep has run once, before the count.
-    courier::metrics::journal_sync(Duration::from_micros(1));
+    let sync = courier::metrics::journal_sync();
+    sync.record(Duration::from_micros(1).as_secs_f64());
     tokio::time::sleep(courier::metrics::UPKEEP_EVERY).await;
     let before = HELD.load(Ordering::Relaxed);
     let mut most = 0;
     for round in 0..ROUNDS {
         for i in 0..PER_ROUND {
-            courier::metrics::journal_sync(Duration::from_micros((round * PER_ROUND + i) as u64));
+            sync.record(Duration::from_micros((round * PER_ROUND + i) as u64).as_secs_f64());
         }
         most = most.max(HELD.load(Ordering::Relaxed) - before);
         tokio::time::sleep(courier::metrics::UPKEEP_EVERY).await;

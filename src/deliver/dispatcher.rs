@@ -34,6 +34,7 @@ use crate::clock;
 use crate::event::StoredEvent;
 use crate::event::endpoint;
 use crate::journal::{Change, DestinationState, LoadError, Reader, Turns};
+use smallvec::SmallVec;
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
@@ -175,9 +176,11 @@ struct Group {
     overdue: bool,
 }
 
-/// A unit in hand: its events' seqs, and their bytes.
+/// A unit in hand: its events' seqs, and their bytes. Most units are one
+/// event (every one of a `url: per_event` destination): its seq is kept
+/// inline, not in an allocation of its own per attempt.
 struct Running {
-    seqs: Vec<i64>,
+    seqs: SmallVec<[i64; 1]>,
     bytes: u64,
 }
 
@@ -226,7 +229,7 @@ impl Held {
     }
 
     /// The seqs of a unit whose task ended.
-    fn back(&mut self, task: tokio::task::Id) -> Option<Vec<i64>> {
+    fn back(&mut self, task: tokio::task::Id) -> Option<SmallVec<[i64; 1]>> {
         let running = self.running.remove(&task)?;
         self.running_bytes = self.running_bytes.saturating_sub(running.bytes);
         Some(running.seqs)
@@ -505,7 +508,10 @@ impl Dispatcher {
                 continue;
             }
             let origin: Arc<str> = endpoint::origin_of(&ev.event).unwrap_or_default().into();
-            let said = match blocked_by.get_mut(&origin) {
+            let met = Some(&mut blocked_by)
+                .filter(|b| !b.is_empty())
+                .and_then(|b| b.get_mut(&origin));
+            let said = match met {
                 Some((why, n)) => {
                     *n += 1;
                     Err((*why, *n))
@@ -617,6 +623,7 @@ impl Dispatcher {
                 ..Settled::done(release)
             }
         });
+        let seqs = SmallVec::from_vec(seqs);
         self.held.hand(handle.id(), Running { seqs, bytes: 0 });
     }
 
@@ -907,6 +914,7 @@ impl Dispatcher {
             }
             Settled::done(true)
         });
+        let seqs = SmallVec::from_vec(seqs);
         self.held.hand(handle.id(), Running { seqs, bytes: 0 });
     }
 

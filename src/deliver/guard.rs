@@ -8,6 +8,7 @@
 //! followed: hyper's client does not follow them.
 
 use super::resolver::Resolver;
+use super::stream::Stream;
 use crate::policy::address::{self, Guard};
 use http::Uri;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -79,7 +80,7 @@ impl Guarded {
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 impl tower::Service<Uri> for Guarded {
-    type Response = <HttpConnector<Resolver> as tower::Service<Uri>>::Response;
+    type Response = Stream;
     type Error = BoxError;
     type Future = Pin<Box<dyn Future<Output = Result<Self::Response, BoxError>> + Send>>;
 
@@ -92,7 +93,7 @@ impl tower::Service<Uri> for Guarded {
             return Box::pin(async move { Err(refused.into()) });
         }
         let connect = self.http.call(uri);
-        Box::pin(async move { connect.await.map_err(Into::into) })
+        Box::pin(async move { connect.await.map(Stream).map_err(Into::into) })
     }
 }
 

@@ -22,6 +22,7 @@ mod settle;
 mod shape;
 mod slots;
 pub mod stack;
+mod stream;
 #[cfg(test)]
 mod tests;
 mod verdict;

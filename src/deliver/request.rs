@@ -112,8 +112,11 @@ fn assemble(
         req.extensions_mut().insert(EndpointSecrets(secrets.into()));
     }
     let headers = req.headers_mut();
-    // The app's, a content type, and the attempt's own (`HeadersLayer`).
-    headers.reserve(e.headers.len() + 4);
+    // The app's, a content type, the attempt's own (`HeadersLayer`: its
+    // id, number and destination, a signature and its time) and hyper's
+    // (`Host`, `Content-Length`): room for them all at once, as growing
+    // the map on the way out took two more allocations an attempt.
+    headers.reserve(e.headers.len() + 8);
     for (name, value) in &e.headers {
         if skip.contains(&name.as_str()) || endpoint::is_own(name) {
             continue;

@@ -230,7 +230,10 @@ pub fn stored_origin(url: &str) -> Option<String> {
     if host.is_empty() {
         return None;
     }
-    let mut o = String::with_capacity(scheme.len() + host.len() + 9);
+    // Exactly its length: the holders that keep it as a `Box<str>` then
+    // take it as it is, not reallocated.
+    let digits = port.checked_ilog10().unwrap_or(0) as usize + 1;
+    let mut o = String::with_capacity(scheme.len() + 3 + host.len() + 1 + digits);
     o.push_str(scheme);
     o.push_str("://");
     o.extend(host.chars().map(|c| c.to_ascii_lowercase()));
@@ -386,6 +389,9 @@ mod tests {
                             // Stricter than a `Uri` in one thing: no host, no origin.
                             let want = uri_origin(&url).filter(|o| !o.contains("://:"));
                             assert_eq!(origin(&url), want, "{url}");
+                            if let Some(o) = stored_origin(&url) {
+                                assert_eq!(o.capacity(), o.len(), "{url}: {o}");
+                            }
                             if let Ok(named) =
                                 check(url.as_bytes(), &["https".into(), "http".into()])
                             {

@@ -15,6 +15,7 @@
 //! is read here, and `DestinationState::take_ready` wakes the waiters.
 
 use super::{DestinationState, NewEvent, Shared};
+use smallvec::SmallVec;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -26,8 +27,8 @@ pub const MAX_WAIT: Duration = Duration::from_millis(500);
 pub(super) async fn keep_pace(shared: &Shared, events: &[NewEvent]) {
     // A list, not a set: a request names one destination, or a topic's
     // few, and hashing each name cost more than the scan (a profile of
-    // accept-only, benches/RESULTS.md).
-    let mut names: Vec<&str> = Vec::with_capacity(1);
+    // accept-only, benches/RESULTS.md); the one inline, not allocated.
+    let mut names: SmallVec<[&str; 1]> = SmallVec::new();
     for e in events {
         let name = e.destination.as_str();
         if names.last() != Some(&name) && !names.contains(&name) {

@@ -54,8 +54,8 @@
 //! the mark knows that acknowledged events are gone, and says so.
 
 use super::disk::{self, Disk, LogFile, Real};
-use super::record::{Carried, decode_headers, encode_headers};
-use crate::event::{Header, NewEvent};
+use super::record::{Carried, decode_headers, encode_headers, encoded_headers};
+use crate::event::{Header, NewEvent, endpoint};
 use std::collections::BTreeSet;
 use std::io;
 use std::path::{Path, PathBuf};
@@ -84,6 +84,9 @@ pub struct Logged {
     /// The headers as encoded in the record (and in the journal row), so
     /// the indexer does not encode them again.
     pub encoded_headers: Vec<u8>,
+    /// The origin of the endpoint it names (`url: per_event`), read from
+    /// `encoded_headers` in either read.
+    pub endpoint: Option<String>,
     /// Where the event's encoding lies in the log: a journal row keeps this
     /// place rather than a copy of the event (`fetch`).
     pub place: Place,
@@ -100,14 +103,18 @@ impl Logged {
     /// What the event counts against `journal.max_bytes`, whether or not
     /// its body was kept.
     pub fn size(&self) -> u64 {
-        self.event.size() + (self.body_len - self.event.body.len()) as u64
+        // `NewEvent::size`, with each header's 6 bytes of lengths as encoded.
+        let e = &self.event;
+        (self.body_len + self.encoded_headers.len() + e.path.len() + e.id.len()) as u64
     }
 }
 
-/// Whether a read of the log keeps the events' bodies. The indexer's does
-/// not: its rows point into the log, and a chunk it read to catch up held
-/// a copy of every body, 5 MiB of the peak of a backlog's fill
-/// (benches/RESULTS.md).
+/// Whether a read of the log keeps the events' bodies and their headers
+/// decoded. The indexer's does not: its rows point into the log, and a
+/// chunk it read to catch up held a copy of every body, 5 MiB of the peak
+/// of a backlog's fill (benches/RESULTS.md); of the headers it needs only
+/// the endpoint (`Logged::endpoint`), and copying each one was 5 of the
+/// ~90 allocations an event took (uprobes, benches/RESULTS.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Bodies {
     Keep,
@@ -398,11 +405,24 @@ fn decode_one(segment: u64, at: u64, whole: &[u8], bodies: Bodies) -> Option<(Lo
     let used = whole.len() - p.len();
     let [id, destination, method, path, headers, body] = parts;
     let text = |v: Vec<u8>| String::from_utf8(v).ok();
-    let decoded: Vec<Header> = decode_headers(&headers).ok()?;
+    // Checked whole in either read; copied only when the body is kept.
+    let mut url = None;
+    for h in encoded_headers(&headers) {
+        let (name, value) = h.ok()?;
+        if name == endpoint::URL_HEADER {
+            url = std::str::from_utf8(value).ok();
+        }
+    }
+    let endpoint = url.and_then(endpoint::stored_origin);
+    let decoded: Vec<Header> = match bodies {
+        Bodies::Keep => decode_headers(&headers).ok()?,
+        Bodies::Skip => Vec::new(),
+    };
     let encoding = &whole[..used];
     Some((
         Logged {
             seq,
+            endpoint,
             encoded_headers: headers,
             place: Place {
                 at,
@@ -1105,14 +1125,22 @@ mod tests {
         assert_eq!(r.read(end).expect("read"), Read::End);
     }
 
-    /// The indexer's reads leave the bodies out and change nothing else:
-    /// the rows' places and CRCs, and the sizes counted against
-    /// `max_bytes`, are those of the whole event.
+    /// The indexer's reads leave the bodies and the decoded headers out
+    /// and change nothing else: the rows' places and CRCs, the sizes
+    /// counted against `max_bytes` and the endpoint named are those of the
+    /// whole event.
     #[test]
     fn a_read_without_bodies_keeps_every_other_field_and_the_size() {
         let tmp = tempfile::tempdir().expect("tempdir");
         let mut w = LogWriter::open(tmp.path(), 0, 1, &BTreeSet::new()).expect("open");
-        let (p, n) = group(1..4);
+        let (mut p, mut n) = group(1..3);
+        let mut named = event(3);
+        named.headers.push((
+            endpoint::URL_HEADER.into(),
+            b"https://hooks.example:8443/a?b=c".to_vec(),
+        ));
+        encode(&mut p, 3, &named);
+        n += 1;
         w.append(&p, n, false).expect("append");
         w.append(&big_payload(4, 100_000), 1, false)
             .expect("append");
@@ -1131,9 +1159,13 @@ mod tests {
             assert_eq!(kept.len(), skipped.len());
             for (k, s) in kept.iter().zip(&skipped) {
                 assert!(!k.event.body.is_empty() && s.event.body.is_empty());
+                assert!(!k.event.headers.is_empty() && s.event.headers.is_empty());
+                assert_eq!(s.endpoint, k.endpoint);
                 assert_eq!(s.body_len, k.event.body.len());
                 assert_eq!(s.size(), k.size());
                 assert_eq!(s.size(), k.event.size());
+                let named = (k.seq == 3).then(|| "https://hooks.example:8443".to_string());
+                assert_eq!(k.endpoint, named, "seq {}", k.seq);
                 let body_back = Logged {
                     event: k.event.clone(),
                     ..s.clone()

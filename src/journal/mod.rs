@@ -57,10 +57,11 @@ use reserve::Reserve;
 use rusqlite::Connection;
 use shares::EndpointShares;
 use skip::{Delivered, Skip};
+use smallvec::SmallVec;
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 use tokio::sync::futures::Notified;
 use tokio::sync::{Notify, mpsc, oneshot};
@@ -343,6 +344,10 @@ pub(crate) struct DestinationState {
     /// writer (accepts), the indexer (waiting rows) and the changes that
     /// end events (`Shared::pass_turns`).
     lanes: Mutex<Option<Lanes>>,
+    /// Its `courier_accepted_total`, found at its first event: looked up
+    /// at each commit, the series' label was allocated and the registry
+    /// hashed, ~2.5 of an event's allocations (benches/RESULTS.md).
+    accepted: OnceLock<::metrics::Counter>,
 }
 
 impl Default for DestinationState {
@@ -360,11 +365,19 @@ impl Default for DestinationState {
             sending: AtomicBool::new(true),
             unindexed: Mutex::default(),
             lanes: Mutex::default(),
+            accepted: OnceLock::new(),
         }
     }
 }
 
 impl DestinationState {
+    /// Counts `n` events of `name` (this state's destination) accepted.
+    pub(crate) fn accepted(&self, name: &str, n: u64) {
+        self.accepted
+            .get_or_init(|| crate::metrics::accepted(name))
+            .increment(n);
+    }
+
     /// Events pending: durable and not yet delivered or dead-lettered.
     pub(crate) fn pending(&self) -> u64 {
         self.pending.load(Ordering::Relaxed)
@@ -660,7 +673,7 @@ impl Shared {
         let size: u64 = sizes.iter().map(|(_, n)| n).sum();
         let limit = self.space.max_bytes;
         let states = self.destinations.load();
-        let mut taken: Vec<(&DestinationState, u64)> = Vec::with_capacity(sizes.len());
+        let mut taken: SmallVec<[(&DestinationState, u64); 1]> = SmallVec::new();
         let give_back = |taken: &[(&DestinationState, u64)]| {
             for (d, own) in taken {
                 sub(&d.bytes, *own);
@@ -805,8 +818,8 @@ fn sub(v: &AtomicU64, n: u64) {
 
 /// The bytes of `events` per destination. A list, not a map: a request
 /// names one destination, or a topic's few.
-fn by_destination(events: &[NewEvent]) -> Vec<(&str, u64)> {
-    let mut sizes: Vec<(&str, u64)> = Vec::with_capacity(1);
+fn by_destination(events: &[NewEvent]) -> SmallVec<[(&str, u64); 1]> {
+    let mut sizes: SmallVec<[(&str, u64); 1]> = SmallVec::new();
     for e in events {
         let name = e.destination.as_str();
         match sizes.iter_mut().find(|(n, _)| *n == name) {

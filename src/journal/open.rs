@@ -345,6 +345,7 @@ impl Opening<'_> {
                 shared: shared.clone(),
                 indexer: to_indexer.clone(),
                 recycle_warned: None,
+                sync_seconds: crate::metrics::journal_sync(),
             },
             rx,
         )

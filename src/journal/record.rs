@@ -95,33 +95,62 @@ pub fn encode_headers(headers: &[Header]) -> Vec<u8> {
     out
 }
 
-#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("header block is truncated or malformed at byte {0}")]
 pub struct DecodeError(pub usize);
 
-pub fn decode_headers(mut b: &[u8]) -> Result<Vec<Header>, DecodeError> {
-    let total = b.len();
-    let mut out = Vec::new();
-    let take = |b: &mut &[u8], n: usize| -> Result<Vec<u8>, DecodeError> {
-        if b.len() < n {
-            return Err(DecodeError(total - b.len()));
+pub fn decode_headers(b: &[u8]) -> Result<Vec<Header>, DecodeError> {
+    encoded_headers(b)
+        .map(|h| h.map(|(name, value)| (name.to_string(), value.to_vec())))
+        .collect()
+}
+
+/// The headers of an encoded block, borrowed from it: a reader that needs
+/// one of them, or only to know the block is whole (the indexer, once per
+/// event), makes no copy of the others.
+pub fn encoded_headers(b: &[u8]) -> EncodedHeaders<'_> {
+    EncodedHeaders { b, total: b.len() }
+}
+
+pub struct EncodedHeaders<'a> {
+    b: &'a [u8],
+    total: usize,
+}
+
+impl<'a> EncodedHeaders<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
+        if self.b.len() < n {
+            return Err(DecodeError(self.total - self.b.len()));
         }
-        let (head, rest) = b.split_at(n);
-        *b = rest;
-        Ok(head.to_vec())
-    };
-    while !b.is_empty() {
-        let n = take(&mut b, 2)?;
-        let name = take(&mut b, u16::from_le_bytes([n[0], n[1]]) as usize)?;
-        let name = String::from_utf8(name).map_err(|_| DecodeError(total - b.len()))?;
-        let v = take(&mut b, 4)?;
-        let value = take(
-            &mut b,
-            u32::from_le_bytes([v[0], v[1], v[2], v[3]]) as usize,
-        )?;
-        out.push((name, value));
+        let (head, rest) = self.b.split_at(n);
+        self.b = rest;
+        Ok(head)
     }
-    Ok(out)
+
+    fn next_header(&mut self) -> Result<(&'a str, &'a [u8]), DecodeError> {
+        let n = self.take(2)?;
+        let name = self.take(u16::from_le_bytes([n[0], n[1]]) as usize)?;
+        let name = std::str::from_utf8(name).map_err(|_| DecodeError(self.total - self.b.len()))?;
+        let v = self.take(4)?;
+        let value = self.take(u32::from_le_bytes([v[0], v[1], v[2], v[3]]) as usize)?;
+        Ok((name, value))
+    }
+}
+
+impl<'a> Iterator for EncodedHeaders<'a> {
+    type Item = Result<(&'a str, &'a [u8]), DecodeError>;
+
+    /// After an error, nothing: the block's rest cannot be framed.
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.b.is_empty() {
+            return None;
+        }
+        let h = self.next_header();
+        if h.is_err() {
+            self.b = &[];
+        }
+        Some(h)
+    }
 }
 
 #[cfg(test)]
@@ -129,6 +158,28 @@ mod tests {
     use super::*;
     use crate::event::NewEvent;
     use bytes::Bytes;
+
+    /// A block cut anywhere is refused, by the borrowed walk as by the
+    /// copying decode, at the same byte; the walk then ends (its rest
+    /// cannot be framed) rather than reading on from the wrong place.
+    #[test]
+    fn a_truncated_block_is_refused_by_both_reads_alike() {
+        let block = encode_headers(&[
+            ("x-a".to_string(), b"1".to_vec()),
+            ("x-b".to_string(), b"22".to_vec()),
+        ]);
+        let first = encode_headers(&[("x-a".to_string(), b"1".to_vec())]).len();
+        for cut in (1..block.len()).filter(|&c| c != first) {
+            let part = &block[..cut];
+            let walked: Vec<_> = encoded_headers(part).collect();
+            let err = walked.last().and_then(|h| h.as_ref().err()).cloned();
+            assert!(err.is_some(), "cut at {cut}: {walked:?}");
+            assert_eq!(decode_headers(part).err(), err, "cut at {cut}");
+            assert!(walked[..walked.len() - 1].iter().all(Result::is_ok));
+        }
+        let whole: Vec<_> = encoded_headers(&block).collect();
+        assert_eq!(whole, vec![Ok(("x-a", &b"1"[..])), Ok(("x-b", &b"22"[..]))]);
+    }
 
     #[test]
     fn headers_round_trip_including_binary_values() {

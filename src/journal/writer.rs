@@ -11,7 +11,6 @@ use super::reserve;
 use super::{Command, DestinationState, Handed, JournalError, NewEvent, Shared, StoredEvent};
 use crate::event::endpoint;
 use crate::metrics;
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -42,6 +41,9 @@ pub(super) struct Writer {
     pub indexer: std::sync::mpsc::Sender<ToIndexer>,
     /// When a failed recycle was last logged: it is tried at every group.
     pub recycle_warned: Option<Instant>,
+    /// `courier_journal_sync_seconds`, found once: looked up at each group,
+    /// the registry was searched and a key made per commit.
+    pub sync_seconds: ::metrics::Histogram,
 }
 
 /// A recycle that keeps failing is said this often, not at every group.
@@ -127,7 +129,7 @@ impl Writer {
         let first_seq = self.next_seq;
         let started = Instant::now();
         let result = self.write(group, payload);
-        metrics::journal_sync(started.elapsed());
+        self.sync_seconds.record(started.elapsed().as_secs_f64());
         match &result {
             Ok(_) => {
                 account(group, &self.shared);
@@ -356,7 +358,6 @@ fn release(cmds: &[Command], shared: &Shared) {
 /// at the 202: an app that hung up before its answer still has its event.
 /// Their bytes were counted at admission (`Shared::reserve`).
 fn account(group: &[Command], shared: &Shared) {
-    let mut accepted: HashMap<&str, u64> = HashMap::new();
     let states = shared.destinations.load();
     for cmd in group {
         if let Command::Append {
@@ -364,19 +365,20 @@ fn account(group: &[Command], shared: &Shared) {
         } = cmd
         {
             for e in events {
-                if let Some(d) = states.get(&e.destination) {
+                let state = states.get(&e.destination);
+                if let Some(d) = state {
                     d.pending.fetch_add(1, Ordering::Relaxed);
                 }
                 // An adopted event was accepted by the courier that handed
                 // it off (`courier_handoff_events_total` counts it here).
                 if carried.is_none() {
-                    *accepted.entry(e.destination.as_str()).or_default() += 1;
+                    match state {
+                        Some(d) => d.accepted(&e.destination, 1),
+                        None => metrics::accepted(&e.destination).increment(1),
+                    }
                 }
             }
         }
-    }
-    for (destination, n) in accepted {
-        metrics::accepted(destination, n);
     }
 }
 

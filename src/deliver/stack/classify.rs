@@ -77,12 +77,10 @@ impl<S, ReqBody, B> Service<Request<ReqBody>> for Classify<S>
 where
     S: Service<Request<ReqBody>, Response = Response<B>>,
     S::Error: Into<BoxError>,
-    S::Future: Send + 'static,
-    B: Send + 'static,
 {
     type Response = Answered<B>;
     type Error = Infallible;
-    type Future = Pin<Box<dyn Future<Output = Result<Answered<B>, Infallible>> + Send>>;
+    type Future = Classifying<S::Future>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
         match self.inner.poll_ready(cx) {
@@ -96,69 +94,116 @@ where
         }
     }
 
-    fn call(&mut self, mut req: Request<ReqBody>) -> Self::Future {
+    fn call(&mut self, mut req: Request<ReqBody>) -> Classifying<S::Future> {
         if let Some((kind, error)) = self.not_ready.take() {
-            let classified = self.policy.classify_transport(kind);
-            return Box::pin(async move {
-                Ok(Answered {
-                    attempted: Attempted {
-                        classified,
-                        status: None,
-                        took: Duration::ZERO,
-                        retry_after: None,
-                        late: None,
-                        error: Some(error),
-                    },
-                    answer: None,
-                })
-            });
+            let attempted = Attempted {
+                classified: self.policy.classify_transport(kind),
+                status: None,
+                took: Duration::ZERO,
+                retry_after: None,
+                late: None,
+                error: Some(error),
+            };
+            return Classifying::Failed {
+                attempted: Some(attempted),
+            };
         }
         // The timeout layer leaves a late answer here, not in its error.
         let late = LateSlot::default();
         req.extensions_mut().insert(late.clone());
-        let started = Instant::now();
-        let fut = self.inner.call(req);
-        let policy = self.policy.clone();
-        Box::pin(async move {
-            let result = fut.await;
-            let took = started.elapsed();
-            Ok(match result {
-                Ok(resp) => {
-                    let status = resp.status().as_u16();
-                    let retry_after = resp
-                        .headers()
-                        .get(http::header::RETRY_AFTER)
-                        .and_then(|v| v.to_str().ok())
-                        .and_then(|v| parse_retry_after(v, SystemTime::now()));
-                    Answered {
-                        attempted: Attempted {
-                            classified: policy.classify_status(status, retry_after),
-                            status: Some(status),
-                            took,
-                            retry_after,
-                            late: None,
-                            error: None,
-                        },
-                        answer: Some(resp),
-                    }
-                }
-                Err(e) => {
-                    let e: BoxError = e.into();
-                    let kind = transport_kind(e.as_ref());
-                    Answered {
-                        attempted: Attempted {
-                            classified: policy.classify_transport(kind),
-                            status: None,
-                            took,
-                            retry_after: None,
-                            late: late.take(),
-                            error: Some(chain(e.as_ref())),
-                        },
+        Classifying::Sent {
+            started: Instant::now(),
+            inner: self.inner.call(req),
+            policy: self.policy.clone(),
+            late,
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// `Classify`'s answer: named rather than boxed, one allocation an
+    /// attempt fewer (benches/RESULTS.md).
+    #[project = Projected]
+    pub enum Classifying<F> {
+        /// The inner service was not ready: this attempt's failure, given
+        /// once.
+        Failed { attempted: Option<Attempted> },
+        Sent {
+            #[pin]
+            inner: F,
+            started: Instant,
+            policy: Arc<StatusPolicy>,
+            late: LateSlot,
+        },
+    }
+}
+
+impl<F, B, E> Future for Classifying<F>
+where
+    F: Future<Output = Result<Response<B>, E>>,
+    E: Into<BoxError>,
+{
+    type Output = Result<Answered<B>, Infallible>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let (result, started, policy, late) = match self.project() {
+            // Polled again after its answer: there is none left to give.
+            Projected::Failed { attempted } => {
+                return match attempted.take() {
+                    Some(attempted) => Poll::Ready(Ok(Answered {
+                        attempted,
                         answer: None,
-                    }
+                    })),
+                    None => Poll::Pending,
+                };
+            }
+            Projected::Sent {
+                inner,
+                started,
+                policy,
+                late,
+            } => match inner.poll(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(result) => (result, started, policy, late),
+            },
+        };
+        let took = started.elapsed();
+        Poll::Ready(Ok(match result {
+            Ok(resp) => {
+                let status = resp.status().as_u16();
+                let retry_after = resp
+                    .headers()
+                    .get(http::header::RETRY_AFTER)
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| parse_retry_after(v, SystemTime::now()));
+                Answered {
+                    attempted: Attempted {
+                        classified: policy.classify_status(status, retry_after),
+                        status: Some(status),
+                        took,
+                        retry_after,
+                        late: None,
+                        error: None,
+                    },
+                    answer: Some(resp),
                 }
-            })
-        })
+            }
+            Err(e) => {
+                let e: BoxError = e.into();
+                let kind = transport_kind(e.as_ref());
+                Answered {
+                    attempted: Attempted {
+                        classified: policy.classify_transport(kind),
+                        status: None,
+                        took,
+                        retry_after: None,
+                        late: late.take(),
+                        error: Some(chain(e.as_ref())),
+                    },
+                    answer: None,
+                }
+            }
+        }))
     }
 }
 
@@ -325,6 +370,47 @@ mod tests {
             Verdict::Retry {
                 min_delay: Duration::from_secs(7)
             }
+        );
+    }
+
+    /// A client that cannot take the attempt (its connector failed
+    /// `poll_ready`) gives the attempt's failure, not a call: classified
+    /// by the error's chain, with its text, and no answer.
+    #[tokio::test]
+    async fn an_inner_service_not_ready_is_the_attempts_transport_failure() {
+        #[derive(Clone)]
+        struct Refusing;
+        impl Service<Request<()>> for Refusing {
+            type Response = Response<()>;
+            type Error = BoxError;
+            type Future = std::future::Ready<Result<Response<()>, BoxError>>;
+            fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+                let e = std::io::Error::other("no route to 10.0.0.1");
+                Poll::Ready(Err(Box::new(e)))
+            }
+            fn call(&mut self, _: Request<()>) -> Self::Future {
+                panic!("called after a failed poll_ready")
+            }
+        }
+        let answered = ClassifyLayer::new(StatusPolicy::default())
+            .layer(Refusing)
+            .oneshot(Request::new(()))
+            .await
+            .expect("infallible");
+        assert!(answered.answer.is_none());
+        let out = answered.attempted;
+        assert_eq!(out.status, None);
+        assert_eq!(out.classified.outcome, Outcome::SocketError);
+        assert_eq!(
+            out.classified.verdict,
+            Verdict::Retry {
+                min_delay: Duration::ZERO
+            }
+        );
+        assert!(
+            out.error.as_deref().is_some_and(|e| e.contains("10.0.0.1")),
+            "{:?}",
+            out.error
         );
     }
 }

@@ -3,6 +3,7 @@
 //! to the app.
 
 use crate::deliver::HttpsClient;
+use crate::deliver::client::Sending;
 use crate::server::linger::discard;
 use bytes::Bytes;
 use http::{Request, Response};
@@ -32,15 +33,14 @@ impl HttpService {
 impl tower::Service<Request<Full<Bytes>>> for HttpService {
     type Response = Response<Incoming>;
     type Error = BoxError;
-    type Future = Pin<Box<dyn Future<Output = Result<Response<Incoming>, BoxError>> + Send>>;
+    type Future = Sending;
 
     fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, req: Request<Full<Bytes>>) -> Self::Future {
-        let client = self.client.clone();
-        Box::pin(async move { client.request(req).await })
+    fn call(&mut self, req: Request<Full<Bytes>>) -> Sending {
+        self.client.request(req)
     }
 }
 

@@ -44,7 +44,7 @@ impl HistoryJob {
                 prior: l.carried.as_ref().map_or(0, |c| c.attempts),
                 next_due_ms: l.carried.as_ref().map(|c| c.next_due_ms),
                 delivered: delivered.get(i).and_then(Option::as_ref),
-                endpoint: crate::event::endpoint::origin_of(&l.event),
+                endpoint: l.endpoint.clone(),
             })
             .collect();
         let steps: Vec<(i64, Step)> = changes

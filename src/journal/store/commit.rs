@@ -3,7 +3,6 @@
 //! copy of events into their rows; the synced log position.
 
 use super::{Pin, QUARANTINED};
-use crate::event::endpoint;
 use crate::journal::Change;
 use crate::journal::intake::{Logged, Place};
 use rusqlite::{Connection, OptionalExtension, Transaction, TransactionBehavior, params};
@@ -105,7 +104,7 @@ fn insert(
             l.place.len,
             e.id,
             due,
-            endpoint::origin_of(e)
+            l.endpoint
         ])?;
         if let Some(c) = &l.carried {
             carry.execute(params![
