@@ -408,7 +408,7 @@ async fn upkeep(handle: PrometheusHandle) {
     }
 }
 
-/// `courier_journal_sync_seconds`, kept by the journal's writer.
+/// `courier_journal_sync_duration_seconds`, kept by the journal's writer.
 pub fn journal_sync() -> Histogram {
     histogram!(SYNC)
 }

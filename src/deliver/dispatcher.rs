@@ -508,10 +508,7 @@ impl Dispatcher {
                 continue;
             }
             let origin: Arc<str> = endpoint::origin_of(&ev.event).unwrap_or_default().into();
-            let met = Some(&mut blocked_by)
-                .filter(|b| !b.is_empty())
-                .and_then(|b| b.get_mut(&origin));
-            let said = match met {
+            let said = match blocked_by.get_mut(&origin) {
                 Some((why, n)) => {
                     *n += 1;
                     Err((*why, *n))
@@ -598,7 +595,7 @@ impl Dispatcher {
         if back.is_empty() {
             return;
         }
-        let seqs: Vec<i64> = back.iter().map(|(ev, _)| ev.seq).collect();
+        let seqs: SmallVec<[i64; 1]> = back.iter().map(|(ev, _)| ev.seq).collect();
         let changes: Vec<Change> = back
             .iter()
             .map(|(ev, due)| Change::Defer {
@@ -623,7 +620,6 @@ impl Dispatcher {
                 ..Settled::done(release)
             }
         });
-        let seqs = SmallVec::from_vec(seqs);
         self.held.hand(handle.id(), Running { seqs, bytes: 0 });
     }
 

@@ -243,9 +243,7 @@ impl Endpoints {
     pub fn start(&self, origin: &Arc<str>, cap: usize) -> Result<bool, Blocked> {
         let now = clock::now_ms();
         let mut s = self.lock();
-        // Hashed only when some are: each hash of an origin is SipHash's,
-        // a few per attempt with 10,000 endpoints.
-        if !s.disabled.is_empty() && s.disabled.contains_key(origin) {
+        if s.disabled.contains_key(origin) {
             return Err(Blocked::Disabled);
         }
         if !s.states.contains_key(origin) {

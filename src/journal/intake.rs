@@ -406,14 +406,18 @@ fn decode_one(segment: u64, at: u64, whole: &[u8], bodies: Bodies) -> Option<(Lo
     let [id, destination, method, path, headers, body] = parts;
     let text = |v: Vec<u8>| String::from_utf8(v).ok();
     // Checked whole in either read; copied only when the body is kept.
-    let mut url = None;
+    // The first URL header names the endpoint, as `endpoint::url_of` reads
+    // a decoded event (where the request goes, and its share).
+    let mut url: Option<&[u8]> = None;
     for h in encoded_headers(&headers) {
         let (name, value) = h.ok()?;
-        if name == endpoint::URL_HEADER {
-            url = std::str::from_utf8(value).ok();
+        if url.is_none() && name == endpoint::URL_HEADER {
+            url = Some(value);
         }
     }
-    let endpoint = url.and_then(endpoint::stored_origin);
+    let endpoint = url
+        .and_then(|u| std::str::from_utf8(u).ok())
+        .and_then(endpoint::stored_origin);
     let decoded: Vec<Header> = match bodies {
         Bodies::Keep => decode_headers(&headers).ok()?,
         Bodies::Skip => Vec::new(),
@@ -1135,10 +1139,12 @@ mod tests {
         let mut w = LogWriter::open(tmp.path(), 0, 1, &BTreeSet::new()).expect("open");
         let (mut p, mut n) = group(1..3);
         let mut named = event(3);
-        named.headers.push((
-            endpoint::URL_HEADER.into(),
-            b"https://hooks.example:8443/a?b=c".to_vec(),
-        ));
+        // Two: the first names the endpoint, in either read.
+        for url in ["https://hooks.example:8443/a?b=c", "https://other.example/"] {
+            named
+                .headers
+                .push((endpoint::URL_HEADER.into(), url.as_bytes().to_vec()));
+        }
         encode(&mut p, 3, &named);
         n += 1;
         w.append(&p, n, false).expect("append");
@@ -1166,6 +1172,8 @@ mod tests {
                 assert_eq!(s.size(), k.event.size());
                 let named = (k.seq == 3).then(|| "https://hooks.example:8443".to_string());
                 assert_eq!(k.endpoint, named, "seq {}", k.seq);
+                let decoded = endpoint::origin_of(&k.event);
+                assert_eq!(k.endpoint, decoded, "as a decoded event names it");
                 let body_back = Logged {
                     event: k.event.clone(),
                     ..s.clone()

@@ -41,7 +41,7 @@ pub(super) struct Writer {
     pub indexer: std::sync::mpsc::Sender<ToIndexer>,
     /// When a failed recycle was last logged: it is tried at every group.
     pub recycle_warned: Option<Instant>,
-    /// `courier_journal_sync_seconds`, found once: looked up at each group,
+    /// `courier_journal_sync_duration_seconds`, found once: looked up at each group,
     /// the registry was searched and a key made per commit.
     pub sync_seconds: ::metrics::Histogram,
 }
