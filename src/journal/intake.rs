@@ -54,7 +54,7 @@
 //! the mark knows that acknowledged events are gone, and says so.
 
 use super::disk::{self, Disk, LogFile, Real};
-use super::record::{Carried, decode_headers, encode_headers, encoded_headers};
+use super::record::{Carried, encode_headers, encoded_headers};
 use crate::event::{Header, NewEvent, endpoint};
 use std::collections::BTreeSet;
 use std::io;
@@ -405,23 +405,24 @@ fn decode_one(segment: u64, at: u64, whole: &[u8], bodies: Bodies) -> Option<(Lo
     let used = whole.len() - p.len();
     let [id, destination, method, path, headers, body] = parts;
     let text = |v: Vec<u8>| String::from_utf8(v).ok();
-    // Checked whole in either read; copied only when the body is kept.
-    // The first URL header names the endpoint, as `endpoint::url_of` reads
-    // a decoded event (where the request goes, and its share).
+    // One walk, checking the block whole in either read; the headers are
+    // copied only when the body is kept. The first URL header names the
+    // endpoint, as `endpoint::url_of` reads a decoded event (where the
+    // request goes, and its share).
     let mut url: Option<&[u8]> = None;
+    let mut decoded: Vec<Header> = Vec::new();
     for h in encoded_headers(&headers) {
         let (name, value) = h.ok()?;
         if url.is_none() && name == endpoint::URL_HEADER {
             url = Some(value);
         }
+        if bodies == Bodies::Keep {
+            decoded.push((name.to_string(), value.to_vec()));
+        }
     }
     let endpoint = url
         .and_then(|u| std::str::from_utf8(u).ok())
         .and_then(endpoint::stored_origin);
-    let decoded: Vec<Header> = match bodies {
-        Bodies::Keep => decode_headers(&headers).ok()?,
-        Bodies::Skip => Vec::new(),
-    };
     let encoding = &whole[..used];
     Some((
         Logged {
