@@ -489,6 +489,10 @@ impl Dispatcher {
         // pass ends when the slots or the gate do: the events behind stay
         // where they are, not moved one by one (a pass per attempt ended).
         let mut kept = Vec::new();
+        // Each event's origin, read into one buffer: an endpoint's state
+        // keeps the key its turn holds, so an event of a known endpoint
+        // makes no string of its own (two allocations an event before).
+        let mut origin = String::new();
         while !self.held.ready.is_empty() {
             let room = journal_ok
                 && !self.stop.is_cancelled()
@@ -507,19 +511,22 @@ impl Dispatcher {
                 self.expiry = Expiry::Now;
                 continue;
             }
-            let origin: Arc<str> = endpoint::origin_of(&ev.event).unwrap_or_default().into();
-            let said = match blocked_by.get_mut(&origin) {
+            origin.clear();
+            if let Some(url) = endpoint::url_of(&ev.event) {
+                endpoint::push_stored_origin(url, &mut origin);
+            }
+            let said = match blocked_by.get_mut(origin.as_str()) {
                 Some((why, n)) => {
                     *n += 1;
                     Err((*why, *n))
                 }
                 None => endpoints.start(&origin, cap).map_err(|why| {
-                    blocked_by.insert(origin.clone(), (why, 0));
+                    blocked_by.insert(origin.as_str().into(), (why, 0));
                     (why, 0)
                 }),
             };
-            let probe = match said {
-                Ok(probe) => probe,
+            let (key, probe) = match said {
+                Ok(started) => started,
                 Err((endpoints::Blocked::Disabled, _)) => {
                     disabled.push(ev);
                     continue;
@@ -545,7 +552,7 @@ impl Dispatcher {
                     continue;
                 }
             };
-            let turn = EndpointTurn::new(endpoints.clone(), origin, probe);
+            let turn = EndpointTurn::new(endpoints.clone(), key, probe);
             // The destination's own gate: an operator's pause, the rate
             // limit (its probation is its endpoints': `Health::end_probation`).
             let gate = self.ctx.health.gate();

@@ -14,7 +14,7 @@
 //! them across restarts, and a disabling lasts until an operator ends it.
 
 use crate::clock;
-use crate::event::Outcome;
+use crate::event::{Outcome, endpoint};
 use crate::journal::Disabled;
 use crate::policy::probation::{Admit, Probation, ProbationPolicy};
 use std::collections::HashMap;
@@ -238,20 +238,27 @@ impl Endpoints {
     }
 
     /// May one more attempt go to `origin` now, with at most `cap` in
-    /// flight? `Ok(probe)` counts it in flight (and marks the probe sent,
-    /// when it is the one probe of a probation) until `ended`.
-    pub fn start(&self, origin: &Arc<str>, cap: usize) -> Result<bool, Blocked> {
+    /// flight? `Ok((its key, probe))` counts it in flight (and marks the
+    /// probe sent, when it is the one probe of a probation) until `ended`.
+    pub fn start(&self, origin: &str, cap: usize) -> Result<(Arc<str>, bool), Blocked> {
         let now = clock::now_ms();
         let mut s = self.lock();
-        if s.disabled.contains_key(origin) {
-            return Err(Blocked::Disabled);
-        }
-        if !s.states.contains_key(origin) {
-            s.make_room();
-        }
+        // Its key, kept: the caller's turn holds it, with no copy of its
+        // own an attempt. A disabled endpoint has no state (`ended`,
+        // `hold_disabled`): one found is not disabled.
+        let key = match s.states.get_key_value(origin) {
+            Some((key, _)) => key.clone(),
+            None => {
+                if s.disabled.contains_key(origin) {
+                    return Err(Blocked::Disabled);
+                }
+                s.make_room();
+                Arc::from(origin)
+            }
+        };
         let Inner { states, policy, .. } = &mut *s;
         let state = states
-            .entry(origin.clone())
+            .entry(key.clone())
             .or_insert_with(|| State::new(policy));
         if let Some(until) = state.hold_until_ms {
             if now < until {
@@ -272,7 +279,7 @@ impl Endpoints {
             state.probation.probe_started();
         }
         state.in_flight += 1;
-        Ok(probe)
+        Ok((key, probe))
     }
 
     /// An attempt that `start` let go has ended: what it did to the
@@ -373,6 +380,19 @@ impl Endpoints {
 
     pub fn disabled(&self, origin: &str) -> Option<Disabled> {
         self.lock().disabled.get(origin).cloned()
+    }
+
+    /// The endpoint `url` names (as stored), its origin and disabling, if
+    /// it is disabled. While none is, the URL is not read: each event's
+    /// admission made its origin's string for this check before.
+    pub fn disabled_at(&self, url: &str) -> Option<(String, Disabled)> {
+        let s = self.lock();
+        if s.disabled.is_empty() {
+            return None;
+        }
+        let origin = endpoint::stored_origin(url)?;
+        let d = s.disabled.get(origin.as_str())?.clone();
+        Some((origin, d))
     }
 
     /// The time an event of `origin` put back no earlier than `from` is
@@ -522,21 +542,32 @@ mod tests {
     fn each_endpoint_has_its_own_cap_and_probation() {
         let e = endpoints(2, 100);
         let (a, b): (Arc<str>, Arc<str>) = ("https://a:443".into(), "https://b:443".into());
-        assert_eq!(e.start(&a, 2), Ok(false));
-        assert_eq!(e.start(&a, 2), Ok(false));
+        assert_eq!(e.start(&a, 2).map(|(_, probe)| probe), Ok(false));
+        assert_eq!(e.start(&a, 2).map(|(_, probe)| probe), Ok(false));
         assert_eq!(
-            e.start(&a, 2),
+            e.start(&a, 2).map(|(_, probe)| probe),
             Err(Blocked::Busy),
             "two in flight at a cap of 2"
         );
-        assert_eq!(e.start(&b, 2), Ok(false), "b has its own cap");
+        assert_eq!(
+            e.start(&b, 2).map(|(_, probe)| probe),
+            Ok(false),
+            "b has its own cap"
+        );
         assert_eq!(e.ended(&a, failed()), Said::default());
         let until = e
             .ended(&a, failed())
             .probation_until
             .expect("a second failure starts a probation");
-        assert_eq!(e.start(&a, 2), Err(Blocked::Probation(until)));
-        assert_eq!(e.start(&b, 2), Ok(false), "b is not on probation");
+        assert_eq!(
+            e.start(&a, 2).map(|(_, probe)| probe),
+            Err(Blocked::Probation(until))
+        );
+        assert_eq!(
+            e.start(&b, 2).map(|(_, probe)| probe),
+            Ok(false),
+            "b is not on probation"
+        );
         let census = e.census();
         assert_eq!((census.healthy, census.probation), (1, 1));
     }
@@ -545,7 +576,7 @@ mod tests {
     fn a_retry_after_holds_and_a_410_disables_only_their_endpoint() {
         let e = endpoints(10, 100);
         let (a, b): (Arc<str>, Arc<str>) = ("https://a:443".into(), "https://b:443".into());
-        assert_eq!(e.start(&a, 4), Ok(false));
+        assert_eq!(e.start(&a, 4).map(|(_, probe)| probe), Ok(false));
         e.ended(
             &a,
             Ended {
@@ -553,8 +584,11 @@ mod tests {
                 ..failed()
             },
         );
-        assert!(matches!(e.start(&a, 4), Err(Blocked::WaitUntil(_))));
-        assert_eq!(e.start(&b, 4), Ok(false));
+        assert!(matches!(
+            e.start(&a, 4).map(|(_, probe)| probe),
+            Err(Blocked::WaitUntil(_))
+        ));
+        assert_eq!(e.start(&b, 4).map(|(_, probe)| probe), Ok(false));
         let said = e.ended(
             &b,
             Ended {
@@ -565,11 +599,22 @@ mod tests {
         );
         let d = said.disabled.expect("a 410 disables");
         assert_eq!((d.by.as_str(), d.last_status), (BY_GONE, Some(410)));
-        assert_eq!(e.start(&b, 4), Err(Blocked::Disabled), "b answered 410");
-        assert!(matches!(e.start(&a, 4), Err(Blocked::WaitUntil(_))));
+        assert_eq!(
+            e.start(&b, 4).map(|(_, probe)| probe),
+            Err(Blocked::Disabled),
+            "b answered 410"
+        );
+        assert!(matches!(
+            e.start(&a, 4).map(|(_, probe)| probe),
+            Err(Blocked::WaitUntil(_))
+        ));
         assert_eq!(e.census().disabled, 1);
         assert_eq!(e.enable(&b), Some(d));
-        assert_eq!(e.start(&b, 4), Ok(false), "enabled afresh");
+        assert_eq!(
+            e.start(&b, 4).map(|(_, probe)| probe),
+            Ok(false),
+            "enabled afresh"
+        );
     }
 
     #[test]
@@ -581,24 +626,37 @@ mod tests {
             Vec::new(),
         );
         let a: Arc<str> = "https://a:443".into();
-        assert_eq!(e.start(&a, 4), Ok(false));
+        assert_eq!(e.start(&a, 4).map(|(_, probe)| probe), Ok(false));
         assert_eq!(e.ended(&a, failed()).disabled, None, "the first failure");
         std::thread::sleep(Duration::from_millis(50));
         // A success in between starts the clock again.
-        assert_eq!(e.start(&a, 4), Ok(false));
+        assert_eq!(e.start(&a, 4).map(|(_, probe)| probe), Ok(false));
         let ok = Ended {
             outcome: Some(Outcome::Delivered),
             ..failed()
         };
         assert_eq!(e.ended(&a, ok).disabled, None);
-        assert_eq!(e.start(&a, 4), Ok(false));
+        assert_eq!(e.start(&a, 4).map(|(_, probe)| probe), Ok(false));
         assert_eq!(e.ended(&a, failed()).disabled, None, "failing anew");
         std::thread::sleep(Duration::from_millis(50));
-        assert_eq!(e.start(&a, 4), Ok(false));
+        assert_eq!(e.start(&a, 4).map(|(_, probe)| probe), Ok(false));
         let d = e.ended(&a, failed()).disabled.expect("40 ms failing");
         assert_eq!(d.by, BY_DISABLE_AFTER);
         assert!(d.failing_since_ms.is_some_and(|t| t < d.since_ms));
-        assert_eq!(e.start(&a, 4), Err(Blocked::Disabled));
+        assert_eq!(
+            e.start(&a, 4).map(|(_, probe)| probe),
+            Err(Blocked::Disabled)
+        );
+    }
+
+    #[test]
+    fn the_key_a_start_gives_is_the_states_own() {
+        let e = Endpoints::new(ProbationPolicy::default(), 8, None, Vec::new());
+        let (first, _) = e.start("https://a:443", 4).expect("started");
+        let (again, _) = e.start("https://a:443", 4).expect("started");
+        assert!(Arc::ptr_eq(&first, &again), "one key, not a copy a start");
+        assert_eq!(&*first, "https://a:443");
+        assert_eq!(e.disabled_at("https://a/x"), None, "none disabled");
     }
 
     #[test]
@@ -618,15 +676,24 @@ mod tests {
         );
         for i in 0..50 {
             let origin: Arc<str> = format!("https://h{i}:443").into();
-            assert_eq!(e.start(&origin, 4), Ok(false));
+            assert_eq!(e.start(&origin, 4).map(|(_, probe)| probe), Ok(false));
             e.ended(&origin, failed());
         }
         let off: Arc<str> = "https://off:443".into();
-        assert_eq!(e.start(&off, 4), Err(Blocked::Disabled));
-        assert_eq!(e.disabled(&off), Some(kept));
+        assert_eq!(
+            e.start(&off, 4).map(|(_, probe)| probe),
+            Err(Blocked::Disabled)
+        );
+        assert_eq!(e.disabled(&off), Some(kept.clone()));
+        assert_eq!(
+            e.disabled_at("https://OFF/x?y=1"),
+            Some(("https://off:443".to_string(), kept)),
+            "found by a URL of its origin"
+        );
+        assert_eq!(e.disabled_at("https://h1/x"), None);
         assert_eq!(e.would_disable(&off, 5), None, "disabled already");
         let other: Arc<str> = "https://fresh:443".into();
-        assert_eq!(e.start(&other, 4), Ok(false));
+        assert_eq!(e.start(&other, 4).map(|(_, probe)| probe), Ok(false));
         e.ended(&other, failed());
         let d = e.would_disable(&other, 5).expect("not disabled");
         assert_eq!(
@@ -634,10 +701,17 @@ mod tests {
             Some("TimedOut"),
             "from its state"
         );
-        assert_eq!(e.start(&other, 4), Ok(false), "nothing changed yet");
+        assert_eq!(
+            e.start(&other, 4).map(|(_, probe)| probe),
+            Ok(false),
+            "nothing changed yet"
+        );
         e.ended(&other, failed());
         e.hold_disabled(&other, d);
-        assert_eq!(e.start(&other, 4), Err(Blocked::Disabled));
+        assert_eq!(
+            e.start(&other, 4).map(|(_, probe)| probe),
+            Err(Blocked::Disabled)
+        );
         let views = e.views();
         assert_eq!(
             views.iter().filter(|(_, v)| v.state == "disabled").count(),
@@ -649,14 +723,17 @@ mod tests {
     fn an_attempt_not_made_gives_back_its_place_and_its_probe() {
         let e = endpoints(1, 100);
         let a: Arc<str> = "https://a:443".into();
-        assert_eq!(e.start(&a, 1), Ok(false));
+        assert_eq!(e.start(&a, 1).map(|(_, probe)| probe), Ok(false));
         let until = e.ended(&a, failed()).probation_until.expect("probation");
         let _ = until;
         // A probation of 10 s at the least: not over yet.
-        assert!(matches!(e.start(&a, 1), Err(Blocked::Probation(_))));
+        assert!(matches!(
+            e.start(&a, 1).map(|(_, probe)| probe),
+            Err(Blocked::Probation(_))
+        ));
         let e = endpoints(0, 100);
-        assert_eq!(e.start(&a, 1), Ok(false));
-        assert_eq!(e.start(&a, 1), Err(Blocked::Busy));
+        assert_eq!(e.start(&a, 1).map(|(_, probe)| probe), Ok(false));
+        assert_eq!(e.start(&a, 1).map(|(_, probe)| probe), Err(Blocked::Busy));
         e.ended(
             &a,
             Ended {
@@ -664,20 +741,24 @@ mod tests {
                 ..failed()
             },
         );
-        assert_eq!(e.start(&a, 1), Ok(false), "its place is free again");
+        assert_eq!(
+            e.start(&a, 1).map(|(_, probe)| probe),
+            Ok(false),
+            "its place is free again"
+        );
     }
 
     #[test]
     fn past_max_tracked_idle_endpoints_are_forgotten_the_healthy_first() {
         let e = endpoints(1, 8);
         let sick: Arc<str> = "https://sick:443".into();
-        assert_eq!(e.start(&sick, 4), Ok(false));
+        assert_eq!(e.start(&sick, 4).map(|(_, probe)| probe), Ok(false));
         e.ended(&sick, failed());
         let busy: Arc<str> = "https://busy:443".into();
-        assert_eq!(e.start(&busy, 4), Ok(false));
+        assert_eq!(e.start(&busy, 4).map(|(_, probe)| probe), Ok(false));
         for i in 0..100 {
             let origin: Arc<str> = format!("https://h{i}:443").into();
-            assert_eq!(e.start(&origin, 4), Ok(false));
+            assert_eq!(e.start(&origin, 4).map(|(_, probe)| probe), Ok(false));
             e.ended(
                 &origin,
                 Ended {
@@ -690,10 +771,17 @@ mod tests {
         let tracked = c.healthy + c.probation + c.paused + c.disabled;
         assert!(tracked <= 8, "{tracked} held past max_tracked");
         assert!(
-            matches!(e.start(&sick, 4), Err(Blocked::Probation(_))),
+            matches!(
+                e.start(&sick, 4).map(|(_, probe)| probe),
+                Err(Blocked::Probation(_))
+            ),
             "the sick one was kept while healthy ones could go"
         );
-        assert_eq!(e.start(&busy, 1), Err(Blocked::Busy), "in flight: kept");
+        assert_eq!(
+            e.start(&busy, 1).map(|(_, probe)| probe),
+            Err(Blocked::Busy),
+            "in flight: kept"
+        );
     }
 
     #[test]
@@ -732,7 +820,7 @@ mod tests {
         let e = endpoints(100, 100);
         let a: Arc<str> = "https://a:443".into();
         assert_eq!(e.slot(&a, 5_000, 4, 1000), 5_000, "not held: as asked");
-        assert_eq!(e.start(&a, 4), Ok(false));
+        assert_eq!(e.start(&a, 4).map(|(_, probe)| probe), Ok(false));
         // Two passes of six each: the second goes on after the first.
         let slots: Vec<u64> = (0..12).map(|_| e.slot(&a, 20_500, 4, 1000)).collect();
         assert_eq!(
@@ -757,13 +845,13 @@ mod tests {
             outcome: Some(Outcome::Delivered),
             ..failed()
         };
-        assert_eq!(e.start(&a, 4), Ok(false));
+        assert_eq!(e.start(&a, 4).map(|(_, probe)| probe), Ok(false));
         assert!(!e.ended(&a, ok()).recovered, "never failed");
-        assert_eq!(e.start(&a, 4), Ok(false));
+        assert_eq!(e.start(&a, 4).map(|(_, probe)| probe), Ok(false));
         e.ended(&a, failed());
-        assert_eq!(e.start(&a, 4), Ok(false));
+        assert_eq!(e.start(&a, 4).map(|(_, probe)| probe), Ok(false));
         assert!(e.ended(&a, ok()).recovered);
-        assert_eq!(e.start(&a, 4), Ok(false));
+        assert_eq!(e.start(&a, 4).map(|(_, probe)| probe), Ok(false));
         assert!(!e.ended(&a, ok()).recovered, "once");
     }
 
@@ -773,7 +861,7 @@ mod tests {
         let a: Arc<str> = "https://a:443".into();
         assert_eq!(e.pace_ms(&a), FIRST_PACE_MS as u64);
         for _ in 0..20 {
-            assert_eq!(e.start(&a, 4), Ok(false));
+            assert_eq!(e.start(&a, 4).map(|(_, probe)| probe), Ok(false));
             e.ended(
                 &a,
                 Ended {

@@ -22,7 +22,7 @@
 
 use super::guard::Guarded;
 use bytes::Bytes;
-use http::uri::{Authority, PathAndQuery, Scheme};
+use http::uri::PathAndQuery;
 use http::{HeaderValue, Request, Response, Uri};
 use http_body_util::Full;
 use hyper::body::Incoming;
@@ -30,13 +30,32 @@ use hyper::client::conn::{http1, http2};
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::Connection;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
+use smallvec::SmallVec;
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 use tower::{BoxError, ServiceExt};
 
 type Body = Full<Bytes>;
-type Origin = (Scheme, Authority);
+/// An origin as the pool keys it: the URL's scheme and authority, as
+/// written, lowercased. A string, hashed in one write and compared as
+/// bytes: `(Scheme, Authority)` hashed each byte apart, compared them
+/// case-blind, and its clones promoted the URL's buffer to a shared one
+/// (~1.5 µs of an event's ~106 in step m's profile, 10,000 endpoints).
+/// One allocation a request, shared by the queue's turn.
+type Origin = Arc<str>;
+
+/// The key of `uri`'s origin, if it has one.
+fn origin_of(uri: &Uri) -> Option<Origin> {
+    let (scheme, authority) = (uri.scheme_str()?, uri.authority()?.as_str());
+    let mut key = SmallVec::<[u8; 96]>::new();
+    key.extend_from_slice(scheme.as_bytes());
+    key.extend_from_slice(b"://");
+    key.extend_from_slice(authority.as_bytes());
+    key.make_ascii_lowercase();
+    // Both parts are ASCII: a `Uri` holds no other byte.
+    std::str::from_utf8(&key).ok().map(Arc::from)
+}
 
 /// How often idle connections past their time are closed.
 const SWEEP_EVERY: Duration = Duration::from_secs(1);
@@ -79,8 +98,10 @@ struct Inner {
 #[derive(Default)]
 struct Idle {
     /// Per origin, oldest first: the one freed last is used first, so a
-    /// steady stream keeps few warm.
-    by_origin: HashMap<Origin, Vec<Entry>>,
+    /// steady stream keeps few warm. One kept in the map's own slot, where
+    /// a fan-out keeps one an origin: no list elsewhere to reach (a cache
+    /// miss an attempt with thousands of endpoints).
+    by_origin: HashMap<Origin, SmallVec<[Entry; 1]>>,
     /// Connections in `by_origin`.
     count: usize,
     /// Turns in the order they were put, the oldest first: those still in
@@ -142,10 +163,7 @@ impl Pool {
     /// or a new one.
     pub async fn request(&self, mut req: Request<Body>) -> Result<Response<Incoming>, PoolError> {
         let uri = req.uri().clone();
-        let origin = match (uri.scheme(), uri.authority()) {
-            (Some(s), Some(a)) => (s.clone(), a.clone()),
-            _ => return Err(PoolError::NoOrigin),
-        };
+        let origin = origin_of(&uri).ok_or(PoolError::NoOrigin)?;
         // A kept connection the server closed as it was taken, at most
         // once each: they are few, and a new connection ends the loop.
         loop {

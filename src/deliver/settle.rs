@@ -264,9 +264,8 @@ fn no_endpoint(ctx: &Ctx, ev: &StoredEvent, unturned: bool, now: u64) -> Option<
         return Some(verdict::no_endpoint(ev, now));
     };
     let endpoints = ctx.endpoints.as_ref().filter(|_| unturned)?;
-    let origin = endpoint::stored_origin(url)?;
     endpoints
-        .disabled(&origin)
+        .disabled_at(url)
         .map(|_| verdict::endpoint_disabled(ev, now))
 }
 

@@ -41,13 +41,17 @@ CREATE INDEX IF NOT EXISTS unfinished ON deliveries(seq) WHERE state = 0;
 /// the ids and `?endpoint=` reads the newest partition whole (at most
 /// `recorder::MAX_ROWS` rows).
 ///
+/// `by_endpoint` holds no `seq`: an index's entries end with the rowid,
+/// which `seq` is, so an endpoint's rows are in seq order already (built
+/// with `seq` too, it took 0.86 µs an event of step m against 0.59).
+///
 /// `endpoint` (`url: per_event`) is the endpoint's origin, never its path
 /// or query, which often carry the endpoint's own secret, as history is
 /// read without the admin token. Partitions written before it get the
 /// column, NULL.
 const ROLLED_INDEXES: &str = "
 CREATE INDEX IF NOT EXISTS by_id ON deliveries(idh);
-CREATE INDEX IF NOT EXISTS by_endpoint ON deliveries(endpoint, seq) WHERE endpoint IS NOT NULL;
+CREATE INDEX IF NOT EXISTS by_endpoint ON deliveries(endpoint) WHERE endpoint IS NOT NULL;
 ";
 
 /// What a row holds.

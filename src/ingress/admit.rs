@@ -634,9 +634,7 @@ impl Admitted {
         {
             return Err(refused(endpoint::Refused::Address(ip)));
         }
-        if let Some(origin) = endpoints.and_then(|_| endpoint::stored_origin(&named.url))
-            && let Some(d) = endpoints.and_then(|e| e.disabled(&origin))
-        {
+        if let Some((origin, d)) = endpoints.and_then(|e| e.disabled_at(&named.url)) {
             let msg = format!(
                 "endpoint {origin} is disabled (by {}, since {}): enable it with `courier endpoints enable`; nothing was stored",
                 d.by,

@@ -52,11 +52,18 @@ impl EndpointShares {
             return Ok(());
         }
         let mut bytes = self.lock();
-        let pending = bytes.get(origin).copied().unwrap_or(0);
-        if !anyway && pending.saturating_add(size) > share {
-            return Err((pending, share));
+        let pending = bytes.get_mut(origin);
+        let now = pending.as_deref().copied().unwrap_or(0);
+        if !anyway && now.saturating_add(size) > share {
+            return Err((now, share));
         }
-        *bytes.entry(origin.into()).or_default() += size;
+        // A key made only for an endpoint not in the map.
+        match pending {
+            Some(b) => *b += size,
+            None => {
+                bytes.insert(origin.into(), size);
+            }
+        }
         Ok(())
     }
 

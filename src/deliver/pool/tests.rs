@@ -272,3 +272,22 @@ async fn http1_sends_the_path_and_the_host() {
         "{head}"
     );
 }
+
+#[test]
+fn an_origins_key_is_its_scheme_and_authority_in_any_case() {
+    let key = |u: &str| origin_of(&u.parse::<Uri>().expect("a uri")).map(|k| k.to_string());
+    assert_eq!(
+        key("HTTP://Hooks.Example:8080/a?b").as_deref(),
+        Some("http://hooks.example:8080")
+    );
+    assert_eq!(
+        key("http://hooks.example:8080/z"),
+        key("HTTP://HOOKS.example:8080")
+    );
+    assert_ne!(
+        key("http://hooks.example:8080/"),
+        key("http://hooks.example:8081/")
+    );
+    assert_ne!(key("http://hooks.example/"), key("https://hooks.example/"));
+    assert_eq!(key("/only/a/path"), None);
+}
