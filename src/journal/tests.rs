@@ -597,7 +597,7 @@ async fn a_group_of_appends_is_one_record_and_every_waiter_hears() {
     held_rx.recv().expect("the writer is held");
 
     let first = vec![event(0)];
-    journal
+    let origins = journal
         .shared
         .reserve(&first, false)
         .expect("room for the first");
@@ -607,6 +607,7 @@ async fn a_group_of_appends_is_one_record_and_every_waiter_hears() {
         claims: Vec::new(),
         carried: None,
         placed: Vec::new(),
+        origins,
         reply,
     });
     assert!(queued_first.is_ok(), "queue the first append");
@@ -1406,13 +1407,14 @@ async fn an_append_placed_under_lanes_since_rebuilt_is_placed_again_when_written
     journal
         .order("orders", Some(Key::Destination))
         .expect("rebuilt");
-    journal.shared.reserve(&events, false).expect("room");
+    let origins = journal.shared.reserve(&events, false).expect("room");
     let (reply, heard) = oneshot::channel();
     let queued = journal.send(Command::Append {
         events,
         claims: Vec::new(),
         carried: None,
         placed,
+        origins,
         reply,
     });
     assert!(queued.is_ok(), "queued");

@@ -9,7 +9,6 @@ use super::indexer::ToIndexer;
 use super::intake::{self, AppendError, LogWriter};
 use super::reserve;
 use super::{Command, DestinationState, Handed, JournalError, NewEvent, Shared, StoredEvent};
-use crate::event::endpoint;
 use crate::metrics;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -159,6 +158,7 @@ impl Writer {
                 reply,
                 claims,
                 carried,
+                origins,
                 ..
             } = cmd
             {
@@ -171,7 +171,8 @@ impl Writer {
                     }
                 }
                 let _ = reply.send(answer.clone());
-                written.extend(events);
+                let origins = origins.into_iter().chain(std::iter::repeat(None));
+                written.extend(events.into_iter().zip(origins));
             }
         }
         if result.is_ok() {
@@ -425,7 +426,7 @@ fn admit_to_lanes(group: &[Command], first_seq: i64, shared: &Shared) {
 /// lock, which the indexer takes to claim records: an event already
 /// claimed is (or is about to be) a row, where its dispatcher finds it,
 /// so it must not be handed out a second time from memory.
-fn make_ready(events: Vec<NewEvent>, first_seq: i64, shared: &Shared) {
+fn make_ready(events: Vec<(NewEvent, Option<Box<str>>)>, first_seq: i64, shared: &Shared) {
     let states = shared.destinations.load();
     let Ok(mut skip) = shared.skip.lock() else {
         return;
@@ -433,7 +434,7 @@ fn make_ready(events: Vec<NewEvent>, first_seq: i64, shared: &Shared) {
     let mut woken: Vec<&DestinationState> = Vec::new();
     // Per destination: its last seq in the group, its oldest accept time.
     let mut unindexed: Vec<(&DestinationState, i64, u64)> = Vec::new();
-    for (seq, mut event) in (first_seq..).zip(events) {
+    for (seq, (mut event, origin)) in (first_seq..).zip(events) {
         let Some(state) = states.get(&event.destination) else {
             continue;
         };
@@ -465,12 +466,6 @@ fn make_ready(events: Vec<NewEvent>, first_seq: i64, shared: &Shared) {
         // small event. Copied outside the lock the dispatcher takes too.
         event.body = bytes::Bytes::copy_from_slice(&event.body);
         let size = event.size();
-        let origin = state
-            .endpoints
-            .counted()
-            .then(|| endpoint::origin_of(&event))
-            .flatten()
-            .map(String::into_boxed_str);
         let held = state.ready.lock().is_ok_and(|mut ready| {
             ready.push(StoredEvent {
                 seq,
