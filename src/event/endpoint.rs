@@ -12,8 +12,10 @@
 use super::NewEvent;
 use super::signature::{Secret, SecretError};
 use http::Uri;
+use smallvec::SmallVec;
 use std::fmt::Write;
 use std::net::IpAddr;
+use std::sync::Arc;
 
 /// The stored header that holds the endpoint's URL.
 pub const URL_HEADER: &str = "courier-endpoint";
@@ -221,13 +223,47 @@ pub fn stored_origin(url: &str) -> Option<String> {
 /// `stored_origin` written at the end of `out`, for a caller that reads
 /// many into one buffer; false (and `out` unchanged) when there is none.
 pub fn push_stored_origin(url: &str, out: &mut String) -> bool {
+    let Some((scheme, host, port)) = origin_parts(url) else {
+        return false;
+    };
+    let (digits, first) = port_digits(port);
+    // Exactly its length: the holders that keep it as a `Box<str>` then
+    // take it as it is, not reallocated.
+    out.reserve_exact(scheme.len() + 3 + host.len() + 1 + digits.len() - first);
+    out.push_str(scheme);
+    out.push_str("://");
+    let host_at = out.len();
+    out.push_str(host);
+    out[host_at..].make_ascii_lowercase();
+    out.push(':');
+    out.extend(digits[first..].iter().map(|&d| char::from(d)));
+    true
+}
+
+/// The origin of the endpoint an event names, shared: made on the stack
+/// and copied once into its `Arc`, for holders that pass it on (an
+/// endpoint's share and the event handed to its dispatcher).
+pub fn shared_origin_of(e: &NewEvent) -> Option<Arc<str>> {
+    let (scheme, host, port) = origin_parts(url_of(e)?)?;
+    let (digits, first) = port_digits(port);
+    let mut o = SmallVec::<[u8; 128]>::new();
+    o.extend_from_slice(scheme.as_bytes());
+    o.extend_from_slice(b"://");
+    let host_at = o.len();
+    o.extend_from_slice(host.as_bytes());
+    o[host_at..].make_ascii_lowercase();
+    o.push(b':');
+    o.extend_from_slice(&digits[first..]);
+    // Pieces of a `str` cut at ASCII bytes, and ASCII.
+    std::str::from_utf8(&o).ok().map(Arc::from)
+}
+
+/// An origin's scheme (`http` and `https` in lowercase, others as
+/// written), host (as written) and port (the scheme's own when none is).
+fn origin_parts(url: &str) -> Option<(&str, &str, u16)> {
     // A `Uri`'s scheme ends at its first colon, and `://` follows it.
-    let Some(colon) = url.bytes().position(|c| c == b':') else {
-        return false;
-    };
-    let (scheme, Some(rest)) = (&url[..colon], url[colon..].strip_prefix("://")) else {
-        return false;
-    };
+    let colon = url.bytes().position(|c| c == b':')?;
+    let (scheme, rest) = (&url[..colon], url[colon..].strip_prefix("://")?);
     let end = rest
         .bytes()
         .position(|c| matches!(c, b'/' | b'?' | b'#'))
@@ -250,12 +286,12 @@ pub fn push_stored_origin(url: &str, out: &mut String) -> bool {
         (scheme, None)
     };
     // As `Uri::port_u16`: a port that is no u16 is no port.
-    let Some(port) = port.and_then(|p| p.parse::<u16>().ok()).or(default) else {
-        return false;
-    };
-    if host.is_empty() {
-        return false;
-    }
+    let port = port.and_then(|p| p.parse::<u16>().ok()).or(default)?;
+    (!host.is_empty()).then_some((scheme, host, port))
+}
+
+/// A port's decimal digits, from the index returned on: no formatter.
+fn port_digits(port: u16) -> ([u8; 5], usize) {
     let mut digits = [0u8; 5];
     let mut first = digits.len();
     let mut n = port;
@@ -267,17 +303,7 @@ pub fn push_stored_origin(url: &str, out: &mut String) -> bool {
             break;
         }
     }
-    // Exactly its length: the holders that keep it as a `Box<str>` then
-    // take it as it is, not reallocated.
-    out.reserve_exact(scheme.len() + 3 + host.len() + 1 + digits.len() - first);
-    out.push_str(scheme);
-    out.push_str("://");
-    let host_at = out.len();
-    out.push_str(host);
-    out[host_at..].make_ascii_lowercase();
-    out.push(':');
-    out.extend(digits[first..].iter().map(|&d| char::from(d)));
-    true
+    (digits, first)
 }
 
 #[cfg(test)]
@@ -430,6 +456,20 @@ mod tests {
                             if let Some(o) = stored_origin(&url) {
                                 assert_eq!(o.capacity(), o.len(), "{url}: {o}");
                             }
+                            let named = NewEvent {
+                                id: "e".into(),
+                                destination: "d".into(),
+                                method: "POST".into(),
+                                path: String::new(),
+                                headers: vec![(URL_HEADER.into(), url.clone().into_bytes())],
+                                body: bytes::Bytes::new(),
+                                accepted_ms: 0,
+                            };
+                            assert_eq!(
+                                shared_origin_of(&named).as_deref(),
+                                stored_origin(&url).as_deref(),
+                                "{url}"
+                            );
                             if let Ok(named) =
                                 check(url.as_bytes(), &["https".into(), "http".into()])
                             {

@@ -10,14 +10,14 @@
 //! as large as the set of endpoints with a backlog, never larger.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 pub(crate) struct EndpointShares {
     /// The most one endpoint's bytes may reach; `u64::MAX` (a fixed url,
     /// or before the config sets it): not counted.
     share: AtomicU64,
-    bytes: Mutex<HashMap<Box<str>, u64>>,
+    bytes: Mutex<HashMap<Arc<str>, u64>>,
 }
 
 impl Default for EndpointShares {
@@ -30,7 +30,7 @@ impl Default for EndpointShares {
 }
 
 impl EndpointShares {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Box<str>, u64>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Arc<str>, u64>> {
         // Plain counters: a panic elsewhere cannot leave them torn.
         self.bytes.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -46,22 +46,22 @@ impl EndpointShares {
 
     /// Takes `size` bytes for `origin`; `Err((pending, share))` when they
     /// would pass its share (unless `anyway`), and nothing is taken.
-    pub fn take(&self, origin: &str, size: u64, anyway: bool) -> Result<(), (u64, u64)> {
+    pub fn take(&self, origin: &Arc<str>, size: u64, anyway: bool) -> Result<(), (u64, u64)> {
         let share = self.share.load(Ordering::Relaxed);
         if share == u64::MAX {
             return Ok(());
         }
         let mut bytes = self.lock();
-        let pending = bytes.get_mut(origin);
+        let pending = bytes.get_mut(&**origin);
         let now = pending.as_deref().copied().unwrap_or(0);
         if !anyway && now.saturating_add(size) > share {
             return Err((now, share));
         }
-        // A key made only for an endpoint not in the map.
+        // The caller's origin is the key: no copy made for the map.
         match pending {
             Some(b) => *b += size,
             None => {
-                bytes.insert(origin.into(), size);
+                bytes.insert(origin.clone(), size);
             }
         }
         Ok(())
@@ -101,18 +101,26 @@ mod tests {
     fn each_endpoint_fills_its_own_share_and_leaves_the_map_when_empty() {
         let s = EndpointShares::default();
         assert_eq!(
-            s.take("a", 1 << 40, false),
+            s.take(&"a".into(), 1 << 40, false),
             Ok(()),
             "no share set: not counted"
         );
         assert_eq!(s.pending("a"), 0);
         s.set_share(100);
-        assert_eq!(s.take("a", 60, false), Ok(()));
-        assert_eq!(s.take("a", 50, false), Err((60, 100)), "60 + 50 > 100");
-        assert_eq!(s.take("b", 100, false), Ok(()), "b has its own share");
-        assert_eq!(s.take("a", 40, false), Ok(()), "exactly the share");
+        assert_eq!(s.take(&"a".into(), 60, false), Ok(()));
         assert_eq!(
-            s.take("b", 10, true),
+            s.take(&"a".into(), 50, false),
+            Err((60, 100)),
+            "60 + 50 > 100"
+        );
+        assert_eq!(
+            s.take(&"b".into(), 100, false),
+            Ok(()),
+            "b has its own share"
+        );
+        assert_eq!(s.take(&"a".into(), 40, false), Ok(()), "exactly the share");
+        assert_eq!(
+            s.take(&"b".into(), 10, true),
             Ok(()),
             "an adoption is counted, not refused"
         );

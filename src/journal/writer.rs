@@ -426,7 +426,7 @@ fn admit_to_lanes(group: &[Command], first_seq: i64, shared: &Shared) {
 /// lock, which the indexer takes to claim records: an event already
 /// claimed is (or is about to be) a row, where its dispatcher finds it,
 /// so it must not be handed out a second time from memory.
-fn make_ready(events: Vec<(NewEvent, Option<Box<str>>)>, first_seq: i64, shared: &Shared) {
+fn make_ready(events: Vec<(NewEvent, Option<Arc<str>>)>, first_seq: i64, shared: &Shared) {
     let states = shared.destinations.load();
     let Ok(mut skip) = shared.skip.lock() else {
         return;
