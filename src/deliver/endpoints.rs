@@ -386,12 +386,12 @@ impl Endpoints {
     /// it is disabled. While none is, the URL is not read: each event's
     /// admission made its origin's string for this check before.
     pub fn disabled_at(&self, url: &str) -> Option<(String, Disabled)> {
-        let s = self.lock();
-        if s.disabled.is_empty() {
+        if self.lock().disabled.is_empty() {
             return None;
         }
+        // Made outside the lock, which the dispatcher takes per attempt.
         let origin = endpoint::stored_origin(url)?;
-        let d = s.disabled.get(origin.as_str())?.clone();
+        let d = self.disabled(&origin)?;
         Some((origin, d))
     }
 

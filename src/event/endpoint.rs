@@ -408,6 +408,14 @@ mod tests {
             Some("https://[::1]:8443")
         );
         assert_eq!(origin("/x"), None);
+        // A scheme ends at the first colon: a later `://` starts none.
+        assert_eq!(origin("/a:b/c://h:80"), None);
+        assert_eq!(stored_origin("x:y://h:80/"), None);
+        let mut two = "https://a:443".to_string();
+        assert!(push_stored_origin("HTTP://B.example/x", &mut two));
+        assert_eq!(two, "https://a:443http://b.example:80", "appended");
+        assert!(!push_stored_origin("/x", &mut two));
+        assert_eq!(two, "https://a:443http://b.example:80", "unchanged");
     }
 
     /// The origin as a `Uri` gave it, before `stored_origin`.

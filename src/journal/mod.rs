@@ -722,15 +722,17 @@ impl Shared {
                 });
         if let Err(pending) = fits {
             give_back(&taken);
-            give_endpoint_shares(&states, events);
+            give_endpoint_shares(&states, events, &origins);
             return Err(JournalError::Full { pending, limit });
         }
         Ok(origins)
     }
 
-    /// Gives back what `reserve` took for `events`, which were not written.
-    fn unreserve<'a>(&self, events: impl IntoIterator<Item = &'a NewEvent>) {
+    /// Gives back what `reserve` took for `events`, which were not written
+    /// (`origins`: the endpoints' shares it took, as it returned them).
+    fn unreserve(&self, events: &[NewEvent], origins: &Origins) {
         let states = self.destinations.load();
+        give_endpoint_shares(&states, events, origins);
         for e in events {
             let size = e.size();
             sub(&self.space.pending_bytes, size);
@@ -740,7 +742,6 @@ impl Shared {
             if let Some(d) = states.get(&e.destination) {
                 sub(&d.bytes, size);
             }
-            give_endpoint_shares(&states, [e]);
         }
     }
 }
@@ -767,31 +768,38 @@ fn take_endpoint_shares(
         let Some(origin) = endpoint::shared_origin_of(e) else {
             continue;
         };
-        if let Err((pending, share)) = d.endpoints.take(&origin, e.size(), adopted) {
-            give_endpoint_shares(states, &events[..i]);
-            return Err(JournalError::EndpointFull {
-                destination: e.destination.clone(),
-                origin: origin.to_string(),
-                pending,
-                share,
-            });
+        match d.endpoints.take(&origin, e.size(), adopted) {
+            Ok(true) => {
+                origins.resize(events.len(), None);
+                origins[i] = Some(origin);
+            }
+            // Not counted after all (a reload between the two looks).
+            Ok(false) => {}
+            Err((pending, share)) => {
+                give_endpoint_shares(states, &events[..i], &origins);
+                return Err(JournalError::EndpointFull {
+                    destination: e.destination.clone(),
+                    origin: origin.to_string(),
+                    pending,
+                    share,
+                });
+            }
         }
-        origins.resize(events.len(), None);
-        origins[i] = Some(origin);
     }
     Ok(origins)
 }
 
-/// Gives back what `take_endpoint_shares` took for `events`.
-fn give_endpoint_shares<'a>(
+/// Gives back what `take_endpoint_shares` took for `events`: by the
+/// origins it recorded, not by the config now (a reload between the two
+/// would have given back bytes never taken, or kept some).
+fn give_endpoint_shares(
     states: &HashMap<String, Arc<DestinationState>>,
-    events: impl IntoIterator<Item = &'a NewEvent>,
+    events: &[NewEvent],
+    origins: &Origins,
 ) {
-    for e in events {
-        if let Some(d) = states.get(&e.destination).filter(|d| d.endpoints.counted())
-            && let Some(origin) = endpoint::origin_of(e)
-        {
-            d.endpoints.give(&origin, e.size());
+    for (e, origin) in events.iter().zip(origins) {
+        if let (Some(d), Some(origin)) = (states.get(&e.destination), origin) {
+            d.endpoints.give(origin, e.size());
         }
     }
 }
@@ -1013,8 +1021,11 @@ impl Journal {
             reply,
         }) {
             let (e, cmd) = *refused;
-            if let Command::Append { events, .. } = &cmd {
-                self.shared.unreserve(events);
+            if let Command::Append {
+                events, origins, ..
+            } = &cmd
+            {
+                self.shared.unreserve(events, origins);
             }
             return Err(e);
         }

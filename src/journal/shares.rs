@@ -44,12 +44,14 @@ impl EndpointShares {
         self.share.load(Ordering::Relaxed) != u64::MAX
     }
 
-    /// Takes `size` bytes for `origin`; `Err((pending, share))` when they
-    /// would pass its share (unless `anyway`), and nothing is taken.
-    pub fn take(&self, origin: &Arc<str>, size: u64, anyway: bool) -> Result<(), (u64, u64)> {
+    /// Takes `size` bytes for `origin`: `Ok(false)` when this destination's
+    /// endpoints are not counted (nothing taken, nothing to give back);
+    /// `Err((pending, share))` when they would pass its share (unless
+    /// `anyway`), and nothing is taken.
+    pub fn take(&self, origin: &Arc<str>, size: u64, anyway: bool) -> Result<bool, (u64, u64)> {
         let share = self.share.load(Ordering::Relaxed);
         if share == u64::MAX {
-            return Ok(());
+            return Ok(false);
         }
         let mut bytes = self.lock();
         let pending = bytes.get_mut(&**origin);
@@ -64,7 +66,7 @@ impl EndpointShares {
                 bytes.insert(origin.clone(), size);
             }
         }
-        Ok(())
+        Ok(true)
     }
 
     /// Gives back `size` bytes of `origin`'s; an endpoint at zero leaves
@@ -102,12 +104,12 @@ mod tests {
         let s = EndpointShares::default();
         assert_eq!(
             s.take(&"a".into(), 1 << 40, false),
-            Ok(()),
+            Ok(false),
             "no share set: not counted"
         );
         assert_eq!(s.pending("a"), 0);
         s.set_share(100);
-        assert_eq!(s.take(&"a".into(), 60, false), Ok(()));
+        assert_eq!(s.take(&"a".into(), 60, false), Ok(true));
         assert_eq!(
             s.take(&"a".into(), 50, false),
             Err((60, 100)),
@@ -115,13 +117,17 @@ mod tests {
         );
         assert_eq!(
             s.take(&"b".into(), 100, false),
-            Ok(()),
+            Ok(true),
             "b has its own share"
         );
-        assert_eq!(s.take(&"a".into(), 40, false), Ok(()), "exactly the share");
+        assert_eq!(
+            s.take(&"a".into(), 40, false),
+            Ok(true),
+            "exactly the share"
+        );
         assert_eq!(
             s.take(&"b".into(), 10, true),
-            Ok(()),
+            Ok(true),
             "an adoption is counted, not refused"
         );
         assert_eq!(s.pending("b"), 110);

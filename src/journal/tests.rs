@@ -1476,3 +1476,60 @@ async fn events_behind_their_lanes_head_wait_in_the_index_until_their_turn() {
     assert_eq!(waiting(tmp.path()), Vec::<i64>::new());
     journal.close().await;
 }
+
+/// An event of `destination` naming the endpoint at `origin`.
+fn at_endpoint(destination: &str, i: u64, origin: &str) -> NewEvent {
+    let mut e = to(destination, i);
+    let url = format!("{origin}/hook").into_bytes();
+    e.headers.push((endpoint::URL_HEADER.into(), url));
+    e
+}
+
+/// A refusal gives back exactly the endpoints' shares the request took:
+/// by an endpoint past its share after another's was taken, and by the
+/// journal's total after both were.
+#[tokio::test]
+async fn a_refused_request_gives_back_the_endpoint_shares_it_took() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let (a, b) = ("http://a.example:80", "http://b.example:80");
+    let one = at_endpoint("d", 0, a).size();
+    let names = ["d".to_string()];
+    let (journal, _) = Journal::open(tmp.path(), true, 3 * one, None, &names, None).expect("open");
+    // Past the total: its refusal, not the destination's, is the one met.
+    journal.set_share("d", 4 * one);
+    journal.set_endpoint_share("d", one);
+    let shares = || {
+        let d = journal.destination("d").expect("state");
+        (d.endpoints.pending(a), d.endpoints.pending(b))
+    };
+    journal
+        .append(vec![at_endpoint("d", 1, b)])
+        .await
+        .expect("b's one event");
+    let refused = journal
+        .append(vec![at_endpoint("d", 2, a), at_endpoint("d", 3, b)])
+        .await;
+    assert!(
+        matches!(refused, Err(JournalError::EndpointFull { ref origin, .. }) if origin == b),
+        "{refused:?}"
+    );
+    assert_eq!(shares(), (0, one), "a's taken share given back");
+    journal
+        .append(vec![at_endpoint("d", 4, a)])
+        .await
+        .expect("a's one event");
+    journal.set_endpoint_share("d", 2 * one);
+    let full = journal
+        .append(vec![at_endpoint("d", 5, a), at_endpoint("d", 6, b)])
+        .await;
+    assert!(
+        matches!(full, Err(JournalError::Full { .. })),
+        "3 events' room, 4 asked: {full:?}"
+    );
+    assert_eq!(
+        shares(),
+        (one, one),
+        "both given back by the total's refusal"
+    );
+    journal.close().await;
+}

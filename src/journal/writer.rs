@@ -349,10 +349,14 @@ fn trim<T>(buf: &mut Vec<T>, used: usize, keep: usize) {
 /// Gives back the bytes that admission reserved for appends that were not
 /// written.
 fn release(cmds: &[Command], shared: &Shared) {
-    shared.unreserve(cmds.iter().flat_map(|cmd| match cmd {
-        Command::Append { events, .. } => events.as_slice(),
-        Command::Close { .. } => &[],
-    }));
+    for cmd in cmds {
+        if let Command::Append {
+            events, origins, ..
+        } = cmd
+        {
+            shared.unreserve(events, origins);
+        }
+    }
 }
 
 /// Counts the group's events as accepted once durable. Counted here, not
