@@ -174,11 +174,6 @@ pub fn url_of(e: &NewEvent) -> Option<&str> {
     stored(e, URL_HEADER).and_then(|v| std::str::from_utf8(v).ok())
 }
 
-/// The origin of the endpoint an event names, if it names one.
-pub fn origin_of(e: &NewEvent) -> Option<String> {
-    url_of(e).and_then(stored_origin)
-}
-
 /// The secrets an event carries for its endpoint; `None` when it carries
 /// none (the destination's own, if any, sign it then). A stored value that
 /// no longer parses (edited by hand) signs with none of it.

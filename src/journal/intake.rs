@@ -87,7 +87,7 @@ pub struct Logged {
     /// The origin of the endpoint it names (`url: per_event`), read from
     /// `encoded_headers` by the index's read (`Bodies::Skip`), which keeps
     /// no headers; a whole read's event names it in its own
-    /// (`endpoint::origin_of`), and its readers take it from there.
+    /// (`endpoint::url_of`), and its readers take it from there.
     pub endpoint: Option<String>,
     /// Where the event's encoding lies in the log: a journal row keeps this
     /// place rather than a copy of the event (`fetch`).
@@ -1176,7 +1176,7 @@ mod tests {
                 assert_eq!(s.size(), k.event.size());
                 let named = (k.seq == 3).then(|| "https://hooks.example:8443".to_string());
                 assert_eq!(s.endpoint, named, "seq {}", k.seq);
-                let decoded = endpoint::origin_of(&k.event);
+                let decoded = endpoint::url_of(&k.event).and_then(endpoint::stored_origin);
                 assert_eq!(s.endpoint, decoded, "as a decoded event names it");
                 let body_back = Logged {
                     event: k.event.clone(),
