@@ -489,10 +489,6 @@ impl Dispatcher {
         // pass ends when the slots or the gate do: the events behind stay
         // where they are, not moved one by one (a pass per attempt ended).
         let mut kept = Vec::new();
-        // Each event's origin, read into one buffer: an endpoint's state
-        // keeps the key its turn holds, so an event of a known endpoint
-        // makes no string of its own (two allocations an event before).
-        let mut origin = String::new();
         while !self.held.ready.is_empty() {
             let room = journal_ok
                 && !self.stop.is_cancelled()
@@ -511,17 +507,18 @@ impl Dispatcher {
                 self.expiry = Expiry::Now;
                 continue;
             }
-            origin.clear();
-            if let Some(url) = endpoint::url_of(&ev.event) {
-                endpoint::push_stored_origin(url, &mut origin);
-            }
-            let said = match blocked_by.get_mut(origin.as_str()) {
+            // On the stack: an endpoint's state keeps the key its turn
+            // holds, so an event of a known endpoint makes no string of
+            // its own (two allocations an event before).
+            let stacked = endpoint::url_of(&ev.event).and_then(endpoint::origin_on_stack);
+            let origin = stacked.as_ref().map_or("", |o| o.as_str());
+            let said = match blocked_by.get_mut(origin) {
                 Some((why, n)) => {
                     *n += 1;
                     Err((*why, *n))
                 }
-                None => endpoints.start(&origin, cap).map_err(|why| {
-                    blocked_by.insert(origin.as_str().into(), (why, 0));
+                None => endpoints.start(origin, cap).map_err(|why| {
+                    blocked_by.insert(origin.into(), (why, 0));
                     (why, 0)
                 }),
             };
@@ -535,14 +532,14 @@ impl Dispatcher {
                     let when = Turn {
                         k,
                         cap,
-                        pace_ms: endpoints.pace_ms(&origin),
+                        pace_ms: endpoints.pace_ms(origin),
                         timeout_ms: self.ctx.dest.timeout.as_millis() as u64,
                         now,
                     };
                     let deadline = self.ctx.dest.limits.deadline(ev.event.accepted_ms);
                     let due = endpoints::due_again(why, when).map(|again| match again {
                         Again::At(t) => t,
-                        Again::Spaced(t) => endpoints.slot(&origin, t, cap, when.pace_ms),
+                        Again::Spaced(t) => endpoints.slot(origin, t, cap, when.pace_ms),
                     });
                     // Past its TTL it goes to the sink when read, not later.
                     match due.map(|t| t.min(deadline.max(now))) {

@@ -519,6 +519,11 @@ impl Inner {
 mod tests {
     use super::*;
 
+    /// `start`'s answer without the key: whether the attempt is the probe.
+    fn probe(e: &Endpoints, origin: &str, cap: usize) -> Result<bool, Blocked> {
+        e.start(origin, cap).map(|(_, probe)| probe)
+    }
+
     fn endpoints(threshold: u32, max_tracked: usize) -> Endpoints {
         let policy = ProbationPolicy {
             threshold,
@@ -542,32 +547,21 @@ mod tests {
     fn each_endpoint_has_its_own_cap_and_probation() {
         let e = endpoints(2, 100);
         let (a, b): (Arc<str>, Arc<str>) = ("https://a:443".into(), "https://b:443".into());
-        assert_eq!(e.start(&a, 2).map(|(_, probe)| probe), Ok(false));
-        assert_eq!(e.start(&a, 2).map(|(_, probe)| probe), Ok(false));
+        assert_eq!(probe(&e, &a, 2), Ok(false));
+        assert_eq!(probe(&e, &a, 2), Ok(false));
         assert_eq!(
-            e.start(&a, 2).map(|(_, probe)| probe),
+            probe(&e, &a, 2),
             Err(Blocked::Busy),
             "two in flight at a cap of 2"
         );
-        assert_eq!(
-            e.start(&b, 2).map(|(_, probe)| probe),
-            Ok(false),
-            "b has its own cap"
-        );
+        assert_eq!(probe(&e, &b, 2), Ok(false), "b has its own cap");
         assert_eq!(e.ended(&a, failed()), Said::default());
         let until = e
             .ended(&a, failed())
             .probation_until
             .expect("a second failure starts a probation");
-        assert_eq!(
-            e.start(&a, 2).map(|(_, probe)| probe),
-            Err(Blocked::Probation(until))
-        );
-        assert_eq!(
-            e.start(&b, 2).map(|(_, probe)| probe),
-            Ok(false),
-            "b is not on probation"
-        );
+        assert_eq!(probe(&e, &a, 2), Err(Blocked::Probation(until)));
+        assert_eq!(probe(&e, &b, 2), Ok(false), "b is not on probation");
         let census = e.census();
         assert_eq!((census.healthy, census.probation), (1, 1));
     }
@@ -576,7 +570,7 @@ mod tests {
     fn a_retry_after_holds_and_a_410_disables_only_their_endpoint() {
         let e = endpoints(10, 100);
         let (a, b): (Arc<str>, Arc<str>) = ("https://a:443".into(), "https://b:443".into());
-        assert_eq!(e.start(&a, 4).map(|(_, probe)| probe), Ok(false));
+        assert_eq!(probe(&e, &a, 4), Ok(false));
         e.ended(
             &a,
             Ended {
@@ -584,11 +578,8 @@ mod tests {
                 ..failed()
             },
         );
-        assert!(matches!(
-            e.start(&a, 4).map(|(_, probe)| probe),
-            Err(Blocked::WaitUntil(_))
-        ));
-        assert_eq!(e.start(&b, 4).map(|(_, probe)| probe), Ok(false));
+        assert!(matches!(probe(&e, &a, 4), Err(Blocked::WaitUntil(_))));
+        assert_eq!(probe(&e, &b, 4), Ok(false));
         let said = e.ended(
             &b,
             Ended {
@@ -599,22 +590,11 @@ mod tests {
         );
         let d = said.disabled.expect("a 410 disables");
         assert_eq!((d.by.as_str(), d.last_status), (BY_GONE, Some(410)));
-        assert_eq!(
-            e.start(&b, 4).map(|(_, probe)| probe),
-            Err(Blocked::Disabled),
-            "b answered 410"
-        );
-        assert!(matches!(
-            e.start(&a, 4).map(|(_, probe)| probe),
-            Err(Blocked::WaitUntil(_))
-        ));
+        assert_eq!(probe(&e, &b, 4), Err(Blocked::Disabled), "b answered 410");
+        assert!(matches!(probe(&e, &a, 4), Err(Blocked::WaitUntil(_))));
         assert_eq!(e.census().disabled, 1);
         assert_eq!(e.enable(&b), Some(d));
-        assert_eq!(
-            e.start(&b, 4).map(|(_, probe)| probe),
-            Ok(false),
-            "enabled afresh"
-        );
+        assert_eq!(probe(&e, &b, 4), Ok(false), "enabled afresh");
     }
 
     #[test]
@@ -626,27 +606,24 @@ mod tests {
             Vec::new(),
         );
         let a: Arc<str> = "https://a:443".into();
-        assert_eq!(e.start(&a, 4).map(|(_, probe)| probe), Ok(false));
+        assert_eq!(probe(&e, &a, 4), Ok(false));
         assert_eq!(e.ended(&a, failed()).disabled, None, "the first failure");
         std::thread::sleep(Duration::from_millis(50));
         // A success in between starts the clock again.
-        assert_eq!(e.start(&a, 4).map(|(_, probe)| probe), Ok(false));
+        assert_eq!(probe(&e, &a, 4), Ok(false));
         let ok = Ended {
             outcome: Some(Outcome::Delivered),
             ..failed()
         };
         assert_eq!(e.ended(&a, ok).disabled, None);
-        assert_eq!(e.start(&a, 4).map(|(_, probe)| probe), Ok(false));
+        assert_eq!(probe(&e, &a, 4), Ok(false));
         assert_eq!(e.ended(&a, failed()).disabled, None, "failing anew");
         std::thread::sleep(Duration::from_millis(50));
-        assert_eq!(e.start(&a, 4).map(|(_, probe)| probe), Ok(false));
+        assert_eq!(probe(&e, &a, 4), Ok(false));
         let d = e.ended(&a, failed()).disabled.expect("40 ms failing");
         assert_eq!(d.by, BY_DISABLE_AFTER);
         assert!(d.failing_since_ms.is_some_and(|t| t < d.since_ms));
-        assert_eq!(
-            e.start(&a, 4).map(|(_, probe)| probe),
-            Err(Blocked::Disabled)
-        );
+        assert_eq!(probe(&e, &a, 4), Err(Blocked::Disabled));
     }
 
     #[test]
@@ -676,14 +653,11 @@ mod tests {
         );
         for i in 0..50 {
             let origin: Arc<str> = format!("https://h{i}:443").into();
-            assert_eq!(e.start(&origin, 4).map(|(_, probe)| probe), Ok(false));
+            assert_eq!(probe(&e, &origin, 4), Ok(false));
             e.ended(&origin, failed());
         }
         let off: Arc<str> = "https://off:443".into();
-        assert_eq!(
-            e.start(&off, 4).map(|(_, probe)| probe),
-            Err(Blocked::Disabled)
-        );
+        assert_eq!(probe(&e, &off, 4), Err(Blocked::Disabled));
         assert_eq!(e.disabled(&off), Some(kept.clone()));
         assert_eq!(
             e.disabled_at("https://OFF/x?y=1"),
@@ -693,7 +667,7 @@ mod tests {
         assert_eq!(e.disabled_at("https://h1/x"), None);
         assert_eq!(e.would_disable(&off, 5), None, "disabled already");
         let other: Arc<str> = "https://fresh:443".into();
-        assert_eq!(e.start(&other, 4).map(|(_, probe)| probe), Ok(false));
+        assert_eq!(probe(&e, &other, 4), Ok(false));
         e.ended(&other, failed());
         let d = e.would_disable(&other, 5).expect("not disabled");
         assert_eq!(
@@ -701,17 +675,10 @@ mod tests {
             Some("TimedOut"),
             "from its state"
         );
-        assert_eq!(
-            e.start(&other, 4).map(|(_, probe)| probe),
-            Ok(false),
-            "nothing changed yet"
-        );
+        assert_eq!(probe(&e, &other, 4), Ok(false), "nothing changed yet");
         e.ended(&other, failed());
         e.hold_disabled(&other, d);
-        assert_eq!(
-            e.start(&other, 4).map(|(_, probe)| probe),
-            Err(Blocked::Disabled)
-        );
+        assert_eq!(probe(&e, &other, 4), Err(Blocked::Disabled));
         let views = e.views();
         assert_eq!(
             views.iter().filter(|(_, v)| v.state == "disabled").count(),
@@ -723,17 +690,14 @@ mod tests {
     fn an_attempt_not_made_gives_back_its_place_and_its_probe() {
         let e = endpoints(1, 100);
         let a: Arc<str> = "https://a:443".into();
-        assert_eq!(e.start(&a, 1).map(|(_, probe)| probe), Ok(false));
+        assert_eq!(probe(&e, &a, 1), Ok(false));
         let until = e.ended(&a, failed()).probation_until.expect("probation");
         let _ = until;
         // A probation of 10 s at the least: not over yet.
-        assert!(matches!(
-            e.start(&a, 1).map(|(_, probe)| probe),
-            Err(Blocked::Probation(_))
-        ));
+        assert!(matches!(probe(&e, &a, 1), Err(Blocked::Probation(_))));
         let e = endpoints(0, 100);
-        assert_eq!(e.start(&a, 1).map(|(_, probe)| probe), Ok(false));
-        assert_eq!(e.start(&a, 1).map(|(_, probe)| probe), Err(Blocked::Busy));
+        assert_eq!(probe(&e, &a, 1), Ok(false));
+        assert_eq!(probe(&e, &a, 1), Err(Blocked::Busy));
         e.ended(
             &a,
             Ended {
@@ -741,24 +705,20 @@ mod tests {
                 ..failed()
             },
         );
-        assert_eq!(
-            e.start(&a, 1).map(|(_, probe)| probe),
-            Ok(false),
-            "its place is free again"
-        );
+        assert_eq!(probe(&e, &a, 1), Ok(false), "its place is free again");
     }
 
     #[test]
     fn past_max_tracked_idle_endpoints_are_forgotten_the_healthy_first() {
         let e = endpoints(1, 8);
         let sick: Arc<str> = "https://sick:443".into();
-        assert_eq!(e.start(&sick, 4).map(|(_, probe)| probe), Ok(false));
+        assert_eq!(probe(&e, &sick, 4), Ok(false));
         e.ended(&sick, failed());
         let busy: Arc<str> = "https://busy:443".into();
-        assert_eq!(e.start(&busy, 4).map(|(_, probe)| probe), Ok(false));
+        assert_eq!(probe(&e, &busy, 4), Ok(false));
         for i in 0..100 {
             let origin: Arc<str> = format!("https://h{i}:443").into();
-            assert_eq!(e.start(&origin, 4).map(|(_, probe)| probe), Ok(false));
+            assert_eq!(probe(&e, &origin, 4), Ok(false));
             e.ended(
                 &origin,
                 Ended {
@@ -771,17 +731,10 @@ mod tests {
         let tracked = c.healthy + c.probation + c.paused + c.disabled;
         assert!(tracked <= 8, "{tracked} held past max_tracked");
         assert!(
-            matches!(
-                e.start(&sick, 4).map(|(_, probe)| probe),
-                Err(Blocked::Probation(_))
-            ),
+            matches!(probe(&e, &sick, 4), Err(Blocked::Probation(_))),
             "the sick one was kept while healthy ones could go"
         );
-        assert_eq!(
-            e.start(&busy, 1).map(|(_, probe)| probe),
-            Err(Blocked::Busy),
-            "in flight: kept"
-        );
+        assert_eq!(probe(&e, &busy, 1), Err(Blocked::Busy), "in flight: kept");
     }
 
     #[test]
@@ -820,7 +773,7 @@ mod tests {
         let e = endpoints(100, 100);
         let a: Arc<str> = "https://a:443".into();
         assert_eq!(e.slot(&a, 5_000, 4, 1000), 5_000, "not held: as asked");
-        assert_eq!(e.start(&a, 4).map(|(_, probe)| probe), Ok(false));
+        assert_eq!(probe(&e, &a, 4), Ok(false));
         // Two passes of six each: the second goes on after the first.
         let slots: Vec<u64> = (0..12).map(|_| e.slot(&a, 20_500, 4, 1000)).collect();
         assert_eq!(
@@ -845,13 +798,13 @@ mod tests {
             outcome: Some(Outcome::Delivered),
             ..failed()
         };
-        assert_eq!(e.start(&a, 4).map(|(_, probe)| probe), Ok(false));
+        assert_eq!(probe(&e, &a, 4), Ok(false));
         assert!(!e.ended(&a, ok()).recovered, "never failed");
-        assert_eq!(e.start(&a, 4).map(|(_, probe)| probe), Ok(false));
+        assert_eq!(probe(&e, &a, 4), Ok(false));
         e.ended(&a, failed());
-        assert_eq!(e.start(&a, 4).map(|(_, probe)| probe), Ok(false));
+        assert_eq!(probe(&e, &a, 4), Ok(false));
         assert!(e.ended(&a, ok()).recovered);
-        assert_eq!(e.start(&a, 4).map(|(_, probe)| probe), Ok(false));
+        assert_eq!(probe(&e, &a, 4), Ok(false));
         assert!(!e.ended(&a, ok()).recovered, "once");
     }
 
@@ -861,7 +814,7 @@ mod tests {
         let a: Arc<str> = "https://a:443".into();
         assert_eq!(e.pace_ms(&a), FIRST_PACE_MS as u64);
         for _ in 0..20 {
-            assert_eq!(e.start(&a, 4).map(|(_, probe)| probe), Ok(false));
+            assert_eq!(probe(&e, &a, 4), Ok(false));
             e.ended(
                 &a,
                 Ended {
