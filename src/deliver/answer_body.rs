@@ -8,21 +8,22 @@ use crate::metrics;
 use bytes::Bytes;
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 /// An attempt whose count waits for the end of its answer's body; put in
 /// the answer's extensions by the in-line retry policy.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct Unsettled {
-    pub destination: String,
+    pub counted: Arc<metrics::PassthroughAttempts>,
     pub outcome: Outcome,
     pub took: Duration,
 }
 
 impl Unsettled {
     fn count(self, outcome: Outcome) {
-        metrics::passthrough_attempt(&self.destination, outcome.as_str(), self.took);
+        self.counted.attempt(outcome, self.took);
     }
 }
 

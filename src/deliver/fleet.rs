@@ -283,6 +283,7 @@ impl Fleet {
                 late,
                 sink_streak,
                 metrics: metrics::Delivery::new(name),
+                passthrough_attempts: Arc::new(metrics::PassthroughAttempts::new(name)),
             });
             if let Some(running) = inner.running.get(name) {
                 running.ctx.send_replace(ctx);
@@ -361,7 +362,11 @@ impl Fleet {
     pub fn passthrough(&self, name: &str) -> Option<Passthrough> {
         let inner = self.lock();
         let ctx = inner.running.get(name)?.ctx.borrow().clone();
-        Some(Passthrough::new(ctx.dest.clone(), ctx.passthrough.clone()))
+        Some(Passthrough::new(
+            ctx.dest.clone(),
+            ctx.passthrough.clone(),
+            ctx.passthrough_attempts.clone(),
+        ))
     }
 
     /// A configured destination's delivery context now.

@@ -13,6 +13,7 @@ use super::stack::{Deadline, InlineRetry, PassthroughService, Trail};
 use crate::config::DestinationSettings;
 use crate::event::NewEvent;
 use crate::event::Outcome;
+use crate::metrics;
 use http::Response;
 use std::sync::{Arc, Mutex};
 use tokio::time::Instant;
@@ -24,6 +25,7 @@ use tower::retry::Retry;
 pub struct Passthrough {
     dest: Arc<DestinationSettings>,
     stack: PassthroughService,
+    counted: Arc<metrics::PassthroughAttempts>,
 }
 
 /// How a passthrough request ended, for ingress to answer the app.
@@ -48,8 +50,16 @@ pub enum Passed {
 }
 
 impl Passthrough {
-    pub fn new(dest: Arc<DestinationSettings>, stack: PassthroughService) -> Self {
-        Passthrough { dest, stack }
+    pub fn new(
+        dest: Arc<DestinationSettings>,
+        stack: PassthroughService,
+        counted: Arc<metrics::PassthroughAttempts>,
+    ) -> Self {
+        Passthrough {
+            dest,
+            stack,
+            counted,
+        }
     }
 
     /// Forwards `event` and waits for the endpoint's answer, at most
@@ -63,7 +73,12 @@ impl Passthrough {
         };
         req.extensions_mut().insert(Deadline(deadline));
         let trail = Arc::new(Mutex::new(Trail::default()));
-        let policy = InlineRetry::new(self.dest.clone(), deadline, trail.clone());
+        let policy = InlineRetry::new(
+            self.dest.clone(),
+            deadline,
+            trail.clone(),
+            self.counted.clone(),
+        );
         let answered = match Retry::new(policy, self.stack.clone()).oneshot(req).await {
             Ok(a) => a,
             Err(never) => match never {},

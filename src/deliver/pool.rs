@@ -21,6 +21,7 @@
 //! attempt cost ~1 KiB more each.
 
 use super::guard::Guarded;
+use crate::event::endpoint;
 use bytes::Bytes;
 use http::uri::PathAndQuery;
 use http::{HeaderValue, Request, Response, Uri};
@@ -37,24 +38,27 @@ use std::time::{Duration, Instant};
 use tower::{BoxError, ServiceExt};
 
 type Body = Full<Bytes>;
-/// An origin as the pool keys it: the URL's scheme and authority, as
-/// written, lowercased. A string, hashed in one write and compared as
-/// bytes: `(Scheme, Authority)` hashed each byte apart, compared them
-/// case-blind, and its clones promoted the URL's buffer to a shared one
-/// (~1.5 µs of an event's ~106 in step m's profile, 10,000 endpoints).
-/// One allocation a request, shared by the queue's turn.
+/// An origin as the pool keys it: the endpoint's origin
+/// (`endpoint::origin_on_stack`: scheme, host in lowercase, the port
+/// always written), so that `https://a/x` and `https://A:443/y`, one
+/// endpoint to its share and health, share connections too. A string,
+/// hashed in one write and compared as bytes: `(Scheme, Authority)` hashed
+/// each byte apart, compared them case-blind, and its clones promoted the
+/// URL's buffer to a shared one (~1.5 µs of an event's ~106 in step m's
+/// profile, 10,000 endpoints). One allocation a request, shared by the
+/// queue's turn.
 type Origin = Arc<str>;
 
 /// The key of `uri`'s origin, if it has one.
 fn origin_of(uri: &Uri) -> Option<Origin> {
     let (scheme, authority) = (uri.scheme_str()?, uri.authority()?.as_str());
-    let mut key = SmallVec::<[u8; 96]>::new();
-    key.extend_from_slice(scheme.as_bytes());
-    key.extend_from_slice(b"://");
-    key.extend_from_slice(authority.as_bytes());
-    key.make_ascii_lowercase();
+    let mut url = SmallVec::<[u8; 128]>::new();
+    url.extend_from_slice(scheme.as_bytes());
+    url.extend_from_slice(b"://");
+    url.extend_from_slice(authority.as_bytes());
     // Both parts are ASCII: a `Uri` holds no other byte.
-    std::str::from_utf8(&key).ok().map(Arc::from)
+    let url = std::str::from_utf8(&url).ok()?;
+    endpoint::origin_on_stack(url).map(|o| Arc::from(o.as_str()))
 }
 
 /// How often idle connections past their time are closed.

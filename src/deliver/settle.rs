@@ -73,6 +73,8 @@ pub struct Ctx {
     /// neither ends a streak nor logs its start again.
     pub sink_streak: Arc<Mutex<SinkStreak>>,
     pub metrics: metrics::Delivery,
+    /// The series of `mode: passthrough`'s attempts, found once.
+    pub passthrough_attempts: Arc<metrics::PassthroughAttempts>,
 }
 
 /// What one attempt carries.

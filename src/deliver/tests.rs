@@ -160,6 +160,7 @@ fn context(
         late: Arc::default(),
         sink_streak: Arc::default(),
         metrics: metrics::Delivery::new(DEST),
+        passthrough_attempts: Arc::new(metrics::PassthroughAttempts::new(DEST)),
     })
 }
 

@@ -68,6 +68,8 @@ pub enum Refused {
     BadPath,
     #[error("header `{0}` never travels with an event")]
     Header(String),
+    #[error("header `{0}` appears more than once, where ingress stores it once")]
+    Repeated(String),
     #[error("a header name or value is not valid HTTP")]
     BadHeader,
     #[error("more than {MAX_HEADERS} headers")]
@@ -90,7 +92,10 @@ impl Refused {
         match self {
             Refused::Method(_) => "method",
             Refused::NotAPath | Refused::DotSegment | Refused::BadPath => "path",
-            Refused::Header(_) | Refused::BadHeader | Refused::TooManyHeaders => "header",
+            Refused::Header(_)
+            | Refused::Repeated(_)
+            | Refused::BadHeader
+            | Refused::TooManyHeaders => "header",
             Refused::TooLarge(..) => "too_large",
             Refused::Id => "id",
             Refused::Destination(_) => "destination",
@@ -186,7 +191,7 @@ pub fn check(
     if headers.len() > MAX_HEADERS {
         return Err(Refused::TooManyHeaders);
     }
-    for (name, value) in headers {
+    for (i, (name, value)) in headers.iter().enumerate() {
         let parsed = http::HeaderName::from_bytes(name.as_bytes());
         // Stored names are lower case, as hyper gives them.
         if parsed.as_ref().map(|n| n.as_str()).ok() != Some(name.as_str())
@@ -195,8 +200,13 @@ pub fn check(
             return Err(Refused::BadHeader);
         }
         if endpoint::is_own(name) {
-            // Set by ingress for `url: per_event`; checked again as a URL
-            // (its address is judged when courier connects) or secrets.
+            // Set by ingress for `url: per_event`, once each: a second
+            // would leave which one is the endpoint to each reader.
+            if headers[..i].iter().any(|(n, _)| n == name) {
+                return Err(Refused::Repeated(name.clone()));
+            }
+            // Checked again as a URL (its address is judged when courier
+            // connects) or secrets.
             let checked = if name == endpoint::URL_HEADER {
                 endpoint::check(value, &["http".into(), "https".into()]).map(drop)
             } else {
@@ -331,6 +341,15 @@ mod tests {
             ("courier-endpoint-secret", secret.as_bytes()),
         ];
         assert_eq!(event("POST", "", own, 1), Ok(()));
+        for name in ["courier-endpoint", "courier-endpoint-secret"] {
+            let (_, value) = own.iter().find(|(n, _)| *n == name).expect("own");
+            let twice = [own, &[(name, *value)]].concat();
+            assert_eq!(
+                event("POST", "", &twice, 1),
+                Err(Refused::Repeated(name.into())),
+                "{name}"
+            );
+        }
         for (name, bad) in [
             ("courier-endpoint", &b"ftp://h.example/x"[..]),
             ("courier-endpoint", b"https://u:p@h.example/"),

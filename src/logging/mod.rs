@@ -15,6 +15,7 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering};
 use tracing_subscriber::EnvFilter;
 
+mod format;
 mod lines;
 
 /// `log.bodies`. Global like the subscriber it belongs to.
@@ -64,7 +65,8 @@ pub fn init(log: &LogSettings) -> std::io::Result<lines::Guard> {
     let (writer, guard) = lines::spawn(std::io::stderr(), pace, QUEUED_BYTES, "log-writer")?;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(from_env.unwrap_or_else(|| filter(&log.level)))
-        .with_writer(writer);
+        .with_writer(writer)
+        .with_timer(format::Clock);
     // The handle's type differs per format: keep it behind one closure.
     let set: SetLevel = match log.format {
         LogFormat::Json => {
@@ -75,6 +77,7 @@ pub fn init(log: &LogSettings) -> std::io::Result<lines::Guard> {
         }
         LogFormat::Text => {
             let builder = builder
+                .fmt_fields(format::Fields)
                 .with_ansi(std::io::stderr().is_terminal())
                 .with_filter_reloading();
             let handle = builder.reload_handle();

@@ -274,12 +274,22 @@ async fn http1_sends_the_path_and_the_host() {
 }
 
 #[test]
-fn an_origins_key_is_its_scheme_and_authority_in_any_case() {
+fn an_origins_key_is_its_scheme_host_and_port_in_any_case() {
     let key = |u: &str| origin_of(&u.parse::<Uri>().expect("a uri")).map(|k| k.to_string());
     assert_eq!(
         key("HTTP://Hooks.Example:8080/a?b").as_deref(),
         Some("http://hooks.example:8080")
     );
+    // One endpoint (its share, its health) is one set of connections.
+    assert_eq!(
+        key("https://hooks.example/a").as_deref(),
+        Some("https://hooks.example:443")
+    );
+    assert_eq!(
+        key("https://hooks.example:443/b"),
+        key("https://Hooks.Example/")
+    );
+    assert_eq!(key("http://[::1]/"), key("http://[::1]:80/x"));
     assert_eq!(
         key("http://hooks.example:8080/z"),
         key("HTTP://HOOKS.example:8080")

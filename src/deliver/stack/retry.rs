@@ -28,6 +28,7 @@ pub struct InlineRetry {
     dest: Arc<DestinationSettings>,
     deadline: Instant,
     trail: Arc<Mutex<Trail>>,
+    counted: Arc<metrics::PassthroughAttempts>,
 }
 
 impl InlineRetry {
@@ -35,11 +36,13 @@ impl InlineRetry {
         dest: Arc<DestinationSettings>,
         deadline: Instant,
         trail: Arc<Mutex<Trail>>,
+        counted: Arc<metrics::PassthroughAttempts>,
     ) -> Self {
         InlineRetry {
             dest,
             deadline,
             trail,
+            counted,
         }
     }
 }
@@ -58,8 +61,8 @@ impl Policy<AttemptRequest, Answered<Incoming>, Infallible> for InlineRetry {
         };
         let a = &answered.attempted;
         let number = req.extensions().get::<Attempt>().map_or(1, |at| at.number);
-        let outcome = a.classified.outcome.as_str();
-        tracing::debug!(destination = %self.dest.name, mode = "passthrough", attempt = number, outcome, status = a.status, error = a.error.as_deref(), "attempt");
+        let outcome = a.classified.outcome;
+        tracing::debug!(destination = %self.dest.name, mode = "passthrough", attempt = number, outcome = outcome.as_str(), status = a.status, error = a.error.as_deref(), "attempt");
         if let Ok(mut trail) = self.trail.lock() {
             trail.attempts = number;
             trail.last_status = a.status.or(trail.last_status);
@@ -76,18 +79,17 @@ impl Policy<AttemptRequest, Answered<Incoming>, Infallible> for InlineRetry {
             match answered.answer.as_mut() {
                 Some(answer) if !answer.body().is_end_stream() => {
                     let took = a.took;
-                    let outcome = a.classified.outcome;
                     answer.extensions_mut().insert(Unsettled {
-                        destination: self.dest.name.clone(),
+                        counted: self.counted.clone(),
                         outcome,
                         took,
                     });
                 }
-                _ => metrics::passthrough_attempt(&self.dest.name, outcome, a.took),
+                _ => self.counted.attempt(outcome, a.took),
             }
             return None;
         };
-        metrics::passthrough_attempt(&self.dest.name, outcome, a.took);
+        self.counted.attempt(outcome, a.took);
         if let Some(answer) = answered.answer.take() {
             drain(answer.into_body());
         }
