@@ -122,17 +122,17 @@ pub fn has_dot_segment(rest: &str) -> bool {
 }
 
 /// Whether a header of the app's travels with its event. `listed`: the
-/// names its `Connection` header lists; `keyed`: ingress keys are set, so
+/// names its `Connection` header lists, in any case; `keyed`: ingress keys are set, so
 /// `Authorization` carried one of them. `courier-*` and `webhook-*`
 /// (Standard Webhooks) are courier's own.
-pub fn header_travels(name: &str, listed: &[String], keyed: bool) -> bool {
+pub fn header_travels(name: &str, listed: &[&str], keyed: bool) -> bool {
     let credential = INGRESS_CREDENTIALS.contains(&name) || (keyed && name == "authorization");
     !credential
         && !HOP_BY_HOP.contains(&name)
         && !FRAMING.contains(&name)
         && !name.starts_with("webhook-")
         && !name.starts_with("courier-")
-        && !listed.iter().any(|l| l == name)
+        && !listed.iter().any(|l| l.eq_ignore_ascii_case(name))
 }
 
 /// `/rest?query` as stored: empty or a path from the root, without dot

@@ -67,7 +67,10 @@ pub fn answer(destination: &str, passed: Passed) -> Response<Body> {
 
 /// The endpoint's connection to courier is not the app's to courier.
 fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    let listed = connection_listed(headers);
+    let listed: Vec<String> = connection_listed(headers)
+        .iter()
+        .map(|name| name.to_ascii_lowercase())
+        .collect();
     for name in HOP_BY_HOP
         .iter()
         .copied()
@@ -85,7 +88,7 @@ mod tests {
     #[test]
     fn an_answers_hop_by_hop_headers_stay_behind_and_the_rest_travel() {
         let mut h = with(&[
-            ("connection", "keep-alive, x-hop"),
+            ("connection", "keep-alive, X-Hop"),
             ("keep-alive", "timeout=5"),
             ("transfer-encoding", "chunked"),
             ("x-hop", "1"),
