@@ -52,13 +52,7 @@ type Origin = Arc<str>;
 /// The key of `uri`'s origin, if it has one.
 fn origin_of(uri: &Uri) -> Option<Origin> {
     let (scheme, authority) = (uri.scheme_str()?, uri.authority()?.as_str());
-    let mut url = SmallVec::<[u8; 128]>::new();
-    url.extend_from_slice(scheme.as_bytes());
-    url.extend_from_slice(b"://");
-    url.extend_from_slice(authority.as_bytes());
-    // Both parts are ASCII: a `Uri` holds no other byte.
-    let url = std::str::from_utf8(&url).ok()?;
-    endpoint::origin_on_stack(url).map(|o| Arc::from(o.as_str()))
+    endpoint::authority_origin(scheme, authority).map(|o| Arc::from(o.as_str()))
 }
 
 /// How often idle connections past their time are closed.

@@ -236,7 +236,20 @@ impl StackOrigin {
 
 /// `stored_origin`, on the stack.
 pub fn origin_on_stack(url: &str) -> Option<StackOrigin> {
-    let (scheme, host, port) = origin_parts(url)?;
+    // A `Uri`'s scheme ends at its first colon, and `://` follows it.
+    let colon = url.bytes().position(|c| c == b':')?;
+    let (scheme, rest) = (&url[..colon], url[colon..].strip_prefix("://")?);
+    let end = rest
+        .bytes()
+        .position(|c| matches!(c, b'/' | b'?' | b'#'))
+        .unwrap_or(rest.len());
+    authority_origin(scheme, &rest[..end])
+}
+
+/// The same origin, from a URL's scheme and authority already apart (a
+/// `Uri`'s, as the connection pool keys its connections by).
+pub fn authority_origin(scheme: &str, authority: &str) -> Option<StackOrigin> {
+    let (scheme, host, port) = origin_parts(scheme, authority)?;
     let mut o = SmallVec::new();
     o.extend_from_slice(scheme.as_bytes());
     o.extend_from_slice(b"://");
@@ -251,15 +264,7 @@ pub fn origin_on_stack(url: &str) -> Option<StackOrigin> {
 
 /// An origin's scheme (`http` and `https` in lowercase, others as
 /// written), host (as written) and port (the scheme's own when none is).
-fn origin_parts(url: &str) -> Option<(&str, &str, u16)> {
-    // A `Uri`'s scheme ends at its first colon, and `://` follows it.
-    let colon = url.bytes().position(|c| c == b':')?;
-    let (scheme, rest) = (&url[..colon], url[colon..].strip_prefix("://")?);
-    let end = rest
-        .bytes()
-        .position(|c| matches!(c, b'/' | b'?' | b'#'))
-        .unwrap_or(rest.len());
-    let authority = &rest[..end];
+fn origin_parts<'a>(scheme: &'a str, authority: &'a str) -> Option<(&'a str, &'a str, u16)> {
     let at = match authority.bytes().rposition(|c| c == b'@') {
         Some(i) => &authority[i + 1..],
         None => authority,

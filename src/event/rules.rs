@@ -122,9 +122,9 @@ pub fn has_dot_segment(rest: &str) -> bool {
 }
 
 /// Whether a header of the app's travels with its event. `listed`: the
-/// names its `Connection` header lists, in any case; `keyed`: ingress keys are set, so
-/// `Authorization` carried one of them. `courier-*` and `webhook-*`
-/// (Standard Webhooks) are courier's own.
+/// names its `Connection` header lists, in any case; `keyed`: ingress
+/// keys are set, so `Authorization` carried one of them. `courier-*` and
+/// `webhook-*` (Standard Webhooks) are courier's own.
 pub fn header_travels(name: &str, listed: &[&str], keyed: bool) -> bool {
     let credential = INGRESS_CREDENTIALS.contains(&name) || (keyed && name == "authorization");
     !credential

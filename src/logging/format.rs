@@ -66,45 +66,50 @@ struct Plain<'w> {
 }
 
 impl Plain<'_> {
-    /// One field: `value` writes it after `name=`, `message` the message
-    /// (with no name, its control characters escaped as the default
-    /// visitor escapes them); raw identifiers (`r#type`) go to the default
-    /// visitor (`default`), and `log.` metadata is skipped, as it does.
+    /// Whether `field` is written at all (`log.` metadata is not, as the
+    /// default visitor skips it), and whether it is the line's first.
+    fn start(&mut self, field: &Field) -> Option<bool> {
+        (self.result.is_ok() && !field.name().starts_with("log."))
+            .then(|| std::mem::replace(&mut self.is_empty, false))
+    }
+
+    /// One field: `value` writes it after `name=`, or as the message
+    /// (no name, its control characters escaped as the default visitor
+    /// escapes them); raw identifiers (`r#type`) go to `default`.
     fn field(
         &mut self,
         field: &Field,
-        value: impl FnOnce(&mut Writer<'_>) -> fmt::Result,
-        message: impl FnOnce(&mut dyn fmt::Write) -> fmt::Result,
+        value: impl FnOnce(&mut dyn fmt::Write) -> fmt::Result,
         default: impl FnOnce(&mut DefaultVisitor<'_>),
     ) {
         let name = field.name();
-        if self.result.is_err() || name.starts_with("log.") {
-            return;
-        }
-        let first = std::mem::replace(&mut self.is_empty, false);
-        if name == "message" {
-            let sanitize = self.writer.sanitizes_ansi_escapes();
-            let w = &mut self.writer;
-            self.result = (if first { Ok(()) } else { w.write_char(' ') }).and_then(|()| {
-                if sanitize {
-                    message(&mut Escaping(w))
-                } else {
-                    message(w)
-                }
-            });
-            return;
-        }
         if name.starts_with("r#") {
-            let mut v = DefaultVisitor::new(self.writer.by_ref(), first);
-            default(&mut v);
-            self.result = tracing_subscriber::field::VisitOutput::finish(v);
-            return;
+            return self.by_default(field, default);
         }
+        let Some(first) = self.start(field) else {
+            return;
+        };
+        let sanitize = self.writer.sanitizes_ansi_escapes();
         let w = &mut self.writer;
-        self.result = (if first { Ok(()) } else { w.write_char(' ') })
-            .and_then(|()| w.write_str(name))
-            .and_then(|()| w.write_char('='))
-            .and_then(|()| value(w));
+        let sep = if first { Ok(()) } else { w.write_char(' ') };
+        self.result = sep.and_then(|()| match name {
+            "message" if sanitize => value(&mut Escaping(w)),
+            "message" => value(w),
+            _ => w
+                .write_str(name)
+                .and_then(|()| w.write_char('='))
+                .and_then(|()| value(w)),
+        });
+    }
+
+    /// The default visitor writes the field, over the same line.
+    fn by_default(&mut self, field: &Field, default: impl FnOnce(&mut DefaultVisitor<'_>)) {
+        let Some(first) = self.start(field) else {
+            return;
+        };
+        let mut v = DefaultVisitor::new(self.writer.by_ref(), first);
+        default(&mut v);
+        self.result = tracing_subscriber::field::VisitOutput::finish(v);
     }
 }
 
@@ -113,16 +118,22 @@ impl Visit for Plain<'_> {
         self.field(
             field,
             |w| write!(w, "{value:?}"),
-            |w| write!(w, "{value:?}"),
             |v| v.record_debug(field, value),
         );
     }
 
+    /// Quoted, as `{:?}` writes it, but as the message.
     fn record_str(&mut self, field: &Field, value: &str) {
+        let message = field.name() == "message";
         self.field(
             field,
-            |w| quoted(w, value),
-            |w| w.write_str(value),
+            |w| {
+                if message {
+                    w.write_str(value)
+                } else {
+                    quoted(w, value)
+                }
+            },
             |v| v.record_str(field, value),
         );
     }
@@ -130,7 +141,6 @@ impl Visit for Plain<'_> {
     fn record_u64(&mut self, field: &Field, value: u64) {
         self.field(
             field,
-            |w| w.write_str(itoa::Buffer::new().format(value)),
             |w| w.write_str(itoa::Buffer::new().format(value)),
             |v| v.record_u64(field, value),
         );
@@ -140,7 +150,6 @@ impl Visit for Plain<'_> {
         self.field(
             field,
             |w| w.write_str(itoa::Buffer::new().format(value)),
-            |w| w.write_str(itoa::Buffer::new().format(value)),
             |v| v.record_i64(field, value),
         );
     }
@@ -149,26 +158,19 @@ impl Visit for Plain<'_> {
         self.field(
             field,
             |w| w.write_str(if value { "true" } else { "false" }),
-            |w| w.write_str(if value { "true" } else { "false" }),
             |v| v.record_bool(field, value),
         );
     }
 
     /// Always the default's: an error writes its sources too.
     fn record_error(&mut self, field: &Field, value: &(dyn std::error::Error + 'static)) {
-        if self.result.is_err() || field.name().starts_with("log.") {
-            return;
-        }
-        let first = std::mem::replace(&mut self.is_empty, false);
-        let mut v = DefaultVisitor::new(self.writer.by_ref(), first);
-        v.record_error(field, value);
-        self.result = tracing_subscriber::field::VisitOutput::finish(v);
+        self.by_default(field, |v| v.record_error(field, value));
     }
 }
 
 /// `value` as `{:?}` writes a `str`, in one write when no character in
 /// it needs escaping (printable ASCII but a quote or a backslash).
-fn quoted(w: &mut Writer<'_>, value: &str) -> fmt::Result {
+fn quoted(w: &mut dyn fmt::Write, value: &str) -> fmt::Result {
     if value
         .bytes()
         .all(|b| (b' '..=b'~').contains(&b) && b != b'"' && b != b'\\')
