@@ -884,7 +884,16 @@ pub struct LogReader {
     dir: PathBuf,
     current: Option<(Segment, PathBuf)>,
     bodies: Bodies,
+    /// A record's payload, read into the same buffer each time: the
+    /// indexer reads every record back, and a buffer made (and zeroed) per
+    /// record was a fresh allocation each. Given back past `KEEP_PAYLOAD`.
+    payload: std::cell::RefCell<Vec<u8>>,
 }
+
+/// The largest payload buffer a reader keeps between records: a group of
+/// a few hundred 1 KiB events. A larger one (up to `MAX_GROUP_BYTES`) is
+/// given back once read.
+const KEEP_PAYLOAD: usize = 256 * 1024;
 
 impl LogReader {
     pub fn new(dir: &Path) -> LogReader {
@@ -898,6 +907,7 @@ impl LogReader {
             dir: dir.to_path_buf(),
             current: None,
             bodies: Bodies::Keep,
+            payload: Default::default(),
         }
     }
 
@@ -1003,22 +1013,33 @@ impl LogReader {
         if head.lsn != lsn || offset + HEADER as u64 + u64::from(head.len) > seg.size {
             return Ok(None);
         }
-        let mut payload = vec![0u8; head.len as usize];
-        seg.file
-            .read_exact_at(&mut payload, offset + HEADER as u64)?;
-        if record_crc(lsn, head.count, &payload) != head.crc {
-            return Ok(None);
+        // Not borrowed by any caller up the stack; a fresh buffer if it were.
+        let mut kept = self.payload.try_borrow_mut().ok();
+        let mut fresh = Vec::new();
+        let payload = kept.as_deref_mut().unwrap_or(&mut fresh);
+        payload.clear();
+        payload.resize(head.len as usize, 0);
+        let decoded = seg
+            .file
+            .read_exact_at(payload, offset + HEADER as u64)
+            .map_err(ReadError::from)
+            .and_then(|()| {
+                if record_crc(lsn, head.count, payload) != head.crc {
+                    return Ok(None);
+                }
+                let carried = head.magic == MAGIC_CARRIED;
+                let count = head.count as usize;
+                decode_record(seg.start, lsn, payload, count, carried, self.bodies)
+                    .map(Some)
+                    .map_err(|source| ReadError::Malformed {
+                        file: path.clone(),
+                        source,
+                    })
+            });
+        if payload.capacity() > KEEP_PAYLOAD {
+            *payload = Vec::new();
         }
-        let next = lsn + span;
-        let carried = head.magic == MAGIC_CARRIED;
-        let count = head.count as usize;
-        let events = decode_record(seg.start, lsn, &payload, count, carried, self.bodies).map_err(
-            |source| ReadError::Malformed {
-                file: path.clone(),
-                source,
-            },
-        )?;
-        Ok(Some(Read::Record(events, next)))
+        Ok(decoded?.map(|events| Read::Record(events, lsn + span)))
     }
 
     /// Whether a valid record starts anywhere after `lsn` in the current
@@ -1130,6 +1151,36 @@ mod tests {
         assert_eq!(events.len(), 3);
         assert_eq!(events[1].seq, 2);
         assert_eq!(events[1].event, event(2));
+        assert_eq!(r.read(end).expect("read"), Read::End);
+    }
+
+    /// One reader's payload buffer serves record after record: each reads
+    /// back as written whatever the size of the one before (no bytes of a
+    /// longer one left behind), and one beyond `KEEP_PAYLOAD` is given back.
+    #[test]
+    fn records_of_every_size_read_back_through_one_buffer() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let mut w = LogWriter::open(tmp.path(), 0, 1, &BTreeSet::new()).expect("open");
+        let bodies = [3000, 10, KEEP_PAYLOAD + 1, 700, 0, 5000];
+        let mut at = Vec::new();
+        let mut end = 0;
+        for (i, &len) in bodies.iter().enumerate() {
+            let p = big_payload(i as i64 + 1, len);
+            at.push(end);
+            end = w.append(&p, 1, false).expect("append");
+        }
+        w.sync().expect("sync");
+        let mut r = LogReader::new(tmp.path());
+        for (i, &len) in bodies.iter().enumerate() {
+            let Read::Record(events, _) = r.read(at[i]).expect("read") else {
+                panic!("no record at {}", at[i]);
+            };
+            assert_eq!(events.len(), 1);
+            assert_eq!(events[0].seq, i as i64 + 1);
+            assert_eq!(events[0].event.body, vec![b'x'; len], "body {i}");
+            let kept = r.payload.borrow().capacity();
+            assert!(kept <= KEEP_PAYLOAD, "{kept} bytes kept after body {i}");
+        }
         assert_eq!(r.read(end).expect("read"), Read::End);
     }
 

@@ -115,12 +115,10 @@ impl<S> Tracked<S> {
 impl<S, R, B> Service<R> for Tracked<S>
 where
     S: Service<R, Response = Response<B>>,
-    S::Future: Send + 'static,
-    B: Send + 'static,
 {
     type Response = Response<Held<B>>;
     type Error = S::Error;
-    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, S::Error>> + Send>>;
+    type Future = Answering<S::Future>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
         self.inner.poll_ready(cx)
@@ -128,11 +126,34 @@ where
 
     fn call(&mut self, req: R) -> Self::Future {
         let busy = self.activity.begin();
-        let answer = self.inner.call(req);
-        Box::pin(async move {
-            let answer = answer.await?;
-            Ok(answer.map(|body| Held { body, _busy: busy }))
-        })
+        Answering {
+            answer: self.inner.call(req),
+            busy: Some(busy),
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A tracked call's answer, to come: named rather than boxed, as
+    /// hyper holds it in the connection's own slot.
+    pub(super) struct Answering<F> {
+        #[pin]
+        answer: F,
+        busy: Option<Busy>,
+    }
+}
+
+impl<F, B, E> Future for Answering<F>
+where
+    F: Future<Output = Result<Response<B>, E>>,
+{
+    type Output = Result<Response<Held<B>>, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let answer = std::task::ready!(this.answer.poll(cx))?;
+        let busy = this.busy.take();
+        Poll::Ready(Ok(answer.map(|body| Held { body, _busy: busy })))
     }
 }
 
@@ -142,7 +163,7 @@ where
 /// connection must not rest (`rest`) nor be closed as idle meanwhile.
 pub(super) struct Held<B> {
     body: B,
-    _busy: Busy,
+    _busy: Option<Busy>,
 }
 
 impl<B: Body + Unpin> Body for Held<B> {

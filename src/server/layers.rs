@@ -10,7 +10,7 @@ use http::{HeaderName, Request, Response, StatusCode};
 use serde_json::json;
 use std::any::Any;
 use std::convert::Infallible;
-use tower::{BoxError, Service, ServiceBuilder};
+use tower::{BoxError, Service, ServiceBuilder, ServiceExt};
 use tower_http::body::UnsyncBoxBody;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::sensitive_headers::SetSensitiveRequestHeadersLayer;
@@ -60,7 +60,10 @@ where
                 .make_span_with(DefaultMakeSpan::new().include_headers(true))
                 .on_failure(DefaultOnFailure::new().level(Level::DEBUG)),
         )
-        .service(inner)
+        // The handler's answer, boxed where it is made: it is a few KiB
+        // (ingress's ~4), and each layer above, and the connection's own
+        // (`Tracked`, `AddExtension`), would move it again (benches/RESULTS.md).
+        .service(inner.map_future(Box::pin))
 }
 
 /// The answer to a request whose handler panicked. For ingress the events
@@ -84,4 +87,30 @@ fn panicked(edge: &'static str, panic: Box<dyn Any + Send>) -> Response<Body> {
             "reason": "internal_error",
         }),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::Full;
+
+    fn future_size<S: Service<R>, R>(_: &S) -> usize {
+        std::mem::size_of::<S::Future>()
+    }
+
+    /// What the layers and the connection move per request is a pointer
+    /// to the handler's answer, however large the handler's state.
+    #[test]
+    fn a_large_handlers_answer_is_not_carried_by_the_layers() {
+        let large = tower::service_fn(|_: Request<Full<Bytes>>| async {
+            let state = [7u8; 8192];
+            tokio::task::yield_now().await;
+            let len = std::hint::black_box(&state).len();
+            Ok::<_, Infallible>(Response::new(Full::new(Bytes::from(len.to_string()))))
+        });
+        assert!(future_size(&large) > 8192);
+        let layered = stack(large, "test");
+        let size = future_size(&layered);
+        assert!(size < 1024, "the layers carry {size} bytes per request");
+    }
 }
