@@ -885,15 +885,16 @@ pub struct LogReader {
     current: Option<(Segment, PathBuf)>,
     bodies: Bodies,
     /// A record's payload, read into the same buffer each time: the
-    /// indexer reads every record back, and a buffer made (and zeroed) per
-    /// record was a fresh allocation each. Given back past `KEEP_PAYLOAD`.
-    payload: std::cell::RefCell<Vec<u8>>,
+    /// indexer reads every record back, and a buffer made per record was
+    /// an allocation per record. Kept up to `KEEP_PAYLOAD`.
+    payload: std::cell::Cell<Vec<u8>>,
 }
 
-/// The largest payload buffer a reader keeps between records: a group of
-/// a few hundred 1 KiB events. A larger one (up to `MAX_GROUP_BYTES`) is
-/// given back once read.
-const KEEP_PAYLOAD: usize = 256 * 1024;
+/// The most a payload buffer keeps between records, the writer's and a
+/// reader's alike: a burst of large groups (big events, array posts) grows
+/// one towards the writer's `MAX_GROUP_BYTES` or past it, and keeping that would hold the
+/// memory for the life of the process.
+pub(super) const KEEP_PAYLOAD: usize = 1 << 20;
 
 impl LogReader {
     pub fn new(dir: &Path) -> LogReader {
@@ -1013,31 +1014,28 @@ impl LogReader {
         if head.lsn != lsn || offset + HEADER as u64 + u64::from(head.len) > seg.size {
             return Ok(None);
         }
-        // Not borrowed by any caller up the stack; a fresh buffer if it were.
-        let mut kept = self.payload.try_borrow_mut().ok();
-        let mut fresh = Vec::new();
-        let payload = kept.as_deref_mut().unwrap_or(&mut fresh);
+        let mut payload = self.payload.take();
         payload.clear();
         payload.resize(head.len as usize, 0);
         let decoded = seg
             .file
-            .read_exact_at(payload, offset + HEADER as u64)
+            .read_exact_at(&mut payload, offset + HEADER as u64)
             .map_err(ReadError::from)
             .and_then(|()| {
-                if record_crc(lsn, head.count, payload) != head.crc {
+                if record_crc(lsn, head.count, &payload) != head.crc {
                     return Ok(None);
                 }
                 let carried = head.magic == MAGIC_CARRIED;
                 let count = head.count as usize;
-                decode_record(seg.start, lsn, payload, count, carried, self.bodies)
+                decode_record(seg.start, lsn, &payload, count, carried, self.bodies)
                     .map(Some)
                     .map_err(|source| ReadError::Malformed {
                         file: path.clone(),
                         source,
                     })
             });
-        if payload.capacity() > KEEP_PAYLOAD {
-            *payload = Vec::new();
+        if payload.capacity() <= KEEP_PAYLOAD {
+            self.payload.set(payload);
         }
         Ok(decoded?.map(|events| Read::Record(events, lsn + span)))
     }
@@ -1171,6 +1169,7 @@ mod tests {
         }
         w.sync().expect("sync");
         let mut r = LogReader::new(tmp.path());
+        let mut largest = 0;
         for (i, &len) in bodies.iter().enumerate() {
             let Read::Record(events, _) = r.read(at[i]).expect("read") else {
                 panic!("no record at {}", at[i]);
@@ -1178,8 +1177,19 @@ mod tests {
             assert_eq!(events.len(), 1);
             assert_eq!(events[0].seq, i as i64 + 1);
             assert_eq!(events[0].event.body, vec![b'x'; len], "body {i}");
-            let kept = r.payload.borrow().capacity();
-            assert!(kept <= KEEP_PAYLOAD, "{kept} bytes kept after body {i}");
+            let buffer = r.payload.take();
+            let kept = buffer.capacity();
+            r.payload.set(buffer);
+            if len > KEEP_PAYLOAD {
+                assert_eq!(kept, 0, "a buffer past KEEP_PAYLOAD is given back");
+                largest = 0;
+            } else {
+                largest = largest.max(len);
+                assert!(
+                    kept >= largest,
+                    "the buffer is kept: {kept} bytes after body {i}"
+                );
+            }
         }
         assert_eq!(r.read(end).expect("read"), Read::End);
     }

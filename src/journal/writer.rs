@@ -18,11 +18,10 @@ use tokio::sync::{mpsc, oneshot};
 /// Upper bounds of one group, so one record cannot grow without end.
 const MAX_GROUP: usize = 4096;
 const MAX_GROUP_BYTES: u64 = 8 * 1024 * 1024;
-/// What the group's buffers keep between groups: a burst of large groups
-/// (big events, array posts) grows them towards `MAX_GROUP` commands and
-/// `MAX_GROUP_BYTES`, and `clear` alone would hold that memory for the
-/// life of the process.
-const KEEP_PAYLOAD: usize = 1 << 20;
+/// The commands a group's list keeps between groups, as its payload keeps
+/// `intake::KEEP_PAYLOAD` bytes: a burst of large groups grows it towards
+/// `MAX_GROUP`, and `clear` alone would hold that memory for the life of
+/// the process.
 const KEEP_GROUP: usize = 256;
 /// Pauses between tries of an append that met a transient error.
 const TRANSIENT_PAUSES: [std::time::Duration; 4] = [
@@ -58,7 +57,7 @@ pub(super) fn spawn(writer: Writer, rx: mpsc::Receiver<Command>) -> std::io::Res
 impl Writer {
     fn run(mut self, mut rx: mpsc::Receiver<Command>) {
         let mut group = Vec::with_capacity(KEEP_GROUP);
-        let mut payload = Vec::with_capacity(KEEP_PAYLOAD);
+        let mut payload = Vec::with_capacity(intake::KEEP_PAYLOAD);
         // A command taken that starts the next group: adopted events are a
         // record of their own.
         let mut next: Option<Command> = None;
@@ -91,7 +90,7 @@ impl Writer {
             self.commit(&mut group, &mut payload);
             trim(&mut group, commands, KEEP_GROUP);
             let encoded = payload.len();
-            trim(&mut payload, encoded, KEEP_PAYLOAD);
+            trim(&mut payload, encoded, intake::KEEP_PAYLOAD);
             if let Some(rest) = rest {
                 self.close(rest, &mut rx);
                 return;

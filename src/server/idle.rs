@@ -134,8 +134,8 @@ where
 }
 
 pin_project_lite::pin_project! {
-    /// A tracked call's answer, to come: named rather than boxed, as
-    /// hyper holds it in the connection's own slot.
+    /// A tracked call's answer, to come: named, not boxed, as the
+    /// handler's answer is boxed already (`layers::stack`).
     pub(super) struct Answering<F> {
         #[pin]
         answer: F,
@@ -151,9 +151,11 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
-        let answer = std::task::ready!(this.answer.poll(cx))?;
+        let answer = std::task::ready!(this.answer.poll(cx));
+        // Ended here, also when the call failed: the future may be kept
+        // after its end (hyper keeps a failed one until the connection ends).
         let busy = this.busy.take();
-        Poll::Ready(Ok(answer.map(|body| Held { body, _busy: busy })))
+        Poll::Ready(answer.map(|a| a.map(|body| Held { body, _busy: busy })))
     }
 }
 
@@ -204,6 +206,14 @@ mod tests {
         start.elapsed()
     }
 
+    /// `idle_after`, or `None` if the connection is not idle within a minute.
+    async fn idle_within_a_minute(activity: &Activity) -> Option<Duration> {
+        let idle = idle_after(activity);
+        tokio::time::timeout(Duration::from_secs(60), idle)
+            .await
+            .ok()
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_connection_that_asks_nothing_is_idle_at_the_timeout() {
         let activity = Activity::new();
@@ -239,6 +249,33 @@ mod tests {
         let call = Tracked::new(slow, activity.clone()).oneshot(15).map(drop);
         let ((), idle) = tokio::join!(call, idle_after(&activity));
         assert_eq!(idle, Duration::from_secs(25));
+    }
+
+    /// A call dropped before its answer, and one that fails, end their
+    /// request then, not when the connection drops what is left of them.
+    #[tokio::test(start_paused = true)]
+    async fn a_dropped_or_failed_call_ends_its_request_then() {
+        let activity = Activity::new();
+        let never = tower::service_fn(|()| std::future::pending::<Result<Response<()>, ()>>());
+        let call = Tracked::new(never, activity.clone()).oneshot(());
+        let cut = tokio::time::timeout(Duration::from_secs(5), call);
+        let (cut, idle) = tokio::join!(cut, idle_within_a_minute(&activity));
+        assert!(cut.is_err(), "the call never answers");
+        assert_eq!(idle, Some(Duration::from_secs(15)), "dropped at 5 s");
+
+        let activity = Activity::new();
+        let failing = tower::service_fn(|()| async {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            Err::<Response<()>, _>("refused")
+        });
+        let mut call = std::pin::pin!(Tracked::new(failing, activity.clone()).oneshot(()));
+        let (failed, idle) = tokio::join!(call.as_mut(), idle_within_a_minute(&activity));
+        assert!(failed.is_err());
+        assert_eq!(
+            idle,
+            Some(Duration::from_secs(15)),
+            "failed at 5 s, the call kept"
+        );
     }
 
     #[tokio::test(start_paused = true)]

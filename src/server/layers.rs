@@ -60,9 +60,9 @@ where
                 .make_span_with(DefaultMakeSpan::new().include_headers(true))
                 .on_failure(DefaultOnFailure::new().level(Level::DEBUG)),
         )
-        // The handler's answer, boxed where it is made: it is a few KiB
-        // (ingress's ~4), and each layer above, and the connection's own
-        // (`Tracked`, `AddExtension`), would move it again (benches/RESULTS.md).
+        // The handler's answer, boxed where it is made: it is a few KiB,
+        // and each layer above, and the connection's own (`Tracked`,
+        // `AddExtension`), would move it again (benches/RESULTS.md).
         .service(inner.map_future(Box::pin))
 }
 
