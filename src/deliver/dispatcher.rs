@@ -587,9 +587,11 @@ impl Dispatcher {
         let running = Running::of(&unit.events);
         let ctx = self.ctx.clone();
         let slot = self.slots.take();
-        let handle = self
-            .tasks
-            .spawn(async move { settle::run(&ctx, unit, probe, slot).await });
+        // Boxed where it is made: a unit's turn is a future of a few KiB,
+        // which the spawn would otherwise copy on its way into the task.
+        let handle = self.tasks.spawn(Box::pin(async move {
+            settle::run(&ctx, unit, probe, slot).await
+        }));
         self.held.hand(handle.id(), running);
     }
 
