@@ -892,8 +892,11 @@ pub struct LogReader {
 
 /// The most a payload buffer keeps between records, the writer's and a
 /// reader's alike: a burst of large groups (big events, array posts) grows
-/// one towards the writer's `MAX_GROUP_BYTES` or past it, and keeping that would hold the
-/// memory for the life of the process.
+/// one towards the writer's `MAX_GROUP_BYTES` or past it, and keeping that
+/// would hold the memory for the life of the process. A reader's is given
+/// back at once past it, where the writer's waits for a small group
+/// (`writer::trim`): the indexer reads a large record once, the writer
+/// writes a load of them.
 pub(super) const KEEP_PAYLOAD: usize = 1 << 20;
 
 impl LogReader {
