@@ -21,8 +21,10 @@
 //!    accepted events / (load seconds + the drain after it);
 //! c. drain of a 100,000-event backlog (accepted while paused, then resumed),
 //!    unbatched and with `batch: { max_events: 100 }`, in events/s;
-//! d. a 1,000,000-event backlog: courier's RSS, the journal's disk use, then
-//!    SIGKILL and the time from the new process's spawn to `/readyz` 200;
+//! d. a 1,000,000-event backlog: courier's RSS, the journal's disk use
+//!    (bodies shaped as a real webhook's, `webhook_body`: a paused
+//!    destination's events are packed, journal/pack.rs), then SIGKILL and
+//!    the time from the new process's spawn to `/readyz` 200;
 //! e. idle RSS: one destination, nothing sent, after 2 s;
 //! i. idle keep-alive connections (issue #47, `courier_bench/connections.rs`):
 //!    RSS with 5,000 connections held open after one event each, and 30 s
@@ -180,7 +182,7 @@ use std::time::{Duration, Instant};
 
 use support::client::{find_metric, try_get, try_post};
 use support::load::{self, LoadSpec};
-use support::{Courier, json_body};
+use support::{Courier, webhook_body};
 
 const BODY_BYTES: usize = 1024;
 const DESTINATION: &str = "bench";
@@ -1027,13 +1029,15 @@ async fn start_yaml(bin: &Path, yaml: &str, env: &[(&str, &str)]) -> Result<Run,
     Ok(Run { courier, dir })
 }
 
-/// The Rust load generator's 1 KiB JSON events to `url`, for `load::run_n`.
+/// The Rust load generator's 1 KiB JSON events to `url`, for `load::run_n`:
+/// shaped as a real webhook (`webhook_body`), which matters where they
+/// wait (steps c, d, x and the hand-off's): the journal packs those.
 fn events_to(url: String, connections: usize) -> LoadSpec {
     LoadSpec {
         url,
         connections,
         duration: DEADLINE,
-        body: json_body(BODY_BYTES, 0),
+        body: webhook_body(BODY_BYTES, 0),
         headers: vec![("content-type".into(), "application/json".into())],
     }
 }

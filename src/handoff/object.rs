@@ -56,7 +56,9 @@ impl Default for Builder {
 
 impl Builder {
     pub fn push(&mut self, event: &NewEvent, carried: &Carried) {
-        intake::encode(&mut self.bytes, 0, event);
+        // Not packed: the object is sealed as a whole, and read by another
+        // courier, which may be of a build before packed bodies.
+        intake::encode(&mut self.bytes, 0, event, false);
         intake::encode_carried(&mut self.bytes, carried);
         self.count += 1;
     }

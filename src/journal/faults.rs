@@ -5,9 +5,8 @@
 //! before it is still there when the journal opens again on a sound disk.
 
 use super::disk::faulty::{ALWAYS, Faulty, Op};
-use super::tests::{event, log_only, until};
+use super::tests::{delete, event, log_only, noise, until};
 use super::*;
-use bytes::Bytes;
 use std::collections::BTreeMap;
 
 fn open_on(disk: &Faulty, dir: &Path) -> Result<Journal, OpenError> {
@@ -33,7 +32,7 @@ fn open_synced(disk: &Faulty, dir: &Path, full_sync: bool) -> Result<Journal, Op
 /// the fifth makes the writer start the next one.
 fn big(i: u64) -> NewEvent {
     NewEvent {
-        body: Bytes::from(vec![b'x'; 4 * 1024 * 1024 - 8192]),
+        body: noise(4 * 1024 * 1024 - 8192, i),
         ..event(i)
     }
 }
@@ -465,13 +464,7 @@ async fn a_segment_that_failed_to_go_is_removed_at_the_next_try() {
     assert_eq!(refused, None);
     let files = || intake::segments(tmp.path()).expect("list").len();
     assert_eq!(files(), 4);
-    let deliveries: Vec<Change> = (1..=12)
-        .map(|seq| Change::Delete {
-            seq,
-            only_if_attempts: None,
-            step: None,
-        })
-        .collect();
+    let deliveries: Vec<Change> = (1..=12).map(delete).collect();
     journal.settle(&deliveries).await.expect("settle");
     // Two become spares; removing the third fails once.
     disk.fail(Op::Remove, 1, 1, libc::EIO);

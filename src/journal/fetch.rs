@@ -185,7 +185,7 @@ mod tests {
             let mut payload = Vec::new();
             let n = if len < 1000 { 100 } else { 1 };
             for _ in 0..n {
-                encode(&mut payload, seq, &event(seq as u64, len));
+                encode(&mut payload, seq, &event(seq as u64, len), false);
                 seq += 1;
             }
             w.append(&payload, n as u32, false).expect("append");

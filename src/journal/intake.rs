@@ -41,6 +41,10 @@
 //! A log that holds "CRR2" records is not read by builds before it: roll
 //! back only after a clean stop, which leaves nothing unindexed.
 //!
+//! An event's body may be stored compressed, its length word's top bit
+//! set (`pack`, for events that will wait); its place and CRC cover the
+//! compressed bytes, and every read gives the body as it came.
+//!
 //! Events adopted from another courier's hand-off (docs/object-storage.md) go in records
 //! of their own, "CRC1": each event as in "CRR2", then its delivery state
 //! so far (`Carried`, length-prefixed JSON), so that the event and where
@@ -54,6 +58,7 @@
 //! the mark knows that acknowledged events are gone, and says so.
 
 use super::disk::{self, Disk, LogFile, Real};
+use super::pack;
 use super::record::{Carried, encode_headers, encoded_headers};
 use crate::event::{Header, NewEvent, endpoint};
 use std::collections::BTreeSet;
@@ -97,8 +102,12 @@ pub struct Logged {
     pub segment: u64,
     /// An adopted event's delivery so far ("CRC1" records).
     pub carried: Option<Carried>,
-    /// The body's length, also when it was not kept (`Bodies::Skip`).
+    /// The body's length, also when it was not kept (`Bodies::Skip`);
+    /// its raw length when it is packed.
     pub body_len: usize,
+    /// Whether the body is stored compressed (`pack`): then `place.len`
+    /// no longer tells the event's size, and its row keeps that.
+    pub packed: bool,
 }
 
 impl Logged {
@@ -282,8 +291,10 @@ fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
     out.extend_from_slice(b);
 }
 
-/// Appends the encoding of one event to a group's payload.
-pub fn encode(out: &mut Vec<u8>, seq: i64, e: &NewEvent) {
+/// Appends the encoding of one event to a group's payload; `pack`: with
+/// its body compressed if that saves space (`pack`), for an event that
+/// will wait.
+pub fn encode(out: &mut Vec<u8>, seq: i64, e: &NewEvent, pack: bool) {
     out.extend_from_slice(&seq.to_le_bytes());
     out.extend_from_slice(&e.accepted_ms.to_le_bytes());
     for part in [
@@ -295,7 +306,9 @@ pub fn encode(out: &mut Vec<u8>, seq: i64, e: &NewEvent) {
         put_bytes(out, part);
     }
     put_bytes(out, &encode_headers(&e.headers));
-    put_bytes(out, &e.body);
+    if !(pack && pack::put_packed(out, &e.body)) {
+        put_bytes(out, &e.body);
+    }
 }
 
 /// An adopted event's state, after its encoding in a "CRC1" record.
@@ -392,12 +405,23 @@ fn decode_one(segment: u64, at: u64, whole: &[u8], bodies: Bodies) -> Option<(Lo
     // The parts in their encoded order; the body is the last.
     let mut parts: [Vec<u8>; 6] = Default::default();
     let body_part = parts.len() - 1;
-    let mut body_len = 0;
+    let (mut body_len, mut packed) = (0, false);
     for (i, part) in parts.iter_mut().enumerate() {
-        let len = u32::from_le_bytes(take(4)?.try_into().ok()?) as usize;
-        let bytes = take(len)?;
+        let word = u32::from_le_bytes(take(4)?.try_into().ok()?);
+        // Only a body is ever packed; in another part the bit reads as a
+        // length no record holds, and the take fails.
+        if i == body_part && word & pack::PACKED != 0 {
+            let bytes = take((word & !pack::PACKED) as usize)?;
+            packed = true;
+            body_len = pack::raw_len(bytes)?;
+            if bodies == Bodies::Keep {
+                *part = pack::unpack(bytes)?;
+            }
+            continue;
+        }
+        let bytes = take(word as usize)?;
         if i == body_part {
-            body_len = len;
+            body_len = bytes.len();
             if bodies == Bodies::Skip {
                 continue;
             }
@@ -440,6 +464,7 @@ fn decode_one(segment: u64, at: u64, whole: &[u8], bodies: Bodies) -> Option<(Lo
             segment,
             carried: None,
             body_len,
+            packed,
             event: NewEvent {
                 id: text(id)?,
                 destination: text(destination)?,
@@ -1104,7 +1129,7 @@ mod tests {
     fn group(seqs: std::ops::Range<i64>) -> (Vec<u8>, u32) {
         let mut payload = Vec::new();
         for s in seqs.clone() {
-            encode(&mut payload, s, &event(s as u64));
+            encode(&mut payload, s, &event(s as u64), false);
         }
         (payload, seqs.count() as u32)
     }
@@ -1117,7 +1142,7 @@ mod tests {
             ..event(0)
         };
         let mut p = Vec::new();
-        encode(&mut p, seq, &big);
+        encode(&mut p, seq, &big, false);
         p
     }
 
@@ -1200,7 +1225,7 @@ mod tests {
     /// The indexer's reads leave the bodies and the decoded headers out
     /// and change nothing else: the rows' places and CRCs, the sizes
     /// counted against `max_bytes` and the endpoint named are those of the
-    /// whole event.
+    /// whole event, a packed body's too.
     #[test]
     fn a_read_without_bodies_keeps_every_other_field_and_the_size() {
         let tmp = tempfile::tempdir().expect("tempdir");
@@ -1213,11 +1238,19 @@ mod tests {
                 .headers
                 .push((endpoint::URL_HEADER.into(), url.as_bytes().to_vec()));
         }
-        encode(&mut p, 3, &named);
+        encode(&mut p, 3, &named, false);
         n += 1;
         w.append(&p, n, false).expect("append");
-        w.append(&big_payload(4, 100_000), 1, false)
-            .expect("append");
+        // The second record packed, as the writer packs an event that will
+        // wait: a body that shrinks, and one too short to.
+        let mut packed = Vec::new();
+        let big = NewEvent {
+            body: Bytes::from(vec![b'x'; 100_000]),
+            ..event(4)
+        };
+        encode(&mut packed, 4, &big, true);
+        encode(&mut packed, 5, &event(5), true);
+        w.append(&packed, 2, false).expect("append");
         let read = |reader: &mut LogReader, at| match reader.read(at).expect("read") {
             Read::Record(events, next) => (events, next),
             Read::End => panic!("no record at {at}"),
@@ -1236,6 +1269,11 @@ mod tests {
                 assert!(!k.event.headers.is_empty() && s.event.headers.is_empty());
                 assert_eq!(k.endpoint, None, "a whole read's event names it");
                 assert_eq!(s.body_len, k.event.body.len());
+                assert_eq!((k.packed, s.packed), (k.seq == 4, k.seq == 4));
+                if k.packed {
+                    assert_eq!(k.event, big);
+                    assert!(k.place.len < 1000, "{} bytes", k.place.len);
+                }
                 assert_eq!(s.size(), k.size());
                 assert_eq!(s.size(), k.event.size());
                 let named = (k.seq == 3).then(|| "https://hooks.example:8443".to_string());
@@ -1549,7 +1587,7 @@ mod tests {
             ..event(0)
         };
         let mut p = Vec::new();
-        encode(&mut p, 7, &huge);
+        encode(&mut p, 7, &huge, false);
         w.append(&p, 1, false).expect("append");
         let (seqs, _) = read_all(tmp.path(), 0).expect("read");
         assert_eq!(seqs, vec![7]);

@@ -25,6 +25,7 @@ pub(crate) mod intake;
 mod kept;
 mod lanes;
 mod open;
+mod pack;
 mod reader;
 mod ready;
 pub mod record;

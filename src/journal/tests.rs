@@ -19,6 +19,21 @@ pub(super) fn event(i: u64) -> NewEvent {
     }
 }
 
+/// `len` bytes that LZ4 cannot shrink, different for each `seed`: a
+/// test of how events fill segments holds its sizes whether or not the
+/// writer packs them (`pack`: a journal without a dispatcher packs all).
+pub(super) fn noise(len: usize, seed: u64) -> Bytes {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
 /// Writes groups straight into the intake log of a new journal, as the
 /// writer does before the indexer has seen them (a crash right after the
 /// 202s), marking each as acknowledged. Returns where each group's record
@@ -30,7 +45,7 @@ pub(super) fn log_only(dir: &Path, groups: &[std::ops::Range<i64>]) -> Vec<u64> 
     for g in groups {
         let mut payload = Vec::new();
         for seq in g.clone() {
-            intake::encode(&mut payload, seq, &event(seq as u64));
+            intake::encode(&mut payload, seq, &event(seq as u64), false);
         }
         let end = w
             .append(&payload, g.clone().count() as u32, false)
@@ -182,13 +197,7 @@ async fn a_lost_segment_that_rows_point_into_is_reported_as_damage() {
     );
     let (journal, summary) = reopen(tmp.path()).await;
     assert_eq!(summary[0].pending, 4);
-    let due = journal
-        .reader()
-        .expect("reader")
-        .due("orders", u64::MAX / 2, 100, u64::MAX, &HashSet::new())
-        .await
-        .expect("due")
-        .0;
+    let due = all_due(&journal).await;
     assert!(due.is_empty(), "no damaged row reaches delivery: {due:?}");
     journal.close().await;
     drop(journal);
@@ -270,14 +279,14 @@ async fn a_mostly_delivered_segment_is_spilled_and_recycled() {
     );
     // 12 of the first segment's 15 MiB still wait: it stays.
     journal
-        .apply(&(1..=3).map(delete_big).collect::<Vec<_>>())
+        .apply(&(1..=3).map(delete).collect::<Vec<_>>())
         .await
         .expect("apply");
     tokio::time::sleep(SPILL_EVERY + Duration::from_millis(500)).await;
     assert!(placed(&conn, 15), "a mostly waiting segment was spilled");
     // One of 15 waits: it is copied into its row, and the segment goes.
     journal
-        .apply(&(4..=14).map(delete_big).collect::<Vec<_>>())
+        .apply(&(4..=14).map(delete).collect::<Vec<_>>())
         .await
         .expect("apply");
     until("the waiting event is copied into its row", || {
@@ -348,12 +357,12 @@ async fn a_segment_still_draining_is_not_spilled() {
     // 7 of the first segment's 15 still wait (less than half), then one
     // fewer at each step, for longer than a look takes to come round.
     journal
-        .apply(&(1..=8).map(delete_big).collect::<Vec<_>>())
+        .apply(&(1..=8).map(delete).collect::<Vec<_>>())
         .await
         .expect("apply");
     for seq in 9..=14 {
         tokio::time::sleep(SPILL_EVERY / 5).await;
-        journal.apply(&[delete_big(seq)]).await.expect("apply");
+        journal.apply(&[delete(seq)]).await.expect("apply");
         assert!(placed(15), "a segment still draining was spilled");
     }
     tokio::time::sleep(SPILL_EVERY / 5).await;
@@ -421,7 +430,7 @@ async fn an_unreadable_event_holds_its_segment_but_not_the_spill_of_later_ones()
         .expect("damage");
     // Both retired segments now hold one waiting event each.
     journal
-        .apply(&(1..=14).chain(16..=29).map(delete_big).collect::<Vec<_>>())
+        .apply(&(1..=14).chain(16..=29).map(delete).collect::<Vec<_>>())
         .await
         .expect("apply");
     for _ in 0..5 {
@@ -442,12 +451,24 @@ async fn an_unreadable_event_holds_its_segment_but_not_the_spill_of_later_ones()
 /// A 1 MiB event: 15 of them, one record each, fill a 16 MiB segment.
 fn big(i: u64) -> NewEvent {
     NewEvent {
-        body: Bytes::from(vec![b'a' + (i % 26) as u8; 1024 * 1024]),
+        body: noise(1024 * 1024, i),
         ..event(i)
     }
 }
 
-fn delete_big(seq: i64) -> Change {
+/// Every event of "orders" due now, oldest first (at most 100).
+async fn all_due(journal: &Journal) -> Vec<StoredEvent> {
+    journal
+        .reader()
+        .expect("reader")
+        .due("orders", u64::MAX / 2, 100, u64::MAX, &HashSet::new())
+        .await
+        .expect("due")
+        .0
+}
+
+/// An unconditional delete, as a delivery's.
+pub(super) fn delete(seq: i64) -> Change {
     Change::Delete {
         seq,
         only_if_attempts: None,
@@ -811,7 +832,7 @@ async fn inspect_closed(dir: &Path) -> inspect::Inspection {
 async fn the_mark_follows_the_log_across_rotation_and_reused_spares() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let big = |i: u64| NewEvent {
-        body: Bytes::from(vec![b'x'; 1024 * 1024]),
+        body: noise(1024 * 1024, i),
         ..event(i)
     };
     let mut pending = 0;
@@ -880,6 +901,60 @@ async fn totals_match_the_rows_after_inserts_and_deletes() {
         .query_row("SELECT COUNT(*) FROM events", [], |r| r.get(0))
         .expect("count");
     assert_eq!(rows, 1);
+    conn.execute_batch("DROP TABLE totals")
+        .expect("drop totals");
+    assert_eq!(store::summary(&conn).expect("scan"), summary);
+}
+
+/// Events whose destination is not delivering (no dispatcher here says
+/// it is) go into the log packed: they take less than their bodies, come
+/// back byte for byte, and count their whole size against `max_bytes`,
+/// in memory, in `totals` and in a scan of the rows alike, through
+/// inserts, deletes and a restart.
+#[tokio::test]
+async fn packed_events_come_back_whole_and_count_their_whole_size() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let json = |i: u64| NewEvent {
+        body: Bytes::from(format!(r#"{{"n":{i},"pad":"{}"}}"#, "ab".repeat(2048))),
+        ..event(i)
+    };
+    let (journal, _) = open(tmp.path()).expect("open");
+    for i in 1..=40 {
+        journal.append(vec![json(i)]).await.expect("append");
+    }
+    let size = |seqs: std::ops::RangeInclusive<u64>| seqs.map(|i| json(i).size()).sum::<u64>();
+    assert_eq!(bytes_of(&journal, "orders"), Some(size(1..=40)));
+    journal.close().await;
+    drop(journal);
+    let logged: u64 = LogReader::new(tmp.path())
+        .read(0)
+        .map(|r| match r {
+            intake::Read::Record(events, _) => events.iter().map(|l| u64::from(l.place.len)).sum(),
+            intake::Read::End => 0,
+        })
+        .expect("read");
+    assert!(
+        logged < json(1).body.len() as u64,
+        "the first record took {logged} bytes"
+    );
+    let (journal, summary) = reopen(tmp.path()).await;
+    assert_eq!((summary[0].pending, summary[0].bytes), (40, size(1..=40)));
+    let got: Vec<NewEvent> = all_due(&journal)
+        .await
+        .into_iter()
+        .map(|s| s.event)
+        .collect();
+    assert_eq!(got, (1..=40).map(json).collect::<Vec<_>>());
+    let deletes: Vec<Change> = (1..=30).map(delete).collect();
+    journal.apply(&deletes).await.expect("apply");
+    assert_eq!(bytes_of(&journal, "orders"), Some(size(31..=40)));
+    journal.close().await;
+    drop(journal);
+    let (journal, summary) = reopen(tmp.path()).await;
+    assert_eq!((summary[0].pending, summary[0].bytes), (10, size(31..=40)));
+    journal.close().await;
+    drop(journal);
+    let conn = rusqlite::Connection::open(tmp.path().join(FILE)).expect("open");
     conn.execute_batch("DROP TABLE totals")
         .expect("drop totals");
     assert_eq!(store::summary(&conn).expect("scan"), summary);
@@ -1270,7 +1345,7 @@ async fn an_adopted_record_in_the_log_alone_is_indexed_at_open_with_its_state() 
     let mut w = LogWriter::open(tmp.path(), 0, 1, &BTreeSet::new()).expect("open log");
     let mut payload = Vec::new();
     for seq in 1..3 {
-        intake::encode(&mut payload, seq, &event(seq as u64));
+        intake::encode(&mut payload, seq, &event(seq as u64), false);
         intake::encode_carried(&mut payload, &carried(seq as u32 + 5, 7_000));
     }
     let end = w.append(&payload, 2, true).expect("append");

@@ -197,13 +197,20 @@ impl Writer {
         payload.clear();
         let mut seq = self.next_seq;
         let mut adopted = false;
+        let states = self.shared.destinations.load();
         for cmd in group {
             if let Command::Append {
                 events, carried, ..
             } = cmd
             {
                 for (i, e) in events.iter().enumerate() {
-                    intake::encode(payload, seq, e);
+                    // Packed if it will wait (`pack`): its destination is not
+                    // delivering, or it was adopted (due when its state says).
+                    let waits = carried.is_some()
+                        || states
+                            .get(&e.destination)
+                            .is_none_or(|s| !s.delivering.load(Ordering::Relaxed));
+                    intake::encode(payload, seq, e, waits);
                     if let Some(state) = carried.as_ref().and_then(|c| c.get(i)) {
                         intake::encode_carried(payload, state);
                         adopted = true;

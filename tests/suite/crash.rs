@@ -567,6 +567,13 @@ async fn a_truncated_intake_log_tail_stops_the_start_and_names_the_lost_events()
     assert_eq!(ids.len(), 20, "{}", courier.logs());
 }
 
+/// `POST {admin}/v1/destinations/orders/{action}`, which must succeed.
+async fn orders(courier: &Courier, action: &str) {
+    let url = format!("{}/v1/destinations/orders/{action}", courier.admin_url());
+    let resp = client::admin_post(&url, "{}", &[("content-type", "application/json")]).await;
+    assert_eq!(resp.status, 200, "{url}: {}", resp.text());
+}
+
 /// Reads one answer's status line from a kept-alive connection.
 async fn status_line(stream: &mut tokio::net::TcpStream) -> String {
     use tokio::io::AsyncReadExt;
@@ -591,15 +598,7 @@ async fn events_acknowledged_on_a_connection_back_from_rest_survive_sigkill() {
     let mut courier = Courier::start(tmp.path(), &config(&receiver.url(), "")).await;
     // Paused (which survives the restart), so that nothing is delivered
     // or runs out of attempts before the kill.
-    let json = [("content-type", "application/json")];
-    let admin = courier.admin_url();
-    let paused = client::admin_post(
-        &format!("{admin}/v1/destinations/orders/pause"),
-        "{}",
-        &json,
-    )
-    .await;
-    assert_eq!(paused.status, 200);
+    orders(&courier, "pause").await;
     let rest = Duration::from_millis(1500);
     let request = |id: &str| {
         format!(
@@ -632,20 +631,72 @@ async fn events_acknowledged_on_a_connection_back_from_rest_survive_sigkill() {
 
     courier.kill();
     courier.restart().await;
-    let admin = courier.admin_url();
-    let resumed = client::admin_post(
-        &format!("{admin}/v1/destinations/orders/resume"),
-        "{}",
-        &json,
-    )
-    .await;
-    assert_eq!(resumed.status, 200);
+    orders(&courier, "resume").await;
     receiver.wait_for(3, Duration::from_secs(20)).await;
     let got = ids(&receiver);
     for id in ["rest-1", "rest-2", "rest-3"] {
         assert!(
             got.contains_key(id),
             "{id} lost: {got:?}\n{}",
+            courier.logs()
+        );
+    }
+}
+
+/// The events of a paused destination go into the log packed
+/// (journal/pack.rs): 400 JSON bodies of ~48 KiB, 19 MiB as sent, fit the
+/// first 16 MiB segment. Each got a 202; after a SIGKILL and a restart
+/// each is delivered with the very bytes the app sent.
+#[tokio::test]
+async fn packed_events_of_a_paused_destination_survive_sigkill_byte_for_byte() {
+    let receiver = Receiver::start(behavior(|_, _| Reply::status(200))).await;
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let mut courier = Courier::start(tmp.path(), &config(&receiver.url(), "")).await;
+    orders(&courier, "pause").await;
+    let body = |i: usize| {
+        let items: Vec<String> = (0..1700)
+            .map(|k| format!(r#"{{"sku":"S-{i}-{k}","qty":{}}}"#, (i + k) % 9))
+            .collect();
+        format!(r#"{{"order":{i},"items":[{}]}}"#, items.join(","))
+    };
+    let mut sent = HashMap::new();
+    for i in 0..400 {
+        let key = format!("packed-{i}");
+        let resp = client::post(
+            &courier.url("orders"),
+            body(i),
+            &[
+                ("content-type", "application/json"),
+                ("idempotency-key", &key),
+            ],
+        )
+        .await;
+        assert_eq!(resp.status, 202, "{}", resp.text());
+        sent.insert(key, body(i));
+    }
+    let raw: usize = sent.values().map(String::len).sum();
+    assert!(raw > 18 << 20, "{raw} bytes sent");
+    let segments = std::fs::read_dir(tmp.path().join("journal"))
+        .expect("journal dir")
+        .filter_map(Result::ok)
+        .filter(|e| e.file_name().to_string_lossy().starts_with("intake-"))
+        .count();
+    assert_eq!(segments, 1, "{raw} bytes sent took {segments} segments");
+
+    courier.kill();
+    courier.restart().await;
+    orders(&courier, "resume").await;
+    receiver.wait_for(400, Duration::from_secs(30)).await;
+    let got: HashMap<String, bytes::Bytes> = receiver
+        .received()
+        .into_iter()
+        .map(|r| (r.header("webhook-id").unwrap_or("").to_string(), r.body))
+        .collect();
+    for (key, body) in &sent {
+        assert_eq!(
+            got.get(key).map(|b| b.as_ref()),
+            Some(body.as_bytes()),
+            "{key}\n{}",
             courier.logs()
         );
     }

@@ -93,15 +93,20 @@ fn sample_events() -> Vec<NewEvent> {
         event(
             2,
             vec![
-                json,
+                json.clone(),
                 ("x-tenant".into(), b"acme".to_vec()),
                 ("x-bin".into(), vec![0, 255, 10]),
             ],
             b"[1,2,3]",
         ),
         event(3, vec![], b""),
+        event(4, vec![json], PACKED_BODY),
     ]
 }
+
+/// A body the writer packs (journal/pack.rs), so that the seeds hold a
+/// packed one.
+const PACKED_BODY: &[u8] = br#"{"items":[{"sku":"A-1","qty":1},{"sku":"A-2","qty":1},{"sku":"A-3","qty":1},{"sku":"A-4","qty":1},{"sku":"A-5","qty":1},{"sku":"A-6","qty":1},{"sku":"A-7","qty":1},{"sku":"A-8","qty":1}]}"#;
 
 /// A real segment holding `groups`, as `LogWriter` writes it, cut after its
 /// last record (the reader takes the file's size as the segment's).
@@ -114,7 +119,7 @@ fn segment(groups: &[&[NewEvent]]) -> Vec<u8> {
     for g in groups {
         let mut payload = Vec::new();
         for e in g.iter() {
-            intake_encode(&mut payload, seq, e);
+            intake_encode(&mut payload, seq, e, true);
             seq += 1;
         }
         end = w.append(&payload, g.len() as u32, false).expect("append");
@@ -162,14 +167,18 @@ fn write_journal_seeds() {
             &encode_headers(&e.headers),
         );
     }
-    for (name, group) in [("one", &events[..1]), ("three", &events[..])] {
+    for (name, group) in [
+        ("one", &events[..1]),
+        ("three", &events[..3]),
+        ("packed", &events[3..]),
+    ] {
         let mut data = (group.len() as u32).to_le_bytes().to_vec();
         for (seq, e) in group.iter().enumerate() {
-            intake_encode(&mut data, seq as i64 + 1, e);
+            intake_encode(&mut data, seq as i64 + 1, e, true);
         }
         put("intake_decode", name, &data);
     }
-    put("handoff_object", "three", &handoff_object(&events));
+    put("handoff_object", "three", &handoff_object(&events[..3]));
     put("intake_log", "one-record", &segment(&[&events[..1]]));
     put(
         "intake_log",
@@ -200,17 +209,26 @@ fn journal_seeds_are_real_records() {
     assert_eq!(log("one-record"), sample_events()[..1]);
     // Written before records followed each other (each padded to 4 KiB,
     // magic "CRR1"): kept as seeds of the older format, which still reads.
-    assert_eq!(log("two-records-padded"), sample_events());
+    assert_eq!(log("two-records-padded"), sample_events()[..3]);
     assert_eq!(log("one-record-padded"), sample_events()[..1]);
     let object = std::fs::read(
         Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/seeds/handoff_object/three"),
     )
     .expect("read the hand-off seed");
     let decoded = courier::fuzzing::handoff_decode(&object).expect("a real hand-off object");
-    let expected: Vec<_> = sample_events()
-        .into_iter()
+    let expected: Vec<_> = sample_events()[..3]
+        .iter()
+        .cloned()
         .enumerate()
         .map(|(i, e)| (e, carried(i as u32)))
         .collect();
     assert_eq!(decoded, expected);
+    // The intake_decode seed of a packed body holds one.
+    let packed = std::fs::read(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/seeds/intake_decode/packed"),
+    )
+    .expect("read the packed seed");
+    let logged = courier::fuzzing::intake_decode(0, 0, &packed[4..], 1, false).expect("decodes");
+    assert!(logged[0].packed, "the seed's body is not packed");
+    assert_eq!(logged[0].event, sample_events()[3]);
 }

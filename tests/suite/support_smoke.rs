@@ -381,3 +381,26 @@ fn json_body_has_the_exact_size() {
         assert_eq!(v["seq"], seq);
     }
 }
+
+/// The benchmark's backlog bodies: exact size, valid JSON, one per seq,
+/// and shaped as a real webhook is (neither all padding nor noise: LZ4
+/// keeps between a third and four fifths of one of 1 KiB or more).
+#[test]
+fn webhook_body_has_the_exact_size_and_a_real_ones_redundancy() {
+    let mut seen = std::collections::HashSet::new();
+    for (size, seq) in [(512, 0), (1024, 7), (1024, 8), (4096, 123_456)] {
+        let body = support::webhook_body(size, seq);
+        assert_eq!(body.len(), size);
+        let v: serde_json::Value = serde_json::from_slice(&body).expect("valid JSON");
+        assert_eq!(v["request"]["idempotency_key"], seq.to_string());
+        assert!(seen.insert(body.clone()));
+        let packed = lz4_flex::block::compress(&body).len();
+        // A small one is mostly its random ids, as a real one is.
+        let most = if size < 1024 { size } else { size * 4 / 5 };
+        assert!(
+            packed * 3 > size && packed < most,
+            "{packed} of {size}: {}",
+            String::from_utf8_lossy(&body)
+        );
+    }
+}

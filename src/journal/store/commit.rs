@@ -73,8 +73,8 @@ fn insert(
     // The row keeps the event's place in the log, not the event; its
     // id stays, for an operator's query.
     let mut insert = conn.prepare_cached(
-        "INSERT INTO events (seq, id, destination, method, path, headers, body, accepted_ms, crc, attempts, next_due_ms, at, len, endpoint)
-         VALUES (?1, ?8, ?2, ?3, '', x'', x'', ?4, ?5, 0, ?9, ?6, ?7, ?10)",
+        "INSERT INTO events (seq, id, destination, method, path, headers, body, accepted_ms, crc, attempts, next_due_ms, at, len, endpoint, size)
+         VALUES (?1, ?8, ?2, ?3, '', x'', x'', ?4, ?5, 0, ?9, ?6, ?7, ?10, ?11)",
     )?;
     // An adopted event goes on where its delivery stood.
     let mut carry = conn.prepare_cached(
@@ -104,7 +104,8 @@ fn insert(
             l.place.len,
             e.id,
             due,
-            l.endpoint
+            l.endpoint,
+            l.packed.then_some(bytes as i64)
         ])?;
         if let Some(c) = &l.carried {
             carry.execute(params![

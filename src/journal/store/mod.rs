@@ -56,10 +56,17 @@ INSERT INTO totals (destination, pending, bytes)
 /// points into the log (`at`) holds the event's id, destination and
 /// method, not its path, headers and body; its encoding there (`len`) is
 /// `NewEvent::size` plus the destination and method, plus 40 bytes of
-/// lengths, seq and accept time.
+/// lengths, seq and accept time, unless its body is packed (`pack`):
+/// then the row keeps the size (`size`).
 pub const ROW_BYTES: &str = "CASE WHEN at IS NULL
     THEN length(body) + length(headers) + length(CAST(path AS BLOB)) + length(CAST(id AS BLOB))
+    WHEN size IS NOT NULL THEN size
     ELSE len - 40 - length(CAST(destination AS BLOB)) - length(CAST(method AS BLOB)) END";
+
+/// The size of an event whose body is packed in the log, which its
+/// encoding's length no longer tells; NULL for the others, and in rows of
+/// journals from before packed bodies, which get the column.
+const SIZES: &str = "ALTER TABLE events ADD COLUMN size INTEGER;";
 
 /// The same, for a journal from before rows pointed into the log.
 const INLINE_BYTES: &str =
@@ -152,6 +159,9 @@ pub fn open_writer(path: &Path) -> Result<Connection, rusqlite::Error> {
     }
     if !has_column(&conn, "endpoint")? {
         conn.execute_batch(ENDPOINTS)?;
+    }
+    if !has_column(&conn, "size")? {
+        conn.execute_batch(SIZES)?;
     }
     conn.execute_batch(ENDPOINTS_INDEX)?;
     Ok(conn)
