@@ -7,7 +7,7 @@
 pub use crate::handoff::object::{Builder as HandoffBuilder, decode as handoff_decode};
 pub use crate::ingress::schema::{Event, parse as ingress_schema};
 pub use crate::journal::intake::{
-    LogReader, LogWriter, Logged, Read, decode as intake_decode, encode as intake_encode,
+    LogReader, LogWriter, Logged, Packed, Read, decode as intake_decode, encode as intake_encode,
 };
 
 /// A hand-off object as a courier whose first key is `key` (base64)

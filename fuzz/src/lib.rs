@@ -166,9 +166,13 @@ pub fn intake_decode(data: &[u8]) {
         return;
     };
     let count = u32::from_le_bytes(*count) as usize;
-    let Ok(logged) = fuzzing::intake_decode(0, 0, payload, count, false) else {
+    let Ok(logged) = fuzzing::intake_decode(0, 0, payload, count, false, fuzzing::Packed::Read)
+    else {
         return;
     };
+    // A hand-off object's decode refuses exactly the records holding one.
+    let refused = fuzzing::intake_decode(0, 0, payload, count, false, fuzzing::Packed::Refuse);
+    assert_eq!(refused.is_err(), logged.iter().any(|l| l.packed));
     assert_eq!(logged.len(), count);
     let mut again = Vec::with_capacity(payload.len());
     for l in &logged {
@@ -180,7 +184,7 @@ pub fn intake_decode(data: &[u8]) {
         assert_eq!(again, payload, "decode then encode changed the record");
         return;
     }
-    let back = fuzzing::intake_decode(0, 0, &again, count, false)
+    let back = fuzzing::intake_decode(0, 0, &again, count, false, fuzzing::Packed::Read)
         .unwrap_or_else(|e| panic!("a record encoded again does not decode: {e}"));
     let events = |ls: &[fuzzing::Logged]| {
         ls.iter()

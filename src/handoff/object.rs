@@ -143,7 +143,14 @@ pub fn decode(bytes: &[u8]) -> Result<Vec<(NewEvent, Carried)>, ObjectError> {
     if crc != word(8) {
         return Err(ObjectError::Damaged);
     }
-    let logged = intake::decode(0, 0, &bytes[HEAD..], word(4) as usize, true)?;
+    let logged = intake::decode(
+        0,
+        0,
+        &bytes[HEAD..],
+        word(4) as usize,
+        true,
+        intake::Packed::Refuse,
+    )?;
     Ok(logged
         .into_iter()
         .map(|Logged { event, carried, .. }| {
@@ -212,5 +219,32 @@ mod tests {
         );
         assert_eq!(decode(b"{}"), Err(ObjectError::NotHandoff));
         assert_eq!(decode(&Builder::default().finish()), Ok(Vec::new()));
+    }
+
+    /// A packed body (journal/pack.rs) is the log's, never an object's: one
+    /// in a bucket, with a good CRC, is refused before it is unpacked, as
+    /// 1 MiB of LZ4 there could name a body of 256 MiB. The same event
+    /// written as couriers write it is taken.
+    #[test]
+    fn an_object_holding_a_packed_body_is_refused() {
+        let (e, c) = event(1);
+        let zeros = NewEvent {
+            body: bytes::Bytes::from(vec![0; 1 << 20]),
+            ..e
+        };
+        let mut b = Builder::default();
+        intake::encode(&mut b.bytes, 0, &zeros, true);
+        intake::encode_carried(&mut b.bytes, &c);
+        b.count = 1;
+        let packed = b.finish();
+        assert!(packed.len() < 64 << 10, "{} bytes", packed.len());
+        assert!(
+            matches!(decode(&packed), Err(ObjectError::Malformed(_))),
+            "{:?}",
+            decode(&packed).map(|v| v.len())
+        );
+        let mut b = Builder::default();
+        b.push(&zeros, &c);
+        assert_eq!(decode(&b.finish()), Ok(vec![(zeros, c)]));
     }
 }

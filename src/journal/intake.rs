@@ -328,6 +328,17 @@ pub struct Malformed {
 /// The fewest bytes one encoded event takes: seq, accepted_ms and six lengths.
 const MIN_EVENT: usize = 8 + 8 + 6 * 4;
 
+/// Whether a decode reads packed bodies (`pack`). The log's own reads do.
+/// A hand-off object (`handoff::object`, the same encoding) never holds one,
+/// as no courier writes one there, and comes from a bucket: one there is
+/// refused before it is unpacked, since 1 MiB of LZ4 can name 256 MiB of
+/// body and the adopter's memory bound counts stored bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Packed {
+    Read,
+    Refuse,
+}
+
 /// The events of the record at `lsn` in the segment starting at `segment`;
 /// `carried`: a "CRC1" record, whose events are each followed by their state.
 pub fn decode(
@@ -336,8 +347,9 @@ pub fn decode(
     payload: &[u8],
     count: usize,
     carried: bool,
+    packed: Packed,
 ) -> Result<Vec<Logged>, Malformed> {
-    decode_record(segment, lsn, payload, count, carried, Bodies::Keep)
+    decode_record(segment, lsn, payload, count, carried, Bodies::Keep, packed)
 }
 
 fn decode_record(
@@ -347,6 +359,7 @@ fn decode_record(
     count: usize,
     carried: bool,
     bodies: Bodies,
+    packed: Packed,
 ) -> Result<Vec<Logged>, Malformed> {
     // `count` comes from the record header: a damaged one whose CRC still
     // matches must not reserve memory for billions of events (found by
@@ -355,8 +368,8 @@ fn decode_record(
     let mut offset = 0;
     for index in 0..count {
         let at = lsn + HEADER as u64 + offset as u64;
-        let (mut logged, used) =
-            decode_one(segment, at, &payload[offset..], bodies).ok_or(Malformed { lsn, index })?;
+        let (mut logged, used) = decode_one(segment, at, &payload[offset..], bodies, packed)
+            .ok_or(Malformed { lsn, index })?;
         offset += used;
         if carried {
             let (state, used) =
@@ -376,7 +389,7 @@ fn decode_record(
 /// The one event encoded exactly in `bytes`, which `fetch` read back from
 /// its place at `at`; `None` when they do not hold exactly one.
 pub fn decode_event(segment: u64, at: u64, bytes: &[u8]) -> Option<Logged> {
-    match decode_one(segment, at, bytes, Bodies::Keep)? {
+    match decode_one(segment, at, bytes, Bodies::Keep, Packed::Read)? {
         (logged, used) if used == bytes.len() => Some(logged),
         _ => None,
     }
@@ -390,7 +403,13 @@ fn decode_carried(p: &[u8]) -> Option<(Carried, usize)> {
 }
 
 /// The event at the start of `p` and the bytes it took.
-fn decode_one(segment: u64, at: u64, whole: &[u8], bodies: Bodies) -> Option<(Logged, usize)> {
+fn decode_one(
+    segment: u64,
+    at: u64,
+    whole: &[u8],
+    bodies: Bodies,
+    allow: Packed,
+) -> Option<(Logged, usize)> {
     let mut p = whole;
     let mut take = |n: usize| -> Option<&[u8]> {
         if p.len() < n {
@@ -411,6 +430,9 @@ fn decode_one(segment: u64, at: u64, whole: &[u8], bodies: Bodies) -> Option<(Lo
         // Only a body is ever packed; in another part the bit reads as a
         // length no record holds, and the take fails.
         if i == body_part && word & pack::PACKED != 0 {
+            if allow == Packed::Refuse {
+                return None;
+            }
             let bytes = take((word & !pack::PACKED) as usize)?;
             packed = true;
             body_len = pack::raw_len(bytes)?;
@@ -1055,12 +1077,20 @@ impl LogReader {
                 }
                 let carried = head.magic == MAGIC_CARRIED;
                 let count = head.count as usize;
-                decode_record(seg.start, lsn, &payload, count, carried, self.bodies)
-                    .map(Some)
-                    .map_err(|source| ReadError::Malformed {
-                        file: path.clone(),
-                        source,
-                    })
+                decode_record(
+                    seg.start,
+                    lsn,
+                    &payload,
+                    count,
+                    carried,
+                    self.bodies,
+                    Packed::Read,
+                )
+                .map(Some)
+                .map_err(|source| ReadError::Malformed {
+                    file: path.clone(),
+                    source,
+                })
             });
         if payload.capacity() <= KEEP_PAYLOAD {
             self.payload.set(payload);

@@ -955,9 +955,66 @@ async fn packed_events_come_back_whole_and_count_their_whole_size() {
     journal.close().await;
     drop(journal);
     let conn = rusqlite::Connection::open(tmp.path().join(FILE)).expect("open");
+    // The segment's pin counts what a spill would copy: whole events.
+    let pins = store::load_pins(&conn).expect("pins");
+    assert_eq!(
+        pins.values()
+            .map(|p| (p.events, p.bytes))
+            .collect::<Vec<_>>(),
+        [(10, size(31..=40) as i64)]
+    );
     conn.execute_batch("DROP TABLE totals")
         .expect("drop totals");
     assert_eq!(store::summary(&conn).expect("scan"), summary);
+}
+
+/// The writer packs what will wait, not what goes out from memory: a
+/// destination delivering with room in its ready queue gets its events as
+/// they came; one whose last attempt failed, or whose queue is nearly
+/// full, packed.
+#[tokio::test]
+async fn only_events_that_will_wait_are_packed() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let json = |i: u64| NewEvent {
+        body: Bytes::from(format!(r#"{{"n":{i},"pad":"{}"}}"#, "ab".repeat(2048))),
+        ..event(i)
+    };
+    let (journal, _) = open(tmp.path()).expect("open");
+    let state = journal.destination("orders").expect("orders");
+    state.pace(true, true);
+    journal.append(vec![json(1)]).await.expect("append");
+    state.pace(false, true);
+    journal.append(vec![json(2)]).await.expect("append");
+    state.pace(true, true);
+    journal.append(vec![json(3)]).await.expect("append");
+    // Past seven eighths of the ready queue's 4 MiB.
+    let filler: Vec<NewEvent> = (10..15)
+        .map(|i| NewEvent {
+            body: noise(800 << 10, i),
+            ..event(i)
+        })
+        .collect();
+    journal.append(filler).await.expect("append");
+    // The writer fills the queue after it answers.
+    until("the ready queue is nearly full", || {
+        state.ready.lock().is_ok_and(|r| r.nearly_full())
+    })
+    .await;
+    journal.append(vec![json(4)]).await.expect("append");
+    journal.close().await;
+    drop(journal);
+    let mut reader = LogReader::new(tmp.path());
+    let (mut packed, mut at) = (Vec::new(), 0);
+    // Bounded: each record moves `at` on, and the log ends.
+    while let intake::Read::Record(events, next) = reader.read(at).expect("read") {
+        packed.extend(events.iter().map(|l| (l.seq, l.packed)));
+        at = next;
+    }
+    let json_seqs: Vec<(i64, bool)> = packed
+        .into_iter()
+        .filter(|(seq, _)| [1, 2, 3, 9].contains(seq))
+        .collect();
+    assert_eq!(json_seqs, [(1, false), (2, true), (3, false), (9, true)]);
 }
 
 fn to(destination: &str, i: u64) -> NewEvent {

@@ -204,12 +204,17 @@ impl Writer {
             } = cmd
             {
                 for (i, e) in events.iter().enumerate() {
-                    // Packed if it will wait (`pack`): its destination is not
-                    // delivering, or it was adopted (due when its state says).
+                    // Packed if it will likely wait (`pack`): adopted (due
+                    // when its state says), or its destination is not
+                    // delivering (held back, or its last attempt failed:
+                    // its first attempt may still go out from memory, but a
+                    // failing endpoint's events mostly wait for retries), or
+                    // its ready queue is nearly full (it waits in the index).
                     let waits = carried.is_some()
-                        || states
-                            .get(&e.destination)
-                            .is_none_or(|s| !s.delivering.load(Ordering::Relaxed));
+                        || states.get(&e.destination).is_none_or(|s| {
+                            !s.delivering.load(Ordering::Relaxed)
+                                || s.ready.lock().is_ok_and(|r| r.nearly_full())
+                        });
                     intake::encode(payload, seq, e, waits);
                     if let Some(state) = carried.as_ref().and_then(|c| c.get(i)) {
                         intake::encode_carried(payload, state);

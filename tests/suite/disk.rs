@@ -132,8 +132,24 @@ destinations:
     }
 }
 
+/// A JSON body of random hex, a new one each call: LZ4 cannot shrink it,
+/// so the events of the failing destination fill the disk at their size
+/// whether or not the journal packs them (journal/pack.rs).
 fn body() -> String {
-    format!("{{\"pad\":\"{}\"}}", "x".repeat(BODY))
+    static SEED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    let mut x = SEED
+        .fetch_add(1, Ordering::Relaxed)
+        .wrapping_mul(0x9e37_79b9_7f4a_7c15)
+        | 1;
+    let hex: String = (0..BODY)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            char::from(b"0123456789abcdef"[(x & 15) as usize])
+        })
+        .collect();
+    format!("{{\"pad\":\"{hex}\"}}")
 }
 
 /// Posts until the first 507, which must say why.

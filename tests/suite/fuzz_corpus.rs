@@ -228,7 +228,15 @@ fn journal_seeds_are_real_records() {
         Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/seeds/intake_decode/packed"),
     )
     .expect("read the packed seed");
-    let logged = courier::fuzzing::intake_decode(0, 0, &packed[4..], 1, false).expect("decodes");
+    let logged = courier::fuzzing::intake_decode(
+        0,
+        0,
+        &packed[4..],
+        1,
+        false,
+        courier::fuzzing::Packed::Read,
+    )
+    .expect("decodes");
     assert!(logged[0].packed, "the seed's body is not packed");
     assert_eq!(logged[0].event, sample_events()[3]);
 }

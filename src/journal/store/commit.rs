@@ -93,7 +93,7 @@ fn insert(
         add(&mut tally.totals, &e.destination, 1, bytes as i64);
         let pin = tally.pinned.entry(l.segment).or_default();
         pin.events += 1;
-        pin.bytes += i64::from(l.place.len);
+        pin.bytes += bytes as i64;
         insert.execute(params![
             l.seq,
             e.destination,
@@ -148,7 +148,7 @@ fn change(
     // temporary table per statement, which cost more than the read it
     // saves (benches/RESULTS.md).
     let mut doomed = conn.prepare_cached(&format!(
-        "SELECT destination, {}, at, len, endpoint FROM events WHERE seq = ?1 AND attempts = ?2",
+        "SELECT destination, {}, at, endpoint FROM events WHERE seq = ?1 AND attempts = ?2",
         super::ROW_BYTES
     ))?;
     let mut delete = conn.prepare_cached("DELETE FROM events WHERE seq = ?1")?;
@@ -193,14 +193,13 @@ fn change(
                             r.get::<_, String>(0)?,
                             r.get::<_, i64>(1)?,
                             r.get::<_, Option<i64>>(2)?,
-                            r.get::<_, Option<i64>>(3)?,
-                            r.get::<_, Option<String>>(4)?,
+                            r.get::<_, Option<String>>(3)?,
                         ))
                     })
                     .optional()?;
-                if let Some((destination, bytes, at, len, endpoint)) = gone {
+                if let Some((destination, bytes, at, endpoint)) = gone {
                     delete.execute([seq])?;
-                    tally.forget(pins, &destination, endpoint.as_deref(), bytes, (at, len));
+                    tally.forget(pins, &destination, endpoint.as_deref(), bytes, at);
                 }
             }
             Change::Reschedule {
@@ -280,7 +279,7 @@ fn delete_runs(
     // Every seq of a run is one of its deletes (the run has no gap), so
     // the range read finds exactly the rows to delete.
     let mut doomed_run = conn.prepare_cached(&format!(
-        "SELECT destination, {}, at, len, endpoint FROM events WHERE seq BETWEEN ?1 AND ?2",
+        "SELECT destination, {}, at, endpoint FROM events WHERE seq BETWEEN ?1 AND ?2",
         super::ROW_BYTES
     ))?;
     let mut delete_run = conn.prepare_cached("DELETE FROM events WHERE seq BETWEEN ?1 AND ?2")?;
@@ -290,16 +289,10 @@ fn delete_runs(
         while let Some(r) = rows.next()? {
             let destination = r.get_ref(0)?.as_str().map_err(rusqlite::Error::from)?;
             let endpoint = r
-                .get_ref(4)?
+                .get_ref(3)?
                 .as_str_or_null()
                 .map_err(rusqlite::Error::from)?;
-            tally.forget(
-                pins,
-                destination,
-                endpoint,
-                r.get(1)?,
-                (r.get(2)?, r.get(3)?),
-            );
+            tally.forget(pins, destination, endpoint, r.get(1)?, r.get(2)?);
         }
         delete_run.execute(params![first, last])?;
     }
@@ -327,15 +320,15 @@ struct Tally {
 impl Tally {
     /// A deleted row, counted once however many changes named it (a late
     /// answer's delete and a retry's may share a commit: the second finds
-    /// no row): `bytes` are its own (what its insert added), `at` and
-    /// `len` its event's place in the log, when it points there.
+    /// no row): `bytes` are its own (what its insert added, and its pin),
+    /// `at` its event's place in the log, when it points there.
     fn forget(
         &mut self,
         pins: &BTreeMap<u64, Pin>,
         destination: &str,
         endpoint: Option<&str>,
         bytes: i64,
-        (at, len): (Option<i64>, Option<i64>),
+        at: Option<i64>,
     ) {
         add(&mut self.totals, destination, -1, -bytes);
         if let Some(origin) = endpoint {
@@ -356,12 +349,12 @@ impl Tally {
                     .insert(destination.to_string(), (1, bytes.max(0) as u64));
             }
         }
-        if let (Some(at), Some(len)) = (at, len)
+        if let Some(at) = at
             && let Some(segment) = segment_of(pins, &self.pinned, at.max(0) as u64)
         {
             let pin = self.pinned.entry(segment).or_default();
             pin.events -= 1;
-            pin.bytes -= len;
+            pin.bytes -= bytes;
         }
     }
 }
@@ -420,7 +413,7 @@ pub fn spill(
         ])?;
         if n == 1 {
             pin.events -= 1;
-            pin.bytes -= i64::from(place.len);
+            pin.bytes -= l.size() as i64;
         }
     }
     let deltas = BTreeMap::from([(start, pin)]);

@@ -175,7 +175,11 @@ fn has_column(conn: &Connection, name: &str) -> Result<bool, rusqlite::Error> {
     )
 }
 
-/// Events and bytes of rows pointing into one log segment.
+/// The rows pointing into one log segment: how many, and their events'
+/// size (`ROW_BYTES`), what a spill would copy into them. Not their bytes
+/// in the segment: a packed event takes less there. Pins from before
+/// packed bodies counted those, a few dozen bytes more an event, which
+/// only leaves such a segment's spill more cautious until it is gone.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Pin {
     pub events: i64,
