@@ -62,6 +62,23 @@ pub struct StoredEvent {
     pub fate: Option<Fate>,
 }
 
+impl StoredEvent {
+    /// `event` as just accepted: never attempted, due at its accept time.
+    pub fn fresh(seq: i64, event: NewEvent) -> StoredEvent {
+        StoredEvent {
+            seq,
+            next_due_ms: event.accepted_ms,
+            event,
+            attempts: 0,
+            last_outcome: None,
+            last_status: None,
+            last_attempt_ms: None,
+            batch: None,
+            fate: None,
+        }
+    }
+}
+
 /// Why an event is dead-lettered and what its record says, recorded in the
 /// journal before the record is written, so that a restart writes the same
 /// record (or finds it written) instead of deciding again.

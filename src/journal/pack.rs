@@ -8,7 +8,8 @@
 //! from memory within milliseconds and its segment is recycled, so
 //! compressing it would cost CPU on the writer's thread, the one every
 //! 202 waits for, and save no disk that stays used. The writer decides
-//! per event (`DestinationState::delivering`, the backpressure signal).
+//! per event: its destination not delivering (`DestinationState::delivering`,
+//! the backpressure signal), its ready queue nearly full, or adopted.
 //!
 //! The LZ4 block format (lz4_flex, no unsafe code): an event is small and
 //! read alone (`fetch`), so a frame's header and checksum would be bytes
@@ -37,10 +38,15 @@ const MAX_RATIO: usize = 255;
 const MAX_RAW: usize = 256 << 20;
 
 thread_local! {
-    /// LZ4's hash table, kept by the thread that packs (the journal's
-    /// writer): made anew, it was an 8 KiB zeroed allocation per event.
-    static TABLE: std::cell::RefCell<lz4_flex::block::CompressTable> =
-        std::cell::RefCell::new(lz4_flex::block::CompressTable::small());
+    /// LZ4's hash tables, kept by the thread that packs (the journal's
+    /// writer): made anew, each was an 8 KiB zeroed allocation per event.
+    /// Two, as lz4_flex upgrades a small table for an input of 64 KiB or
+    /// more for good, which would make every later body pay the large one.
+    static TABLES: std::cell::RefCell<[lz4_flex::block::CompressTable; 2]> =
+        std::cell::RefCell::new([
+            lz4_flex::block::CompressTable::small(),
+            lz4_flex::block::CompressTable::large(),
+        ]);
 }
 
 /// Appends `body` packed, as a body part (length word and all), when that
@@ -56,7 +62,12 @@ pub fn put_packed(out: &mut Vec<u8>, body: &[u8]) -> bool {
         start + 8 + lz4_flex::block::get_maximum_output_size(body.len()),
         0,
     );
-    let compressed = TABLE.with_borrow_mut(|table| {
+    let compressed = TABLES.with_borrow_mut(|[small, large]| {
+        let table = if body.len() < usize::from(u16::MAX) {
+            small
+        } else {
+            large
+        };
         lz4_flex::block::compress_into_with_table(body, &mut out[start + 8..], table)
     });
     let packed = match compressed {
@@ -116,7 +127,8 @@ mod tests {
 
     #[test]
     fn a_compressible_body_comes_back_whole_from_fewer_bytes() {
-        for len in [MIN_BODY, 1024, 100_000] {
+        // The large one first: a small body after it packs as well.
+        for len in [100_000, MIN_BODY, 1024] {
             let body = json(len);
             let mut out = b"before".to_vec();
             assert!(put_packed(&mut out, &body), "{len}");

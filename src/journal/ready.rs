@@ -110,25 +110,16 @@ mod tests {
     use crate::event::NewEvent;
 
     fn event(seq: i64, body: usize) -> StoredEvent {
-        StoredEvent {
-            seq,
-            event: NewEvent {
-                id: format!("e{seq}"),
-                destination: "d".into(),
-                method: "POST".into(),
-                path: String::new(),
-                headers: Vec::new(),
-                body: vec![b'x'; body].into(),
-                accepted_ms: 0,
-            },
-            attempts: 0,
-            next_due_ms: 0,
-            last_outcome: None,
-            last_status: None,
-            last_attempt_ms: None,
-            batch: None,
-            fate: None,
-        }
+        let event = NewEvent {
+            id: format!("e{seq}"),
+            destination: "d".into(),
+            method: "POST".into(),
+            path: String::new(),
+            headers: Vec::new(),
+            body: vec![b'x'; body].into(),
+            accepted_ms: 0,
+        };
+        StoredEvent::fresh(seq, event)
     }
 
     #[test]

@@ -481,19 +481,10 @@ fn make_ready(events: Vec<(NewEvent, Option<Arc<str>>)>, first_seq: i64, shared:
         // small event. Copied outside the lock the dispatcher takes too.
         event.body = bytes::Bytes::copy_from_slice(&event.body);
         let size = event.size();
-        let held = state.ready.lock().is_ok_and(|mut ready| {
-            ready.push(StoredEvent {
-                seq,
-                next_due_ms: event.accepted_ms,
-                event,
-                attempts: 0,
-                last_outcome: None,
-                last_status: None,
-                last_attempt_ms: None,
-                batch: None,
-                fate: None,
-            })
-        });
+        let held = state
+            .ready
+            .lock()
+            .is_ok_and(|mut ready| ready.push(StoredEvent::fresh(seq, event)));
         if !held {
             continue;
         }

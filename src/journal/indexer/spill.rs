@@ -5,9 +5,10 @@
 //! destination's backlog) stays: copying it would only double its bytes
 //! for a while. "Live" counts the events' whole size, what the copy
 //! writes (`Pin::bytes`): a packed event (journal/pack.rs) takes less of
-//! the segment than it does of its row, where it goes unpacked. Nor, for a while, one whose events are still going out
-//! (`settled`): a drain frees it, and copying its rest would write those
-//! events twice for nothing (benches/RESULTS.md).
+//! the segment than it does of its row, where it goes unpacked. Nor, for
+//! a while, one whose events are still going out (`settled`): a drain
+//! frees it, and copying its rest would write those events twice for
+//! nothing (benches/RESULTS.md).
 
 use super::IndexError;
 use crate::journal::disk::Disk;

@@ -388,7 +388,7 @@ pub fn spill(
 ) -> Result<BTreeMap<u64, Pin>, rusqlite::Error> {
     let tx = immediate(conn)?;
     let mut update = tx.prepare_cached(
-        "UPDATE events SET id = ?2, path = ?3, headers = ?4, body = ?5, crc = ?6, at = NULL, len = NULL
+        "UPDATE events SET id = ?2, path = ?3, headers = ?4, body = ?5, crc = ?6, at = NULL, len = NULL, size = NULL
          WHERE seq = ?1 AND at = ?7",
     )?;
     let mut pin = Pin::default();
