@@ -3,12 +3,11 @@
 //! their rows: one event retried for hours must not keep 16 MiB of
 //! delivered ones on the volume. A segment mostly live (a paused
 //! destination's backlog) stays: copying it would only double its bytes
-//! for a while. "Live" counts the events' whole size, what the copy
-//! writes (`Pin::bytes`): a packed event (journal/pack.rs) takes less of
-//! the segment than it does of its row, where it goes unpacked. Nor, for
-//! a while, one whose events are still going out (`settled`): a drain
-//! frees it, and copying its rest would write those events twice for
-//! nothing (benches/RESULTS.md).
+//! for a while. Nor, for a while, one whose events are still going out
+//! (`settled`): a drain frees it, and copying its rest would write those
+//! events twice for nothing (benches/RESULTS.md). A packed event
+//! (journal/pack.rs) is copied packed, so what a copy writes is about what
+//! its events take of the segment (`Pin::bytes`).
 
 use super::IndexError;
 use crate::journal::disk::Disk;

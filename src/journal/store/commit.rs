@@ -93,7 +93,7 @@ fn insert(
         add(&mut tally.totals, &e.destination, 1, bytes as i64);
         let pin = tally.pinned.entry(l.segment).or_default();
         pin.events += 1;
-        pin.bytes += bytes as i64;
+        pin.bytes += i64::from(l.place.len);
         insert.execute(params![
             l.seq,
             e.destination,
@@ -148,7 +148,7 @@ fn change(
     // temporary table per statement, which cost more than the read it
     // saves (benches/RESULTS.md).
     let mut doomed = conn.prepare_cached(&format!(
-        "SELECT destination, {}, at, endpoint FROM events WHERE seq = ?1 AND attempts = ?2",
+        "SELECT destination, {}, at, len, endpoint FROM events WHERE seq = ?1 AND attempts = ?2",
         super::ROW_BYTES
     ))?;
     let mut delete = conn.prepare_cached("DELETE FROM events WHERE seq = ?1")?;
@@ -193,13 +193,14 @@ fn change(
                             r.get::<_, String>(0)?,
                             r.get::<_, i64>(1)?,
                             r.get::<_, Option<i64>>(2)?,
-                            r.get::<_, Option<String>>(3)?,
+                            r.get::<_, Option<i64>>(3)?,
+                            r.get::<_, Option<String>>(4)?,
                         ))
                     })
                     .optional()?;
-                if let Some((destination, bytes, at, endpoint)) = gone {
+                if let Some((destination, bytes, at, len, endpoint)) = gone {
                     delete.execute([seq])?;
-                    tally.forget(pins, &destination, endpoint.as_deref(), bytes, at);
+                    tally.forget(pins, &destination, endpoint.as_deref(), bytes, (at, len));
                 }
             }
             Change::Reschedule {
@@ -279,7 +280,7 @@ fn delete_runs(
     // Every seq of a run is one of its deletes (the run has no gap), so
     // the range read finds exactly the rows to delete.
     let mut doomed_run = conn.prepare_cached(&format!(
-        "SELECT destination, {}, at, endpoint FROM events WHERE seq BETWEEN ?1 AND ?2",
+        "SELECT destination, {}, at, len, endpoint FROM events WHERE seq BETWEEN ?1 AND ?2",
         super::ROW_BYTES
     ))?;
     let mut delete_run = conn.prepare_cached("DELETE FROM events WHERE seq BETWEEN ?1 AND ?2")?;
@@ -289,10 +290,16 @@ fn delete_runs(
         while let Some(r) = rows.next()? {
             let destination = r.get_ref(0)?.as_str().map_err(rusqlite::Error::from)?;
             let endpoint = r
-                .get_ref(3)?
+                .get_ref(4)?
                 .as_str_or_null()
                 .map_err(rusqlite::Error::from)?;
-            tally.forget(pins, destination, endpoint, r.get(1)?, r.get(2)?);
+            tally.forget(
+                pins,
+                destination,
+                endpoint,
+                r.get(1)?,
+                (r.get(2)?, r.get(3)?),
+            );
         }
         delete_run.execute(params![first, last])?;
     }
@@ -320,15 +327,15 @@ struct Tally {
 impl Tally {
     /// A deleted row, counted once however many changes named it (a late
     /// answer's delete and a retry's may share a commit: the second finds
-    /// no row): `bytes` are its own (what its insert added, and its pin),
-    /// `at` its event's place in the log, when it points there.
+    /// no row): `bytes` are its own (what its insert added), `at` and
+    /// `len` its event's place in the log, when it points there.
     fn forget(
         &mut self,
         pins: &BTreeMap<u64, Pin>,
         destination: &str,
         endpoint: Option<&str>,
         bytes: i64,
-        at: Option<i64>,
+        (at, len): (Option<i64>, Option<i64>),
     ) {
         add(&mut self.totals, destination, -1, -bytes);
         if let Some(origin) = endpoint {
@@ -349,12 +356,12 @@ impl Tally {
                     .insert(destination.to_string(), (1, bytes.max(0) as u64));
             }
         }
-        if let Some(at) = at
+        if let (Some(at), Some(len)) = (at, len)
             && let Some(segment) = segment_of(pins, &self.pinned, at.max(0) as u64)
         {
             let pin = self.pinned.entry(segment).or_default();
             pin.events -= 1;
-            pin.bytes -= bytes;
+            pin.bytes -= len;
         }
     }
 }
@@ -381,6 +388,9 @@ fn add(totals: &mut HashMap<String, (i64, i64)>, destination: &str, events: i64,
 /// Copies `moved` events (read from the segment at `start`) into their
 /// rows, which then no longer point into the log; returns the change to
 /// the segment's pin. A row whose place changed meanwhile is left alone.
+/// An event packed in the log stays packed in its row (`size` says so):
+/// unpacked, a paused destination's events spilled from among delivered
+/// ones took their whole size again in SQLite (benches/RESULTS.md).
 pub fn spill(
     conn: &Connection,
     start: u64,
@@ -388,32 +398,38 @@ pub fn spill(
 ) -> Result<BTreeMap<u64, Pin>, rusqlite::Error> {
     let tx = immediate(conn)?;
     let mut update = tx.prepare_cached(
-        "UPDATE events SET id = ?2, path = ?3, headers = ?4, body = ?5, crc = ?6, at = NULL, len = NULL, size = NULL
+        "UPDATE events SET id = ?2, path = ?3, headers = ?4, body = ?5, crc = ?6, at = NULL, len = NULL, size = ?8
          WHERE seq = ?1 AND at = ?7",
     )?;
     let mut pin = Pin::default();
+    let mut part = Vec::new();
     for (l, place) in moved {
         let e = &l.event;
+        part.clear();
+        // The part after the length word: `[raw len][block]`.
+        let packed = l.packed && crate::journal::pack::put_packed(&mut part, &e.body);
+        let body = if packed { &part[4..] } else { &e.body[..] };
         let crc = crate::journal::record::crc(
             &e.id,
             &e.destination,
             &e.method,
             &e.path,
             &l.encoded_headers,
-            &e.body,
+            body,
         );
         let n = update.execute(params![
             l.seq,
             e.id,
             e.path,
             l.encoded_headers,
-            &e.body[..],
+            body,
             crc,
-            place.at as i64
+            place.at as i64,
+            packed.then_some(l.size() as i64)
         ])?;
         if n == 1 {
             pin.events -= 1;
-            pin.bytes -= l.size() as i64;
+            pin.bytes -= i64::from(place.len);
         }
     }
     let deltas = BTreeMap::from([(start, pin)]);

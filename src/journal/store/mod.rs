@@ -56,16 +56,18 @@ INSERT INTO totals (destination, pending, bytes)
 /// points into the log (`at`) holds the event's id, destination and
 /// method, not its path, headers and body; its encoding there (`len`) is
 /// `NewEvent::size` plus the destination and method, plus 40 bytes of
-/// lengths, seq and accept time, unless its body is packed (`pack`):
-/// then the row keeps the size (`size`).
-pub const ROW_BYTES: &str = "CASE WHEN at IS NULL
+/// lengths, seq and accept time, unless its body is packed (`pack`), in
+/// the log or in the row (a spill keeps it packed): then the row keeps the
+/// size (`size`).
+pub const ROW_BYTES: &str = "CASE WHEN size IS NOT NULL THEN size
+    WHEN at IS NULL
     THEN length(body) + length(headers) + length(CAST(path AS BLOB)) + length(CAST(id AS BLOB))
-    WHEN size IS NOT NULL THEN size
     ELSE len - 40 - length(CAST(destination AS BLOB)) - length(CAST(method AS BLOB)) END";
 
-/// The size of an event whose body is packed in the log, which its
-/// encoding's length no longer tells; NULL for the others, and in rows of
-/// journals from before packed bodies, which get the column.
+/// The size of an event whose body is packed, in the log or in its row
+/// (then `body` holds the packed part, `pack`), which the stored lengths
+/// no longer tell; NULL for the others, and in rows of journals from
+/// before packed bodies, which get the column.
 const SIZES: &str = "ALTER TABLE events ADD COLUMN size INTEGER;";
 
 /// The same, for a journal from before rows pointed into the log.
@@ -176,10 +178,8 @@ fn has_column(conn: &Connection, name: &str) -> Result<bool, rusqlite::Error> {
 }
 
 /// The rows pointing into one log segment: how many, and their events'
-/// size (`ROW_BYTES`), what a spill would copy into them. Not their bytes
-/// in the segment: a packed event takes less there. Pins from before
-/// packed bodies counted those, a few dozen bytes more an event, which
-/// only leaves such a segment's spill more cautious until it is gone.
+/// bytes there (`place.len`), about what a spill would copy into them (a
+/// packed event stays packed in its row).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Pin {
     pub events: i64,
@@ -404,7 +404,7 @@ pub fn integrity_problem(conn: &Connection) -> Result<Option<String>, rusqlite::
     })
 }
 
-/// `batch`, `at`, `len`, `fate` and `fate_ms` come last: `journal inspect`
+/// `batch`, `at`, `len`, `fate`, `fate_ms` and `size` come last: `journal inspect`
 /// may open a journal from before them (read-only, so not migrated) and
 /// reads NULL instead.
 const COLUMNS: &str = "seq, id, destination, method, path, headers, body, accepted_ms, crc, attempts, next_due_ms, last_outcome, last_status, last_attempt_ms";
@@ -425,11 +425,16 @@ fn load_columns(conn: &Connection) -> Result<String, rusqlite::Error> {
     } else {
         "NULL, NULL"
     };
-    Ok(format!("{COLUMNS}, {batch}, {place}, {fate}"))
+    let size = if has_column(conn, "size")? {
+        "size"
+    } else {
+        "NULL"
+    };
+    Ok(format!("{COLUMNS}, {batch}, {place}, {fate}, {size}"))
 }
 
 /// The columns of a row the writer's connection has brought up to date.
-const LOAD_COLUMNS: &str = "seq, id, destination, method, path, headers, body, accepted_ms, crc, attempts, next_due_ms, last_outcome, last_status, last_attempt_ms, batch, at, len, fate, fate_ms";
+const LOAD_COLUMNS: &str = "seq, id, destination, method, path, headers, body, accepted_ms, crc, attempts, next_due_ms, last_outcome, last_status, last_attempt_ms, batch, at, len, fate, fate_ms, size";
 
 /// Why rows could not be read at all. A failed read of the intake log is
 /// kept apart from SQLite's errors: it fails the read rather than condemn
@@ -527,7 +532,9 @@ fn row(r: &Row, fetch: &mut Fetch) -> Result<Result<StoredEvent, StoreError>, Lo
 }
 
 /// The event a row holds itself (written before rows pointed into the
-/// log, or copied in by a spill), checked against its CRC.
+/// log, or copied in by a spill), checked against its CRC: over the body
+/// as stored, so a packed one (`size` set) is checked before it is
+/// unpacked.
 fn inline_event(
     r: &Row,
     seq: i64,
@@ -552,6 +559,18 @@ fn inline_event(
                 what: e.to_string(),
             }));
         }
+    };
+    let body = match r.get::<_, Option<i64>>(19)? {
+        None => body,
+        Some(_) => match super::pack::unpack(&body) {
+            Some(body) => body,
+            None => {
+                return Ok(Err(StoreError::Corrupt {
+                    seq,
+                    what: "its packed body does not unpack".into(),
+                }));
+            }
+        },
     };
     Ok(Ok(NewEvent {
         id,
