@@ -409,13 +409,16 @@ pub fn spill(
         // The part after the length word: `[raw len][block]`.
         let packed = l.packed && crate::journal::pack::put_packed(&mut part, &e.body);
         let body = if packed { &part[4..] } else { &e.body[..] };
+        // Over the body as it came, not as stored: a build before packed
+        // rows then finds the CRC wrong and quarantines the row, where it
+        // would otherwise send the packed bytes as the event's body.
         let crc = crate::journal::record::crc(
             &e.id,
             &e.destination,
             &e.method,
             &e.path,
             &l.encoded_headers,
-            body,
+            &e.body,
         );
         let n = update.execute(params![
             l.seq,

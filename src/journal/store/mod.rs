@@ -532,45 +532,38 @@ fn row(r: &Row, fetch: &mut Fetch) -> Result<Result<StoredEvent, StoreError>, Lo
 }
 
 /// The event a row holds itself (written before rows pointed into the
-/// log, or copied in by a spill), checked against its CRC: over the body
-/// as stored, so a packed one (`size` set) is checked before it is
-/// unpacked.
+/// log, or copied in by a spill), checked against its CRC. The CRC is over
+/// the body as it came: a packed one (`size` set) is unpacked first, which
+/// `pack::unpack` bounds whatever the bytes say.
 fn inline_event(
     r: &Row,
     seq: i64,
     stored_crc: i64,
 ) -> Result<Result<NewEvent, StoreError>, rusqlite::Error> {
     let headers_blob: Vec<u8> = r.get(5)?;
-    let body: Vec<u8> = r.get(6)?;
+    let stored: Vec<u8> = r.get(6)?;
     let (id, destination, method, path): (String, String, String, String) =
         (r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?);
+    let corrupt = |what: &str| {
+        Ok(Err(StoreError::Corrupt {
+            seq,
+            what: what.into(),
+        }))
+    };
+    let body = match r.get::<_, Option<i64>>(19)? {
+        None => stored,
+        Some(_) => match super::pack::unpack(&stored) {
+            Some(body) => body,
+            None => return corrupt("its packed body does not unpack"),
+        },
+    };
     let crc = super::record::crc(&id, &destination, &method, &path, &headers_blob, &body);
     if i64::from(crc) != stored_crc {
-        return Ok(Err(StoreError::Corrupt {
-            seq,
-            what: "checksum mismatch".into(),
-        }));
+        return corrupt("checksum mismatch");
     }
     let headers = match decode_headers(&headers_blob) {
         Ok(h) => h,
-        Err(e) => {
-            return Ok(Err(StoreError::Corrupt {
-                seq,
-                what: e.to_string(),
-            }));
-        }
-    };
-    let body = match r.get::<_, Option<i64>>(19)? {
-        None => body,
-        Some(_) => match super::pack::unpack(&body) {
-            Some(body) => body,
-            None => {
-                return Ok(Err(StoreError::Corrupt {
-                    seq,
-                    what: "its packed body does not unpack".into(),
-                }));
-            }
-        },
+        Err(e) => return corrupt(&e.to_string()),
     };
     Ok(Ok(NewEvent {
         id,
