@@ -912,6 +912,14 @@ fn totals_match_a_scan(conn: &Connection, summary: &[DestinationSummary]) {
     assert_eq!(store::summary(conn).expect("scan"), summary);
 }
 
+/// Event `i` with a 4 KiB JSON body that LZ4 shrinks (`pack`).
+fn packable(i: u64) -> NewEvent {
+    NewEvent {
+        body: Bytes::from(format!(r#"{{"n":{i},"pad":"{}"}}"#, "ab".repeat(2048))),
+        ..event(i)
+    }
+}
+
 /// Events whose destination is not delivering (no dispatcher here says
 /// it is) go into the log packed: they take less than their bodies, come
 /// back byte for byte, and count their whole size against `max_bytes`,
@@ -920,15 +928,11 @@ fn totals_match_a_scan(conn: &Connection, summary: &[DestinationSummary]) {
 #[tokio::test]
 async fn packed_events_come_back_whole_and_count_their_whole_size() {
     let tmp = tempfile::tempdir().expect("tempdir");
-    let json = |i: u64| NewEvent {
-        body: Bytes::from(format!(r#"{{"n":{i},"pad":"{}"}}"#, "ab".repeat(2048))),
-        ..event(i)
-    };
     let (journal, _) = open(tmp.path()).expect("open");
     for i in 1..=40 {
-        journal.append(vec![json(i)]).await.expect("append");
+        journal.append(vec![packable(i)]).await.expect("append");
     }
-    let size = |seqs: std::ops::RangeInclusive<u64>| seqs.map(|i| json(i).size()).sum::<u64>();
+    let size = |seqs: std::ops::RangeInclusive<u64>| seqs.map(|i| packable(i).size()).sum::<u64>();
     assert_eq!(bytes_of(&journal, "orders"), Some(size(1..=40)));
     journal.close().await;
     drop(journal);
@@ -940,7 +944,7 @@ async fn packed_events_come_back_whole_and_count_their_whole_size() {
         })
         .expect("read");
     assert!(
-        logged < json(1).body.len() as u64,
+        logged < packable(1).body.len() as u64,
         "the first record took {logged} bytes"
     );
     let (journal, summary) = reopen(tmp.path()).await;
@@ -950,7 +954,7 @@ async fn packed_events_come_back_whole_and_count_their_whole_size() {
         .into_iter()
         .map(|s| s.event)
         .collect();
-    assert_eq!(got, (1..=40).map(json).collect::<Vec<_>>());
+    assert_eq!(got, (1..=40).map(packable).collect::<Vec<_>>());
     let deletes: Vec<Change> = (1..=30).map(delete).collect();
     journal.apply(&deletes).await.expect("apply");
     assert_eq!(bytes_of(&journal, "orders"), Some(size(31..=40)));
@@ -1056,18 +1060,14 @@ async fn a_spilled_packed_event_stays_packed_in_its_row() {
 #[tokio::test]
 async fn only_events_that_will_wait_are_packed() {
     let tmp = tempfile::tempdir().expect("tempdir");
-    let json = |i: u64| NewEvent {
-        body: Bytes::from(format!(r#"{{"n":{i},"pad":"{}"}}"#, "ab".repeat(2048))),
-        ..event(i)
-    };
     let (journal, _) = open(tmp.path()).expect("open");
     let state = journal.destination("orders").expect("orders");
     state.pace(true, true);
-    journal.append(vec![json(1)]).await.expect("append");
+    journal.append(vec![packable(1)]).await.expect("append");
     state.pace(false, true);
-    journal.append(vec![json(2)]).await.expect("append");
+    journal.append(vec![packable(2)]).await.expect("append");
     state.pace(true, true);
-    journal.append(vec![json(3)]).await.expect("append");
+    journal.append(vec![packable(3)]).await.expect("append");
     // Past seven eighths of the ready queue's 4 MiB, put there as the
     // writer would (which it does after it answers, unless the indexer
     // took the events first: not something to wait for here).
@@ -1081,7 +1081,7 @@ async fn only_events_that_will_wait_are_packed() {
         }
     }
     assert!(state.ready.lock().is_ok_and(|r| r.nearly_full()));
-    journal.append(vec![json(4)]).await.expect("append");
+    journal.append(vec![packable(4)]).await.expect("append");
     journal.close().await;
     drop(journal);
     let mut reader = LogReader::new(tmp.path());
